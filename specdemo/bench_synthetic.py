@@ -1,0 +1,123 @@
+"""Random-weight GPT-NeoX pairs of realistic sizes, for benchmarking offline.
+
+    python -m specdemo.bench_synthetic --out /tmp/synthetic
+    python -m specdemo bench --target /tmp/synthetic/target --draft /tmp/synthetic/draft --device cuda ...
+
+The default pair has Pythia-1.4B's and Pythia-70M's shapes (vocab 50304). Random weights
+agree on almost nothing, so acceptance is about zero: what such a run measures is each
+method's overhead at a realistic model size, which is the point.
+
+The tokenizer is word-level: the words of the prompt suite get their own ids (so prompt
+lookup finds real repeats), every other id decodes to a placeholder word.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+# name → (hidden, layers, heads, intermediate); the Pythia family's shapes.
+SIZES = {
+    "2.8b": (2560, 32, 32, 10240),
+    "1.4b": (2048, 24, 16, 8192),
+    "410m": (1024, 24, 16, 4096),
+    "160m": (768, 12, 12, 3072),
+    "70m": (512, 6, 8, 2048),
+    "tiny": (64, 2, 4, 256),
+}
+VOCAB = 50304
+EOS = 0  # Pythia's <|endoftext|> is id 0
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+
+
+def write_tokenizer(folder: Path, vocab: int, suite: Path | None) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokens = {"<|endoftext|>": EOS, "<unk>": 1}
+    words: list[str] = []
+    if suite is not None and suite.is_file():
+        for line in suite.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                words.extend(json.loads(line).get("prompt", "").split())
+    for word in dict.fromkeys(words):
+        if len(tokens) >= vocab:
+            break
+        tokens.setdefault(word, len(tokens))
+    filler = 0
+    while len(tokens) < vocab:
+        tokens.setdefault(f"w{filler}", len(tokens))
+        filler += 1
+    tok = Tokenizer(models.WordLevel(vocab=tokens, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<|endoftext|>",
+                                   eos_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+
+
+def write_model(folder: Path, size: str, vocab: int, seed: int, dtype: torch.dtype, device: str) -> None:
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    hidden, layers, heads, intermediate = SIZES[size]
+    config = GPTNeoXConfig(
+        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=intermediate, rotary_pct=0.25, max_position_embeddings=2048, use_parallel_residual=True,
+        bos_token_id=EOS, eos_token_id=EOS, tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = GPTNeoXForCausalLM(config)
+    model.to(dtype).save_pretrained(folder)
+    del model
+
+
+def build(out: str | Path, target_size: str = "1.4b", draft_size: str = "70m", vocab: int = VOCAB,
+          dtype: str = "bfloat16", device: str = "cpu", suite: str | Path | None = None) -> tuple[Path, Path]:
+    """Write out/target and out/draft (each with the tokenizer) and return their paths."""
+    from .bench import DEFAULT_SUITE
+    from .loading import resolve_dtype
+
+    for size in (target_size, draft_size):
+        if size not in SIZES:
+            raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
+    torch_dtype = resolve_dtype(dtype, device)
+    suite_path = Path(suite) if suite else DEFAULT_SUITE
+    out = Path(out)
+    folders = (out / "target", out / "draft")
+    for folder, size, seed in zip(folders, (target_size, draft_size), (0, 1)):
+        folder.mkdir(parents=True, exist_ok=True)
+        write_model(folder, size, vocab, seed, torch_dtype, device)
+        write_tokenizer(folder, vocab, suite_path)
+    return folders
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdemo.bench_synthetic", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--out", required=True, help="folder to write target/ and draft/ into")
+    parser.add_argument("--target-size", default="1.4b", choices=sorted(SIZES), help="Pythia shape of the target")
+    parser.add_argument("--draft-size", default="70m", choices=sorted(SIZES), help="Pythia shape of the draft")
+    parser.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary size of both")
+    parser.add_argument("--dtype", default="bfloat16", help="dtype the weights are saved in")
+    parser.add_argument("--device", default="cpu", help="where to initialise the weights (cuda is much faster)")
+    parser.add_argument("--suite", default=None, help="prompt suite whose words get their own token ids")
+    args = parser.parse_args(argv)
+    try:
+        target, draft = build(args.out, args.target_size, args.draft_size, args.vocab, args.dtype, args.device,
+                              args.suite)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {target} and {draft}\nrun:  python -m specdemo bench --target {target} --draft {draft} "
+          "--device cuda --max-new-tokens 128 --repeats 3 --csv results/synthetic.csv --report results/synthetic.html")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

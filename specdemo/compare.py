@@ -1,0 +1,31 @@
+"""Run several methods on one prompt, one after another, and tabulate them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import pandas as pd
+
+from .decoding import generate
+from .tables import rounds_frame, summary_frame, target_perplexity
+from .trace import GenerationResult
+
+
+@dataclass
+class Comparison:
+    results: list[GenerationResult]
+    summary: pd.DataFrame
+    rounds: pd.DataFrame
+
+
+def tabulate(pair, results: Sequence[GenerationResult]) -> Comparison:
+    """Summary and per-round tables; sampled runs are scored by the target's perplexity."""
+    sampled = [r for r in results if r.params.get("temperature", 0.0) > 0]
+    perplexities = {r.method: target_perplexity(pair, r) for r in sampled}
+    return Comparison(list(results), summary_frame(results, perplexities), rounds_frame(results))
+
+
+def run_comparison(pair, prompt, methods: Sequence[str], **params) -> Comparison:
+    results = [generate(pair, prompt, method=method, **params) for method in methods]
+    return tabulate(pair, results)

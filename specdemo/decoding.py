@@ -1,0 +1,191 @@
+"""The decode loop: every method is a sequence of rounds.
+
+A round drafts ≤ γ tokens, verifies them with one target forward, keeps a prefix and
+adds one target token (the correction after a rejection, the bonus after a full
+accept). AR's rounds draft nothing.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Iterator, Sequence
+
+import torch
+
+from .drafters import Drafter, Proposal
+from .lm import CachedLM
+from .loading import ModelPair
+from .methods import get_method
+from .params import DecodeParams
+from .sampling import probabilities, verify
+from .trace import GenerationResult, Round, TokenRecord
+
+# Tokens of context used to decode one token's text, so multi-byte characters split
+# over several tokens come out whole on the last of them.
+_TEXT_WINDOW = 6
+
+
+def iter_generate(
+    pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None, **params
+) -> Iterator[GenerationResult]:
+    """Validate everything, then return an iterator that yields the result after each round.
+
+    The same `GenerationResult` object is yielded each time, grown by one round; closing
+    the iterator stops decoding at once and frees the round's caches. `limits`
+    (a `specdemo.limits.Limits`) adds a deployment's caps on prompt and output length.
+    """
+    spec = get_method(method)
+    decode_params = DecodeParams.from_values(**params)
+    if spec.needs_draft and pair.draft is None:
+        raise ValueError(f"method {method!r} needs a draft model; load the pair with draft=... or pick ar or nasd")
+    prompt_ids = pair.encode(prompt, chat=decode_params.chat)
+    if limits is not None:
+        limits.check_request(prompt_ids, decode_params.max_new_tokens)
+    pair.check_fits(prompt_ids, decode_params.max_new_tokens)
+    seed = decode_params.seed if decode_params.seed is not None else random.randrange(2**31)
+    result = GenerationResult(method, {**decode_params.as_dict(), "seed": seed}, prompt_ids)
+    drafter, policy = spec.build(pair, decode_params)
+    return _rounds(pair, drafter, policy, decode_params, seed, result)
+
+
+def generate(
+    pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None, **params
+) -> GenerationResult:
+    """Decode to the end and return the full trace."""
+    result = None
+    for result in iter_generate(pair, prompt, method, limits, **params):
+        pass
+    assert result is not None
+    return result
+
+
+def _rounds(
+    pair: ModelPair, drafter: Drafter | None, policy, params: DecodeParams, seed: int, result: GenerationResult
+) -> Iterator[GenerationResult]:
+    device = pair.device
+    sampling = params.sampling
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    eos_ids = pair.eos_ids
+    sequence = list(result.prompt_ids)
+    clock = _Clock(device)
+    target = CachedLM(pair.target, pair.vocab_size)
+    try:
+        with torch.inference_mode():
+            clock.start()
+            target.prefill(sequence[:-1])
+            if drafter is not None:
+                drafter.start(sequence)
+            result.prefill_seconds = clock.lap()
+            engine_seconds = result.prefill_seconds
+
+            while True:
+                remaining = params.max_new_tokens - len(result.tokens)
+                clock.start()
+                if drafter is None:
+                    proposal = Proposal(0, [], None, [], None)
+                else:
+                    # Leave room for the target's own token so a round never overshoots.
+                    proposal = drafter.propose(sequence, policy, remaining - 1, sampling, generator)
+                drafts, draft_probs = _cut_after_eos(proposal, eos_ids)
+                draft_seconds = clock.lap()
+
+                target_logits = target.logits(sequence + drafts, len(drafts) + 1)
+                target_scores = target_logits if sampling.greedy else probabilities(target_logits, sampling)
+                verdict = verify(
+                    target_scores, torch.tensor(drafts, device=device, dtype=torch.long), draft_probs, sampling, generator
+                )
+                kept = drafts[: verdict.accepted]
+                ended_by_draft_eos = bool(kept) and kept[-1] in eos_ids
+                next_token = None if ended_by_draft_eos else verdict.next_token
+                new_tokens = kept + ([] if next_token is None else [next_token])
+                verified_from = len(sequence)
+                sequence.extend(new_tokens)
+                if drafter is not None:
+                    drafter.observe(sequence, verified_from, target_logits[: verdict.accepted + 1])
+                policy.update(len(drafts), verdict.accepted)
+                verify_seconds = clock.lap()
+                engine_seconds += draft_seconds + verify_seconds
+
+                round_ = Round(
+                    index=len(result.rounds), gamma=proposal.gamma, entropy=proposal.round_entropy,
+                    drafted=drafts, accepted=verdict.accepted, next_token=next_token,
+                    draft_entropies=proposal.entropies[: len(drafts)], draft_seconds=draft_seconds,
+                    verify_seconds=verify_seconds, end_seconds=engine_seconds, new_tokens=new_tokens,
+                )
+                _record(result, round_, pair, sequence)
+                result.seconds = engine_seconds
+                result.target_forwards += 1
+                result.draft_forwards = drafter.forwards if drafter is not None else 0
+                if new_tokens and new_tokens[-1] in eos_ids:
+                    result.stop_reason = "eos"
+                elif len(result.tokens) >= params.max_new_tokens:
+                    result.stop_reason = "max_new_tokens"
+                if result.stop_reason:
+                    result.done = True
+                    result.text = pair.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+                    yield result
+                    return
+                yield result
+    finally:
+        # Drop the caches now rather than whenever the generator is collected.
+        target.cache = None
+        if drafter is not None and hasattr(drafter, "lm"):
+            drafter.lm.cache = None
+
+
+def _cut_after_eos(proposal: Proposal, eos_ids) -> tuple[list[int], torch.Tensor | None]:
+    drafts = proposal.tokens
+    for i, token in enumerate(drafts):
+        if token in eos_ids:
+            drafts = drafts[: i + 1]
+            break
+    probs = proposal.draft_probs
+    if probs is not None and probs.shape[0] != len(drafts):
+        probs = probs[: len(drafts)]
+    return drafts, probs
+
+
+def _record(result: GenerationResult, round_: Round, pair: ModelPair, sequence: list[int]) -> None:
+    origins = ["accepted"] * len(round_.new_tokens)
+    if round_.next_token is not None:
+        origins[-1] = round_.next_origin
+    start = len(sequence) - len(round_.new_tokens)
+    for offset, (token, origin) in enumerate(zip(round_.new_tokens, origins)):
+        position = start + offset
+        text = token_text(pair.tokenizer, sequence, position, floor=len(result.prompt_ids))
+        result.tokens.append(TokenRecord(token, text, origin, round_.index))
+    result.rounds.append(round_)
+    result.text = "".join(t.text for t in result.tokens)
+
+
+def token_text(tokenizer, sequence: list[int], position: int, floor: int = 0) -> str:
+    """The text that sequence[position] adds after what comes before it."""
+    start = max(floor, position - _TEXT_WINDOW)
+    before = tokenizer.decode(sequence[start:position]) if position > start else ""
+    upto = tokenizer.decode(sequence[start : position + 1])
+    if upto.startswith(before):
+        return upto[len(before) :]
+    return tokenizer.decode([sequence[position]])
+
+
+class _Clock:
+    """Wall-clock laps that wait for the device, so GPU time is not misattributed."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.t = 0.0
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self.t = self._now()
+
+    def lap(self) -> float:
+        now = self._now()
+        elapsed, self.t = now - self.t, now
+        return elapsed

@@ -1,0 +1,169 @@
+"""Drafters: anything that answers "what are your candidates?" and "here is what the
+target kept, update yourself".
+
+`ModelDrafter` runs a small causal LM with its own KV cache across rounds.
+`NgramDrafter` (NASD) drafts from an n-gram table built from the prompt and the
+target's verified outputs; it has no q, so verification treats it as a point mass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+
+from .lm import CachedLM
+from .policies import FixedGamma
+from .sampling import SamplingConfig, normalized_entropy, pick, probabilities
+
+
+@dataclass
+class Proposal:
+    gamma: int  # the policy's γ for the round (the drafter may propose fewer tokens)
+    tokens: list[int]
+    draft_probs: torch.Tensor | None  # q at each draft position [len(tokens), V]; None = point mass
+    entropies: list[float]  # normalised drafter entropy at each draft position
+    round_entropy: float | None  # the entropy the policy set γ from, if any
+
+
+class Drafter(Protocol):
+    def start(self, prompt_ids: list[int]) -> None: ...
+
+    def propose(
+        self, context: list[int], policy: FixedGamma, limit: int, sampling: SamplingConfig,
+        generator: torch.Generator | None,
+    ) -> Proposal: ...
+
+    def observe(self, sequence: list[int], verified_from: int, target_logits: torch.Tensor) -> None:
+        """The target has verified sequence[verified_from:]; target_logits[i] is its
+        next-token prediction after sequence[:verified_from + i]."""
+        ...
+
+    @property
+    def forwards(self) -> int: ...
+
+
+class ModelDrafter:
+    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None):
+        self.lm = CachedLM(model, vocab_size)
+
+    @property
+    def forwards(self) -> int:
+        return self.lm.forwards
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.lm.prefill(prompt_ids[:-1])
+
+    def propose(self, context, policy, limit, sampling, generator) -> Proposal:
+        probs = probabilities(self.lm.logits(context, 1)[0], sampling)
+        round_entropy = float(normalized_entropy(probs)) if policy.needs_first_entropy else None
+        gamma = policy.round_gamma(round_entropy)
+        budget = min(gamma, limit)
+        tokens: list[torch.Tensor] = []
+        dists: list[torch.Tensor] = []
+        entropies: list[torch.Tensor] = []
+        for i in range(budget):
+            entropy = normalized_entropy(probs)
+            if i > 0 and policy.needs_token_stats and not policy.keep_drafting(float(entropy), float(probs.max())):
+                break
+            token = pick(probs, sampling, generator)
+            tokens.append(token)
+            dists.append(probs)
+            entropies.append(entropy)
+            if i + 1 < budget:
+                probs = probabilities(self.lm.feed(token.view(1), 1)[0], sampling)
+        if not tokens:
+            return Proposal(gamma, [], None, [], round_entropy)
+        # One host sync for the whole round: ids and entropies travel together.
+        packed = torch.stack([torch.stack(tokens).double(), torch.stack(entropies).double()]).tolist()
+        ids = [int(t) for t in packed[0]]
+        self.lm.note_fed(ids[:-1])
+        draft_probs = None if sampling.greedy else torch.stack(dists)
+        return Proposal(gamma, ids, draft_probs, packed[1], round_entropy)
+
+    def observe(self, sequence, verified_from, target_logits) -> None:
+        pass  # the cache catches up with `sequence` on the next proposal
+
+
+class NgramTable:
+    """Counts of next tokens after contexts of length n−1 down to 1 (`basic`) or of
+    length n−1 only (`onelevel`). Ties go to the most recently seen continuation."""
+
+    def __init__(self, n: int, storage: str = "basic"):
+        self.n = n
+        self.context_lengths = list(range(n - 1, 0, -1)) if storage == "basic" else [n - 1]
+        self._counts: dict[tuple[int, ...], dict[int, int]] = {}
+        self._best: dict[tuple[int, ...], int] = {}
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def add(self, context: Sequence[int], next_token: int, weight: int = 1) -> None:
+        for length in self.context_lengths:
+            if len(context) < length:
+                continue
+            key = tuple(context[len(context) - length :])
+            counts = self._counts.setdefault(key, {})
+            counts[next_token] = counts.get(next_token, 0) + weight
+            best = self._best.get(key)
+            if best is None or counts[next_token] >= counts[best]:
+                self._best[key] = next_token
+
+    def add_sequence(self, ids: Sequence[int], start: int = 1) -> None:
+        """Add the n-grams that end at positions start.. of ids."""
+        window = self.n - 1
+        for j in range(max(start, 1), len(ids)):
+            self.add(ids[max(0, j - window) : j], ids[j])
+
+    def continuation(self, context: Sequence[int]) -> int | None:
+        """Most frequent next token after the longest matching context, if any."""
+        for length in self.context_lengths:
+            if len(context) >= length:
+                token = self._best.get(tuple(context[len(context) - length :]))
+                if token is not None:
+                    return token
+        return None
+
+    def draft(self, context: Sequence[int], max_tokens: int) -> list[int]:
+        window = list(context[-(self.n - 1) :]) if self.n > 1 else []
+        drafted: list[int] = []
+        while len(drafted) < max_tokens:
+            token = self.continuation(window)
+            if token is None:
+                break
+            drafted.append(token)
+            window = (window + [token])[-(self.n - 1) :]
+        return drafted
+
+
+class NgramDrafter:
+    """NASD's drafter: an n-gram table grown from the prompt and every verification."""
+
+    def __init__(self, n: int, storage: str = "basic", top_k_filler: int = 3):
+        self.table = NgramTable(n, storage)
+        self.top_k_filler = top_k_filler
+
+    forwards = 0
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.table.add_sequence(prompt_ids)
+
+    def propose(self, context, policy, limit, sampling, generator) -> Proposal:
+        gamma = policy.round_gamma(None)
+        tokens = self.table.draft(context, min(gamma, limit))
+        return Proposal(gamma, tokens, None, [], None)
+
+    def observe(self, sequence, verified_from, target_logits) -> None:
+        self.table.add_sequence(sequence, start=verified_from)
+        if self.top_k_filler <= 0:
+            return
+        k = min(self.top_k_filler, target_logits.shape[-1])
+        predictions = torch.topk(target_logits, k, dim=-1).indices.tolist()
+        window = self.table.n - 1
+        for i, tokens in enumerate(predictions):
+            end = verified_from + i
+            context = sequence[max(0, end - window) : end]
+            # Best first, so that on equal counts the target's top-1 is the freshest.
+            for token in reversed(tokens):
+                self.table.add(context, token)

@@ -1,0 +1,272 @@
+"""Loading a target/draft pair from the Hub, a local folder, a GGUF file or a preset."""
+
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer could not be loaded; the message says why in plain words."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    target: str
+    draft: str | None
+    note: str = ""
+
+
+EMBEDDED = "embedded"
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset(EMBEDDED, EMBEDDED, EMBEDDED, "SmolLM2-135M-Instruct (packaged GGUF) + the draft trained for it; works offline"),
+        Preset("smollm2-1.7b", "HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+        Preset("pythia-1.4b", "EleutherAI/pythia-1.4b", "EleutherAI/pythia-70m"),
+        Preset("pythia-2.8b", "EleutherAI/pythia-2.8b", "EleutherAI/pythia-70m"),
+        Preset("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
+        Preset("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
+        Preset("llama-3.2-3b", "meta-llama/Llama-3.2-3B-Instruct", "meta-llama/Llama-3.2-1B-Instruct", "gated: accept the licence on the Hub and set HF_TOKEN"),
+    ]
+}
+
+
+@dataclass
+class ModelPair:
+    """A target, its tokenizer and an optional draft that shares the tokenizer."""
+
+    target: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    draft: torch.nn.Module | None = None
+    name: str = ""
+    target_ref: str = ""
+    draft_ref: str | None = None
+    vocab_size: int | None = None  # logits are cut to this when the two models pad their vocab differently
+    eos_ids: frozenset[int] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if not self.eos_ids:
+            self.eos_ids = frozenset(_eos_ids(self.target, self.tokenizer))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+    @property
+    def context_length(self) -> int:
+        limits = [_context_length(m) for m in (self.target, self.draft) if m is not None]
+        return min(limits)
+
+    def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+        """Token ids of a prompt: a string (through the chat template if chat) or ids as they are."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("prompt is empty: type some text to continue")
+            if chat:
+                if not getattr(self.tokenizer, "chat_template", None):
+                    raise ValueError("chat: this model's tokenizer has no chat template; turn chat off")
+                text = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+                )
+                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            else:
+                ids = self.tokenizer(prompt)["input_ids"]
+        else:
+            try:
+                ids = [int(t) for t in prompt]
+            except (TypeError, ValueError):
+                raise ValueError("prompt must be a string or a sequence of token ids") from None
+            limit = self.vocab_size or self.target.config.vocab_size
+            bad = [t for t in ids if not 0 <= t < limit]
+            if bad:
+                raise ValueError(f"prompt token ids must lie in [0, {limit}); got {bad[:5]}")
+        if not ids:
+            raise ValueError("prompt is empty: it encodes to no tokens")
+        return list(ids)
+
+    def check_fits(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+        limit = self.context_length
+        if len(prompt_ids) + max_new_tokens > limit:
+            raise ValueError(
+                f"prompt is too long: {len(prompt_ids)} prompt tokens + max_new_tokens {max_new_tokens} "
+                f"exceed the model's context of {limit} tokens; shorten the prompt or lower max_new_tokens"
+            )
+
+    def close(self) -> None:
+        """Drop the weights so a different pair can take their memory."""
+        self.target = self.draft = None  # type: ignore[assignment]
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "", "auto"):
+        # bf16 halves GPU memory traffic; CPUs run float32 fastest and exactly.
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    names = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
+    if dtype not in names:
+        raise ValueError(f"dtype must be one of {', '.join(names)}, got {dtype!r}")
+    return names[dtype]
+
+
+def load_pair(
+    target: str,
+    draft: str | None = None,
+    device: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    trust_remote_code: bool = False,
+) -> ModelPair:
+    """Load a target and an optional draft (hub id, local folder, .gguf file, or a preset name).
+
+    `load_pair("embedded")` is the offline default; `load_pair("qwen2.5-1.5b")` any preset.
+    """
+    if not isinstance(target, str) or not target.strip():
+        raise ValueError("target must be a model id, a local folder, a .gguf file or a preset name")
+    target = target.strip()
+    draft = draft.strip() if isinstance(draft, str) and draft.strip() else None
+    name = target
+    if target in PRESETS and draft is None:
+        preset = PRESETS[target]
+        target, draft = preset.target, preset.draft
+    device = device or default_device()
+    torch_dtype = resolve_dtype(dtype, device)
+
+    if target == EMBEDDED:
+        from .embedded import load_embedded_target
+
+        target_model, tokenizer = load_embedded_target(device=device, dtype=torch_dtype)
+    else:
+        tokenizer = load_tokenizer(target, trust_remote_code)
+        target_model = load_model(target, device, torch_dtype, trust_remote_code)
+
+    draft_model = None
+    vocab_size = None
+    if draft is not None:
+        if draft == EMBEDDED:
+            from .embedded import load_embedded_draft
+
+            draft_model = load_embedded_draft(device=device, dtype=torch_dtype)
+        else:
+            draft_tokenizer = _optional_tokenizer(draft, trust_remote_code)
+            if draft_tokenizer is not None:
+                check_same_tokenizer(tokenizer, draft_tokenizer, target, draft)
+            draft_model = load_model(draft, device, torch_dtype, trust_remote_code)
+        vocab_size = shared_vocab_size(target_model, draft_model, tokenizer, target, draft)
+    return ModelPair(target_model, tokenizer, draft_model, name=name, target_ref=target, draft_ref=draft,
+                     vocab_size=vocab_size)
+
+
+def check_same_tokenizer(target_tok, draft_tok, target: str, draft: str) -> None:
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise ValueError(
+            f"draft tokenizer differs from the target's: {draft!r} ({len(draft_tok)} tokens) cannot draft for "
+            f"{target!r} ({len(target_tok)} tokens). Speculative decoding needs a draft with the same tokenizer, "
+            "e.g. a smaller model of the same family"
+        )
+
+
+def shared_vocab_size(target_model, draft_model, tokenizer, target: str, draft: str) -> int | None:
+    vt, vd = _output_size(target_model), _output_size(draft_model)
+    if vt == vd:
+        return None
+    if min(vt, vd) < len(tokenizer):
+        raise ValueError(
+            f"draft vocabulary differs from the target's: {draft!r} predicts {vd} tokens, {target!r} {vt}, "
+            f"and the tokenizer has {len(tokenizer)}"
+        )
+    # Same tokenizer, different padding of the output layer: compare on the real tokens only.
+    return min(vt, vd)
+
+
+def load_tokenizer(ref: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    path = Path(ref)
+    try:
+        if ref.endswith(".gguf") and path.is_file():
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        return AutoTokenizer.from_pretrained(ref, trust_remote_code=trust_remote_code)
+    except Exception as error:  # transformers raises many kinds; the user needs one message
+        raise ModelLoadError(_explain(ref, error, "tokenizer")) from error
+
+
+def _optional_tokenizer(ref: str, trust_remote_code: bool):
+    """The draft's own tokenizer if it ships one (a bare save_pretrained folder may not)."""
+    try:
+        return load_tokenizer(ref, trust_remote_code)
+    except ModelLoadError:
+        if Path(ref).exists():
+            return None
+        raise
+
+
+def load_model(ref: str, device: str, dtype: torch.dtype, trust_remote_code: bool = False) -> torch.nn.Module:
+    path = Path(ref)
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    try:
+        if ref.endswith(".gguf") and path.is_file():
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(ref, **kwargs)
+    except Exception as error:
+        raise ModelLoadError(_explain(ref, error, "model")) from error
+    return model.to(device).eval()
+
+
+def _explain(ref: str, error: Exception, what: str) -> str:
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    chain = [error]
+    while chain[-1].__cause__ is not None and len(chain) < 8:
+        chain.append(chain[-1].__cause__)
+    kinds = {type(e).__name__ for e in chain}
+    text = " ".join(str(e) for e in chain)
+    if any(isinstance(e, GatedRepoError) for e in chain) or "gated" in text.lower():
+        return f"{ref!r} is a gated model: accept its licence on huggingface.co and log in (HF_TOKEN) to use it"
+    if any(isinstance(e, RepositoryNotFoundError) for e in chain) or "is not a valid model identifier" in text:
+        return f"no {what} named {ref!r}: it is neither a local folder nor a model id on the Hugging Face Hub"
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or "offline" in text.lower() or "LocalEntryNotFoundError" in kinds:
+        return (f"cannot load {ref!r}: it is not a local folder or .gguf file, and the Hugging Face Hub "
+                "cannot be reached (offline); use a local model or the 'embedded' pair")
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"cannot load {what} {ref!r}: {first_line}"
+
+
+def _output_size(model) -> int:
+    head = model.get_output_embeddings()
+    return head.weight.shape[0] if head is not None else model.config.vocab_size
+
+
+def _context_length(model) -> int:
+    config = model.config
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, name, None) or getattr(getattr(config, "text_config", None), name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (generation_eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids

@@ -1,0 +1,69 @@
+"""The registry of decoding methods: each is a drafter and a γ policy, nothing more.
+
+Adding a method is adding an entry; the decode loop never branches on a name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .drafters import Drafter, ModelDrafter, NgramDrafter
+from .params import DecodeParams
+from .policies import ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    label: str
+    needs_draft: bool
+    description: str
+    build: Callable[["object", DecodeParams], tuple[Drafter | None, object]]
+
+
+def _model_drafter(pair) -> ModelDrafter:
+    return ModelDrafter(pair.draft, pair.vocab_size)
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    METHODS[method.name] = method
+    return method
+
+
+register(Method("ar", "AR", False, "the target alone, one token per forward",
+                lambda pair, p: (None, FixedGamma(0))))
+register(Method("sd", "SD", True, "draft model, fixed γ",
+                lambda pair, p: (_model_drafter(pair), FixedGamma(p.gamma))))
+register(Method("nasd", "NASD", False, "n-gram table drafts, fixed γ",
+                lambda pair, p: (NgramDrafter(p.ngram_n, p.ngram_storage, p.top_k_filler), FixedGamma(p.gamma))))
+register(Method("egag", "EGAG", True, "draft model, γ from the drafter's entropy",
+                lambda pair, p: (_model_drafter(pair), EntropyGamma(p.gamma_min, p.gamma_max, p.ema))))
+register(Method("sd-heuristic", "SD (+2/−1)", True, "draft model, transformers' +2/−1 γ schedule",
+                lambda pair, p: (_model_drafter(pair), HeuristicGamma(p.gamma))))
+register(Method("sd-confidence", "SD (confidence)", True, "draft model, stop drafting when its top probability < 0.4",
+                lambda pair, p: (_model_drafter(pair), ConfidenceStop(p.gamma_max))))
+
+DEFAULT_METHODS = ("ar", "sd", "nasd", "egag")
+
+
+def get_method(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+def parse_methods(value: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """'ar,sd' or ['ar', 'sd'] → validated names in order, duplicates dropped."""
+    if value is None:
+        return list(DEFAULT_METHODS)
+    names = value.split(",") if isinstance(value, str) else list(value)
+    names = [n.strip().lower() for n in names if n and n.strip()]
+    if not names:
+        raise ValueError(f"methods: choose at least one of {', '.join(METHODS)}")
+    for name in names:
+        get_method(name)
+    return list(dict.fromkeys(names))

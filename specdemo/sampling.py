@@ -1,0 +1,125 @@
+"""Pure tensor functions: logits → distributions, entropy, and draft verification.
+
+Notation: p is the target's distribution, q the drafter's. Every function works on
+one sequence (no batch dimension) so it can be tested with statistics on a tiny
+vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How next-token distributions are formed from logits.
+
+    temperature 0 means greedy decoding; top_k 0 and top_p 1.0 disable those filters.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Softmax of logits [..., V] after temperature, top-k and top-p, in float32.
+
+    In greedy mode the temperature is ignored (plain softmax): the argmax is the token,
+    and the distribution is only used for entropies.
+    """
+    logits = logits.float()
+    if config.greedy:
+        return torch.softmax(logits, dim=-1)
+    logits = logits / config.temperature
+    vocab = logits.shape[-1]
+    if 0 < config.top_k < vocab:
+        kth_largest = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if config.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        # Keep the smallest prefix whose mass reaches top_p; the first token always stays.
+        drop_sorted = mass_before >= config.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def normalized_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """H(probs) / log V over the last dimension, in [0, 1]."""
+    vocab = probs.shape[-1]
+    plogp = torch.where(probs > 0, probs * torch.log(probs), torch.zeros_like(probs))
+    return -plogp.sum(-1) / math.log(vocab)
+
+
+def pick(probs: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """One token id per row of probs [..., V] (argmax when greedy), shape [...]."""
+    if config.greedy:
+        return probs.argmax(-1)
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: int  # how many drafts, from the first, the target keeps
+    next_token: int  # the correction (after a rejection) or the bonus (all accepted)
+
+
+def verify(
+    target_probs: torch.Tensor,
+    drafts: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    config: SamplingConfig,
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """Decide which drafts the target accepts and the token that follows them.
+
+    target_probs: [k+1, V], p at each draft position plus the one after the last draft.
+    drafts: [k] token ids.
+    draft_probs: [k, V], q at each draft position, or None for a deterministic drafter
+    (q is a point mass on each draft, e.g. an n-gram table).
+
+    Greedy: a draft is kept iff it is the target's argmax; the next token is the argmax.
+    Sampling: draft x is kept with probability min(1, p(x)/q(x)); on the first rejection
+    the next token is drawn from norm(max(p − q, 0)) — for a point mass, p without x —
+    and after all are kept, from p. This leaves the output distributed exactly as p.
+    """
+    k = drafts.shape[0]
+    if config.greedy:
+        target_tokens = target_probs.argmax(-1)
+        matches = (target_tokens[:k] == drafts).int()
+        accepted = int(torch.cumprod(matches, 0).sum()) if k else 0
+        return Verdict(accepted, int(target_tokens[accepted]))
+
+    positions = torch.arange(k, device=drafts.device)
+    p_of_drafts = target_probs[positions, drafts]
+    if draft_probs is None:
+        q_of_drafts = torch.ones_like(p_of_drafts)
+    else:
+        q_of_drafts = draft_probs[positions, drafts]
+    uniforms = torch.rand(k, generator=generator, device=drafts.device)
+    rejected = uniforms * q_of_drafts > p_of_drafts  # u > p/q without dividing by q
+    accepted = int(rejected.int().argmax()) if bool(rejected.any()) else k
+    if accepted == k:
+        return Verdict(k, int(pick(target_probs[k], config, generator)))
+
+    p = target_probs[accepted]
+    if draft_probs is None:
+        residual = p.clone()
+        residual[drafts[accepted]] = 0.0
+    else:
+        residual = torch.clamp(p - draft_probs[accepted], min=0.0)
+    mass = residual.sum()
+    # A rejection implies p(x) < q(x), so the residual has mass unless rounding ate it.
+    residual = residual / mass if float(mass) > 1e-12 else p
+    return Verdict(accepted, int(torch.multinomial(residual, 1, generator=generator)))

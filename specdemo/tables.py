@@ -1,0 +1,100 @@
+"""Traces → DataFrames: the comparison table and the per-round trace.
+
+The CLI, the page and the benchmark write these same columns to CSV.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import pandas as pd
+import torch
+
+from .methods import METHODS
+from .sampling import probabilities
+from .trace import GenerationResult
+
+SUMMARY_COLUMNS = [
+    "method", "label", "new_tokens", "seconds", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
+    "mean_accepted_tokens", "target_forwards", "draft_forwards", "target_forwards_per_token", "mean_gamma",
+    "mean_drafted", "mean_entropy", "matches_ar", "perplexity", "stop_reason", "temperature", "seed",
+]
+
+ROUND_COLUMNS = [
+    "method", "round", "gamma", "entropy", "n_drafted", "accepted", "n_rejected", "drafted_ids", "rejected_ids",
+    "next_token", "next_origin", "new_tokens", "draft_entropies", "draft_seconds", "verify_seconds", "end_seconds",
+]
+
+
+def summary_frame(
+    results: Sequence[GenerationResult], perplexities: dict[str, float] | None = None
+) -> pd.DataFrame:
+    """One row per method, AR first; speed as a ratio to AR, quality as exact match (greedy)
+    or the target's perplexity of the output (sampled, when given)."""
+    ordered = sorted(results, key=lambda r: (r.method != "ar",))
+    reference = next((r for r in ordered if r.method == "ar"), None)
+    rows = []
+    for result in ordered:
+        stats = result.stats
+        greedy = result.params.get("temperature", 0.0) == 0.0
+        row = {name: stats.get(name) for name in SUMMARY_COLUMNS if name in stats}
+        row["label"] = METHODS[result.method].label if result.method in METHODS else result.method
+        row["speedup_vs_ar"] = (
+            stats["tokens_per_s"] / reference.stats["tokens_per_s"] if reference is not None else math.nan
+        )
+        row["matches_ar"] = (
+            result.token_ids == reference.token_ids if reference is not None and greedy else None
+        )
+        row["perplexity"] = (perplexities or {}).get(result.method, math.nan)
+        row["temperature"] = result.params.get("temperature")
+        row["seed"] = result.params.get("seed")
+        rows.append(row)
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def rounds_frame(results: Iterable[GenerationResult]) -> pd.DataFrame:
+    rows = []
+    for result in results:
+        for r in result.rounds:
+            rows.append({
+                "method": result.method,
+                "round": r.index,
+                "gamma": r.gamma,
+                "entropy": r.entropy if r.entropy is not None else math.nan,
+                "n_drafted": len(r.drafted),
+                "accepted": r.accepted,
+                "n_rejected": len(r.rejected),
+                "drafted_ids": " ".join(map(str, r.drafted)),
+                "rejected_ids": " ".join(map(str, r.rejected)),
+                "next_token": r.next_token if r.next_token is not None else -1,
+                "next_origin": r.next_origin if r.next_token is not None else "",
+                "new_tokens": len(r.new_tokens),
+                "draft_entropies": " ".join(f"{e:.4f}" for e in r.draft_entropies),
+                "draft_seconds": r.draft_seconds,
+                "verify_seconds": r.verify_seconds,
+                "end_seconds": r.end_seconds,
+            })
+    return pd.DataFrame(rows, columns=ROUND_COLUMNS)
+
+
+def target_perplexity(pair, result: GenerationResult) -> float:
+    """exp of the mean negative log-likelihood of the generated tokens under the target,
+    with the same sampling transform the run used (temperature, top-k, top-p)."""
+    ids = result.token_ids
+    if not ids:
+        return math.nan
+    sequence = torch.tensor([result.prompt_ids + ids], device=pair.device)
+    with torch.inference_mode():
+        logits = pair.target(input_ids=sequence).logits[0, len(result.prompt_ids) - 1 : -1]
+    if pair.vocab_size is not None:
+        logits = logits[..., : pair.vocab_size]
+    params = result.params
+    from .sampling import SamplingConfig
+
+    config = SamplingConfig(params.get("temperature", 0.0), params.get("top_k", 0), params.get("top_p", 1.0))
+    if config.greedy:
+        config = SamplingConfig(1.0)
+    probs = probabilities(logits, config)
+    chosen = probs[torch.arange(len(ids)), torch.tensor(ids, device=probs.device)].clamp_min(1e-12)
+    return float(torch.exp(-torch.log(chosen).mean()))

@@ -1,0 +1,107 @@
+"""The one record of a generation: which token came from where, round by round.
+
+The page, the CSV exports, the benchmark and the tests all read a `GenerationResult`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# Where a generated token came from.
+ACCEPTED = "accepted"  # a draft the target kept
+CORRECTED = "corrected"  # the target's token after a rejected draft
+BONUS = "bonus"  # the target's extra token after every draft was kept
+TARGET = "target"  # the target's token in a round that drafted nothing (AR, NASD with no match)
+REJECTED = "rejected"  # a draft the target refused (in rounds, never in the output)
+ORIGINS = (ACCEPTED, CORRECTED, BONUS, TARGET)
+
+
+@dataclass
+class TokenRecord:
+    id: int
+    text: str
+    origin: str
+    round: int
+
+
+@dataclass
+class Round:
+    index: int
+    gamma: int  # the policy's draft length for this round (0 for AR)
+    entropy: float | None  # the drafter entropy that set γ (EGAG), if any
+    drafted: list[int]
+    accepted: int
+    next_token: int | None  # correction or bonus; None when an accepted EOS ended the round
+    draft_entropies: list[float]
+    draft_seconds: float
+    verify_seconds: float
+    end_seconds: float  # since the generation started, prefill included
+    new_tokens: list[int] = field(default_factory=list)  # what the round added to the output
+
+    @property
+    def rejected(self) -> list[int]:
+        return self.drafted[self.accepted :]
+
+    @property
+    def next_origin(self) -> str:
+        if not self.drafted:
+            return TARGET
+        return BONUS if self.accepted == len(self.drafted) else CORRECTED
+
+
+@dataclass
+class GenerationResult:
+    method: str
+    params: dict[str, Any]
+    prompt_ids: list[int]
+    rounds: list[Round] = field(default_factory=list)
+    tokens: list[TokenRecord] = field(default_factory=list)
+    text: str = ""
+    prefill_seconds: float = 0.0
+    seconds: float = 0.0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    stop_reason: str | None = None  # "eos", "max_new_tokens" or None while running
+    done: bool = False
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.id for t in self.tokens]
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return summarize(self)
+
+
+def summarize(result: GenerationResult) -> dict[str, Any]:
+    rounds = result.rounds
+    new_tokens = len(result.tokens)
+    drafted = sum(len(r.drafted) for r in rounds)
+    accepted = sum(r.accepted for r in rounds)
+    drafting_rounds = [r for r in rounds if r.gamma > 0]
+    token_entropies = [e for r in rounds for e in r.draft_entropies]
+    seconds = result.seconds
+    return {
+        "method": result.method,
+        "new_tokens": new_tokens,
+        "rounds": len(rounds),
+        "seconds": seconds,
+        "tokens_per_s": new_tokens / seconds if seconds > 0 else math.nan,
+        "ttft_s": rounds[0].end_seconds if rounds else math.nan,
+        "prefill_s": result.prefill_seconds,
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance_rate": accepted / drafted if drafted else math.nan,
+        "mean_accepted_tokens": sum(len(r.new_tokens) for r in rounds) / len(rounds) if rounds else math.nan,
+        "target_forwards": result.target_forwards,
+        "draft_forwards": result.draft_forwards,
+        "target_forwards_per_token": result.target_forwards / new_tokens if new_tokens else math.nan,
+        "mean_gamma": sum(r.gamma for r in drafting_rounds) / len(drafting_rounds) if drafting_rounds else 0.0,
+        "mean_drafted": drafted / len(rounds) if rounds else math.nan,
+        "mean_entropy": sum(token_entropies) / len(token_entropies) if token_entropies else math.nan,
+        "draft_seconds": sum(r.draft_seconds for r in rounds),
+        "verify_seconds": sum(r.verify_seconds for r in rounds),
+        "stop_reason": result.stop_reason,
+    }

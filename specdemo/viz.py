@@ -1,0 +1,459 @@
+"""Traces → things to look at: highlighted token spans, Plotly figures, display tables.
+
+Pure functions of `GenerationResult`s (and a tokenizer where draft text must be decoded),
+so they are tested without a browser. Colours are defined once here, in `ORIGIN_STYLES`
+and `METHOD_COLORS`; the page, the legend and the charts all read them.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from .methods import METHODS
+from .trace import ACCEPTED, BONUS, CORRECTED, REJECTED, TARGET, GenerationResult, Round
+
+
+@dataclass(frozen=True)
+class OriginStyle:
+    label: str
+    background: str
+    foreground: str
+    meaning: str
+
+
+# What a token's colour means, everywhere on the page.
+ORIGIN_STYLES: dict[str, OriginStyle] = {
+    ACCEPTED: OriginStyle("accepted draft", "#d1fae5", "#065f46", "drafted, then kept by the target"),
+    REJECTED: OriginStyle("rejected draft", "#fee2e2", "#b91c1c", "drafted, refused by the target (not in the output)"),
+    CORRECTED: OriginStyle("correction", "#ffedd5", "#9a3412", "the target's own token where it refused a draft"),
+    BONUS: OriginStyle("bonus", "#dbeafe", "#1e40af", "the target's extra token after every draft was kept"),
+    TARGET: OriginStyle("target", "#eef2f7", "#1f2937", "the target alone, nothing drafted (AR, NASD without a match)"),
+}
+
+# One colour per method for panel headers and chart lines; unknown methods cycle FALLBACK_COLORS.
+METHOD_COLORS: dict[str, str] = {
+    "ar": "#64748b",
+    "sd": "#7c3aed",
+    "nasd": "#db2777",
+    "egag": "#0e7490",
+    "sd-heuristic": "#4338ca",
+    "sd-confidence": "#a16207",
+}
+FALLBACK_COLORS = ("#0f766e", "#9333ea", "#b45309", "#be123c", "#1d4ed8")
+
+TOKEN_CLASS = "sd-tok"
+
+# Styles for the spans this module writes. Scoped by class names only, so the same string
+# works as page-wide CSS and as a component's own stylesheet.
+TOKEN_CSS = "\n".join(
+    [
+        ".sd-panel{border:1px solid var(--border-color-primary,#e5e7eb);border-radius:10px;"
+        "background:var(--block-background-fill,#fff);overflow:hidden;height:100%;}",
+        ".sd-panel-head{display:flex;align-items:baseline;gap:.6em;flex-wrap:wrap;padding:.55em .8em;"
+        "border-bottom:1px solid var(--border-color-primary,#e5e7eb);border-left:6px solid var(--sd-method);}",
+        ".sd-panel-name{font-weight:700;font-size:1.05em;color:var(--sd-method);}",
+        ".sd-panel-desc{color:var(--body-text-color-subdued,#6b7280);font-size:.85em;}",
+        ".sd-panel-meta{margin-left:auto;font-size:.85em;font-variant-numeric:tabular-nums;"
+        "color:var(--body-text-color-subdued,#4b5563);}",
+        ".sd-panel-state{font-size:.75em;padding:.05em .5em;border-radius:999px;background:#e5e7eb;color:#374151;}",
+        ".sd-panel-state.running{background:#fef3c7;color:#92400e;}",
+        ".sd-panel-state.done{background:#d1fae5;color:#065f46;}",
+        ".sd-panel-state.error{background:#fee2e2;color:#991b1b;}",
+        ".sd-text{padding:.7em .8em;white-space:pre-wrap;word-break:break-word;line-height:1.9;font-size:.95em;"
+        "max-height:26em;overflow-y:auto;font-family:ui-sans-serif,system-ui,sans-serif;}",
+        ".sd-empty{color:var(--body-text-color-subdued,#9ca3af);font-style:italic;}",
+        ".sd-error{color:#b91c1c;}",
+        f".{TOKEN_CLASS}{{border-radius:3px;padding:.1em 0;box-decoration-break:clone;"
+        "-webkit-box-decoration-break:clone;cursor:help;}",
+        ".sd-nl{opacity:.45;font-size:.8em;}",
+        *(
+            f".{TOKEN_CLASS}.sd-{origin}{{background:{style.background};color:{style.foreground};}}"
+            for origin, style in ORIGIN_STYLES.items()
+        ),
+        f".{TOKEN_CLASS}.sd-{REJECTED}{{text-decoration:line-through;text-decoration-thickness:1.5px;opacity:.6;"
+        "font-size:.9em;}",
+        ".sd-legend{display:flex;flex-wrap:wrap;gap:.5em 1.1em;align-items:center;font-size:.9em;}",
+        ".sd-legend-item{display:inline-flex;align-items:center;gap:.4em;}",
+        f".sd-legend .{TOKEN_CLASS}{{padding:.1em .45em;cursor:default;font-size:1em;}}",
+        f".sd-legend .{TOKEN_CLASS}.sd-{REJECTED}{{opacity:.85;}}",
+        ".sd-legend-note{color:var(--body-text-color-subdued,#6b7280);}",
+    ]
+)
+
+
+def method_color(method: str) -> str:
+    if method in METHOD_COLORS:
+        return METHOD_COLORS[method]
+    return FALLBACK_COLORS[sum(map(ord, method)) % len(FALLBACK_COLORS)]
+
+
+def method_label(method: str) -> str:
+    return METHODS[method].label if method in METHODS else method
+
+
+# ---------------------------------------------------------------------------------------
+# Highlighted tokens
+
+
+def legend_html() -> str:
+    """Chips explaining each colour; the hover text says what a coloured token carries."""
+    items = []
+    for origin in (ACCEPTED, REJECTED, CORRECTED, BONUS, TARGET):
+        style = ORIGIN_STYLES[origin]
+        items.append(
+            f'<span class="sd-legend-item" title="{html.escape(style.meaning)}">'
+            f'<span class="{TOKEN_CLASS} sd-{origin}">{html.escape(style.label)}</span></span>'
+        )
+    note = '<span class="sd-legend-note">hover a token: its round, γ, drafter entropy, drafts accepted</span>'
+    return f'<div class="sd-legend">{"".join(items)}{note}</div>'
+
+
+def _token_span(text: str, origin: str, title: str) -> str:
+    # Newlines stay real newlines (the container is pre-wrap) with a faint marker, so a
+    # token that is only "\n" is still visible and hoverable.
+    body = html.escape(text).replace("\n", '<span class="sd-nl">↵</span>\n')
+    if not body:
+        body = "∅"
+    return f'<span class="{TOKEN_CLASS} sd-{origin}" title="{html.escape(title, quote=True)}">{body}</span>'
+
+
+def _fmt_entropy(value: float | None) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
+
+
+def _round_title(r: Round, what: str, entropy: float | None) -> str:
+    drafted = len(r.drafted)
+    accepted = f"{r.accepted}/{drafted} drafts accepted" if drafted else "nothing drafted"
+    return f"round {r.index} · γ={r.gamma} · drafter entropy {_fmt_entropy(entropy)} · {accepted} · {what}"
+
+
+def rejected_texts(result: GenerationResult, r: Round, output_before: Sequence[int], tokenizer=None) -> list[str]:
+    """Text of each rejected draft of round r, decoded after the tokens that precede it."""
+    rejected = r.rejected
+    if not rejected:
+        return []
+    if tokenizer is None:
+        return [f"#{t}" for t in rejected]
+    from .decoding import token_text
+
+    kept = r.drafted[: r.accepted]
+    sequence = list(result.prompt_ids) + list(output_before) + kept + rejected
+    first = len(sequence) - len(rejected)
+    return [token_text(tokenizer, sequence, first + i, floor=len(result.prompt_ids)) for i in range(len(rejected))]
+
+
+def render_tokens(result: GenerationResult, tokenizer=None, cache: dict | None = None) -> str:
+    """The output as coloured spans, each round's rejected drafts struck through after its
+    accepted ones (where the target's correction then takes over).
+
+    `cache` (any dict kept by the caller across calls on the same result) saves decoding a
+    round's rejected drafts again when the panel is re-rendered after every round.
+    """
+    parts: list[str] = []
+    position = 0
+    ids = result.token_ids
+    for r in result.rounds:
+        count = len(r.new_tokens)
+        records = result.tokens[position : position + count]
+        entropies = list(r.draft_entropies)
+        for i, record in enumerate(records):
+            is_next = r.next_token is not None and i == count - 1
+            if is_next and r.rejected:
+                key = (id(result), r.index)
+                texts = cache.get(key) if cache is not None else None
+                if texts is None:
+                    texts = rejected_texts(result, r, ids[:position], tokenizer)
+                    if cache is not None:
+                        cache[key] = texts
+                for j, text in enumerate(texts):
+                    k = r.accepted + j
+                    entropy = entropies[k] if k < len(entropies) else None
+                    title = _round_title(r, f"rejected draft {k + 1} (not in the output)", entropy)
+                    parts.append(_token_span(text, REJECTED, title))
+            if record.origin == ACCEPTED:
+                entropy = entropies[i] if i < len(entropies) else None
+                what = f"accepted draft {i + 1}"
+            else:
+                entropy = r.entropy
+                what = ORIGIN_STYLES.get(record.origin, ORIGIN_STYLES[TARGET]).label + " (target)"
+            parts.append(_token_span(record.text, record.origin, _round_title(r, what, entropy)))
+        position += count
+    return "".join(parts)
+
+
+def _panel_meta(result: GenerationResult) -> str:
+    stats = result.stats
+    bits = [f"{stats['new_tokens']} tokens", f"{stats['rounds']} rounds"]
+    if stats["seconds"] > 0:
+        bits.append(f"{stats['tokens_per_s']:.1f} tok/s")
+    if stats["drafted"]:
+        bits.append(f"α {stats['acceptance_rate']:.0%}")
+    return " · ".join(bits)
+
+
+def render_panel(
+    method: str,
+    result: GenerationResult | None = None,
+    tokenizer=None,
+    state: str | None = None,
+    message: str | None = None,
+    cache: dict | None = None,
+) -> str:
+    """One method's panel: header (name, live numbers, state) and the highlighted text.
+
+    state: "waiting", "running", "done", "stopped" or "error" (default: from result.done).
+    """
+    color = method_color(method)
+    description = METHODS[method].description if method in METHODS else ""
+    if state is None:
+        state = "waiting" if result is None else "done" if result.done else "running"
+    meta = html.escape(_panel_meta(result)) if result is not None else ""
+    if message:
+        body = f'<span class="sd-error">{html.escape(message)}</span>' if state == "error" else html.escape(message)
+    elif result is None or not result.tokens:
+        body = '<span class="sd-empty">waiting for the first round…</span>'
+    else:
+        body = render_tokens(result, tokenizer, cache)
+    return (
+        f'<div class="sd-panel" data-method="{html.escape(method)}" style="--sd-method:{color}">'
+        f'<div class="sd-panel-head"><span class="sd-panel-name">{html.escape(method_label(method))}</span>'
+        f'<span class="sd-panel-desc">{html.escape(description)}</span>'
+        f'<span class="sd-panel-meta">{meta}</span>'
+        f'<span class="sd-panel-state {state}">{state}</span></div>'
+        f'<div class="sd-text">{body}</div></div>'
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Figures: one trace per method (entropy: per method that drafts with a model), round
+# number on x for the per-round charts, seconds for the race.
+
+
+_AXIS = dict(gridcolor="#e8edf3", linecolor="#cbd5e1", zeroline=False, rangemode="tozero", automargin=True,
+             title=dict(font=dict(size=12)))
+
+
+def _figure(traces: list[dict], title: str, x_title: str, y_title: str, **layout) -> go.Figure:
+    # Plain dicts without plotly's validation: building validated figures after every
+    # round cost ~30 ms each, more than a round of the small models.
+    base = dict(
+        title=dict(text=title, x=0.01, xanchor="left", font=dict(size=15)),
+        height=320,
+        margin=dict(l=55, r=15, t=50, b=45),
+        paper_bgcolor="rgba(0,0,0,0)",
+        plot_bgcolor="#ffffff",
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0, font=dict(size=11)),
+        hovermode="closest",
+        font=dict(family="ui-sans-serif, system-ui, sans-serif", size=12, color="#334155"),
+        xaxis={**_AXIS, "title": dict(text=x_title)},
+        yaxis={**_AXIS, "title": dict(text=y_title)},
+    )
+    for key, value in layout.items():
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+    return go.Figure(data=traces, layout=base, _validate=False)
+
+
+def _hover(label: str, body: str) -> str:
+    return body + "<extra>" + html.escape(label) + "</extra>"
+
+
+def gamma_figure(results: Sequence[GenerationResult]) -> go.Figure:
+    """γ of each round: EGAG's follows the drafter's entropy, SD's and NASD's stay fixed."""
+    traces = []
+    for result in results:
+        rounds = result.rounds
+        label = method_label(result.method)
+        traces.append(dict(
+            type="scatter", x=[r.index for r in rounds], y=[r.gamma for r in rounds], name=label,
+            legendgroup=result.method, mode="lines",
+            line=dict(color=method_color(result.method), shape="hv", width=2, dash=_dash(result.method)),
+            customdata=[[len(r.drafted), r.accepted] for r in rounds],
+            hovertemplate=_hover(label, "round %{x}<br>γ=%{y}<br>drafted %{customdata[0]}, accepted %{customdata[1]}"),
+        ))
+    return _figure(traces, "Draft length γ per round", "round", "γ")
+
+
+def entropy_figure(results: Sequence[GenerationResult]) -> go.Figure:
+    """Drafter entropy: a line per round (what EGAG sets γ from, or the mean over the round's
+    drafts) and a dot per drafted token, placed inside its round."""
+    traces = []
+    for result in results:
+        rounds = [r for r in result.rounds if r.draft_entropies or r.entropy is not None]
+        if not rounds:
+            continue  # AR and NASD draft without a distribution
+        color = method_color(result.method)
+        label = method_label(result.method)
+        per_round = [
+            r.entropy if r.entropy is not None else sum(r.draft_entropies) / len(r.draft_entropies) for r in rounds
+        ]
+        traces.append(dict(
+            type="scatter", x=[r.index for r in rounds], y=per_round, name=label, legendgroup=result.method,
+            mode="lines", line=dict(color=color, width=2, dash=_dash(result.method)),
+            hovertemplate=_hover(label, "round %{x}<br>entropy %{y:.3f}"),
+        ))
+        xs, ys, texts = [], [], []
+        for r in rounds:
+            n = len(r.draft_entropies)
+            for i, entropy in enumerate(r.draft_entropies):
+                xs.append(r.index + (i + 1) / (n + 1) - 0.5)
+                ys.append(entropy)
+                texts.append(f"round {r.index}, draft {i + 1}/{n}, {'accepted' if i < r.accepted else 'rejected'}")
+        traces.append(dict(
+            type="scatter", x=xs, y=ys, name=f"{label} per token", legendgroup=result.method, showlegend=False,
+            mode="markers", marker=dict(color=color, size=4, opacity=0.4), text=texts,
+            hovertemplate=_hover(label, "%{text}<br>entropy %{y:.3f}"),
+        ))
+    return _figure(traces, "Drafter entropy (line: per round · dots: per drafted token)", "round",
+                   "normalised entropy", yaxis=dict(range=[0, 1.02], rangemode="normal"))
+
+
+def accepted_figure(results: Sequence[GenerationResult]) -> go.Figure:
+    """Drafts kept by the target each round, out of those drafted."""
+    traces = []
+    for result in results:
+        rounds = result.rounds
+        label = method_label(result.method)
+        traces.append(dict(
+            type="scatter", x=[r.index for r in rounds], y=[r.accepted for r in rounds], name=label,
+            legendgroup=result.method, mode="lines+markers",
+            line=dict(color=method_color(result.method), width=1.5, dash=_dash(result.method)), marker=dict(size=4),
+            customdata=[len(r.drafted) for r in rounds],
+            hovertemplate=_hover(label, "round %{x}<br>accepted %{y} of %{customdata}"),
+        ))
+    return _figure(traces, "Accepted drafts per round", "round", "accepted tokens")
+
+
+def race_figure(results: Sequence[GenerationResult]) -> go.Figure:
+    """Tokens generated against wall time, all methods from the same start: the race."""
+    traces = []
+    for result in results:
+        xs, ys, total = [0.0], [0], 0
+        if result.rounds:
+            xs.append(result.prefill_seconds)
+            ys.append(0)
+        for r in result.rounds:
+            total += len(r.new_tokens)
+            xs.append(r.end_seconds)
+            ys.append(total)
+        label = method_label(result.method)
+        traces.append(dict(
+            type="scatter", x=xs, y=ys, name=label, legendgroup=result.method, mode="lines",
+            line=dict(color=method_color(result.method), shape="hv", width=2.5, dash=_dash(result.method)),
+            hovertemplate=_hover(label, "%{x:.2f} s<br>%{y} tokens"),
+        ))
+    return _figure(traces, "The race: tokens generated over time", "seconds since the start (prefill included)",
+                   "tokens")
+
+
+def _dash(method: str) -> str:
+    # NASD shares SD's fixed γ, so its line would hide SD's exactly; dashes keep both visible.
+    return "dash" if method == "nasd" else "solid"
+
+
+FIGURES = {"gamma": gamma_figure, "entropy": entropy_figure, "accepted": accepted_figure, "race": race_figure}
+
+
+def all_figures(results: Sequence[GenerationResult]) -> dict[str, go.Figure]:
+    return {name: make(results) for name, make in FIGURES.items()}
+
+
+# ---------------------------------------------------------------------------------------
+# Tables
+
+
+DISPLAY_COLUMNS = [
+    "method", "tokens", "tokens/s", "speedup vs AR", "TTFT (s)", "acceptance α", "tokens per round",
+    "target forwards / token", "mean γ", "quality",
+]
+
+
+def _num(value, fmt: str, missing: str = "–") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return missing
+    return format(value, fmt)
+
+
+def _quality(row: pd.Series) -> str:
+    if row["method"] == "ar" and row["matches_ar"] is not None and not _isnan(row["matches_ar"]):
+        return "reference"
+    if row["matches_ar"] is not None and not _isnan(row["matches_ar"]):
+        return "identical to AR" if bool(row["matches_ar"]) else "differs from AR"
+    ppl = row.get("perplexity")
+    if ppl is not None and not _isnan(ppl):
+        return f"target perplexity {ppl:.2f}"
+    return "–"
+
+
+def _isnan(value) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def display_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """The comparison table as the page shows it: AR first, rounded, ratios spelt out."""
+    if summary.empty:
+        return pd.DataFrame(columns=DISPLAY_COLUMNS)
+    ordered = summary.sort_values("method", key=lambda s: s != "ar", kind="stable")
+    rows = []
+    for _, row in ordered.iterrows():
+        rows.append({
+            "method": row["label"],
+            "tokens": int(row["new_tokens"]),
+            "tokens/s": _num(row["tokens_per_s"], ".1f"),
+            "speedup vs AR": _num(row["speedup_vs_ar"], ".2f") + ("×" if not _isnan(row["speedup_vs_ar"]) else ""),
+            "TTFT (s)": _num(row["ttft_s"], ".3f"),
+            "acceptance α": _num(row["acceptance_rate"], ".0%"),
+            "tokens per round": _num(row["mean_accepted_tokens"], ".2f"),
+            "target forwards / token": _num(row["target_forwards_per_token"], ".3f"),
+            "mean γ": _num(row["mean_gamma"], ".2f"),
+            "quality": _quality(row),
+        })
+    return pd.DataFrame(rows, columns=DISPLAY_COLUMNS)
+
+
+def explain(summary: pd.DataFrame) -> str:
+    """A sentence per method on why it was fast or slow, from the summary's numbers (Markdown)."""
+    if summary.empty:
+        return ""
+    lines = []
+    for _, row in summary.iterrows():
+        label = row["label"]
+        if row["method"] == "ar":
+            lines.append(f"- **{label}**: one target forward per token — the baseline "
+                         f"({_num(row['tokens_per_s'], '.1f')} tok/s).")
+            continue
+        speed = row["speedup_vs_ar"]
+        verdict = (
+            "" if _isnan(speed) else
+            f"{speed:.2f}× AR — " if speed >= 1.0 else f"slower than AR ({speed:.2f}×) — "
+        )
+        per_forward = row["target_forwards_per_token"]
+        tokens_per_forward = 1.0 / per_forward if per_forward and not _isnan(per_forward) else math.nan
+        if not row["mean_drafted"] or _isnan(row["mean_drafted"]):
+            reason = "it drafted nothing, so every round cost a full target forward for one token"
+        else:
+            reason = (
+                f"{_num(row['acceptance_rate'], '.0%')} of its drafts were kept, so each target forward produced "
+                f"{_num(tokens_per_forward, '.2f')} tokens (γ ≈ {_num(row['mean_gamma'], '.1f')})"
+            )
+            if row["draft_forwards"]:
+                reason += f"; the drafter ran {int(row['draft_forwards'])} forwards on top"
+        lines.append(f"- **{label}**: {verdict}{reason}.")
+    return "\n".join(lines)
+
+
+def records(frame: pd.DataFrame) -> pd.DataFrame:
+    """NaN → None, so a frame travels as JSON (Gradio components, the API)."""
+    return frame.astype(object).where(frame.notna(), None)
+
+
+def method_order(methods: Iterable[str]) -> list[str]:
+    """AR first, then the registry's order, then anything unregistered as given."""
+    names = list(dict.fromkeys(methods))
+    registry = list(METHODS)
+    return sorted(names, key=lambda m: (m != "ar", registry.index(m) if m in registry else len(registry)))

@@ -1,0 +1,84 @@
+"""Open the page in Chromium, press Run, and check what a user would see."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.uiserver import serve
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+
+pytestmark = [
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Chromium at {CHROMIUM}"),
+    pytest.mark.filterwarnings("ignore::Warning:gradio.queueing"),
+]
+
+
+# SPECDEMO_SCREENSHOT_PAIR=embedded serves the real default pair instead of the tiny one,
+# for a README screenshot worth looking at (minutes on a CPU; opt-in only).
+REAL_PAIR = os.environ.get("SPECDEMO_SCREENSHOT_PAIR", "")
+
+
+@pytest.fixture(scope="module")
+def page_url(tmp_path_factory):
+    if REAL_PAIR:
+        from specdemo.loading import PRESETS, load_pair
+
+        presets = {REAL_PAIR: PRESETS[REAL_PAIR]}
+        with serve(tmp_path_factory.mktemp("browser-real"), presets=presets, loader=load_pair,
+                   defaults={"max_new_tokens": 48}) as (url, _):
+            yield url
+        return
+    with serve(tmp_path_factory.mktemp("browser-pair"), defaults={"max_new_tokens": 40}) as (url, _):
+        yield url
+
+
+def test_run_renders_panels_charts_and_table(page_url, tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(page_url, wait_until="domcontentloaded")
+            page.locator("#sd-run").click(timeout=30_000)
+            page.get_by_text("Done in", exact=False).wait_for(timeout=600_000 if REAL_PAIR else 90_000)
+
+            panels = page.locator(".sd-panel")
+            assert panels.count() == 4
+            for origin in ("accepted", "rejected", "corrected", "target"):
+                assert page.locator(f".sd-text .sd-tok.sd-{origin}").count() > 0, origin
+            # The token colours come from the page's CSS, not the browser's defaults.
+            background = page.locator(".sd-text .sd-tok.sd-accepted").first.evaluate(
+                "e => getComputedStyle(e).backgroundColor")
+            assert background not in ("rgba(0, 0, 0, 0)", "transparent")
+            struck = page.locator(".sd-text .sd-tok.sd-rejected").first.evaluate(
+                "e => getComputedStyle(e).textDecorationLine")
+            assert "line-through" in struck
+            title = page.locator(".sd-text .sd-tok.sd-accepted").first.get_attribute("title")
+            assert title and "round" in title and "γ=" in title
+
+            assert page.locator(".js-plotly-plot").count() >= 4
+            # Gradio's table is virtualised, so count rows by its ARIA metadata (header + 4).
+            grid = page.locator("#sd-table [role=grid]")
+            assert grid.get_attribute("aria-rowcount") == "5"
+            table_text = page.locator("#sd-table").inner_text()
+            for label in ("AR", "SD", "NASD", "EGAG", "reference"):
+                assert label in table_text
+            assert table_text.index("AR") < table_text.index("NASD")
+            assert page.locator("#sd-summary-csv").is_enabled()
+
+            shot = tmp_path / "screenshot.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
+            if os.environ.get("SPECDEMO_SCREENSHOT"):
+                target = Path(__file__).resolve().parent.parent / "assets" / "screenshot.png"
+                target.parent.mkdir(exist_ok=True)
+                shutil.copyfile(shot, target)
+        finally:
+            browser.close()

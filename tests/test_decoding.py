@@ -1,0 +1,182 @@
+"""specdemo.decoding: every method is lossless, traced, and stops where it should."""
+
+import dataclasses
+import math
+
+import pytest
+
+import specdemo
+from specdemo.trace import ORIGINS
+
+PROMPTS = [
+    "w5 w6 w7 w8",
+    "w9",  # shorter than NASD's n − 1
+    "w10 w20 w30 w10 w20 w30 w10 w20",  # repetitive: the n-gram table matches
+    [1, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50],  # token ids used as they are
+]
+
+
+def _ar(pair, prompt, **params):
+    return specdemo.generate(pair, prompt, method="ar", **params)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["plain", "short", "repetitive", "ids"])
+@pytest.mark.parametrize("method", ["sd", "nasd", "egag", "sd-heuristic", "sd-confidence"])
+def test_greedy_output_is_exactly_ars(tiny_pair, prompt, method):
+    reference = _ar(tiny_pair, prompt, max_new_tokens=48).token_ids
+    for gamma in (1, 3, 6):
+        for n in (2, 4):
+            result = specdemo.generate(tiny_pair, prompt, method=method, max_new_tokens=48, gamma=gamma,
+                                       gamma_max=gamma + 1, ngram_n=n)
+            assert result.token_ids == reference, (method, gamma, n)
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 5, 17])
+@pytest.mark.parametrize("method", ["ar", "sd", "nasd", "egag"])
+def test_generation_stops_exactly_at_max_new_tokens(tiny_pair, method, max_new_tokens):
+    result = specdemo.generate(tiny_pair, PROMPTS[2], method=method, max_new_tokens=max_new_tokens, gamma=6)
+    assert len(result.token_ids) == max_new_tokens
+    assert result.stop_reason == "max_new_tokens"
+    assert result.token_ids == _ar(tiny_pair, PROMPTS[2], max_new_tokens=max_new_tokens).token_ids
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "nasd", "egag"])
+def test_generation_stops_at_eos_and_matches_ar(tiny_pair, method):
+    free_run = _ar(tiny_pair, PROMPTS[0], max_new_tokens=30).token_ids
+    eos = free_run[6]
+    pair = dataclasses.replace(tiny_pair, eos_ids=frozenset({eos}))
+    reference = _ar(pair, PROMPTS[0], max_new_tokens=30)
+    assert reference.token_ids == free_run[: free_run.index(eos) + 1]
+    for gamma in (1, 4):
+        result = specdemo.generate(pair, PROMPTS[0], method=method, max_new_tokens=30, gamma=gamma)
+        assert result.token_ids == reference.token_ids
+        assert result.stop_reason == "eos"
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "nasd", "egag"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_trace_bookkeeping_adds_up(tiny_pair, method, temperature):
+    result = specdemo.generate(tiny_pair, PROMPTS[2], method=method, max_new_tokens=40, temperature=temperature,
+                               seed=5)
+    rounds = result.rounds
+    produced = len(result.tokens)
+    assert sum(len(r.new_tokens) for r in rounds) == produced
+    assert produced == 40 or (result.stop_reason == "eos" and result.token_ids[-1] in tiny_pair.eos_ids)
+    for r in rounds:
+        assert r.accepted + len(r.rejected) == len(r.drafted)
+        assert len(r.draft_entropies) in (0, len(r.drafted))
+        assert r.new_tokens == r.drafted[: r.accepted] + [r.next_token]
+        if method == "ar":
+            assert r.gamma == 0 and r.drafted == []
+    assert {t.origin for t in result.tokens} <= set(ORIGINS)
+    assert [t.id for t in result.tokens] == [t for r in rounds for t in r.new_tokens]
+    stats = result.stats
+    assert stats["new_tokens"] == produced
+    assert stats["target_forwards"] == len(rounds)
+    drafted = sum(len(r.drafted) for r in rounds)
+    if drafted:
+        assert stats["acceptance_rate"] == pytest.approx(sum(r.accepted for r in rounds) / drafted)
+    assert stats["mean_accepted_tokens"] == pytest.approx(produced / len(rounds))
+    if method == "ar":
+        assert stats["mean_accepted_tokens"] == 1.0 and math.isnan(stats["acceptance_rate"])
+        assert stats["draft_forwards"] == 0
+    assert 0 < stats["ttft_s"] <= stats["seconds"]
+    special = set(tiny_pair.tokenizer.all_special_ids)
+    assert "".join(t.text for t in result.tokens if t.id not in special).split() == result.text.split()
+
+
+def test_origins_follow_each_round(tiny_pair):
+    result = specdemo.generate(tiny_pair, PROMPTS[2], method="nasd", max_new_tokens=40)
+    by_round = {}
+    for token in result.tokens:
+        by_round.setdefault(token.round, []).append(token.origin)
+    for r in result.rounds:
+        origins = by_round[r.index]
+        assert origins[:-1] == ["accepted"] * r.accepted
+        expected_last = "target" if not r.drafted else ("bonus" if r.accepted == len(r.drafted) else "corrected")
+        assert origins[-1] == expected_last
+
+
+def test_egag_records_entropy_per_round_and_per_drafted_token(tiny_pair):
+    result = specdemo.generate(tiny_pair, PROMPTS[0], method="egag", max_new_tokens=30, gamma_min=1, gamma_max=5)
+    for r in result.rounds:
+        assert r.entropy is not None and 0.0 <= r.entropy <= 1.0
+        assert 1 <= r.gamma <= 5
+        assert len(r.draft_entropies) == len(r.drafted)
+    assert 0.0 <= result.stats["mean_entropy"] <= 1.0
+
+
+def test_drafter_caches_are_reused_not_refilled(tiny_pair):
+    result = specdemo.generate(tiny_pair, PROMPTS[0], method="sd", max_new_tokens=40, gamma=4)
+    # Each round: at most one catch-up forward, then γ − 1 drafting forwards; never the whole context again.
+    assert result.stats["draft_forwards"] <= 1 + len(result.rounds) * 4
+    assert result.stats["target_forwards"] == len(result.rounds)
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "nasd", "egag"])
+def test_the_same_seed_gives_the_same_output_and_trace(tiny_pair, method):
+    runs = [specdemo.generate(tiny_pair, PROMPTS[0], method=method, max_new_tokens=24, temperature=1.0, seed=11)
+            for _ in range(2)]
+    assert runs[0].token_ids == runs[1].token_ids
+    strip = lambda r: [(x.gamma, x.drafted, x.accepted, x.next_token) for x in r.rounds]
+    assert strip(runs[0]) == strip(runs[1])
+    other = specdemo.generate(tiny_pair, PROMPTS[0], method=method, max_new_tokens=24, temperature=1.0, seed=12)
+    assert other.params["seed"] == 12
+
+
+def test_streaming_yields_one_growing_result_per_round(tiny_pair):
+    seen = []
+    for partial in specdemo.iter_generate(tiny_pair, PROMPTS[0], method="sd", max_new_tokens=20):
+        seen.append((len(partial.rounds), len(partial.tokens), partial.done))
+    assert [s[0] for s in seen] == list(range(1, len(seen) + 1))
+    assert seen[-1][2] and not any(done for _, _, done in seen[:-1])
+    assert seen[-1][1] == 20
+
+
+def test_closing_the_stream_stops_decoding(tiny_pair):
+    stream = specdemo.iter_generate(tiny_pair, PROMPTS[0], method="ar", max_new_tokens=50)
+    first = next(stream)
+    stream.close()
+    assert len(first.rounds) == 1 and not first.done
+
+
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"method": "beam"}, "method"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"gamma": 0}, "gamma"),
+        ({"gamma_min": 0}, "gamma_min"),
+        ({"gamma_min": 5, "gamma_max": 3}, "gamma_min"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"ngram_n": 1}, "ngram_n"),
+        ({"ngram_storage": "trie"}, "ngram_storage"),
+        ({"ema": 1.0}, "ema"),
+        ({"gamma": "four"}, "gamma"),
+        ({"prompt": "   "}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"max_new_tokens": 500, "prompt": "w5 " * 100}, "prompt is too long"),
+    ],
+)
+def test_bad_arguments_raise_value_errors_that_name_the_field(tiny_pair, params, field):
+    params = dict(params)
+    prompt = params.pop("prompt", "w5 w6")
+    method = params.pop("method", "sd")
+    with pytest.raises(ValueError, match=field):
+        specdemo.generate(tiny_pair, prompt, method=method, **params)
+
+
+def test_methods_that_need_a_draft_refuse_a_pair_without_one(tiny_pair):
+    target_only = dataclasses.replace(tiny_pair, draft=None)
+    with pytest.raises(ValueError, match="needs a draft"):
+        specdemo.generate(target_only, "w5", method="egag")
+    assert specdemo.generate(target_only, "w5", method="nasd", max_new_tokens=4).token_ids
+
+
+def test_chat_prompts_go_through_the_chat_template(tiny_pair):
+    plain = tiny_pair.encode("w5 w6")
+    chat = tiny_pair.encode("w5 w6", chat=True)
+    assert chat != plain and len(chat) > len(plain) - 1

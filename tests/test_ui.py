@@ -1,0 +1,181 @@
+"""The playground served on 127.0.0.1 with a tiny pair, driven through gradio_client."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pandas as pd
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client.exceptions import AppError  # noqa: E402
+
+from specdemo import ui  # noqa: E402
+from specdemo.tables import ROUND_COLUMNS, SUMMARY_COLUMNS  # noqa: E402
+from tests.tiny import write_model, write_tokenizer  # noqa: E402
+from tests.uiserver import TINY, serve  # noqa: E402
+
+# Gradio's queue trips pandas 3 deprecation warnings of its own; they are not ours to fix.
+pytestmark = pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serve(tmp_path_factory.mktemp("ui-pair"), defaults={"max_new_tokens": 16}) as (url, demo):
+        yield url, demo
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return gradio_client.Client(server[0], verbose=False)
+
+
+def compare(client, **kwargs):
+    kwargs = {"prompt": "w3 w4 w5 w6 w7", "preset": TINY, "max_new_tokens": 16, **kwargs}
+    return client.predict(**kwargs, api_name="/compare")
+
+
+def test_compare_gives_a_row_per_method_and_the_cli_csvs(client):
+    summary, summary_csv, rounds_csv, texts = compare(client, methods="ar,sd,nasd,egag")
+    assert summary["headers"] == SUMMARY_COLUMNS
+    rows = [dict(zip(summary["headers"], row)) for row in summary["data"]]
+    assert [r["method"] for r in rows] == ["ar", "sd", "nasd", "egag"]
+    assert all(r["new_tokens"] == 16 for r in rows)
+    assert all(r["matches_ar"] is True for r in rows)  # greedy decoding is lossless
+    assert rows[0]["speedup_vs_ar"] == pytest.approx(1.0)
+
+    table = pd.read_csv(summary_csv)
+    assert list(table.columns) == SUMMARY_COLUMNS
+    assert list(table["method"]) == ["ar", "sd", "nasd", "egag"]
+    trace = pd.read_csv(rounds_csv)
+    assert list(trace.columns) == ROUND_COLUMNS
+    assert set(trace["method"]) == {"ar", "sd", "nasd", "egag"}
+    assert len(set(texts.values())) == 1 and texts["ar"].strip()
+
+
+def test_compare_takes_a_list_and_scores_sampled_runs(client):
+    summary, *_ = compare(client, methods=["nasd", "ar"], temperature=0.8, seed=3)
+    rows = [dict(zip(summary["headers"], row)) for row in summary["data"]]
+    assert [r["method"] for r in rows] == ["ar", "nasd"]
+    assert all(r["perplexity"] is not None and r["perplexity"] > 0 for r in rows)
+    assert all(r["matches_ar"] is None for r in rows)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"gamma": 0}, "gamma must be an integer from 1 to 64, got 0"),
+    ({"prompt": "   "}, "prompt is empty"),
+    ({"gamma_min": 5, "gamma_max": 2}, "gamma_min (5) must not exceed gamma_max (2)"),
+    ({"methods": "ar,warp"}, "unknown method 'warp'"),
+    ({"methods": ""}, "choose at least one"),
+    ({"target": "/nonexistent/model-folder"}, "/nonexistent/model-folder"),
+])
+def test_bad_input_reaches_the_client_as_a_readable_error(client, kwargs, message):
+    with pytest.raises(AppError) as caught:
+        compare(client, **kwargs)
+    assert message in str(caught.value)
+    assert "Traceback" not in str(caught.value)
+
+
+def test_a_draft_with_another_tokenizer_is_refused(client, server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("other-vocab")
+    write_model(root, seed=5, hidden=32, layers=1, vocab=40)
+    write_tokenizer(root, vocab=40)
+    tiny_target = server[1].specdemo_presets[TINY].target
+    with pytest.raises(AppError, match="draft tokenizer differs"):
+        compare(client, target=tiny_target, draft=str(root), methods="sd")
+
+
+def test_run_streams_round_by_round(client):
+    job = client.submit(prompt="w3 w4 w5", methods=["ar", "sd"], max_new_tokens=12, api_name="/run")
+    final = job.result(timeout=120)
+    outputs = job.outputs()
+    # At least one update per AR round (12) and per SD round, plus start and finish.
+    assert len(outputs) >= 12 + 2
+    assert final[0].startswith("Done in")
+    ar_panel, sd_panel = latest(outputs, 1), latest(outputs, 2)
+    assert "sd-tok sd-target" in ar_panel and 'data-method="ar"' in ar_panel
+    assert 'data-method="sd"' in sd_panel and "sd-tok" in sd_panel
+    assert final[-2] and final[-1]  # the two CSV downloads
+    # Each SD update adds a round, so the panel's token count grows step by step.
+    sd_updates = [o[2] for o in outputs if isinstance(o[2], str) and 'data-method="sd"' in o[2]]
+    counts = [u.count("sd-tok ") for u in sd_updates]
+    assert len(counts) > 3 and counts == sorted(counts)
+
+
+def latest(outputs, index):
+    """An output's last value (updates that leave it alone come back as update dicts)."""
+    values = [o[index] for o in outputs if isinstance(o[index], str)]
+    return values[-1] if values else ""
+
+
+def test_run_shows_bad_parameters_on_the_page(client):
+    job = client.submit(prompt="w3 w4", gamma=0, api_name="/run")
+    final = job.result(timeout=60)
+    assert "gamma must be an integer" in final[0]
+
+
+def test_stop_cancels_and_the_app_keeps_serving(client):
+    job = client.submit(prompt="w3 w4 w5", max_new_tokens=400, api_name="/run")
+    deadline = time.time() + 60
+    while len(job.outputs()) < 3 and time.time() < deadline:
+        time.sleep(0.05)
+    job.cancel()
+    started = time.time()
+    summary, *_ = compare(client, methods="ar", max_new_tokens=4)
+    assert summary["data"][0][0] == "ar"
+    assert time.time() - started < 60
+
+
+def test_pair_cache_keeps_one_pair_and_closes_the_previous():
+    closed, loads = [], []
+
+    class FakePair:
+        def __init__(self, name):
+            self.name = name
+
+        def close(self):
+            closed.append(self.name)
+
+    def loader(target, draft, device=None, dtype=None):
+        loads.append(target)
+        return FakePair(target)
+
+    cache = ui.PairCache(loader, limit=1, warm_up=False)
+    a = cache.get("a", None)
+    assert cache.get("a", None) is a and loads == ["a"]
+    cache.get("b", "d")
+    assert closed == ["a"] and len(cache) == 1
+    big = ui.PairCache(loader, limit=2, warm_up=False)
+    big.get("x", None), big.get("y", None), big.get("x", None), big.get("z", None)
+    assert closed[-1] == "y"  # least recently used goes first
+    big.clear()
+    assert set(closed) >= {"x", "z"}
+
+
+def test_export_dirs_are_per_request_and_old_ones_are_removed(tmp_path):
+    old = tmp_path / "run-old"
+    old.mkdir()
+    os.utime(old, (time.time() - 10_000, time.time() - 10_000))
+    first = ui.export_dir(tmp_path, ttl_s=3600)
+    second = ui.export_dir(tmp_path, ttl_s=3600)
+    assert first != second and first.is_dir() and second.is_dir()
+    assert not old.exists()
+
+
+def test_app_arguments():
+    import app
+
+    args = app.build_parser().parse_args(["--host", "0.0.0.0", "--port", "7861", "--share", "--public"])
+    assert (args.host, args.port, args.share, args.public) == ("0.0.0.0", 7861, True, True)
+    defaults = app.build_parser().parse_args([])
+    assert (defaults.host, defaults.port, defaults.share, defaults.public) == (None, None, False, False)
+
+
+def test_zero_gpu_is_a_no_op_off_spaces(monkeypatch):
+    monkeypatch.delenv("SPACE_ID", raising=False)
+
+    def work():
+        return 1
+
+    assert ui.gpu(work) is work

@@ -1,0 +1,149 @@
+"""The page's drawing functions, without a browser."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+import specdemo
+from specdemo import viz
+from specdemo.compare import tabulate
+from specdemo.trace import GenerationResult, Round, TokenRecord
+
+
+def synthetic() -> GenerationResult:
+    """Two SD rounds: one rejects after a kept draft (correction), one keeps all (bonus)."""
+    result = GenerationResult("sd", {"temperature": 0.0}, [1, 2])
+    rounds = [
+        Round(0, 3, None, [5, 6, 7], 1, 9, [0.2, 0.7, 0.9], 0.01, 0.02, 0.05, [5, 9]),
+        Round(1, 2, None, [10, 11], 2, 12, [0.1, 0.3], 0.01, 0.02, 0.09, [10, 11, 12]),
+    ]
+    texts = ["<b>bold</b>", " & co", "\n", " \"q\"", " end"]
+    origins = ["accepted", "corrected", "accepted", "accepted", "bonus"]
+    ids = [5, 9, 10, 11, 12]
+    rounds_of = [0, 0, 1, 1, 1]
+    result.rounds = rounds
+    result.tokens = [TokenRecord(i, t, o, r) for i, t, o, r in zip(ids, texts, origins, rounds_of)]
+    result.seconds = 0.09
+    result.target_forwards = 2
+    return result
+
+
+@pytest.fixture(scope="module")
+def results(tiny_pair):
+    return [specdemo.generate(tiny_pair, "w3 w4 w5 w6 w7", m, max_new_tokens=24, seed=0)
+            for m in ("ar", "sd", "nasd", "egag")]
+
+
+def test_spans_carry_each_origin_class_in_order():
+    html = viz.render_tokens(synthetic())
+    for origin in ("accepted", "corrected", "bonus", "rejected"):
+        assert f'class="sd-tok sd-{origin}"' in html
+    # The rejected drafts (6, 7) sit after the kept draft and before the correction.
+    order = [html.index(s) for s in ("sd-accepted", "#6", "#7", "sd-corrected")]
+    assert order == sorted(order)
+    assert html.count("sd-rejected") == 2
+
+
+def test_token_text_is_escaped_and_newlines_shown():
+    html = viz.render_tokens(synthetic())
+    assert "<b>bold" not in html and "&lt;b&gt;bold&lt;/b&gt;" in html
+    assert "&amp; co" in html and "&quot;q&quot;" in html
+    assert '<span class="sd-nl">↵</span>\n' in html
+
+
+def test_hover_title_names_round_gamma_entropy_and_accepted():
+    html = viz.render_tokens(synthetic())
+    assert 'title="round 0 · γ=3 · drafter entropy 0.20 · 1/3 drafts accepted · accepted draft 1"' in html
+    assert "round 0 · γ=3 · drafter entropy 0.70 · 1/3 drafts accepted · rejected draft 2" in html
+    assert "round 1 · γ=2" in html and "2/2 drafts accepted" in html
+
+
+def test_rejected_drafts_are_struck_by_the_css():
+    rules = [rule for rule in viz.TOKEN_CSS.split("}") if rule.strip().startswith(".sd-tok.sd-rejected{")]
+    assert any("line-through" in rule for rule in rules)
+
+
+def test_legend_has_a_chip_per_origin():
+    legend = viz.legend_html()
+    for origin, style in viz.ORIGIN_STYLES.items():
+        assert f"sd-{origin}" in legend and style.label in legend
+
+
+def test_real_traces_render_with_decoded_rejected_drafts(results, tiny_pair):
+    sd = results[1]
+    assert any(r.rejected for r in sd.rounds), "the tiny draft should miss sometimes"
+    html = viz.render_panel("sd", sd, tiny_pair.tokenizer)
+    assert 'data-method="sd"' in html and "done" in html
+    assert "sd-rejected" in html and "#" not in html.split("sd-text")[1]  # decoded, not ids
+    ar_html = viz.render_tokens(results[0], tiny_pair.tokenizer)
+    assert "sd-target" in ar_html and "sd-accepted" not in ar_html and "sd-rejected" not in ar_html
+    # The cache gives the same text as decoding afresh.
+    cache: dict = {}
+    assert viz.render_tokens(sd, tiny_pair.tokenizer, cache) == viz.render_tokens(sd, tiny_pair.tokenizer, cache)
+    assert cache
+
+
+def test_panel_states():
+    assert "waiting" in viz.render_panel("egag")
+    error = viz.render_panel("sd", state="error", message="needs a <draft>")
+    assert "sd-error" in error and "&lt;draft&gt;" in error
+
+
+@pytest.mark.parametrize("name", ["gamma", "accepted", "race"])
+def test_figures_have_one_trace_per_method(results, name):
+    figure = viz.FIGURES[name](results)
+    assert [t.name for t in figure.data] == ["AR", "SD", "NASD", "EGAG"]
+    assert all(len(t.x) == len(t.y) > 0 for t in figure.data)
+
+
+def test_entropy_figure_covers_model_drafters(results):
+    figure = viz.entropy_figure(results)
+    shown = [t.name for t in figure.data if t.showlegend is not False]
+    assert shown == ["SD", "EGAG"]  # AR and NASD have no draft distribution
+    per_token = [t for t in figure.data if t.showlegend is False]
+    assert sum(len(t.y) for t in per_token) == sum(len(r.draft_entropies) for res in results for r in res.rounds)
+
+
+def test_charts_share_round_axis_and_race_uses_time(results):
+    figures = viz.all_figures(results)
+    for name in ("gamma", "entropy", "accepted"):
+        assert figures[name].layout.xaxis.title.text == "round"
+    assert "seconds" in figures["race"].layout.xaxis.title.text
+    race = figures["race"].data[1]
+    assert list(race.y)[-1] == results[1].stats["new_tokens"]
+    assert list(race.x) == sorted(race.x)
+
+
+def test_table_puts_ar_first_and_spells_out_quality(results, tiny_pair):
+    summary = tabulate(tiny_pair, list(reversed(results))).summary
+    table = viz.display_table(summary)
+    assert list(table.columns) == viz.DISPLAY_COLUMNS
+    assert list(table["method"]) == ["AR", "EGAG", "NASD", "SD"]
+    assert table["speedup vs AR"].iloc[0] == "1.00×"
+    assert table["quality"].iloc[0] == "reference"
+    assert set(table["quality"].iloc[1:]) == {"identical to AR"}  # greedy is lossless
+    why = viz.explain(summary)
+    for label in ("AR", "SD", "NASD", "EGAG"):
+        assert f"**{label}**" in why
+
+
+def test_sampled_quality_is_perplexity(tiny_pair):
+    runs = [specdemo.generate(tiny_pair, "w3 w4", m, max_new_tokens=8, temperature=0.8, seed=1) for m in ("ar", "sd")]
+    table = viz.display_table(tabulate(tiny_pair, runs).summary)
+    assert all(q.startswith("target perplexity ") for q in table["quality"])
+
+
+def test_empty_inputs_draw_something():
+    assert viz.display_table(pd.DataFrame(columns=["method"])).empty
+    assert all(len(f.data) == 0 for f in viz.all_figures([]).values())
+
+
+def test_records_and_method_order():
+    frame = viz.records(pd.DataFrame({"a": [1.0, math.nan]}))
+    assert frame["a"].tolist() == [1.0, None]
+    assert viz.method_order(["egag", "nasd", "ar", "sd"]) == ["ar", "sd", "nasd", "egag"]
+    assert viz.method_color("ar") != viz.method_color("sd")
+    assert viz.method_color("someone-elses") in viz.FALLBACK_COLORS

@@ -1,0 +1,43 @@
+"""Serve the playground on 127.0.0.1 with a tiny local model pair, for the UI and browser tests."""
+
+from __future__ import annotations
+
+import socket
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from specdemo.loading import Preset, load_pair
+from tests.tiny import build_tiny_pair
+
+TINY = "tiny"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_presets(root: Path) -> dict[str, Preset]:
+    build_tiny_pair(root, draft_noise=0.3)
+    return {TINY: Preset(TINY, str(root / "target"), str(root / "draft"), "tiny random Llama pair for tests")}
+
+
+def tiny_loader(target, draft=None, device=None, dtype=None):
+    return load_pair(target, draft, device="cpu", dtype="float64")
+
+
+@contextmanager
+def serve(root: Path, presets=None, loader=tiny_loader, defaults=None) -> Iterator[tuple[str, object]]:
+    from specdemo import ui
+
+    demo = ui.build_demo(pair_loader=loader, presets=presets if presets is not None else tiny_presets(root),
+                         defaults=defaults)
+    port = free_port()
+    ui.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/", demo
+    finally:
+        demo.close()
+        demo.specdemo_cache.clear()
