@@ -11,7 +11,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="address to serve on (default: Gradio's, 127.0.0.1; 0.0.0.0 serves the network)")
     parser.add_argument("--port", type=int, default=None, help="port (default: Gradio's, 7860 or the next free one)")
     parser.add_argument("--share", action="store_true", help="also open a temporary public gradio.live link")
-    parser.add_argument("--public", action="store_true", help="public mode (reserved for stricter limits)")
+    parser.add_argument("--public", action="store_true", help="public mode, as on a Hugging Face Space: only the presets in SPECDEMO_ALLOWED_PRESETS "
+                             "(default: embedded), no typed model ids or paths, capped prompt and output lengths")
     return parser
 
 

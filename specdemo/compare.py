@@ -26,6 +26,6 @@ def tabulate(pair, results: Sequence[GenerationResult]) -> Comparison:
     return Comparison(list(results), summary_frame(results, perplexities), rounds_frame(results))
 
 
-def run_comparison(pair, prompt, methods: Sequence[str], **params) -> Comparison:
-    results = [generate(pair, prompt, method=method, **params) for method in methods]
+def run_comparison(pair, prompt, methods: Sequence[str], limits=None, **params) -> Comparison:
+    results = [generate(pair, prompt, method=method, limits=limits, **params) for method in methods]
     return tabulate(pair, results)

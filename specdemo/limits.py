@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Mapping
 
 from .loading import EMBEDDED, PRESETS
 from .params import MAX_NEW_TOKENS_LIMIT
@@ -51,16 +52,24 @@ class Limits:
             queue_size=_env_int("SPECDEMO_QUEUE_SIZE", 16),
         )
 
-    def check_models(self, preset: str | None, target: str | None = None, draft: str | None = None) -> None:
+    def served(self, presets: Mapping[str, object]) -> dict[str, object]:
+        """The presets a visitor may pick: all of them, or in public mode the allow-listed ones."""
+        if not self.public:
+            return dict(presets)
+        return {name: preset for name, preset in presets.items() if name in self.allowed_presets}
+
+    def check_models(self, preset: str | None, target: str | None = None, draft: str | None = None,
+                     known: Mapping[str, object] = PRESETS) -> None:
         """Refuse what this deployment does not serve, before anything is loaded."""
         typed = [m for m in (target, draft) if m and str(m).strip()]
         if self.public and typed:
             raise ValueError("model: this public demo only serves its presets; typed model ids and paths are refused")
         if not typed:
-            if preset not in PRESETS:
-                raise ValueError(f"preset: unknown preset {preset!r}; choose from {', '.join(self.allowed_presets)}")
-            if preset not in self.allowed_presets:
-                raise ValueError(f"preset: {preset!r} is not served here; choose from {', '.join(self.allowed_presets)}")
+            served = self.served(known)
+            if preset not in known:
+                raise ValueError(f"preset: unknown preset {preset!r}; choose from {', '.join(served)}")
+            if preset not in served:
+                raise ValueError(f"preset: {preset!r} is not served here; choose from {', '.join(served)}")
 
     def check_request(self, prompt_ids: list[int], max_new_tokens: int) -> None:
         if max_new_tokens > self.max_new_tokens:

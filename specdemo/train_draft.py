@@ -135,6 +135,89 @@ def generate_batched(model, tokenizer, prefixes: list[list[int]], *, max_new_tok
     return results  # type: ignore[return-value]
 
 
+@torch.inference_mode()
+def generate_with_topk(model, tokenizer, prefixes: list[list[int]], *, max_new_tokens: int, batch_size: int,
+                       temperature: float = 0.0, topk: int = 32, desc: str = "generate", seed: int = 0):
+    """Answers plus the target's top-k next-token log-probabilities at every answer position.
+
+    Keeping the target's distribution while it writes the answer means distillation never has
+    to run the target again. The stored log-probs are at temperature 1 (what the draft must
+    match), whatever temperature the answer was sampled at. Returns one
+    ``(tokens, top_ids [n, k] int32, top_logp [n, k] float16)`` per prefix.
+    """
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stops = torch.tensor(sorted(stop_ids(model, tokenizer)), device=device)
+    order = sorted(range(len(prefixes)), key=lambda i: -len(prefixes[i]))
+    results: list = [None] * len(prefixes)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    bar = tqdm(total=len(prefixes), desc=desc, mininterval=2.0, unit="seq")
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        width = max(len(prefixes[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids[row, width - len(prefixes[i]):] = torch.tensor(prefixes[i])
+            mask[row, width - len(prefixes[i]):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        done = torch.zeros(len(idx), dtype=torch.bool, device=device)
+        toks, top_i, top_v = [], [], []
+        for _ in range(max_new_tokens):
+            logits = out.logits[:, -1].float()
+            logp = F.log_softmax(logits, dim=-1)
+            v, i = logp.topk(topk, dim=-1)
+            top_v.append(v.half().cpu())
+            top_i.append(i.int().cpu())
+            if temperature > 0:
+                nxt = torch.multinomial(F.softmax(logits / temperature, dim=-1), 1, generator=gen).squeeze(1)
+            else:
+                nxt = logits.argmax(-1)
+            nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+            toks.append(nxt.cpu())
+            done |= torch.isin(nxt, stops)
+            if bool(done.all()):
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            pos = pos[:, -1:] + 1
+            out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
+                        past_key_values=out.past_key_values, use_cache=True)
+        toks_t, top_i_t, top_v_t = torch.stack(toks, 1), torch.stack(top_i, 1), torch.stack(top_v, 1)
+        stop_set = set(stops.tolist())
+        for row, i in enumerate(idx):
+            answer = cut_at_stop(toks_t[row].tolist(), stop_set)
+            n = len(answer)
+            results[i] = (answer, top_i_t[row, :n].clone(), top_v_t[row, :n].clone())
+        bar.update(len(idx))
+    bar.close()
+    return results
+
+
+def generation_copy(target, device: torch.device, dtype_name: str):
+    """The target in the dtype used for writing training data.
+
+    bfloat16 is what a GPU uses anyway; on a CPU with AMX (bfloat16 matrix units) it is about
+    twice as fast as float32 at batch 128, without them it is slower, hence ``auto``.
+    """
+    import copy
+
+    if dtype_name == "auto":
+        if device.type == "cuda":
+            dtype_name = "bfloat16"
+        else:
+            try:
+                flags = Path("/proc/cpuinfo").read_text()
+            except OSError:
+                flags = ""
+            dtype_name = "bfloat16" if " amx_bf16" in flags else "float32"
+    dtype = getattr(torch, dtype_name)
+    if dtype == next(target.parameters()).dtype:
+        return target, dtype_name
+    return copy.deepcopy(target).to(dtype), dtype_name
+
+
 # --------------------------------------------------------------------------- models
 
 
@@ -225,17 +308,21 @@ def init_embedding_from_target(draft, target) -> None:
 class Example:
     prompt: list[int]
     response: list[int]
+    top_ids: torch.Tensor  # [len(response), k] the target's most likely next tokens
+    top_logp: torch.Tensor  # [len(response), k] and their log-probabilities
 
 
-def self_instruct(target, tokenizer, count: int, args, seed: int) -> list[str]:
-    """Let the target write extra user questions about the training topics (never the held-out
-    ones), for more varied contexts than the hand-written templates give."""
+def self_instruct(gen_model, tokenizer, count: int, args, seed: int) -> list[str]:
+    """Let the target write extra user questions (never the held-out ones), for more varied
+    topics and phrasings than the hand-written templates give."""
     if count <= 0:
         return []
     rng = random.Random(seed)
-    topics = [json.loads(line).get("prompt", "") for line in open(TRAIN_PROMPTS, encoding="utf-8")]
+    topics = read_prompts(TRAIN_PROMPTS)
     kinds = ["a question", "a request for advice", "a how-to question", "a request to explain something",
-             "a request for a list", "a short writing task", "a simple coding question", "a trivia question"]
+             "a request for a list", "a short writing task", "a simple coding question", "a trivia question",
+             "a maths word problem", "a request to compare two things", "a question about history",
+             "a question about science", "a question about everyday life", "a request for a recipe or plan"]
     seeds = []
     for _ in range(count):
         example = rng.choice(topics).splitlines()[0][:120]
@@ -245,45 +332,65 @@ def self_instruct(target, tokenizer, count: int, args, seed: int) -> list[str]:
             "Reply with the new request only."
         )
     prefixes = [chat_prefix(tokenizer, s) for s in seeds]
-    outs = generate_batched(target, tokenizer, prefixes, max_new_tokens=48, batch_size=args.gen_batch,
-                            temperature=1.0, desc="self-instruct", seed=seed + 1)
-    stops = stop_ids(target, tokenizer)
+    outs = generate_with_topk(gen_model, tokenizer, prefixes, max_new_tokens=48, batch_size=args.gen_batch,
+                              temperature=1.0, topk=1, desc="self-instruct", seed=seed + 1)
+    stops = stop_ids(gen_model, tokenizer)
     held = set(read_prompts(HELDOUT_PROMPTS))
+    written = set(topics)
     found, seen = [], set()
-    for tokens in outs:
+    for tokens, _, _ in outs:
         text = tokenizer.decode([t for t in tokens if t not in stops], skip_special_tokens=True)
         text = text.strip().strip('"').splitlines()[0].strip() if text.strip() else ""
-        if 10 <= len(text) <= 300 and text not in seen and text not in held:
+        if 10 <= len(text) <= 300 and text not in seen and text not in held and text not in written:
             seen.add(text)
             found.append(text)
     return found
 
 
-def make_dataset(target, tokenizer, args) -> tuple[list[Example], dict]:
+def make_dataset(target, tokenizer, args, device) -> tuple[list[Example], list[Example], dict]:
+    """The target's answers with its top-k distributions; returns (train, validation, stats).
+
+    The validation examples are the answers to a few whole prompts kept out of training; the
+    draft's top-1 agreement on them picks the checkpoint that is saved.
+    """
+    gen_model, gen_dtype = generation_copy(target, device, args.gen_dtype)
     prompts = read_prompts(TRAIN_PROMPTS)
     if args.num_prompts:
         prompts = prompts[: args.num_prompts]
-    extra = self_instruct(target, tokenizer, args.self_instruct, args, args.seed)
+    extra = self_instruct(gen_model, tokenizer, args.self_instruct, args, args.seed)
     log(f"prompts: {len(prompts)} written + {len(extra)} self-instruct")
-    all_prompts = prompts + extra
-    prefixes = [chat_prefix(tokenizer, p) for p in all_prompts]
-    examples: list[Example] = []
-    runs = [("greedy", 0.0, prefixes)]
-    # Sampled answers only for the written prompts: they multiply the contexts the draft
-    # sees around the target's typical phrasing.
-    runs += [(f"sample {i + 1}", args.temperature, prefixes[: len(prompts)]) for i in range(args.samples)]
+    # Runs: greedy for every prompt; ``samples`` sampled answers per written prompt and
+    # ``extra_samples`` per self-instruct prompt. Sampled answers multiply the contexts the
+    # draft sees around the target's typical phrasing.
+    written = [chat_prefix(tokenizer, p) for p in prompts]
+    selfi = [chat_prefix(tokenizer, p) for p in extra]
+    runs = [("greedy", 0.0, written + selfi)]
+    for i in range(max(args.samples, args.extra_samples)):
+        pre = (written if i < args.samples else []) + (selfi if i < args.extra_samples else [])
+        runs.append((f"sample {i + 1}", args.temperature, pre))
+    groups: dict[tuple, list[Example]] = {}
     for i, (name, temp, pre) in enumerate(runs):
-        outs = generate_batched(target, tokenizer, pre, max_new_tokens=args.max_new_tokens,
-                                batch_size=args.gen_batch, temperature=temp,
-                                desc=f"target answers ({name})", seed=args.seed + 100 + i)
-        examples += [Example(p, r) for p, r in zip(pre, outs) if r]
+        outs = generate_with_topk(gen_model, tokenizer, pre, max_new_tokens=args.max_new_tokens,
+                                  batch_size=args.gen_batch, temperature=temp, topk=args.topk,
+                                  desc=f"target answers ({name})", seed=args.seed + 100 + i)
+        for p, (r, ti, tv) in zip(pre, outs):
+            if r:
+                groups.setdefault(tuple(p), []).append(Example(p, r, ti, tv))
+    keys = sorted(groups)
+    random.Random(args.seed).shuffle(keys)
+    n_val = min(args.val_prompts, len(keys) // 2)
+    val = [e for k in keys[:n_val] for e in groups[k]]
+    examples = [e for k in keys[n_val:] for e in groups[k]]
     stats = dict(
         written_prompts=len(prompts), self_instruct_prompts=len(extra), sequences=len(examples),
         response_tokens=sum(len(e.response) for e in examples),
-        samples_per_prompt=args.samples, temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens,
+        validation_prompts=n_val, validation_tokens=sum(len(e.response) for e in val),
+        samples_per_prompt=args.samples, samples_per_self_instruct_prompt=args.extra_samples,
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, topk=args.topk,
+        generation_dtype=gen_dtype,
     )
-    return examples, stats
+    del gen_model
+    return examples, val, stats
 
 
 def make_batch(examples: list[Example], pad_id: int, max_len: int):
@@ -298,7 +405,11 @@ def make_batch(examples: list[Example], pad_id: int, max_len: int):
         attn[row, : len(s)] = 1
         # position j predicts token j+1; the answer starts at len(prompt)
         loss_mask[row, len(e.prompt) - 1 : len(s) - 1] = True
-    return ids, attn, loss_mask
+    # hidden[mask] is row-major: each example's answer positions in order, one row after another
+    n = [int(loss_mask[row].sum()) for row in range(len(seqs))]
+    top_ids = torch.cat([e.top_ids[:k] for e, k in zip(examples, n)]).long()
+    top_logp = torch.cat([e.top_logp[:k] for e, k in zip(examples, n)]).float()
+    return ids, attn, loss_mask, top_ids, top_logp
 
 
 def batches(examples: list[Example], batch_size: int, rng: random.Random):
@@ -325,7 +436,38 @@ def selected_logits(model, ids, attn, mask):
     return model.get_output_embeddings()(hidden[mask])
 
 
-def train(draft, target, examples: list[Example], pad_id: int, args, device, deadline: float | None = None) -> dict:
+def distill_loss(draft, batch, device, autocast):
+    """KL(target || draft) on the target's stored top-k (the tail it leaves out is tiny), the
+    draft's log-probs and the target's top-k ids, all at the answer positions of ``batch``."""
+    ids, attn, mask, top_ids, top_logp = (t.to(device) for t in batch)
+    with autocast:
+        d_logits = selected_logits(draft, ids, attn, mask)
+    d_logp = F.log_softmax(d_logits.float(), dim=-1)
+    t_p = top_logp.exp()
+    kl = (t_p * (top_logp - d_logp.gather(1, top_ids))).sum(-1).mean()
+    labels = ids[:, 1:][mask[:, :-1]]
+    ce = F.nll_loss(d_logp, labels)
+    agree = (d_logp.argmax(-1) == top_ids[:, 0]).float()
+    return kl, ce, agree
+
+
+@torch.no_grad()
+def validate(draft, val: list[Example], pad_id: int, args, device, autocast) -> float:
+    """Top-1 agreement with the target on the validation answers."""
+    if not val:
+        return float("nan")
+    draft.eval()
+    hits = total = 0
+    for s in range(0, len(val), args.batch_size):
+        _, _, agree = distill_loss(draft, make_batch(val[s : s + args.batch_size], pad_id, args.max_len),
+                                   device, autocast)
+        hits, total = hits + agree.sum().item(), total + agree.numel()
+    draft.train()
+    return hits / max(1, total)
+
+
+def train(draft, examples: list[Example], val: list[Example], pad_id: int, args, device,
+          deadline: float | None = None) -> dict:
     draft.to(device).train()
     decay = [p for n, p in draft.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in draft.named_parameters() if p.ndim < 2]
@@ -333,6 +475,8 @@ def train(draft, target, examples: list[Example], pad_id: int, args, device, dea
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=args.lr, betas=(0.9, 0.95), fused=device.type == "cuda",
     )
+    if args.steps is None:  # as many steps as ``epochs`` passes over the data take
+        args.steps = max(1, math.ceil(args.epochs * len(examples) / args.batch_size))
     total = [args.steps]  # may shrink once the step time is known, see below
     warmup = max(1, int(0.05 * args.steps))
 
@@ -343,22 +487,18 @@ def train(draft, target, examples: list[Example], pad_id: int, args, device, dea
         return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null()
+    # bfloat16 autocast: on a GPU as usual, on a CPU only where AMX makes it fast.
+    use_bf16 = device.type == "cuda" or args.gen_dtype_used == "bfloat16"
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else _null()
     stream = batches(examples, args.batch_size, random.Random(args.seed))
     history, t0 = [], time.time()
     bar = tqdm(total=args.steps, desc="train", mininterval=2.0)
-    ema, step = None, 0
+    ema, step, t10 = None, 0, time.time()
+    best = dict(step=0, val_top1_agree=-1.0)
+    best_state = None
+    val_every = max(1, args.steps // max(1, args.val_checks))
     while step < total[0]:
-        ids, attn, mask = (t.to(device) for t in make_batch(next(stream), pad_id, args.max_len))
-        with torch.no_grad(), autocast:
-            t_logp = F.log_softmax(selected_logits(target, ids, attn, mask).float(), dim=-1)
-        with autocast:
-            d_logits = selected_logits(draft, ids, attn, mask).float()
-        d_logp = F.log_softmax(d_logits, dim=-1)
-        # forward KL(target || draft): the draft must put its mass where the target's is.
-        kl = (t_logp.exp() * (t_logp - d_logp)).sum(-1).mean()
-        labels = ids[:, 1:][mask[:, :-1]]
-        ce = F.nll_loss(d_logp, labels)
+        kl, ce, agree_t = distill_loss(draft, make_batch(next(stream), pad_id, args.max_len), device, autocast)
         loss = kl + args.ce_weight * ce
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -366,16 +506,21 @@ def train(draft, target, examples: list[Example], pad_id: int, args, device, dea
         opt.step()
         sched.step()
         step += 1
-        with torch.no_grad():
-            agree = (d_logp.argmax(-1) == t_logp.argmax(-1)).float().mean().item()
-        cur = dict(step=step, loss=loss.item(), kl=kl.item(), ce=ce.item(), top1_agree=agree)
+        cur = dict(step=step, loss=loss.item(), kl=kl.item(), ce=ce.item(), top1_agree=agree_t.mean().item())
         ema = cur if ema is None else {k: (0.95 * ema[k] + 0.05 * v) if k != "step" else v for k, v in cur.items()}
-        if step % max(1, args.steps // 20) == 0 or step == total[0]:
-            history.append({k: round(v, 4) for k, v in ema.items()})
+        if step % val_every == 0 or step == total[0]:
+            row = {k: round(v, 4) for k, v in ema.items()}
+            if val:
+                row["val_top1_agree"] = round(validate(draft, val, pad_id, args, device, autocast), 4)
+                if row["val_top1_agree"] > best["val_top1_agree"]:
+                    best = dict(step=step, val_top1_agree=row["val_top1_agree"])
+                    best_state = {k: v.detach().clone() for k, v in draft.state_dict().items()}
+                tqdm.write(f"step {step}: train agree {row['top1_agree']}, validation agree {row['val_top1_agree']}")
+            history.append(row)
         bar.update(1)
         bar.set_postfix(kl=f"{ema['kl']:.3f}", agree=f"{ema['top1_agree']:.3f}", lr=f"{sched.get_last_lr()[0]:.1e}")
         if step == 10:
-            t10 = time.time()  # the first steps include CUDA warm-up; time the rest
+            t10 = time.time()  # the first steps include warm-up; time the rest
         if deadline and step >= 30 and step % 10 == 0:
             # Fit the run into the time left, shortening the cosine rather than cutting it off
             # un-annealed: a truncated schedule leaves the weights at a high learning rate.
@@ -384,11 +529,15 @@ def train(draft, target, examples: list[Example], pad_id: int, args, device, dea
             if fit < total[0]:
                 total[0] = max(step + 1, fit)
                 bar.total = total[0]
+                val_every = max(1, total[0] // max(1, args.val_checks))
                 log(f"\n{per_step * 1e3:.0f} ms/step: shortening to {total[0]} steps to finish by the deadline")
     bar.close()
+    if best_state is not None and best["step"] != step:
+        log(f"keeping the weights of step {best['step']} (best validation agreement {best['val_top1_agree']})")
+        draft.load_state_dict(best_state)
     draft.eval()
-    return dict(steps_done=history[-1]["step"] if history else 0, seconds=round(time.time() - t0, 1),
-                final=history[-1] if history else {}, history=history)
+    return dict(steps_done=step, seconds=round(time.time() - t0, 1),
+                final=history[-1] if history else {}, kept=best, history=history)
 
 
 class _null:

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import gradio as gr
+import torch
 
-from . import viz
+from . import benchtab, viz
 from .compare import run_comparison, tabulate
 from .decoding import generate, iter_generate
 from .examples import DEFAULT_PROMPT, EXAMPLES
+from .limits import Limits
 from .loading import PRESETS, ModelPair, Preset, load_pair
 from .methods import DEFAULT_METHODS, METHODS, parse_methods
 from .params import DecodeParams
@@ -35,10 +37,12 @@ log = logging.getLogger(__name__)
 PairLoader = Callable[..., ModelPair]
 
 DEFAULTS = DecodeParams()
-MAX_QUEUE = 16
 # Charts are redrawn at most this often while a method runs (and always when it ends):
 # serialising four Plotly figures after every round would cost more than the round.
 CHART_INTERVAL_S = 0.5
+# Every event that decodes joins this one queue, so runs from different visitors (and from
+# different tabs) take turns on the device instead of sharing it.
+GPU_QUEUE = "gpu"
 EXPORT_ROOT = Path(tempfile.gettempdir()) / "specdemo-exports"
 EXPORT_TTL_S = 3600
 
@@ -177,14 +181,30 @@ def resolve_models(preset: str | None, target: str | None, draft: str | None,
     return chosen.target, chosen.draft
 
 
-def make_request(prompt, preset, target, draft, values: Mapping[str, Any], presets: Mapping[str, Preset]) -> Request:
+def make_request(prompt, preset, target, draft, values: Mapping[str, Any], presets: Mapping[str, Preset],
+                 limits: Limits | None = None) -> Request:
     """Validate everything that can be checked before loading a model; ValueError otherwise."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("prompt is empty: type some text to continue")
     params = {name: values[name] for name in PARAM_NAMES if name in values}
-    DecodeParams.from_values(**params)
+    decode = DecodeParams.from_values(**params)
+    limits = limits or Limits()
+    limits.check_models(preset, target, draft, known=presets)
+    if decode.max_new_tokens > limits.max_new_tokens:
+        raise ValueError(f"max_new_tokens must be at most {limits.max_new_tokens} here, got {decode.max_new_tokens}")
     target, draft = resolve_models(preset, target, draft, presets)
     return Request(prompt, target, draft, params)
+
+
+def readable_failure(error: BaseException) -> str:
+    """What a visitor reads when a run fails inside the library; out-of-memory also hands
+    the cached blocks back so the next request starts from a clean device."""
+    if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower():
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return ("out of memory: this run did not fit on the device; try fewer new tokens, a shorter prompt "
+                "or a smaller model pair")
+    return f"{type(error).__name__}: {error}"
 
 
 def fit_chat(request: Request, pair: ModelPair) -> None:
@@ -208,18 +228,26 @@ def build_demo(
     dtype: str | None = None,
     public: bool = False,
     defaults: Mapping[str, Any] | None = None,
+    limits: Limits | None = None,
 ) -> gr.Blocks:
     """The playground's Blocks, queued so GPU work runs one request at a time.
 
     pair_loader: called as loader(target, draft, device=..., dtype=...) (default `load_pair`);
-    tests pass presets with a tiny local pair. public: stored for a later public mode.
-    defaults: initial values of the page's inputs by parameter name (prompt, methods,
+    tests pass presets with a tiny local pair. public: turn public mode on (it is also on
+    for a Space or with SPECDEMO_PUBLIC=1); limits: the deployment's limits, read from the
+    environment when not given. defaults: initial values of the page's inputs by parameter name (prompt, methods,
     max_new_tokens, temperature, ...), e.g. a shorter run for a slow machine.
     """
     initial = {**DEFAULTS.as_dict(), "seed": 0, "chat": True, "prompt": DEFAULT_PROMPT,
                "methods": list(DEFAULT_METHODS), **(defaults or {})}
-    presets = dict(presets if presets is not None else PRESETS)
-    default_preset = default_preset or next(iter(presets))
+    limits = limits or Limits.from_env(public=True if public else None)
+    known = dict(presets if presets is not None else PRESETS)
+    presets = limits.served(known)
+    if not presets:
+        raise ValueError(f"no preset to serve: the allow-list {', '.join(limits.allowed_presets)} "
+                         f"names none of {', '.join(known)}")
+    default_preset = default_preset if default_preset in presets else next(iter(presets))
+    initial["max_new_tokens"] = min(initial["max_new_tokens"], limits.max_new_tokens)
     limit = cache_limit if cache_limit is not None else int(os.environ.get("SPECDEMO_MAX_PAIRS", "1"))
     cache = PairCache(pair_loader or load_pair, limit=limit)
     slots = len(METHODS)
@@ -229,7 +257,7 @@ def build_demo(
 
     with gr.Blocks(title="specdemo — speculative decoding playground", delete_cache=(3600, 3600)) as demo:
         demo.specdemo_cache = cache  # type: ignore[attr-defined]
-        demo.specdemo_public = public  # type: ignore[attr-defined]
+        demo.specdemo_limits = limits  # type: ignore[attr-defined]
         demo.specdemo_presets = presets  # type: ignore[attr-defined]
 
         gr.Markdown(
@@ -241,91 +269,98 @@ def build_demo(
             "why each was fast or slow.",
             elem_id="sd-intro",
         )
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=5):
-                prompt = gr.Textbox(label="Prompt", value=initial["prompt"], lines=5, max_lines=14,
-                                    placeholder="Type a prompt, or pick an example below")
-                gr.Examples([[text] for _, text in EXAMPLES], inputs=[prompt],
-                            example_labels=[label for label, _ in EXAMPLES], label="Examples")
-            with gr.Column(scale=3, min_width=300):
-                preset = gr.Dropdown(
-                    label="Model pair (target + draft)", value=default_preset, interactive=True,
-                    choices=[(_preset_label(p), name) for name, p in presets.items()],
-                )
-                methods = gr.CheckboxGroup(
-                    label="Methods", value=initial["methods"],
-                    choices=[(m.label, name) for name, m in METHODS.items()],
-                    info="run one after another on the same prompt; AR is the baseline",
-                )
-                max_new_tokens = gr.Slider(1, 1024, value=initial["max_new_tokens"], step=1, label="Max new tokens")
+        with gr.Tab("Playground", elem_id="sd-playground-tab"):
+            with gr.Row(equal_height=False):
+                with gr.Column(scale=5):
+                    prompt = gr.Textbox(label="Prompt", value=initial["prompt"], lines=5, max_lines=14,
+                                        placeholder="Type a prompt, or pick an example below")
+                    gr.Examples([[text] for _, text in EXAMPLES], inputs=[prompt],
+                                example_labels=[label for label, _ in EXAMPLES], label="Examples")
+                with gr.Column(scale=3, min_width=300):
+                    preset = gr.Dropdown(
+                        label="Model pair (target + draft)", value=default_preset, interactive=True,
+                        choices=[(_preset_label(p), name) for name, p in presets.items()],
+                    )
+                    methods = gr.CheckboxGroup(
+                        label="Methods", value=initial["methods"],
+                        choices=[(m.label, name) for name, m in METHODS.items()],
+                        info="run one after another on the same prompt; AR is the baseline",
+                    )
+                    max_new_tokens = gr.Slider(1, min(1024, limits.max_new_tokens), value=initial["max_new_tokens"], step=1,
+                                               label="Max new tokens")
+                    with gr.Row():
+                        run_btn = gr.Button("Run", variant="primary", elem_id="sd-run")
+                        stop_btn = gr.Button("Stop", variant="stop", elem_id="sd-stop")
+
+            # A public demo serves its presets only (typed ids and paths are also refused server-side).
+            with gr.Accordion("Custom models", open=False, visible=not limits.public):
+                gr.Markdown("A target overrides the pair above: a Hub id, a local folder or a .gguf file. "
+                            "The draft must share the target's tokenizer (leave it empty to run AR and NASD only).")
                 with gr.Row():
-                    run_btn = gr.Button("Run", variant="primary", elem_id="sd-run")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="sd-stop")
+                    target = gr.Textbox("", label="Target model", placeholder="e.g. HuggingFaceTB/SmolLM2-360M-Instruct")
+                    draft = gr.Textbox("", label="Draft model", placeholder="e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
+            with gr.Accordion("Advanced settings", open=False):
+                with gr.Row():
+                    temperature = gr.Slider(0.0, 2.0, value=initial["temperature"], step=0.05,
+                                            label="Temperature (0 = greedy)")
+                    top_k = gr.Number(value=initial["top_k"], precision=0, label="Top-k (0 = off)")
+                    top_p = gr.Slider(0.05, 1.0, value=initial["top_p"], step=0.01, label="Top-p (1 = off)")
+                    seed = gr.Number(value=initial["seed"], precision=0, label="Seed (empty = random)")
+                with gr.Row():
+                    gamma = gr.Number(value=initial["gamma"], precision=0, label="SD / NASD: γ (draft length)")
+                    gamma_min = gr.Number(value=initial["gamma_min"], precision=0, label="EGAG: γ min")
+                    gamma_max = gr.Number(value=initial["gamma_max"], precision=0, label="EGAG: γ max")
+                    ema = gr.Slider(0.0, 0.99, value=initial["ema"], step=0.01, label="EGAG: entropy EMA β")
+                with gr.Row():
+                    ngram_n = gr.Number(value=initial["ngram_n"], precision=0, label="NASD: n of the n-gram table")
+                    ngram_storage = gr.Radio(["basic", "onelevel"], value=initial["ngram_storage"],
+                                             label="NASD: table kind")
+                    top_k_filler = gr.Number(value=initial["top_k_filler"], precision=0,
+                                             label="NASD: top-k filler from the target")
+                    chat = gr.Checkbox(value=initial["chat"], label="Chat template",
+                                       info="wrap the prompt as a user turn (instruct models)")
 
-        with gr.Accordion("Custom models", open=False):
-            gr.Markdown("A target overrides the pair above: a Hub id, a local folder or a .gguf file. "
-                        "The draft must share the target's tokenizer (leave it empty to run AR and NASD only).")
+            status = gr.Markdown("Press **Run** to decode the prompt with every selected method.", elem_id="sd-status")
+            gr.HTML(viz.legend_html(), css_template=viz.TOKEN_CSS, elem_id="sd-legend")
+            with gr.Column(elem_id="sd-panels"):
+                shown = viz.method_order(initial["methods"])
+                panels = [
+                    gr.HTML(
+                        viz.render_panel(name, message="Press Run.") if k < len(shown) else "",
+                        visible=k < len(shown), css_template=viz.TOKEN_CSS, elem_classes=["sd-slot"],
+                    )
+                    for k, name in enumerate(shown + [m for m in METHODS if m not in shown])
+                ][:slots]
+
+            gr.Markdown("### How each method ran", elem_classes=["sd-section"])
+            empty = viz.all_figures([])
+            with gr.Row(equal_height=True):
+                gamma_plot = gr.Plot(empty["gamma"], show_label=False, elem_classes=["sd-chart"])
+                entropy_plot = gr.Plot(empty["entropy"], show_label=False, elem_classes=["sd-chart"])
+            with gr.Row(equal_height=True):
+                accepted_plot = gr.Plot(empty["accepted"], show_label=False, elem_classes=["sd-chart"])
+                race_plot = gr.Plot(empty["race"], show_label=False, elem_classes=["sd-chart"])
+
+            gr.Markdown("### Comparison", elem_classes=["sd-section"])
+            table = gr.Dataframe(viz.display_table(summary_frame([])), interactive=False, show_label=False,
+                                 elem_id="sd-table", wrap=True)
+            why = gr.Markdown("")
             with gr.Row():
-                target = gr.Textbox("", label="Target model", placeholder="e.g. HuggingFaceTB/SmolLM2-360M-Instruct")
-                draft = gr.Textbox("", label="Draft model", placeholder="e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
-        with gr.Accordion("Advanced settings", open=False):
-            with gr.Row():
-                temperature = gr.Slider(0.0, 2.0, value=initial["temperature"], step=0.05,
-                                        label="Temperature (0 = greedy)")
-                top_k = gr.Number(value=initial["top_k"], precision=0, label="Top-k (0 = off)")
-                top_p = gr.Slider(0.05, 1.0, value=initial["top_p"], step=0.01, label="Top-p (1 = off)")
-                seed = gr.Number(value=initial["seed"], precision=0, label="Seed (empty = random)")
-            with gr.Row():
-                gamma = gr.Number(value=initial["gamma"], precision=0, label="SD / NASD: γ (draft length)")
-                gamma_min = gr.Number(value=initial["gamma_min"], precision=0, label="EGAG: γ min")
-                gamma_max = gr.Number(value=initial["gamma_max"], precision=0, label="EGAG: γ max")
-                ema = gr.Slider(0.0, 0.99, value=initial["ema"], step=0.01, label="EGAG: entropy EMA β")
-            with gr.Row():
-                ngram_n = gr.Number(value=initial["ngram_n"], precision=0, label="NASD: n of the n-gram table")
-                ngram_storage = gr.Radio(["basic", "onelevel"], value=initial["ngram_storage"],
-                                         label="NASD: table kind")
-                top_k_filler = gr.Number(value=initial["top_k_filler"], precision=0,
-                                         label="NASD: top-k filler from the target")
-                chat = gr.Checkbox(value=initial["chat"], label="Chat template",
-                                   info="wrap the prompt as a user turn (instruct models)")
+                summary_file = gr.DownloadButton("Comparison table (CSV)", interactive=False, elem_id="sd-summary-csv")
+                rounds_file = gr.DownloadButton("Per-round trace (CSV)", interactive=False, elem_id="sd-rounds-csv")
 
-        status = gr.Markdown("Press **Run** to decode the prompt with every selected method.", elem_id="sd-status")
-        gr.HTML(viz.legend_html(), css_template=viz.TOKEN_CSS, elem_id="sd-legend")
-        with gr.Column(elem_id="sd-panels"):
-            shown = viz.method_order(initial["methods"])
-            panels = [
-                gr.HTML(
-                    viz.render_panel(name, message="Press Run.") if k < len(shown) else "",
-                    visible=k < len(shown), css_template=viz.TOKEN_CSS, elem_classes=["sd-slot"],
-                )
-                for k, name in enumerate(shown + [m for m in METHODS if m not in shown])
-            ][:slots]
+            # Outputs of the scripted /compare endpoint; never shown on the page.
+            with gr.Column(visible=False):
+                api_methods = gr.JSON(list(DEFAULT_METHODS), label="methods")
+                api_table = gr.Dataframe(label="summary")
+                api_summary = gr.File(label="summary_csv")
+                api_rounds = gr.File(label="rounds_csv")
+                api_texts = gr.JSON(label="texts")
+                compare_btn = gr.Button("compare")
 
-        gr.Markdown("### How each method ran", elem_classes=["sd-section"])
-        empty = viz.all_figures([])
-        with gr.Row(equal_height=True):
-            gamma_plot = gr.Plot(empty["gamma"], show_label=False, elem_classes=["sd-chart"])
-            entropy_plot = gr.Plot(empty["entropy"], show_label=False, elem_classes=["sd-chart"])
-        with gr.Row(equal_height=True):
-            accepted_plot = gr.Plot(empty["accepted"], show_label=False, elem_classes=["sd-chart"])
-            race_plot = gr.Plot(empty["race"], show_label=False, elem_classes=["sd-chart"])
-
-        gr.Markdown("### Comparison", elem_classes=["sd-section"])
-        table = gr.Dataframe(viz.display_table(summary_frame([])), interactive=False, show_label=False,
-                             elem_id="sd-table", wrap=True)
-        why = gr.Markdown("")
-        with gr.Row():
-            summary_file = gr.DownloadButton("Comparison table (CSV)", interactive=False, elem_id="sd-summary-csv")
-            rounds_file = gr.DownloadButton("Per-round trace (CSV)", interactive=False, elem_id="sd-rounds-csv")
-
-        # Outputs of the scripted /compare endpoint; never shown on the page.
-        with gr.Column(visible=False):
-            api_methods = gr.JSON(list(DEFAULT_METHODS), label="methods")
-            api_table = gr.Dataframe(label="summary")
-            api_summary = gr.File(label="summary_csv")
-            api_rounds = gr.File(label="rounds_csv")
-            api_texts = gr.JSON(label="texts")
-            compare_btn = gr.Button("compare")
+        with gr.Tab("Benchmark", elem_id="sd-benchmark-tab"):
+            benchtab.build_tab(presets, default_preset, lambda t, d: cache.get(t, d, device=device, dtype=dtype),
+                               limits, gpu, export_dir, GPU_QUEUE)
 
         param_inputs = [max_new_tokens, temperature, top_k, top_p, seed, gamma, gamma_min, gamma_max, ema,
                         ngram_n, ngram_storage, top_k_filler, chat]
@@ -339,7 +374,7 @@ def build_demo(
                                             gamma_max, ema, ngram_n, ngram_storage, top_k_filler, chat)))
             try:
                 names = viz.method_order(parse_methods(methods or []))
-                request = make_request(prompt, preset, target, draft, values, presets)
+                request = make_request(prompt, preset, target, draft, values, presets, limits)
             except ValueError as error:
                 yield _failed(status, str(error))
                 return
@@ -358,6 +393,10 @@ def build_demo(
             except ValueError as error:  # ModelLoadError and tokenizer mismatches are ValueErrors
                 yield _failed(status, str(error))
                 return
+            except Exception as error:
+                log.exception("loading %s failed", request.target)
+                yield _failed(status, readable_failure(error))
+                return
             fit_chat(request, pair)
             yield from _stream(pair, request, names)
 
@@ -370,7 +409,7 @@ def build_demo(
                 label = viz.method_label(name)
                 cache_: dict = {}
                 try:
-                    rounds = iter_generate(pair, request.prompt, name, **request.params)
+                    rounds = iter_generate(pair, request.prompt, name, limits=limits, **request.params)
                 except ValueError as error:
                     errors.append(f"{label}: {error}")
                     gr.Warning(f"{label}: {error}")
@@ -395,10 +434,10 @@ def build_demo(
                         yield update
                 except Exception as error:  # a failure inside a method must not take the page down
                     log.exception("decoding %s failed", name)
-                    errors.append(f"{label}: {error}")
-                    yield {panels[k]: viz.render_panel(name, result, pair.tokenizer, state="error",
-                                                       message=f"{type(error).__name__}: {error}"),
-                           status: f"⚠️ {label} failed: {error}"}
+                    message = readable_failure(error)
+                    errors.append(f"{label}: {message}")
+                    yield {panels[k]: viz.render_panel(name, result, pair.tokenizer, state="error", message=message),
+                           status: f"⚠️ {label} failed: {message}"}
                     continue
                 finally:
                     rounds.close()
@@ -430,6 +469,7 @@ def build_demo(
             outputs=[status, *panels, *charts, table, why, summary_file, rounds_file],
             api_name="run",
             show_progress="hidden",
+            concurrency_id=GPU_QUEUE,
         )
         stop_btn.click(lambda: "⏹ Stopped.", outputs=[status], cancels=[run_event], queue=False,
                        api_visibility="private")
@@ -445,28 +485,32 @@ def build_demo(
                 if methods is not None and not isinstance(methods, (str, list)):
                     raise ValueError("methods must be a comma-separated string or a list of names")
                 names = parse_methods(methods)
-                request = make_request(prompt, preset, target, draft, values, presets)
+                request = make_request(prompt, preset, target, draft, values, presets, limits)
                 pair = load(request)
                 fit_chat(request, pair)
                 comparison = _compare(pair, request, names)
             except ValueError as error:
                 raise gr.Error(str(error), print_exception=False) from None
+            except Exception as error:
+                log.exception("comparison failed")
+                raise gr.Error(readable_failure(error), print_exception=False) from None
             summary_path, rounds_path = write_csvs(comparison.summary, comparison.rounds)
             texts = {r.method: r.text for r in comparison.results}
             return viz.records(comparison.summary), summary_path, rounds_path, texts
 
         @gpu
         def _compare(pair, request, names):
-            return run_comparison(pair, request.prompt, names, **request.params)
+            return run_comparison(pair, request.prompt, names, limits=limits, **request.params)
 
         compare_btn.click(
             compare,
             inputs=[prompt, preset, api_methods, *param_inputs, target, draft],
             outputs=[api_table, api_summary, api_rounds, api_texts],
             api_name="compare",
+            concurrency_id=GPU_QUEUE,
         )
 
-    demo.queue(default_concurrency_limit=1, max_size=MAX_QUEUE)
+    demo.queue(default_concurrency_limit=1, max_size=limits.queue_size)
     return demo
 
 
