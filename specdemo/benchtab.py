@@ -163,7 +163,7 @@ def build_tab(
             for item in measure(
                 pair, methods=names, repeats=times, categories=None if category_name == bench.ALL else category_name,
                 limit=size, max_new_tokens=new_tokens, temperature=temperature_, gamma=gamma_, ngram_n=ngram_n_,
-                seed=seed_,
+                seed=seed_, chat=bool(getattr(pair.tokenizer, "chat_template", None)),
             ):
                 if isinstance(item, bench.BenchResult):
                     result = item

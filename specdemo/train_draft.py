@@ -4,11 +4,14 @@
     python -m specdemo.train_draft --eval-only   # re-measure acceptance and cost of a saved draft
     python -m specdemo.train_draft --tiny --target DIR --output OUT   # smoke test
 
-Pipeline: (1) the target answers the project's training prompts (its chat template, greedy and
-sampled), (2) a small Llama with the target's vocabulary is trained to match the target's
-next-token distribution on those answers (KL, computed online by running the target on each
-batch, plus a little cross-entropy), (3) greedy speculative decoding at gamma=4 is simulated on
-held-out prompts and the draft's per-token cost is compared with the target's.
+Pipeline: (1) the target writes extra user requests itself (self-instruct) and answers them and
+the project's training prompts (its chat template, greedy and sampled), keeping its top-k
+next-token log-probabilities at every answer token as it goes, (2) a small Llama with the
+target's vocabulary is trained to match those distributions (KL on the stored top-k, plus a
+little cross-entropy), about one pass over the data, keeping the checkpoint that agrees best with
+the target on the answers to a few training prompts held out of training, (3) greedy speculative
+decoding at gamma=4 is simulated on the held-out prompts and the draft's per-token cost is
+compared with the target's.
 """
 
 from __future__ import annotations
@@ -38,16 +41,16 @@ DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "assets" / "smollm2-dr
 # Defaults that depend on where the script runs. A 2-core CPU cannot generate thousands of
 # answers in an hour, a GPU does it in a minute or two; explicit flags always win.
 PRESETS = {
-    "gpu": dict(num_prompts=None, samples=4, self_instruct=400, max_new_tokens=256,
-                gen_batch=192, steps=3000, batch_size=32, eval_prompts=None,
+    "gpu": dict(num_prompts=None, samples=4, extra_samples=2, self_instruct=3000, max_new_tokens=160,
+                gen_batch=256, steps=None, epochs=2.0, batch_size=32, eval_prompts=None,
                 eval_max_new_tokens=128, cost_calls=200, max_minutes=None),
-    # On CPU the target's forward pass on every batch dominates; the time budget shortens the
-    # schedule so that data, training and evaluation end within about an hour.
-    "cpu": dict(num_prompts=None, samples=0, self_instruct=0, max_new_tokens=96,
-                gen_batch=32, steps=300, batch_size=8, eval_prompts=None,
+    # On CPU generating the target's answers dominates: about 20 minutes of it on one core
+    # (bfloat16 with AMX), one pass over the data, evaluation; about 40 minutes in all.
+    "cpu": dict(num_prompts=None, samples=2, extra_samples=1, self_instruct=1200, max_new_tokens=128,
+                gen_batch=128, steps=None, epochs=1.0, batch_size=16, eval_prompts=None,
                 eval_max_new_tokens=128, cost_calls=100, max_minutes=50),
-    "tiny": dict(num_prompts=4, samples=1, self_instruct=2, max_new_tokens=12,
-                 gen_batch=4, steps=3, batch_size=2, eval_prompts=2,
+    "tiny": dict(num_prompts=4, samples=1, extra_samples=1, self_instruct=2, max_new_tokens=12,
+                 gen_batch=4, steps=3, epochs=1.0, batch_size=2, eval_prompts=2,
                  eval_max_new_tokens=10, cost_calls=5, max_minutes=None),
 }
 # Sized by the CPU cost budget (a draft token must cost <= 1/8 of a target token at batch 1):
@@ -681,12 +684,18 @@ def write_card(out: Path, info: dict) -> None:
         f"for the project (`specdemo/data/train_prompts.jsonl`: chat, explanation, lists, writing, code, translation, "
         f"summarisation, maths, QA) plus {data.get('self_instruct_prompts')} user requests the target wrote itself; "
         f"greedy answers plus {data.get('samples_per_prompt')} sampled at temperature {data.get('temperature')} per "
-        f"written prompt, up to {data.get('max_new_tokens')} tokens: {data.get('sequences')} sequences, "
-        f"{data.get('response_tokens')} answer tokens.",
-        f"- Objective: KL(target || draft) on the next-token distribution at every answer position, with the "
-        f"target run online on each batch, plus {tr.get('ce_weight')} x cross-entropy on the target's tokens.",
-        f"- {tr.get('steps_done')} steps, batch {tr.get('batch_size')}, AdamW (lr {tr.get('lr')}, weight decay "
-        f"{tr.get('weight_decay')}), linear warm-up then cosine; seed {tr.get('seed')}.",
+        f"written prompt and {data.get('samples_per_self_instruct_prompt', 0)} per self-instruct prompt, up to "
+        f"{data.get('max_new_tokens')} tokens, written by the target in {data.get('generation_dtype', 'float32')}: "
+        f"{data.get('sequences')} training sequences, {data.get('response_tokens')} answer tokens; the answers to "
+        f"{data.get('validation_prompts', 0)} further prompts ({data.get('validation_tokens', 0)} tokens) are kept "
+        "out for validation.",
+        f"- Objective: KL(target || draft) on the next-token distribution at every answer position, using the "
+        f"target's top-{data.get('topk')} log-probabilities stored while it wrote the answer, plus "
+        f"{tr.get('ce_weight')} x cross-entropy on the target's tokens.",
+        f"- {tr.get('steps_done')} steps ({tr.get('epochs')} epochs planned), batch {tr.get('batch_size')}, AdamW "
+        f"(lr {tr.get('lr')}, weight decay {tr.get('weight_decay')}), linear warm-up then cosine; seed {tr.get('seed')}. "
+        f"Kept: step {tr.get('kept', {}).get('step')}, the best top-1 agreement on the validation answers "
+        f"({tr.get('kept', {}).get('val_top1_agree')}).",
         f"- Final (smoothed) KL {tr.get('final', {}).get('kl')}, cross-entropy {tr.get('final', {}).get('ce')}, "
         f"top-1 agreement with the target {tr.get('final', {}).get('top1_agree')} on training batches.",
         f"- Hardware: {tr.get('hardware')}; data generation {data.get('seconds')} s, training {tr.get('seconds')} s, "
@@ -748,19 +757,25 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=ARCH_DEFAULTS["num_layers"], help="draft transformer layers")
     p.add_argument("--intermediate-size", type=int, default=ARCH_DEFAULTS["intermediate_size"], help="draft MLP width")
     p.add_argument("--head-dim", type=int, default=ARCH_DEFAULTS["head_dim"], help="draft attention head size")
-    p.add_argument("--steps", type=int, default=None, help="optimiser steps (default: 3000 on GPU, 300 on CPU)")
-    p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: 32 on GPU, 8 on CPU)")
+    p.add_argument("--steps", type=int, default=None, help="optimiser steps (default: as many as --epochs takes)")
+    p.add_argument("--epochs", type=float, default=None, help="passes over the data when --steps is not given (default: 2 GPU, 1 CPU)")
+    p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: 32 on GPU, 16 on CPU)")
     p.add_argument("--lr", type=float, default=2e-3, help="peak AdamW learning rate")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (matrices only)")
     p.add_argument("--ce-weight", type=float, default=0.1, help="weight of cross-entropy on the target's tokens, added to the KL")
     p.add_argument("--max-len", type=int, default=512, help="longest training sequence (prompt + answer) in tokens")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="longest target answer generated for training (default: 256 GPU, 96 CPU)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="longest target answer generated for training (default: 160 GPU, 128 CPU)")
     p.add_argument("--num-prompts", type=int, default=None, help="use only the first N training prompts (default: all)")
-    p.add_argument("--samples", type=int, default=None, help="sampled answers per prompt on top of the greedy one (default: 4 GPU, 0 CPU)")
-    p.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled answers")
-    p.add_argument("--self-instruct", type=int, default=None, help="extra user requests the target writes itself (default: 400 GPU, 0 CPU)")
-    p.add_argument("--gen-batch", type=int, default=None, help="batch size for the target's generation (default: 192 GPU, 32 CPU)")
-    p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget in minutes from the start of the run: from step 30 on, the step count (and its cosine schedule) is cut so training ends by then (default: 50 on CPU, none on GPU)")
+    p.add_argument("--samples", type=int, default=None, help="sampled answers per written prompt on top of the greedy one (default: 4 GPU, 2 CPU)")
+    p.add_argument("--extra-samples", type=int, default=None, help="sampled answers per self-instruct prompt on top of the greedy one (default: 2 GPU, 1 CPU)")
+    p.add_argument("--temperature", type=float, default=0.9, help="temperature of the sampled answers")
+    p.add_argument("--self-instruct", type=int, default=None, help="user requests the target is asked to write itself (default: 3000 GPU, 1200 CPU)")
+    p.add_argument("--gen-batch", type=int, default=None, help="batch size for the target's generation (default: 256 GPU, 128 CPU)")
+    p.add_argument("--gen-dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="dtype of the target while it writes the training data (auto: bfloat16 on GPU and on CPUs with AMX)")
+    p.add_argument("--topk", type=int, default=32, help="target log-probs kept per answer token for distillation")
+    p.add_argument("--val-prompts", type=int, default=24, help="training prompts whose answers are kept out to pick the best checkpoint")
+    p.add_argument("--val-checks", type=int, default=10, help="validation passes during training")
+    p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget in minutes from the start of the run, for data and training: from step 30 on, the step count (and its cosine schedule) is cut so training ends by then (default: 50 on CPU, none on GPU)")
     p.add_argument("--gamma", type=int, default=4, help="draft tokens per round in the acceptance simulation")
     p.add_argument("--eval-prompts", type=int, default=None, help="evaluate on only the first N held-out prompts (default: all)")
     p.add_argument("--eval-max-new-tokens", type=int, default=None, help="length of the target's held-out answers (default: 128)")
@@ -769,6 +784,7 @@ def parse_args(argv=None):
     p.add_argument("--save-dtype", choices=["bfloat16", "float16"], default="bfloat16", help="dtype of the saved weights")
     p.add_argument("--max-shard-size", default=None, help="split model.safetensors into shards of this size (e.g. 15MB)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
     p.add_argument("--seed", type=int, default=0, help="seed for data order, sampling and initialisation")
     p.add_argument("--tiny", action="store_true", help="a few steps on a few prompts and short answers (smoke test)")
     p.add_argument("--eval-only", action="store_true", help="do not train: measure the draft in --output and update its model card")
@@ -789,6 +805,8 @@ def main(argv=None) -> int:
     import transformers
 
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     apply_presets(args, device)
     cost_device = torch.device(args.cost_device)
@@ -816,7 +834,8 @@ def main(argv=None) -> int:
         info_path = args.output / "training_info.json"
         info = json.loads(info_path.read_text()) if info_path.is_file() else {}
     else:
-        examples, data_stats = make_dataset(target, tokenizer, args)
+        examples, val, data_stats = make_dataset(target, tokenizer, args, device)
+        args.gen_dtype_used = data_stats["generation_dtype"]
         data_stats["seconds"] = round(time.time() - t_start, 1)
         log(f"data: {data_stats}")
         seed_everything(args.seed)
@@ -825,7 +844,7 @@ def main(argv=None) -> int:
         log(f"draft: {n_params / 1e6:.2f} M parameters")
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         deadline = t_start + 60 * args.max_minutes if args.max_minutes else None
-        train_stats = train(draft, target, examples, pad_id, args, device, deadline)
+        train_stats = train(draft, examples, val, pad_id, args, device, deadline)
         size = save_draft(draft, args.output, getattr(torch, args.save_dtype), args.max_shard_size)
         log(f"saved to {args.output} ({size / 1e6:.2f} MB)")
         # Evaluate what was saved (rounded to half precision), not the float32 copy in memory.
@@ -839,7 +858,7 @@ def main(argv=None) -> int:
                               head_dim=dc.head_dim, vocab_size=dc.vocab_size, parameters=n_params,
                               bytes_on_disk=size, dtype=args.save_dtype),
             data=data_stats,
-            training=dict(train_stats, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
+            training=dict(train_stats, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
                           ce_weight=args.ce_weight, seed=args.seed, hardware=device_name(device)),
             target_source=source, command=command, torch=torch.__version__, transformers=transformers.__version__,
         )

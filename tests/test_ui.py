@@ -11,10 +11,14 @@ import pytest
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
 
+import torch  # noqa: E402
+
 from specdemo import ui  # noqa: E402
+from specdemo.limits import Limits  # noqa: E402
+from specdemo.loading import Preset  # noqa: E402
 from specdemo.tables import ROUND_COLUMNS, SUMMARY_COLUMNS  # noqa: E402
 from tests.tiny import write_model, write_tokenizer  # noqa: E402
-from tests.uiserver import TINY, serve  # noqa: E402
+from tests.uiserver import TINY, counting_target_forwards, serve, tiny_presets  # noqa: E402
 
 # Gradio's queue trips pandas 3 deprecation warnings of its own; they are not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")
@@ -179,3 +183,77 @@ def test_zero_gpu_is_a_no_op_off_spaces(monkeypatch):
         return 1
 
     assert ui.gpu(work) is work
+
+
+def test_stop_ends_the_decoding_loop_not_just_the_stream(client, server):
+    compare(client, methods="ar", max_new_tokens=2)  # the pair is loaded and cached
+    with counting_target_forwards(server[1]) as forwards:
+        job = client.submit(prompt="w3 w4 w5", methods=["ar"], max_new_tokens=480, api_name="/run")
+        deadline = time.time() + 60
+        while forwards[0] < 5 and time.time() < deadline:
+            time.sleep(0.02)
+        job.cancel()
+        time.sleep(1.0)  # the round in flight may finish
+        stopped_at, updates = forwards[0], len(job.outputs())
+        time.sleep(1.5)
+        assert forwards[0] == stopped_at, "the target kept decoding after Stop"
+        assert len(job.outputs()) == updates, "the trace kept growing after Stop"
+        assert stopped_at < 480
+    summary, *_ = compare(client, methods="ar,sd", max_new_tokens=6)
+    assert [row[0] for row in summary["data"]] == ["ar", "sd"]
+
+
+def test_an_out_of_memory_failure_reads_as_advice():
+    message = ui.readable_failure(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert message.startswith("out of memory") and "fewer new tokens" in message
+    assert ui.readable_failure(RuntimeError("boom")) == "RuntimeError: boom"
+
+
+@pytest.fixture(scope="module")
+def public_client(tmp_path_factory):
+    root = tmp_path_factory.mktemp("public-pair")
+    presets = tiny_presets(root)
+    presets["other"] = Preset("other", presets[TINY].target, None, "served only in private mode")
+    limits = Limits(public=True, allowed_presets=(TINY,), max_new_tokens=24, max_prompt_tokens=12, queue_size=4)
+    with serve(root, presets=presets, limits=limits) as (url, demo):
+        yield gradio_client.Client(url, verbose=False), demo
+
+
+def test_public_mode_serves_allowed_presets_within_the_caps(public_client):
+    client, demo = public_client
+    assert list(demo.specdemo_presets) == [TINY]
+    summary, *_ = compare(client, methods="ar,sd", max_new_tokens=24)
+    assert [row[0] for row in summary["data"]] == ["ar", "sd"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"target": "Qwen/Qwen2.5-7B-Instruct"}, "typed model ids and paths are refused"),
+    ({"target": "/etc"}, "typed model ids and paths are refused"),
+    ({"draft": "./weights"}, "typed model ids and paths are refused"),
+    # The page's dropdown offers only the served presets, and Gradio refuses any other value.
+    ({"preset": "other"}, "other is not in the list of choices: ['tiny']"),
+    ({"preset": "gpt-5"}, "gpt-5 is not in the list of choices"),
+    # The slider's maximum is the cap, so Gradio refuses larger values before the library sees them.
+    ({"max_new_tokens": 25}, "Value 25 is greater than maximum value 24"),
+    ({"prompt": " ".join(f"w{i}" for i in range(3, 30))}, "prompt is too long for this demo"),
+])
+def test_public_mode_refuses_what_it_does_not_serve(public_client, kwargs, message):
+    client, demo = public_client
+    loads_before = len(demo.specdemo_cache)
+    with pytest.raises(AppError) as caught:
+        compare(client, **kwargs)
+    assert message in str(caught.value)
+    assert len(demo.specdemo_cache) <= max(loads_before, 1)
+
+
+def test_the_page_never_enables_remote_code(tmp_path):
+    seen = []
+
+    def loader(target, draft=None, **kwargs):
+        seen.append(kwargs)
+        raise ValueError("stop here")
+
+    demo = ui.build_demo(pair_loader=loader, presets=tiny_presets(tmp_path))
+    with pytest.raises(ValueError):
+        demo.specdemo_cache.get("t", None)
+    assert seen and all("trust_remote_code" not in kwargs for kwargs in seen)

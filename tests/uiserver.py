@@ -29,11 +29,12 @@ def tiny_loader(target, draft=None, device=None, dtype=None):
 
 
 @contextmanager
-def serve(root: Path, presets=None, loader=tiny_loader, defaults=None) -> Iterator[tuple[str, object]]:
+def serve(root: Path, presets=None, loader=tiny_loader, defaults=None, **options) -> Iterator[tuple[str, object]]:
+    """options go to `ui.build_demo` (e.g. limits=Limits(public=True, ...))."""
     from specdemo import ui
 
     demo = ui.build_demo(pair_loader=loader, presets=presets if presets is not None else tiny_presets(root),
-                         defaults=defaults)
+                         defaults=defaults, **options)
     port = free_port()
     ui.launch(demo, prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
     try:
@@ -41,3 +42,20 @@ def serve(root: Path, presets=None, loader=tiny_loader, defaults=None) -> Iterat
     finally:
         demo.close()
         demo.specdemo_cache.clear()
+
+
+
+@contextmanager
+def counting_target_forwards(demo) -> Iterator[list[int]]:
+    """calls[0] counts the forwards of the served pairs' targets while the block runs."""
+    calls = [0]
+
+    def count(*_):
+        calls[0] += 1
+
+    handles = [pair.target.register_forward_hook(count) for pair in demo.specdemo_cache._pairs.values()]
+    try:
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()
