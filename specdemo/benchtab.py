@@ -73,12 +73,13 @@ def build_tab(
     gpu: Callable[[Callable], Callable],
     export: Callable[[], Any],
     queue_id: str,
+    tidy: Callable[[gr.Request], None] = lambda request: None,
 ) -> None:
     """Lay the tab out inside the current Blocks and wire its events.
 
     load(target, draft) returns a cached pair; gpu decorates the GPU work (ZeroGPU);
     export() gives a fresh folder for this run's files; queue_id is the concurrency group
-    the page's other decoding events share.
+    the page's other decoding events share; tidy(request) cleans the visitor's session after a run.
     """
     gr.Markdown(
         "Runs the project's prompt suite (chat, translation, summarisation, RAG, maths, code) through each "
@@ -91,9 +92,9 @@ def build_tab(
                              choices=list(presets), elem_id="bench-preset")
         category = gr.Dropdown(label="Category", value=bench.ALL, choices=[bench.ALL, *bench.SUITE_CATEGORIES],
                                elem_id="bench-category")
-        prompts = gr.Number(value=1, precision=0, minimum=1, label="Prompts per category")
-        repeats = gr.Number(value=1, precision=0, minimum=1, label="Repeats")
-        max_new_tokens = gr.Number(value=min(64, limits.max_new_tokens), precision=0, minimum=1,
+        prompts = gr.Number(value=1, precision=0, label="Prompts per category")
+        repeats = gr.Number(value=1, precision=0, label="Repeats")
+        max_new_tokens = gr.Number(value=min(64, limits.max_new_tokens), precision=0,
                                    label="Max new tokens")
     with gr.Row():
         methods = gr.CheckboxGroup(label="Methods", value=list(bench.DEFAULT_BENCH_METHODS),
@@ -149,7 +150,15 @@ def build_tab(
             stop.set()
 
     def run(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
-            ngram_n_, seed_, progress=gr.Progress()):
+            ngram_n_, seed_, request: gr.Request, progress=gr.Progress()):
+        try:
+            yield from benchmark(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen,
+                                 temperature_, gamma_, ngram_n_, seed_, progress)
+        finally:  # also when Stop or a closed tab ends the stream
+            tidy(request)
+
+    def benchmark(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
+                  ngram_n_, seed_, progress):
         unchanged = [gr.skip()] * (len(outputs) - 1)
         try:
             limits.check_models(preset_name, known=presets)

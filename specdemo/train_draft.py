@@ -45,10 +45,11 @@ PRESETS = {
                 gen_batch=256, steps=None, epochs=2.0, batch_size=32, eval_prompts=None,
                 eval_max_new_tokens=128, cost_calls=200, max_minutes=None),
     # On CPU generating the target's answers dominates: about 20 minutes of it on one core
-    # (bfloat16 with AMX), one pass over the data, evaluation; about 40 minutes in all.
-    "cpu": dict(num_prompts=None, samples=2, extra_samples=1, self_instruct=1200, max_new_tokens=128,
-                gen_batch=128, steps=None, epochs=1.0, batch_size=16, eval_prompts=None,
-                eval_max_new_tokens=128, cost_calls=100, max_minutes=50),
+    # (bfloat16 with AMX); training then gets what is left of ``max_minutes`` (the deadline
+    # shortens the two planned epochs), and evaluation adds a few minutes.
+    "cpu": dict(num_prompts=None, samples=0, extra_samples=1, self_instruct=640, max_new_tokens=96,
+                gen_batch=128, steps=None, epochs=4.0, batch_size=8, eval_prompts=None,
+                eval_max_new_tokens=128, cost_calls=100, max_minutes=36),
     "tiny": dict(num_prompts=4, samples=1, extra_samples=1, self_instruct=2, max_new_tokens=12,
                  gen_batch=4, steps=3, epochs=1.0, batch_size=2, eval_prompts=2,
                  eval_max_new_tokens=10, cost_calls=5, max_minutes=None),
@@ -138,6 +139,9 @@ def generate_batched(model, tokenizer, prefixes: list[list[int]], *, max_new_tok
     return results  # type: ignore[return-value]
 
 
+SAMPLE_CANDIDATES = 64
+
+
 @torch.inference_mode()
 def generate_with_topk(model, tokenizer, prefixes: list[list[int]], *, max_new_tokens: int, batch_size: int,
                        temperature: float = 0.0, topk: int = 32, desc: str = "generate", seed: int = 0):
@@ -171,11 +175,15 @@ def generate_with_topk(model, tokenizer, prefixes: list[list[int]], *, max_new_t
         for _ in range(max_new_tokens):
             logits = out.logits[:, -1].float()
             logp = F.log_softmax(logits, dim=-1)
-            v, i = logp.topk(topk, dim=-1)
-            top_v.append(v.half().cpu())
-            top_i.append(i.int().cpu())
+            v, i = logp.topk(min(max(topk, SAMPLE_CANDIDATES), logp.shape[-1]), dim=-1)
+            top_v.append(v[:, :topk].half().cpu())
+            top_i.append(i[:, :topk].int().cpu())
             if temperature > 0:
-                nxt = torch.multinomial(F.softmax(logits / temperature, dim=-1), 1, generator=gen).squeeze(1)
+                # Sampling among the most likely candidates only: a multinomial over the whole
+                # vocabulary costs more than the forward pass on a CPU, and the tail it leaves out
+                # holds a negligible share of the mass.
+                pick = torch.multinomial(F.softmax(v / temperature, dim=-1), 1, generator=gen)
+                nxt = i.gather(1, pick).squeeze(1)
             else:
                 nxt = logits.argmax(-1)
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
@@ -335,7 +343,7 @@ def self_instruct(gen_model, tokenizer, count: int, args, seed: int) -> list[str
             "Reply with the new request only."
         )
     prefixes = [chat_prefix(tokenizer, s) for s in seeds]
-    outs = generate_with_topk(gen_model, tokenizer, prefixes, max_new_tokens=48, batch_size=args.gen_batch,
+    outs = generate_with_topk(gen_model, tokenizer, prefixes, max_new_tokens=40, batch_size=args.gen_batch,
                               temperature=1.0, topk=1, desc="self-instruct", seed=seed + 1)
     stops = stop_ids(gen_model, tokenizer)
     held = set(read_prompts(HELDOUT_PROMPTS))
@@ -758,24 +766,24 @@ def parse_args(argv=None):
     p.add_argument("--intermediate-size", type=int, default=ARCH_DEFAULTS["intermediate_size"], help="draft MLP width")
     p.add_argument("--head-dim", type=int, default=ARCH_DEFAULTS["head_dim"], help="draft attention head size")
     p.add_argument("--steps", type=int, default=None, help="optimiser steps (default: as many as --epochs takes)")
-    p.add_argument("--epochs", type=float, default=None, help="passes over the data when --steps is not given (default: 2 GPU, 1 CPU)")
-    p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: 32 on GPU, 16 on CPU)")
-    p.add_argument("--lr", type=float, default=2e-3, help="peak AdamW learning rate")
+    p.add_argument("--epochs", type=float, default=None, help="passes over the data when --steps is not given (default: 2 GPU, 4 CPU)")
+    p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: 32 on GPU, 8 on CPU)")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (matrices only)")
     p.add_argument("--ce-weight", type=float, default=0.1, help="weight of cross-entropy on the target's tokens, added to the KL")
     p.add_argument("--max-len", type=int, default=512, help="longest training sequence (prompt + answer) in tokens")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="longest target answer generated for training (default: 160 GPU, 128 CPU)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="longest target answer generated for training (default: 160 GPU, 96 CPU)")
     p.add_argument("--num-prompts", type=int, default=None, help="use only the first N training prompts (default: all)")
-    p.add_argument("--samples", type=int, default=None, help="sampled answers per written prompt on top of the greedy one (default: 4 GPU, 2 CPU)")
+    p.add_argument("--samples", type=int, default=None, help="sampled answers per written prompt on top of the greedy one (default: 4 GPU, 0 CPU)")
     p.add_argument("--extra-samples", type=int, default=None, help="sampled answers per self-instruct prompt on top of the greedy one (default: 2 GPU, 1 CPU)")
     p.add_argument("--temperature", type=float, default=0.9, help="temperature of the sampled answers")
-    p.add_argument("--self-instruct", type=int, default=None, help="user requests the target is asked to write itself (default: 3000 GPU, 1200 CPU)")
+    p.add_argument("--self-instruct", type=int, default=None, help="user requests the target is asked to write itself (default: 3000 GPU, 640 CPU)")
     p.add_argument("--gen-batch", type=int, default=None, help="batch size for the target's generation (default: 256 GPU, 128 CPU)")
     p.add_argument("--gen-dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="dtype of the target while it writes the training data (auto: bfloat16 on GPU and on CPUs with AMX)")
     p.add_argument("--topk", type=int, default=32, help="target log-probs kept per answer token for distillation")
     p.add_argument("--val-prompts", type=int, default=24, help="training prompts whose answers are kept out to pick the best checkpoint")
     p.add_argument("--val-checks", type=int, default=10, help="validation passes during training")
-    p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget in minutes from the start of the run, for data and training: from step 30 on, the step count (and its cosine schedule) is cut so training ends by then (default: 50 on CPU, none on GPU)")
+    p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget in minutes from the start of the run, for data and training: from step 30 on, the step count (and its cosine schedule) is cut so training ends by then (default: 36 on CPU, none on GPU)")
     p.add_argument("--gamma", type=int, default=4, help="draft tokens per round in the acceptance simulation")
     p.add_argument("--eval-prompts", type=int, default=None, help="evaluate on only the first N held-out prompts (default: all)")
     p.add_argument("--eval-max-new-tokens", type=int, default=None, help="length of the target's held-out answers (default: 128)")

@@ -7,6 +7,7 @@ page's theme and CSS, which Gradio 6 takes at launch time.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -360,7 +361,8 @@ def build_demo(
 
         with gr.Tab("Benchmark", elem_id="sd-benchmark-tab"):
             benchtab.build_tab(presets, default_preset, lambda t, d: cache.get(t, d, device=device, dtype=dtype),
-                               limits, gpu, export_dir, GPU_QUEUE)
+                               limits, gpu, export_dir, GPU_QUEUE,
+                               tidy=functools.partial(forget_replaced_components, demo))
 
         param_inputs = [max_new_tokens, temperature, top_k, top_p, seed, gamma, gamma_min, gamma_max, ema,
                         ngram_n, ngram_storage, top_k_filler, chat]
@@ -368,8 +370,16 @@ def build_demo(
 
         # -- the streaming run ---------------------------------------------------------
         def run(prompt, preset, methods, max_new_tokens, temperature, top_k, top_p, seed, gamma, gamma_min,
-                gamma_max, ema, ngram_n, ngram_storage, top_k_filler, chat, target, draft):
+                gamma_max, ema, ngram_n, ngram_storage, top_k_filler, chat, target, draft, request: gr.Request):
             """Decode with each method in turn, yielding after every round."""
+            try:
+                yield from decode(prompt, preset, methods, max_new_tokens, temperature, top_k, top_p, seed, gamma,
+                                  gamma_min, gamma_max, ema, ngram_n, ngram_storage, top_k_filler, chat, target, draft)
+            finally:  # also when Stop or a closed tab ends the stream
+                forget_replaced_components(demo, request)
+
+        def decode(prompt, preset, methods, max_new_tokens, temperature, top_k, top_p, seed, gamma, gamma_min,
+                   gamma_max, ema, ngram_n, ngram_storage, top_k_filler, chat, target, draft):
             values = dict(zip(PARAM_NAMES, (max_new_tokens, temperature, top_k, top_p, seed, gamma, gamma_min,
                                             gamma_max, ema, ngram_n, ngram_storage, top_k_filler, chat)))
             try:
@@ -463,16 +473,16 @@ def build_demo(
                 rounds_file: gr.update(value=rounds_path, interactive=True),
             }
 
+        run_outputs = [status, *panels, *charts, table, why, summary_file, rounds_file]
         run_event = run_btn.click(
             run,
             inputs=[prompt, preset, methods, *param_inputs, target, draft],
-            outputs=[status, *panels, *charts, table, why, summary_file, rounds_file],
+            outputs=run_outputs,
             api_name="run",
             show_progress="hidden",
             concurrency_id=GPU_QUEUE,
         )
-        stop_btn.click(lambda: "⏹ Stopped.", outputs=[status], cancels=[run_event], queue=False,
-                       api_visibility="private")
+        stop_btn.click(lambda: "⏹ Stopped.", outputs=[status], cancels=[run_event], queue=False, api_visibility="private")
 
         # -- the scripted comparison ---------------------------------------------------
         def compare(prompt, preset, methods, max_new_tokens, temperature, top_k, top_p, seed, gamma, gamma_min,
@@ -512,6 +522,27 @@ def build_demo(
 
     demo.queue(default_concurrency_limit=1, max_size=limits.queue_size)
     return demo
+
+
+def forget_replaced_components(demo: gr.Blocks, request: gr.Request | None) -> None:
+    """Drop what Gradio left behind in this visitor's session during the last event.
+
+    When an output is skipped and later given a value in the same stream, Gradio files a
+    fresh copy of the component under a new id in the session, one per round trip; over a
+    long session those copies would grow memory without bound. The page never refers to
+    them (it knows only the ids it was built with), so they can go once the event is over.
+    """
+    session = getattr(request, "session_hash", None)
+    state = getattr(getattr(demo, "state_holder", None), "session_data", {}).get(session) if session else None
+    if state is None:
+        return
+    try:
+        blocks = state.blocks_config.blocks
+        for key in [key for key in blocks if key not in demo.blocks]:
+            del blocks[key]
+            state.config_values.pop(key, None)
+    except AttributeError:  # a Gradio whose session state looks different: nothing to tidy
+        log.debug("session state not tidied", exc_info=True)
 
 
 def _preset_label(preset: Preset) -> str:

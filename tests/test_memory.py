@@ -6,7 +6,7 @@ import weakref
 import specdemo
 
 
-def _rss_bytes() -> int:
+def rss_bytes() -> int:
     with open("/proc/self/statm") as statm:
         resident_pages = int(statm.read().split()[1])
     import os
@@ -34,7 +34,7 @@ def test_memory_returns_to_its_baseline_after_many_runs(tiny_pair):
         gc.collect()
 
     burst(5)  # warm allocator pools and caches
-    baseline = _rss_bytes()
+    baseline = rss_bytes()
     burst(40)
-    growth = _rss_bytes() - baseline
+    growth = rss_bytes() - baseline
     assert growth < 16 * 2**20, f"resident memory grew by {growth / 2**20:.1f} MiB over 160 runs"

@@ -1,0 +1,76 @@
+"""The page's Benchmark tab: the suite run from the browser's API, within a deployment's limits."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client.exceptions import AppError  # noqa: E402
+
+from specdemo import bench, benchtab  # noqa: E402
+from specdemo.limits import Limits  # noqa: E402
+from tests.uiserver import TINY, serve  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    limits = Limits(public=True, allowed_presets=(TINY,), max_new_tokens=32)
+    with serve(tmp_path_factory.mktemp("bench-pair"), limits=limits) as (url, _):
+        yield gradio_client.Client(url, verbose=False)
+
+
+def benchmark(client, **kwargs):
+    kwargs = {"preset_name": TINY, "category_name": "math", "prompts_per_category": 1, "repeats_": 1, "tokens": 8,
+              "chosen": ["ar", "sd", "nasd", "hf-generate", "hf-assisted"], **kwargs}
+    return client.predict(**kwargs, api_name="/benchmark")
+
+
+def file_of(download) -> str:
+    """A download button's file (updates that also enable the button arrive as dicts)."""
+    return download["value"] if isinstance(download, dict) else download
+
+
+def test_the_tab_runs_the_suite_and_offers_the_cli_files(client):
+    status, table, *charts, runs_csv, summary_csv, report = benchmark(client)
+    runs_csv, summary_csv, report = map(file_of, (runs_csv, summary_csv, report))
+    assert status.startswith("Done: 5 runs on 1 prompts")
+    rows = pd.read_csv(runs_csv)
+    assert list(rows.columns) == bench.ROW_COLUMNS
+    assert sorted(rows.method) == ["ar", "hf-assisted", "hf-generate", "nasd", "sd"]
+    assert set(rows.category) == {"math"} and (rows.new_tokens == 8).all()
+    assert rows.loc[rows.method != "ar", "matches_ar"].all()  # greedy: every decoder reproduces AR
+    summary = pd.read_csv(summary_csv)
+    assert list(summary.columns) == bench.SUMMARY_COLUMNS
+    shown = pd.DataFrame(table["data"], columns=table["headers"])
+    assert list(shown.columns) == ["category" if c == "category" else ("method" if c == "label" else c)
+                                   for c in benchtab.TABLE_COLUMNS]
+    assert set(shown.category) == {"math", "all"}
+    assert len(charts) == len(benchtab.CHARTS) and all(charts)
+    with open(report, encoding="utf-8") as page:
+        assert "Speculative decoding benchmark" in page.read()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"prompts_per_category": 3}, "prompts per category must be at most 2 on this public demo"),
+    ({"repeats_": 2}, "repeats must be at most 1 on this public demo"),
+    ({"tokens": 33}, "max_new_tokens must be at most 32"),
+    ({"tokens": 0}, "max new tokens must be at least 1"),
+    ({"chosen": []}, "methods: choose at least one"),
+    ({"chosen": ["ar", "warp"]}, "is not in the list of choices"),
+])
+def test_bad_benchmark_settings_read_as_messages(client, kwargs, message):
+    with pytest.raises(AppError) as caught:
+        benchmark(client, **kwargs)
+    assert message in str(caught.value)
+
+
+def test_run_sizes_must_be_whole_numbers():
+    limits = Limits()
+    assert benchtab.check_size(limits, 2, 3.0, 64) == (2, 3, 64)
+    with pytest.raises(ValueError, match="repeats must be a whole number"):
+        benchtab.check_size(limits, 2, 1.5, 64)
+    with pytest.raises(ValueError, match="prompts per category must be a whole number"):
+        benchtab.check_size(limits, "many", 1, 64)
