@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.uiserver import serve
+from tests.uiserver import counting_target_forwards, serve
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -80,5 +81,36 @@ def test_run_renders_panels_charts_and_table(page_url, tmp_path):
                 target = Path(__file__).resolve().parent.parent / "assets" / "screenshot.png"
                 target.parent.mkdir(exist_ok=True)
                 shutil.copyfile(shot, target)
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def long_run_server(tmp_path_factory):
+    with serve(tmp_path_factory.mktemp("browser-long"), defaults={"max_new_tokens": 480, "methods": ["ar"]}) as (url, demo):
+        preset = demo.specdemo_presets["tiny"]
+        demo.specdemo_cache.get(preset.target, preset.draft)  # loaded now, so its forwards can be counted
+        yield url, demo
+
+
+def test_closing_the_tab_stops_the_run(long_run_server):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    url, demo = long_run_server
+    with sync_api.sync_playwright() as p, counting_target_forwards(demo) as forwards:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(url, wait_until="domcontentloaded")
+            page.locator("#sd-run").click(timeout=30_000)
+            deadline = time.time() + 60
+            while forwards[0] < 10 and time.time() < deadline:
+                time.sleep(0.02)
+            assert forwards[0] >= 10, "the run never started"
+            page.close()
+            time.sleep(2.0)  # the server notices the closed stream and the round in flight ends
+            stopped_at = forwards[0]
+            time.sleep(2.0)
+            assert forwards[0] == stopped_at, "decoding went on after the tab was closed"
+            assert stopped_at < 480
         finally:
             browser.close()
