@@ -76,6 +76,7 @@ def _compare_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    """Run several methods on one prompt and print a comparison table (AR first, others as ratios)."""
     from .compare import run_comparison
 
     methods = parse_methods(args.methods)
