@@ -44,9 +44,9 @@ PRESETS = {
     "gpu": dict(num_prompts=None, samples=4, extra_samples=2, self_instruct=3000, max_new_tokens=160,
                 gen_batch=256, steps=None, epochs=2.0, batch_size=32, eval_prompts=None,
                 eval_max_new_tokens=128, cost_calls=200, max_minutes=None),
-    # On CPU generating the target's answers dominates: about 20 minutes of it on one core
-    # (bfloat16 with AMX); training then gets what is left of ``max_minutes`` (the deadline
-    # shortens the two planned epochs), and evaluation adds a few minutes.
+    # On CPU generating the target's answers dominates: about 17 minutes on one core in bfloat16
+    # with AMX (~140k answer tokens), then about 12 minutes of training (the deadline would
+    # shorten the planned epochs on a slower machine) and 2-3 minutes of evaluation.
     "cpu": dict(num_prompts=None, samples=0, extra_samples=1, self_instruct=640, max_new_tokens=96,
                 gen_batch=128, steps=None, epochs=4.0, batch_size=8, eval_prompts=None,
                 eval_max_new_tokens=128, cost_calls=100, max_minutes=36),
@@ -693,17 +693,19 @@ def write_card(out: Path, info: dict) -> None:
         f"summarisation, maths, QA) plus {data.get('self_instruct_prompts')} user requests the target wrote itself; "
         f"greedy answers plus {data.get('samples_per_prompt')} sampled at temperature {data.get('temperature')} per "
         f"written prompt and {data.get('samples_per_self_instruct_prompt', 0)} per self-instruct prompt, up to "
-        f"{data.get('max_new_tokens')} tokens, written by the target in {data.get('generation_dtype', 'float32')}: "
-        f"{data.get('sequences')} training sequences, {data.get('response_tokens')} answer tokens; the answers to "
-        f"{data.get('validation_prompts', 0)} further prompts ({data.get('validation_tokens', 0)} tokens) are kept "
-        "out for validation.",
-        f"- Objective: KL(target || draft) on the next-token distribution at every answer position, using the "
-        f"target's top-{data.get('topk')} log-probabilities stored while it wrote the answer, plus "
-        f"{tr.get('ce_weight')} x cross-entropy on the target's tokens.",
-        f"- {tr.get('steps_done')} steps ({tr.get('epochs')} epochs planned), batch {tr.get('batch_size')}, AdamW "
-        f"(lr {tr.get('lr')}, weight decay {tr.get('weight_decay')}), linear warm-up then cosine; seed {tr.get('seed')}. "
-        f"Kept: step {tr.get('kept', {}).get('step')}, the best top-1 agreement on the validation answers "
-        f"({tr.get('kept', {}).get('val_top1_agree')}).",
+        f"{data.get('max_new_tokens')} tokens"
+        + (f", written by the target in {data['generation_dtype']}" if data.get("generation_dtype") else "") + ": "
+        f"{data.get('sequences')} training sequences, {data.get('response_tokens')} answer tokens"
+        + (f"; the answers to {data['validation_prompts']} further prompts ({data.get('validation_tokens')} tokens) "
+           "are kept out for validation." if data.get("validation_prompts") else "."),
+        f"- Objective: KL(target || draft) on the next-token distribution at every answer position, "
+        + (f"using the target's top-{data.get('topk')} log-probabilities stored while it wrote the answer, "
+           if data.get("topk") else "with the target run online on each batch, ")
+        + f"plus {tr.get('ce_weight')} x cross-entropy on the target's tokens.",
+        f"- {tr.get('steps_done')} steps" + (f" ({tr['epochs']} epochs planned)" if tr.get("epochs") else "") + f", batch {tr.get('batch_size')}, AdamW "
+        f"(lr {tr.get('lr')}, weight decay {tr.get('weight_decay')}), linear warm-up then cosine; seed {tr.get('seed')}."
+        + (f" Kept: step {tr['kept'].get('step')}, the best top-1 agreement on the validation answers "
+           f"({tr['kept'].get('val_top1_agree')})." if tr.get("kept") else ""),
         f"- Final (smoothed) KL {tr.get('final', {}).get('kl')}, cross-entropy {tr.get('final', {}).get('ce')}, "
         f"top-1 agreement with the target {tr.get('final', {}).get('top1_agree')} on training batches.",
         f"- Hardware: {tr.get('hardware')}; data generation {data.get('seconds')} s, training {tr.get('seconds')} s, "

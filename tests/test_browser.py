@@ -114,3 +114,24 @@ def test_closing_the_tab_stops_the_run(long_run_server):
             assert stopped_at < 480
         finally:
             browser.close()
+
+
+def test_benchmark_tab_runs_a_category_and_shows_its_results(page_url):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(page_url, wait_until="domcontentloaded")
+            page.get_by_role("tab", name="Benchmark").click(timeout=30_000)
+            page.locator("#bench-category input").click()
+            page.get_by_role("option", name="math", exact=True).click()
+            page.locator("#bench-run").click()
+            page.get_by_text("Done:", exact=False).wait_for(timeout=120_000)
+            table_text = page.locator("#bench-table").inner_text()
+            for label in ("math", "all", "AR", "SD", "NASD", "HF generate", "HF prompt lookup"):
+                assert label in table_text, label
+            assert page.locator("#sd-benchmark-tab .js-plotly-plot").count() >= 4
+            assert page.locator("#bench-summary-csv").is_enabled()
+        finally:
+            browser.close()
