@@ -88,7 +88,9 @@ class ModelDrafter:
 
 class NgramTable:
     """Counts of next tokens after contexts of length n−1 down to 1 (`basic`) or of
-    length n−1 only (`onelevel`). Ties go to the most recently seen continuation."""
+    length n−1 only (`onelevel`). Ties go to the continuation that reached the count
+    first: in a passage the output quotes, following the first occurrence of a context
+    keeps a drafted chain on one span instead of hopping between occurrences."""
 
     def __init__(self, n: int, storage: str = "basic"):
         self.n = n
@@ -107,7 +109,7 @@ class NgramTable:
             counts = self._counts.setdefault(key, {})
             counts[next_token] = counts.get(next_token, 0) + weight
             best = self._best.get(key)
-            if best is None or counts[next_token] >= counts[best]:
+            if best is None or counts[next_token] > counts[best]:
                 self._best[key] = next_token
 
     def add_sequence(self, ids: Sequence[int], start: int = 1) -> None:
@@ -164,6 +166,6 @@ class NgramDrafter:
         for i, tokens in enumerate(predictions):
             end = verified_from + i
             context = sequence[max(0, end - window) : end]
-            # Best first, so that on equal counts the target's top-1 is the freshest.
-            for token in reversed(tokens):
+            # Best first, so that among equal counts the target's top-1 was seen first.
+            for token in tokens:
                 self.table.add(context, token)

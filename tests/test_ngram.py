@@ -10,10 +10,18 @@ from specdemo.sampling import SamplingConfig
 def test_longest_matching_context_wins():
     table = NgramTable(3, "basic")
     table.add_sequence([1, 2, 3, 9, 2, 4])
-    # (9, 2) → 4 beats the bigram context (2,) whose latest continuation is also 4
+    # (9, 2) → 4 beats the bigram context (2,), whose 3/4 tie goes to 3, seen first
     assert table.continuation([9, 2]) == 4
     assert table.continuation([1, 2]) == 3  # trigram context (1, 2) → 3
-    assert table.continuation([7, 2]) == 4  # no (7, 2): fall back to (2,), most recent of the 3/4 tie
+    assert table.continuation([7, 2]) == 3  # no (7, 2): fall back to (2,)
+
+
+def test_ties_go_to_the_continuation_that_reached_the_count_first():
+    table = NgramTable(2, "basic")
+    table.add_sequence([5, 8, 5, 6, 5, 8, 5, 6])
+    assert table.continuation([5]) == 8
+    table.add([5], 6)
+    assert table.continuation([5]) == 6  # more frequent now
 
 
 def test_most_frequent_continuation_beats_the_most_recent():
@@ -60,8 +68,8 @@ def test_verification_adds_accepted_tokens_and_the_targets_top_k():
     assert table.continuation([3]) in (5, 6)
     assert table._counts[(2,)] == {3: 2, 8: 1}
     assert table._counts[(3,)] == {5: 1, 6: 1, 7: 1}
-    # On equal counts the target's top-1 prediction, added last, is the freshest.
-    assert table.continuation([3]) == 6
+    # On equal counts the token the text really continued with, seen first, wins.
+    assert table.continuation([3]) == 5
 
 
 def test_tables_are_per_drafter():
