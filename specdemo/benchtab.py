@@ -49,7 +49,7 @@ def check_size(limits: Limits, prompts_per_category: Any, repeats: Any, max_new_
             number = int(value)
         except (TypeError, ValueError):
             raise ValueError(f"{name} must be a whole number, got {value!r}") from None
-        if number != value and not (isinstance(value, float) and value.is_integer()):
+        if number != value:  # 2.0 == 2, but 1.5 and "3" are not whole numbers
             raise ValueError(f"{name} must be a whole number, got {value!r}")
         if number < 1:
             raise ValueError(f"{name} must be at least 1, got {number}")
@@ -60,8 +60,7 @@ def check_size(limits: Limits, prompts_per_category: Any, repeats: Any, max_new_
             raise ValueError(f"prompts per category must be at most {PUBLIC_MAX_PROMPTS} on this public demo")
         if repeats_ > PUBLIC_MAX_REPEATS:
             raise ValueError(f"repeats must be at most {PUBLIC_MAX_REPEATS} on this public demo")
-    if tokens > limits.max_new_tokens:
-        raise ValueError(f"max_new_tokens must be at most {limits.max_new_tokens} here, got {tokens}")
+    limits.check_new_tokens(tokens)
     return prompts, repeats_, tokens
 
 

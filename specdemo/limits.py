@@ -71,9 +71,12 @@ class Limits:
             if preset not in served:
                 raise ValueError(f"preset: {preset!r} is not served here; choose from {', '.join(served)}")
 
-    def check_request(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+    def check_new_tokens(self, max_new_tokens: int) -> None:
         if max_new_tokens > self.max_new_tokens:
             raise ValueError(f"max_new_tokens must be at most {self.max_new_tokens} here, got {max_new_tokens}")
+
+    def check_request(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+        self.check_new_tokens(max_new_tokens)
         if self.max_prompt_tokens is not None and len(prompt_ids) > self.max_prompt_tokens:
             raise ValueError(
                 f"prompt is too long for this demo: {len(prompt_ids)} tokens, at most {self.max_prompt_tokens}"

@@ -169,15 +169,12 @@ PARAM_NAMES = (
 
 def resolve_models(preset: str | None, target: str | None, draft: str | None,
                    presets: Mapping[str, Preset]) -> tuple[str, str | None]:
-    """A custom target (and draft) overrides the preset."""
+    """A custom target (and draft) overrides the preset, which `Limits.check_models` has
+    already checked."""
     target = (target or "").strip()
     draft = (draft or "").strip() or None
     if target:
         return target, draft
-    if not preset:
-        raise ValueError("choose a model pair, or type a target model id")
-    if preset not in presets:
-        raise ValueError(f"unknown model pair {preset!r}; choose from {', '.join(presets)}")
     chosen = presets[preset]
     return chosen.target, chosen.draft
 
@@ -191,8 +188,7 @@ def make_request(prompt, preset, target, draft, values: Mapping[str, Any], prese
     decode = DecodeParams.from_values(**params)
     limits = limits or Limits()
     limits.check_models(preset, target, draft, known=presets)
-    if decode.max_new_tokens > limits.max_new_tokens:
-        raise ValueError(f"max_new_tokens must be at most {limits.max_new_tokens} here, got {decode.max_new_tokens}")
+    limits.check_new_tokens(decode.max_new_tokens)
     target, draft = resolve_models(preset, target, draft, presets)
     return Request(prompt, target, draft, params)
 
