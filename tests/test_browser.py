@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,20 @@ pytestmark = [
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Chromium at {CHROMIUM}"),
     pytest.mark.filterwarnings("ignore::Warning:gradio.queueing"),
 ]
+
+
+@contextmanager
+def opened_page(url: str):
+    """The page in a fresh headless Chromium, closed afterwards."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url, wait_until="domcontentloaded")
+            yield page
+        finally:
+            browser.close()
 
 
 # SPECDEMO_SCREENSHOT_PAIR=embedded serves the real default pair instead of the tiny one,
@@ -41,48 +56,41 @@ def page_url(tmp_path_factory):
 
 
 def test_run_renders_panels_charts_and_table(page_url, tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(page_url, wait_until="domcontentloaded")
-            page.locator("#sd-run").click(timeout=30_000)
-            page.get_by_text("Done in", exact=False).wait_for(timeout=600_000 if REAL_PAIR else 90_000)
+    with opened_page(page_url) as page:
+        page.locator("#sd-run").click(timeout=30_000)
+        page.get_by_text("Done in", exact=False).wait_for(timeout=600_000 if REAL_PAIR else 90_000)
 
-            panels = page.locator(".sd-panel")
-            assert panels.count() == 4
-            for origin in ("accepted", "rejected", "corrected", "target"):
-                assert page.locator(f".sd-text .sd-tok.sd-{origin}").count() > 0, origin
-            # The token colours come from the page's CSS, not the browser's defaults.
-            background = page.locator(".sd-text .sd-tok.sd-accepted").first.evaluate(
-                "e => getComputedStyle(e).backgroundColor")
-            assert background not in ("rgba(0, 0, 0, 0)", "transparent")
-            struck = page.locator(".sd-text .sd-tok.sd-rejected").first.evaluate(
-                "e => getComputedStyle(e).textDecorationLine")
-            assert "line-through" in struck
-            title = page.locator(".sd-text .sd-tok.sd-accepted").first.get_attribute("title")
-            assert title and "round" in title and "γ=" in title
+        panels = page.locator(".sd-panel")
+        assert panels.count() == 4
+        for origin in ("accepted", "rejected", "corrected", "target"):
+            assert page.locator(f".sd-text .sd-tok.sd-{origin}").count() > 0, origin
+        # The token colours come from the page's CSS, not the browser's defaults.
+        background = page.locator(".sd-text .sd-tok.sd-accepted").first.evaluate(
+            "e => getComputedStyle(e).backgroundColor")
+        assert background not in ("rgba(0, 0, 0, 0)", "transparent")
+        struck = page.locator(".sd-text .sd-tok.sd-rejected").first.evaluate(
+            "e => getComputedStyle(e).textDecorationLine")
+        assert "line-through" in struck
+        title = page.locator(".sd-text .sd-tok.sd-accepted").first.get_attribute("title")
+        assert title and "round" in title and "γ=" in title
 
-            assert page.locator(".js-plotly-plot").count() >= 4
-            # Gradio's table is virtualised, so count rows by its ARIA metadata (header + 4).
-            grid = page.locator("#sd-table [role=grid]")
-            assert grid.get_attribute("aria-rowcount") == "5"
-            table_text = page.locator("#sd-table").inner_text()
-            for label in ("AR", "SD", "NASD", "EGAG", "reference"):
-                assert label in table_text
-            assert table_text.index("AR") < table_text.index("NASD")
-            assert page.locator("#sd-summary-csv").is_enabled()
+        assert page.locator(".js-plotly-plot").count() >= 4
+        # Gradio's table is virtualised, so count rows by its ARIA metadata (header + 4).
+        grid = page.locator("#sd-table [role=grid]")
+        assert grid.get_attribute("aria-rowcount") == "5"
+        table_text = page.locator("#sd-table").inner_text()
+        for label in ("AR", "SD", "NASD", "EGAG", "reference"):
+            assert label in table_text
+        assert table_text.index("AR") < table_text.index("NASD")
+        assert page.locator("#sd-summary-csv").is_enabled()
 
-            shot = tmp_path / "screenshot.png"
-            page.screenshot(path=str(shot), full_page=True)
-            assert shot.stat().st_size > 10_000
-            if os.environ.get("SPECDEMO_SCREENSHOT"):
-                target = Path(__file__).resolve().parent.parent / "assets" / "screenshot.png"
-                target.parent.mkdir(exist_ok=True)
-                shutil.copyfile(shot, target)
-        finally:
-            browser.close()
+        shot = tmp_path / "screenshot.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        if os.environ.get("SPECDEMO_SCREENSHOT"):
+            target = Path(__file__).resolve().parent.parent / "assets" / "screenshot.png"
+            target.parent.mkdir(exist_ok=True)
+            shutil.copyfile(shot, target)
 
 
 @pytest.fixture(scope="module")
@@ -94,44 +102,30 @@ def long_run_server(tmp_path_factory):
 
 
 def test_closing_the_tab_stops_the_run(long_run_server):
-    sync_api = pytest.importorskip("playwright.sync_api")
     url, demo = long_run_server
-    with sync_api.sync_playwright() as p, counting_target_forwards(demo) as forwards:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            page = browser.new_page()
-            page.goto(url, wait_until="domcontentloaded")
-            page.locator("#sd-run").click(timeout=30_000)
-            deadline = time.time() + 60
-            while forwards[0] < 10 and time.time() < deadline:
-                time.sleep(0.02)
-            assert forwards[0] >= 10, "the run never started"
-            page.close()
-            time.sleep(2.0)  # the server notices the closed stream and the round in flight ends
-            stopped_at = forwards[0]
-            time.sleep(2.0)
-            assert forwards[0] == stopped_at, "decoding went on after the tab was closed"
-            assert stopped_at < 480
-        finally:
-            browser.close()
+    with opened_page(url) as page, counting_target_forwards(demo) as forwards:
+        page.locator("#sd-run").click(timeout=30_000)
+        deadline = time.time() + 60
+        while forwards[0] < 10 and time.time() < deadline:
+            time.sleep(0.02)
+        assert forwards[0] >= 10, "the run never started"
+        page.close()
+        time.sleep(2.0)  # the server notices the closed stream and the round in flight ends
+        stopped_at = forwards[0]
+        time.sleep(2.0)
+        assert forwards[0] == stopped_at, "decoding went on after the tab was closed"
+        assert stopped_at < 480
 
 
 def test_benchmark_tab_runs_a_category_and_shows_its_results(page_url):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(page_url, wait_until="domcontentloaded")
-            page.get_by_role("tab", name="Benchmark").click(timeout=30_000)
-            page.locator("#bench-category input").click()
-            page.get_by_role("option", name="math", exact=True).click()
-            page.locator("#bench-run").click()
-            page.get_by_text("Done:", exact=False).wait_for(timeout=120_000)
-            table_text = page.locator("#bench-table").inner_text()
-            for label in ("math", "all", "AR", "SD", "NASD", "HF generate", "HF prompt lookup"):
-                assert label in table_text, label
-            assert page.locator("#sd-benchmark-tab .js-plotly-plot").count() >= 4
-            assert page.locator("#bench-summary-csv").is_enabled()
-        finally:
-            browser.close()
+    with opened_page(page_url) as page:
+        page.get_by_role("tab", name="Benchmark").click(timeout=30_000)
+        page.locator("#bench-category input").click()
+        page.get_by_role("option", name="math", exact=True).click()
+        page.locator("#bench-run").click()
+        page.get_by_text("Done:", exact=False).wait_for(timeout=120_000)
+        table_text = page.locator("#bench-table").inner_text()
+        for label in ("math", "all", "AR", "SD", "NASD", "HF generate", "HF prompt lookup"):
+            assert label in table_text, label
+        assert page.locator("#sd-benchmark-tab .js-plotly-plot").count() >= 4
+        assert page.locator("#bench-summary-csv").is_enabled()
