@@ -1,0 +1,385 @@
+"""The draft's training data: the target's own answers, with what a draft learns from.
+
+    python -m specdemo.training.corpus --out DIR [--minutes M] [--prompts N] [--batch 64]
+
+Pipeline, every stage resumable (stop it at any time, run it again and it goes on):
+1. requests: written templates (`prompts.py`) plus requests the target writes itself at
+   high temperature (self-instruct), deduplicated, held-out requests excluded;
+2. answers, a shard of `batch` requests at a time: greedy, or sampled at temperature 1 on
+   every `--sample-every`-th shard; later shards also ask follow-up questions on earlier
+   exchanges and ask for summaries of passages the target wrote;
+3. for every position of every sequence the shard keeps the target's final hidden state
+   (what a feature-level draft reads) and, for answer positions, its top-k next-token
+   log-probabilities (what distillation matches). Both come out of the generating forward,
+   so no second pass is needed.
+
+A shard is one `torch.save` file, written atomically; `manifest.json` counts what exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import prompts as request_source
+
+TOPK = 16
+SAMPLE_CANDIDATES = 64
+SELF_INSTRUCT_KINDS = [
+    "a question", "a request for advice", "a how-to question", "a request to explain something",
+    "a request for a list", "a short writing task", "a simple coding question", "a trivia question",
+    "a maths word problem", "a request to compare two things", "a question about history",
+    "a question about science", "a question about everyday life", "a request for a recipe or plan",
+    "a question about health", "a question about travel", "a question about money",
+    "a question about language or grammar", "a question about animals", "a question about technology",
+]
+
+
+def default_dir() -> Path:
+    root = os.environ.get("SPECDEMO_CACHE")
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "specdemo"
+    return base / "draft-corpus"
+
+
+def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def stop_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if source is not None:
+            ids.update(source if isinstance(source, (list, tuple)) else [source])
+    return ids
+
+
+@dataclass
+class Answer:
+    tokens: list[int]
+    features: torch.Tensor  # [len(prefix) + len(tokens) - 1, d] final hidden state at each fed position
+    top_ids: torch.Tensor  # [len(tokens), k] the target's most likely next tokens at each answer step
+    top_logp: torch.Tensor  # [len(tokens), k] their log-probabilities (temperature 1)
+
+
+@torch.inference_mode()
+def answer_batch(model, prefixes: list[list[int]], *, max_new_tokens: int, stops: set[int], pad_id: int,
+                 temperature: float = 0.0, topk: int = TOPK, generator: torch.Generator | None = None) -> list[Answer]:
+    """Answer left-padded prefixes together, keeping hidden states and top-k log-probs.
+
+    Runs the decoder body and the LM head separately so that the hidden state the head reads
+    is kept for free.
+    """
+    device = next(model.parameters()).device
+    body, head = model.get_decoder(), model.get_output_embeddings()
+    width = max(len(p) for p in prefixes)
+    rows = len(prefixes)
+    ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((rows, width), dtype=torch.long)
+    for row, prefix in enumerate(prefixes):
+        ids[row, width - len(prefix):] = torch.tensor(prefix)
+        mask[row, width - len(prefix):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    out = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    hidden = out.last_hidden_state
+    step_features = [hidden.float().cpu()]
+    cache = out.past_key_values
+    stop_tensor = torch.tensor(sorted(stops), device=device)
+    done = torch.zeros(rows, dtype=torch.bool, device=device)
+    tokens, top_i, top_v = [], [], []
+    last = hidden[:, -1]
+    for step in range(max_new_tokens):
+        logp = F.log_softmax(head(last).float(), dim=-1)
+        values, indices = logp.topk(max(topk, SAMPLE_CANDIDATES), dim=-1)
+        top_v.append(values[:, :topk].half().cpu())
+        top_i.append(indices[:, :topk].int().cpu())
+        if temperature > 0:
+            # Sampling among the most likely candidates: the tail left out holds a negligible
+            # share of the mass, and a multinomial over the full vocabulary costs a forward.
+            pick = torch.multinomial(F.softmax(values / temperature, dim=-1), 1, generator=generator)
+            nxt = indices.gather(1, pick).squeeze(1)
+        else:
+            nxt = indices[:, 0]
+        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
+        tokens.append(nxt.cpu())
+        done |= torch.isin(nxt, stop_tensor)
+        if bool(done.all()) or step + 1 == max_new_tokens:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        positions = positions[:, -1:] + 1
+        out = body(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions,
+                   past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        last = out.last_hidden_state[:, -1]
+        step_features.append(out.last_hidden_state.float().cpu())
+    generated = torch.stack(tokens, 1)
+    features = torch.cat(step_features, 1)  # [rows, width + steps - 1, d]
+    answers = []
+    for row, prefix in enumerate(prefixes):
+        answer = generated[row].tolist()
+        for i, token in enumerate(answer):
+            if token in stops:
+                answer = answer[: i + 1]
+                break
+        fed = len(prefix) + len(answer) - 1
+        start = width - len(prefix)
+        answers.append(Answer(
+            answer,
+            features[row, start : start + fed].half().clone(),
+            torch.stack(top_i, 1)[row, : len(answer)].clone(),
+            torch.stack(top_v, 1)[row, : len(answer)].clone(),
+        ))
+    return answers
+
+
+class Corpus:
+    """The shards under one directory, and the requests they answer."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def requests_path(self) -> Path:
+        return self.root / "requests.jsonl"
+
+    @property
+    def self_instruct_path(self) -> Path:
+        return self.root / "self_instruct.jsonl"
+
+    def shard_path(self, index: int) -> Path:
+        return self.root / f"shard-{index:05d}.pt"
+
+    def shards(self) -> list[Path]:
+        return sorted(self.root.glob("shard-*.pt"))
+
+    def load_shard(self, index_or_path) -> dict:
+        path = index_or_path if isinstance(index_or_path, Path) else self.shard_path(index_or_path)
+        return torch.load(path, weights_only=False)
+
+    def manifest(self) -> dict:
+        sequences = tokens = 0
+        prompts: set[str] = set()
+        for path in self.shards():
+            shard = self.load_shard(path)
+            sequences += len(shard["answers"])
+            tokens += sum(len(a) for a in shard["answers"])
+            prompts.update(json.dumps(m) for m in shard["messages"])
+        return {"shards": len(self.shards()), "sequences": sequences, "answer_tokens": tokens,
+                "distinct_prompts": len(prompts)}
+
+
+def _save_atomic(obj, path: Path) -> None:
+    partial = path.with_suffix(".partial")
+    torch.save(obj, partial)
+    partial.replace(path)
+
+
+def _append_jsonl(path: Path, records: list[dict]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def self_instruct(model, tokenizer, corpus: Corpus, count: int, *, batch: int, seed: int, stops: set[int],
+                  pad_id: int, log=print) -> list[dict]:
+    """Requests the target writes itself, appended batch by batch so a stop loses one batch."""
+    found = _read_jsonl(corpus.self_instruct_path)
+    seen = {r["messages"][0]["content"].lower() for r in found}
+    seen |= {p.lower() for p in request_source.heldout_prompts()}
+    examples = request_source.written_prompts() + request_source.CHAT + request_source.CODE
+    round_index = len(found) // max(1, batch) + 1000
+    attempts = 0
+    while len(found) < count and attempts < 4 * count // max(1, batch) + 4:
+        attempts += 1
+        rng = random.Random(seed * 7919 + round_index)
+        round_index += 1
+        asks = []
+        for _ in range(batch):
+            example = rng.choice(examples).splitlines()[0][:120]
+            asks.append(
+                f"Here is an example of something a user asked an AI assistant: \"{example}\"\n"
+                f"Write {rng.choice(SELF_INSTRUCT_KINDS)} that a different user might ask, on a different "
+                "subject. Reply with the new request only."
+            )
+        prefixes = [encode_chat(tokenizer, [{"role": "user", "content": a}]) for a in asks]
+        generator = torch.Generator().manual_seed(seed + round_index)
+        answers = answer_batch(model, prefixes, max_new_tokens=48, stops=stops, pad_id=pad_id,
+                               temperature=1.0, topk=1, generator=generator)
+        fresh = []
+        for answer in answers:
+            text = tokenizer.decode([t for t in answer.tokens if t not in stops], skip_special_tokens=True)
+            text = text.strip().strip('"').strip()
+            first = text.splitlines()[0].strip() if text else ""
+            if 12 <= len(first) <= 300 and first.lower() not in seen and first.endswith(("?", ".", "!")):
+                seen.add(first.lower())
+                fresh.append({"category": "self-instruct", "messages": [{"role": "user", "content": first}]})
+        _append_jsonl(corpus.self_instruct_path, fresh)
+        found += fresh
+        log(f"self-instruct: {len(found)}/{count} requests")
+    return found[:count]
+
+
+def requests_for(corpus: Corpus, count: int, extra: list[dict], seed: int) -> list[dict]:
+    """The fixed, shuffled request list; written once so a resumed run answers the same list."""
+    if corpus.requests_path.exists():
+        return _read_jsonl(corpus.requests_path)
+    requests = request_source.build_prompts(count, seed) + extra
+    seen, unique = set(), []
+    for r in requests:
+        key = json.dumps(r["messages"]).lower()
+        if key not in seen:
+            seen.add(key)
+            unique.append(r)
+    random.Random(seed).shuffle(unique)
+    _append_jsonl(corpus.requests_path, unique)
+    return unique
+
+
+def derived_requests(corpus: Corpus, tokenizer, index: int, lag: int, count: int, seed: int,
+                     stops: set[int]) -> list[dict]:
+    """Follow-ups and summaries built on an earlier shard's finished answers."""
+    source = index - lag
+    if count <= 0 or source < 0 or not corpus.shard_path(source).exists():
+        return []
+    shard = corpus.load_shard(source)
+    rng = random.Random(seed * 31 + index)
+    candidates = []
+    for messages, answer in zip(shard["messages"], shard["answers"]):
+        finished = bool(answer) and answer[-1] in stops
+        if not finished or len(messages) > 1 or len(answer) < 24:
+            continue
+        candidates.append((messages, tokenizer.decode(answer, skip_special_tokens=True).strip()))
+    rng.shuffle(candidates)
+    derived = []
+    for i, (messages, text) in enumerate(candidates[:count]):
+        if i % 2 == 0:
+            derived.append(request_source.follow_up(messages, text, rng))
+        else:
+            derived.append(request_source.summarise(text, rng))
+    return derived
+
+
+def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_count: int = 1500, batch: int = 64,
+          derived_per_shard: int = 16, max_new_tokens: int = 128, sample_every: int = 4, max_prompt_tokens: int = 512,
+          minutes: float | None = None, max_shards: int | None = None, seed: int = 0, log=print) -> dict:
+    """Grow the corpus under `out` until the requests run out, `minutes` pass or `max_shards` exist."""
+    deadline = None if minutes is None else time.monotonic() + 60 * minutes
+    corpus = Corpus(out)
+    stops = stop_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    extra = []
+    if not corpus.requests_path.exists():
+        extra = self_instruct(model, tokenizer, corpus, self_instruct_count, batch=batch, seed=seed,
+                              stops=stops, pad_id=pad_id, log=log)
+    requests = requests_for(corpus, prompts, extra, seed)
+    base_per_shard = max(1, batch - derived_per_shard)
+    index = 0
+    while index * base_per_shard < len(requests):
+        if max_shards is not None and index >= max_shards:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            log("time is up; run again to go on")
+            break
+        if corpus.shard_path(index).exists():
+            index += 1
+            continue
+        started = time.monotonic()
+        chosen = requests[index * base_per_shard : (index + 1) * base_per_shard]
+        chosen = chosen + derived_requests(corpus, tokenizer, index, 4, derived_per_shard, seed, stops)
+        prefixes = [encode_chat(tokenizer, r["messages"]) for r in chosen]
+        keep = [i for i, p in enumerate(prefixes) if len(p) <= max_prompt_tokens]
+        chosen, prefixes = [chosen[i] for i in keep], [prefixes[i] for i in keep]
+        temperature = 1.0 if sample_every and index % sample_every == sample_every - 1 else 0.0
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
+        # Similar lengths together: less padding in the batch.
+        order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
+        answers: list[Answer | None] = [None] * len(prefixes)
+        for start in range(0, len(order), batch):
+            group = order[start : start + batch]
+            outs = answer_batch(model, [prefixes[i] for i in group], max_new_tokens=max_new_tokens, stops=stops,
+                                pad_id=pad_id, temperature=temperature, generator=generator)
+            for i, answer in zip(group, outs):
+                answers[i] = answer
+        shard = {
+            "messages": [r["messages"] for r in chosen],
+            "categories": [r["category"] for r in chosen],
+            "prefixes": prefixes,
+            "answers": [a.tokens for a in answers],
+            "features": [a.features for a in answers],
+            "top_ids": [a.top_ids for a in answers],
+            "top_logp": [a.top_logp for a in answers],
+            "temperature": temperature,
+            "max_new_tokens": max_new_tokens,
+        }
+        _save_atomic(shard, corpus.shard_path(index))
+        made = sum(len(a.tokens) for a in answers)
+        log(f"shard {index}: {len(chosen)} answers, {made} tokens, T={temperature}, "
+            f"{made / (time.monotonic() - started):.0f} tokens/s")
+        index += 1
+    manifest = corpus.manifest()
+    (corpus.root / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdemo.training.corpus", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=default_dir(), help="corpus directory (resumed if it exists)")
+    parser.add_argument("--target", help="a save_pretrained folder; default: the embedded SmolLM2 target")
+    parser.add_argument("--prompts", type=int, default=6000, help="written requests to draw")
+    parser.add_argument("--self-instruct", type=int, default=1500, help="requests the target writes itself")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--derived-per-shard", type=int, default=16, help="follow-ups and summaries per shard")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--sample-every", type=int, default=4, help="every N-th shard is sampled at T=1 (0: never)")
+    parser.add_argument("--minutes", type=float, help="stop after this long (run again to go on)")
+    parser.add_argument("--max-shards", type=int)
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_teacher(args.target, args.device, getattr(torch, args.dtype))
+    manifest = build(model, tokenizer, args.out, prompts=args.prompts, self_instruct_count=args.self_instruct,
+                     batch=args.batch, derived_per_shard=args.derived_per_shard, max_new_tokens=args.max_new_tokens,
+                     sample_every=args.sample_every, minutes=args.minutes, max_shards=args.max_shards, seed=args.seed,
+                     log=lambda m: print(m, flush=True))
+    print(json.dumps(manifest))
+    return 0
+
+
+def load_teacher(target: str | None, device: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if target:
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(target)
+    else:
+        from specdemo.embedded import load_embedded_target
+
+        model, tokenizer = load_embedded_target(device="cpu", dtype=torch.float32)
+        model = model.to(dtype)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device).eval(), tokenizer
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
