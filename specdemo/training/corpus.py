@@ -260,9 +260,9 @@ def derived_requests(corpus: Corpus, tokenizer, index: int, lag: int, count: int
     shard = corpus.load_shard(source)
     rng = random.Random(seed * 31 + index)
     candidates = []
+    shortest = min(24, shard["max_new_tokens"])
     for messages, answer in zip(shard["messages"], shard["answers"]):
-        finished = bool(answer) and answer[-1] in stops
-        if not finished or len(messages) > 1 or len(answer) < 24:
+        if len(messages) > 1 or len([t for t in answer if t not in stops]) < shortest:
             continue
         candidates.append((messages, tokenizer.decode(answer, skip_special_tokens=True).strip()))
     rng.shuffle(candidates)

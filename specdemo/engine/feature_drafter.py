@@ -1,0 +1,94 @@
+"""The drafter around a feature-level head: it reads the target's hidden states.
+
+The decode loop hands it the target's final hidden states at the positions the target has
+verified (from the prefill and from each verification forward, which computes them anyway),
+so drafting costs only head steps. Bookkeeping by position j (the head's input at j is
+(f_j, x_{j+1})):
+- the head's cache holds `committed` positions fed with the target's true features, then the
+  positions the last round drafted from its own predictions;
+- `pending` holds true features the head has not read yet.
+Each proposal rolls the cache back to `committed`, reads the pending features in one forward
+(whose last output gives the first draft), then drafts one token per head step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .drafters import Proposal
+from .feature_head import FeatureHead, HeadCache
+from .sampling import SamplingConfig, normalized_entropy, pick, probabilities
+
+
+class FeatureDrafter:
+    reads_target_features = True
+
+    def __init__(self, head: FeatureHead):
+        self.head = head
+        self.cache: HeadCache | None = None
+        self.committed = 0
+        self.pending: list[torch.Tensor] = []  # [n_i, d] true features for positions committed..
+        self._forwards = 0
+
+    @property
+    def forwards(self) -> int:
+        return self._forwards
+
+    def start(self, prompt_ids: list[int], features: torch.Tensor) -> None:
+        """features [len(prompt_ids) - 1, d]: the target's states over the prefilled prompt."""
+        param = self.head.fc.weight
+        self.cache = HeadCache(self.head.config, param.device, param.dtype, capacity=len(prompt_ids) + 64)
+        self.committed = 0
+        self.pending = [features]
+
+    def _step(self, features: torch.Tensor, next_ids: list[int] | torch.Tensor, first_position: int) -> torch.Tensor:
+        ids = torch.as_tensor(next_ids, device=features.device).view(1, -1)
+        positions = torch.arange(first_position + 1, first_position + 1 + ids.shape[1], device=features.device)
+        self._forwards += 1
+        return self.head(features.to(self.head.fc.weight.dtype).unsqueeze(0), ids, positions, cache=self.cache)[0]
+
+    def _probs(self, predicted: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        return probabilities(self.head.full_logits(predicted).float(), sampling)
+
+    def propose(self, context, policy, limit, sampling, generator) -> Proposal:
+        assert self.cache is not None, "start() first"
+        self.cache.rollback(self.committed)
+        known = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
+        self.pending = []
+        n = len(context)
+        # True features cover positions committed .. n-2; the input at j pairs f_j with x_{j+1}.
+        assert self.committed + known.shape[0] == n - 1, (self.committed, known.shape, n)
+        predicted = self._step(known, context[self.committed + 1 : n], self.committed)[-1]
+        self.committed = n - 1
+        probs = self._probs(predicted, sampling)
+        round_entropy = float(normalized_entropy(probs)) if policy.needs_first_entropy else None
+        gamma = policy.round_gamma(round_entropy)
+        budget = min(gamma, limit)
+        tokens, dists, entropies = [], [], []
+        for i in range(budget):
+            entropy = normalized_entropy(probs)
+            if i > 0 and policy.needs_token_stats and not policy.keep_drafting(float(entropy), float(probs.max())):
+                break
+            token = pick(probs, sampling, generator)
+            tokens.append(token)
+            dists.append(probs)
+            entropies.append(entropy)
+            if i + 1 < budget:
+                predicted = self._step(predicted.view(1, -1), token.view(1), n - 1 + i)[-1]
+                probs = self._probs(predicted, sampling)
+        if not tokens:
+            return Proposal(gamma, [], None, [], round_entropy)
+        # One host sync for the round: ids and entropies travel together.
+        packed = torch.stack([torch.stack(tokens).double(), torch.stack(entropies).double()]).tolist()
+        ids = [int(t) for t in packed[0]]
+        draft_probs = None if sampling.greedy else torch.stack(dists)
+        return Proposal(gamma, ids, draft_probs, packed[1], round_entropy)
+
+    def observe(self, sequence, verified_from, target_logits, target_features=None) -> None:
+        """target_features [accepted + 1, d]: the target's states at positions
+        verified_from - 1 .. verified_from - 1 + accepted, which it verified."""
+        assert target_features is not None, "the decode loop must pass the target's features"
+        self.pending.append(target_features)
+
+    def close(self) -> None:
+        self.cache = None

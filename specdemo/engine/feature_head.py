@@ -1,0 +1,243 @@
+"""A feature-level draft head (EAGLE): drafts from the target's own last hidden states.
+
+At position j the head reads the target's final hidden state f_j and the embedding of the
+token x_{j+1} that follows it, predicts the next hidden state f̂_{j+1} with one decoder layer,
+and turns it into q(x_{j+2}) with the target's LM head restricted to a frequency-ranked subset
+of the vocabulary. Drafting γ tokens feeds each prediction back as the next input feature.
+
+Shapes: B batch, T positions, d the target's hidden size, S the subset size.
+
+The head stores only what is its own (input projection, the decoder layer, a norm and the
+subset's token ids); the embedding and LM-head rows are taken from the loaded target by
+`bind`. Its KV cache is indexed by position, so rolling back rejected drafts moves an index.
+Imports torch only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CONFIG_NAME = "feature_head.json"
+WEIGHTS_NAME = "feature_head.safetensors"
+
+
+@dataclass
+class HeadConfig:
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # the target's full vocabulary
+    subset_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    kind: str = "feature-head"
+
+    @classmethod
+    def for_target(cls, config, subset_size: int) -> "HeadConfig":
+        rope = getattr(config, "rope_parameters", None) or {}
+        heads = config.num_attention_heads
+        return cls(
+            hidden_size=config.hidden_size, num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            intermediate_size=config.intermediate_size, vocab_size=config.vocab_size,
+            subset_size=subset_size, rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+            rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-5)),
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class HeadCache:
+    """Keys and values by position for one sequence; `length` positions are valid."""
+
+    def __init__(self, config: HeadConfig, device, dtype, capacity: int = 256):
+        self.k = torch.zeros(1, config.num_kv_heads, capacity, config.head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+
+    def ensure(self, needed: int) -> None:
+        capacity = self.k.shape[2]
+        if needed <= capacity:
+            return
+        grown = max(needed, 2 * capacity)
+        pad = (0, 0, 0, grown - capacity)
+        self.k, self.v = F.pad(self.k, pad), F.pad(self.v, pad)
+
+    def rollback(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+
+class FeatureHead(nn.Module):
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        c = self.config = config
+        d = c.hidden_size
+        self.fc = nn.Linear(2 * d, d, bias=False)  # [embedding of x_{j+1}; f_j] -> d
+        self.input_norm = RMSNorm(d, c.rms_norm_eps)
+        self.q_proj = nn.Linear(d, c.num_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(d, c.num_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(d, c.num_kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, d, bias=False)
+        self.post_norm = RMSNorm(d, c.rms_norm_eps)
+        self.gate_proj = nn.Linear(d, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(d, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, d, bias=False)
+        self.out_norm = RMSNorm(d, c.rms_norm_eps)
+        self.register_buffer("subset", torch.arange(c.subset_size, dtype=torch.long))
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.embed: torch.Tensor | None = None  # [V, d], the target's input embedding
+        self.head_rows: torch.Tensor | None = None  # [S, d], the target's LM-head rows of the subset
+
+    # -- the target's rows ------------------------------------------------------------
+    def bind(self, target: nn.Module) -> "FeatureHead":
+        """Read the embedding and the subset's LM-head rows from the loaded target."""
+        embed = target.get_input_embeddings().weight
+        head = target.get_output_embeddings().weight
+        dtype = self.fc.weight.dtype
+        self.embed = embed.detach()
+        self.head_rows = head.detach().index_select(0, self.subset.to(head.device)).to(dtype)
+        return self
+
+    @torch.no_grad()
+    def init_from_target(self, target: nn.Module, layer_index: int = -1) -> None:
+        """Start the decoder layer from one of the target's (its last by default): the head
+        then begins with attention and MLP weights that already read the target's features."""
+        layer = target.get_decoder().layers[layer_index]
+        pairs = [
+            (self.q_proj, layer.self_attn.q_proj), (self.k_proj, layer.self_attn.k_proj),
+            (self.v_proj, layer.self_attn.v_proj), (self.o_proj, layer.self_attn.o_proj),
+            (self.gate_proj, layer.mlp.gate_proj), (self.up_proj, layer.mlp.up_proj),
+            (self.down_proj, layer.mlp.down_proj),
+            (self.input_norm, layer.input_layernorm), (self.post_norm, layer.post_attention_layernorm),
+            (self.out_norm, target.get_decoder().norm),
+        ]
+        for mine, theirs in pairs:
+            mine.weight.copy_(theirs.weight.to(mine.weight.dtype))
+        d = self.config.hidden_size
+        # The feature half starts as the identity: at first f̂_{j+1} is f_j pushed through one layer.
+        self.fc.weight.zero_()
+        self.fc.weight[:, d:].copy_(torch.eye(d))
+        self.fc.weight[:, :d].normal_(0.0, 0.02)
+
+    # -- the model --------------------------------------------------------------------
+    def _rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[..., None] * self.inv_freq  # [T, hd/2]
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def forward(self, features: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
+                cache: HeadCache | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """features [B, T, d] (f_j), next_ids [B, T] (x_{j+1}), positions [T] (j+1) -> f̂_{j+1} [B, T, d].
+
+        With a cache (B = 1) the T positions are appended after `cache.length` and attend to
+        everything cached; without one attention is causal over the T positions, with an
+        optional key mask [B, T] for padding.
+        """
+        c = self.config
+        assert self.embed is not None, "call bind(target) first"
+        b, t, _ = features.shape
+        x = self.fc(torch.cat((self.embed[next_ids].to(features.dtype), features), dim=-1))
+        residual = x
+        h = self.input_norm(x)
+        q = self.q_proj(h).view(b, t, c.num_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        cos, sin = self._rope(positions, q.dtype)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if cache is not None:
+            start = cache.length
+            cache.ensure(start + t)
+            cache.k[:, :, start : start + t] = k
+            cache.v[:, :, start : start + t] = v
+            cache.length = start + t
+            k, v = cache.k[:, :, : start + t], cache.v[:, :, : start + t]
+            mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(start)
+        else:
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            if attention_mask is not None:
+                mask = mask[None, None] & attention_mask[:, None, None, :].bool()
+        groups = c.num_heads // c.num_kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = residual + self.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
+        h = self.post_norm(x)
+        x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        # The target's features are read after its final norm, so the prediction is too.
+        return self.out_norm(x)
+
+    def subset_logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """[..., d] -> [..., S]: logits over the subset, through the target's LM head."""
+        return predicted @ self.head_rows.t()
+
+    def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """[..., d] -> [..., V]: the subset's logits scattered into the vocabulary, -inf elsewhere,
+        so that q is an exact full-vocabulary distribution with zeros outside the subset."""
+        small = self.subset_logits(predicted)
+        full = small.new_full((*small.shape[:-1], self.config.vocab_size), float("-inf"))
+        full[..., self.subset] = small
+        return full
+
+    # -- files ------------------------------------------------------------------------
+    def save(self, folder: Path, dtype: torch.dtype = torch.float16, extra: dict | None = None) -> None:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().to(dtype if v.is_floating_point() else v.dtype).contiguous().cpu()
+                 for k, v in self.state_dict().items()}
+        save_file(state, str(folder / WEIGHTS_NAME))
+        (folder / CONFIG_NAME).write_text(json.dumps({**asdict(self.config), **(extra or {})}, indent=1))
+
+    @classmethod
+    def load(cls, folder: Path, dtype: torch.dtype = torch.float32, device="cpu") -> "FeatureHead":
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        raw = json.loads((folder / CONFIG_NAME).read_text())
+        fields = {k: raw[k] for k in HeadConfig.__dataclass_fields__ if k in raw}
+        head = cls(HeadConfig(**fields))
+        state = load_file(str(folder / WEIGHTS_NAME))
+        head.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()})
+        return head.to(device=device, dtype=dtype).eval()
+
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def step_macs(self) -> int:
+        """Multiply-accumulates of one drafted token, the subset LM head included."""
+        c = self.config
+        d = c.hidden_size
+        layer = d * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * d
+        return 2 * d * d + layer + 3 * d * c.intermediate_size + c.subset_size * d
+
+
+def is_feature_head(folder) -> bool:
+    return Path(folder, CONFIG_NAME).is_file()
+

@@ -1,0 +1,265 @@
+"""Train the feature-level draft head on the corpus (`corpus.py`).
+
+    python -m specdemo.training.eagle --corpus DIR --out FOLDER [--fraction 0.3] [--epochs 3]
+
+Each position j of a stored sequence gives one example: the head reads the target's hidden
+state f_j and the token x_{j+1}, and learns the next hidden state f_{j+1} (smooth L1) and the
+target's distribution over the vocabulary subset that f_{j+1} gives through the LM head (soft
+cross-entropy). A second, unrolled step feeds the head its own prediction f̂_j in place of f_j,
+as drafting does from the second token of a round on. Input features get a little noise.
+Losses count only positions that predict answer tokens; the prompt is context.
+
+Validation holds out whole requests and measures teacher-forced top-1 agreement with the
+target's greedy token at the first and second draft step; the best checkpoint is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specdemo.engine.feature_head import FeatureHead, HeadConfig
+
+from .corpus import Corpus, default_dir
+
+
+@dataclass
+class Sequence:
+    ids: torch.Tensor  # [L] prompt + answer
+    features: torch.Tensor  # [L - 1, d] float16
+    answer_start: int
+    request: str
+
+
+def read_sequences(corpus: Corpus, fraction: float = 1.0, max_len: int = 448) -> list[Sequence]:
+    """Every stored sequence of the first `fraction` of the shards (shards are in request order)."""
+    paths = corpus.shards()
+    paths = paths[: max(1, math.ceil(len(paths) * fraction))]
+    out = []
+    for path in paths:
+        shard = corpus.load_shard(path)
+        for messages, prefix, answer, feats in zip(shard["messages"], shard["prefixes"], shard["answers"],
+                                                   shard["features"]):
+            if len(answer) < 2:
+                continue
+            ids = torch.tensor(prefix + answer)
+            start = len(prefix)
+            if len(ids) > max_len:  # keep the answer, drop the start of a long prompt
+                cut = len(ids) - max_len
+                if cut >= start - 1:
+                    continue
+                ids, feats, start = ids[cut:], feats[cut:], start - cut
+            out.append(Sequence(ids, feats, start, json.dumps(messages)))
+    return out
+
+
+def frequent_tokens(sequences: list[Sequence], size: int, vocab_size: int, always: list[int]) -> torch.Tensor:
+    """The `size` most frequent answer tokens (special tokens first), sorted by id."""
+    counts = Counter()
+    for s in sequences:
+        counts.update(s.ids[s.answer_start :].tolist())
+    chosen = list(dict.fromkeys([t for t in always if 0 <= t < vocab_size] + [t for t, _ in counts.most_common()]))
+    chosen = chosen[:size]
+    if len(chosen) < size:  # a small corpus: fill with the lowest ids not yet taken
+        taken = set(chosen)
+        chosen += [t for t in range(vocab_size) if t not in taken][: size - len(chosen)]
+    return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def split_by_request(sequences: list[Sequence], validation: float, seed: int):
+    requests = sorted({s.request for s in sequences})
+    random.Random(seed).shuffle(requests)
+    held = set(requests[: max(1, int(len(requests) * validation))])
+    return [s for s in sequences if s.request not in held], [s for s in sequences if s.request in held]
+
+
+def batches(sequences: list[Sequence], tokens_per_batch: int, rng: random.Random | None):
+    """Right-padded batches of similar lengths, about `tokens_per_batch` tokens each."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].ids))
+    groups, group, width = [], [], 0
+    for i in order:
+        width_if = max(width, len(sequences[i].ids))
+        if group and width_if * (len(group) + 1) > tokens_per_batch:
+            groups.append(group)
+            group, width_if = [], len(sequences[i].ids)
+        group.append(i)
+        width = width_if
+    if group:
+        groups.append(group)
+    if rng is not None:
+        rng.shuffle(groups)
+    for group in groups:
+        yield collate([sequences[i] for i in group])
+
+
+def collate(seqs: list[Sequence]) -> dict:
+    width = max(len(s.ids) for s in seqs) - 1  # positions j = 0..L-2 carry a feature
+    d = seqs[0].features.shape[-1]
+    features = torch.zeros(len(seqs), width, d)
+    next_ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    loss_mask = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for row, s in enumerate(seqs):
+        n = len(s.ids) - 1
+        features[row, :n] = s.features[:n].float()
+        next_ids[row, :n] = s.ids[1:]
+        # input j predicts f_{j+1}; it must exist (j+1 <= L-2) and predict an answer token
+        # (x_{j+2} with j+2 >= answer_start).
+        loss_mask[row, max(0, s.answer_start - 2) : n - 1] = True
+    return {"features": features, "next_ids": next_ids, "loss_mask": loss_mask}
+
+
+def head_losses(head: FeatureHead, batch: dict, *, noise: float, unroll: int, cls_weight: float,
+                step_weights=(1.0, 0.7)) -> tuple[torch.Tensor, dict]:
+    features, next_ids, mask = batch["features"], batch["next_ids"], batch["loss_mask"]
+    b, t, _ = features.shape
+    positions = torch.arange(1, t + 1)
+    targets = features[:, 1:]  # f_{j+1} for inputs j = 0..t-2
+    with torch.no_grad():
+        target_logp = F.log_softmax(head.subset_logits(targets), dim=-1)
+    inputs = features
+    total, logs = 0.0, {}
+    for step in range(unroll):
+        noisy = inputs + noise * torch.randn_like(inputs) if noise > 0 else inputs
+        predicted = head(noisy, next_ids, positions)
+        pred = predicted[:, :-1]
+        m = mask[:, : t - 1]
+        reg = F.smooth_l1_loss(pred[m], targets[m])
+        logp = F.log_softmax(head.subset_logits(pred[m]), dim=-1)
+        cls = -(target_logp[m].exp() * logp).sum(-1).mean()
+        total = total + step_weights[min(step, len(step_weights) - 1)] * (reg + cls_weight * cls)
+        logs[f"reg{step + 1}"], logs[f"cls{step + 1}"] = float(reg.detach()), float(cls.detach())
+        # The next step reads its own predictions: input j becomes f̂_j (made at j-1).
+        inputs = torch.cat((features[:, :1], predicted[:, :-1].detach()), dim=1)
+    return total, logs
+
+
+@torch.no_grad()
+def agreement(head: FeatureHead, sequences: list[Sequence], lm_head: torch.Tensor, steps: int = 2,
+              tokens_per_batch: int = 4096) -> list[float]:
+    """Teacher-forced top-1 agreement with the target's greedy token, per draft step."""
+    head.eval()
+    hits, count = [0] * steps, 0
+    for batch in batches(sequences, tokens_per_batch, None):
+        features, next_ids, mask = batch["features"], batch["next_ids"], batch["loss_mask"]
+        t = features.shape[1]
+        positions = torch.arange(1, t + 1)
+        m = mask[:, : t - 1]
+        truth = (features[:, 1:][m] @ lm_head.t()).argmax(-1)
+        inputs = features
+        for step in range(steps):
+            predicted = head(inputs, next_ids, positions)
+            guess = head.subset[head.subset_logits(predicted[:, :-1][m]).argmax(-1)]
+            hits[step] += int((guess == truth).sum())
+            inputs = torch.cat((features[:, :1], predicted[:, :-1]), dim=1)
+        count += int(m.sum())
+    head.train()
+    return [h / max(1, count) for h in hits]
+
+
+def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, epochs: float = 3.0,
+               tokens_per_batch: int = 4096, lr: float = 1e-3, noise: float = 0.05, unroll: int = 2,
+               cls_weight: float = 0.1, validation: float = 0.04, seed: int = 0, max_minutes: float | None = None,
+               log=print) -> tuple[FeatureHead, dict]:
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    train, val = split_by_request(sequences, validation, seed)
+    specials = [t for t in [target.config.bos_token_id, target.config.eos_token_id,
+                            getattr(target.config, "pad_token_id", None)] if t is not None]
+    subset = frequent_tokens(train, subset_size, target.config.vocab_size, specials)
+    head = FeatureHead(HeadConfig.for_target(target.config, subset_size))
+    head.subset.copy_(subset)
+    head.init_from_target(target)
+    head.bind(target)
+    lm_head = target.get_output_embeddings().weight.detach()
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    steps_per_epoch = sum(1 for _ in batches(train, tokens_per_batch, None))
+    total_steps = max(1, int(steps_per_epoch * epochs))
+    deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
+    train_tokens = sum(int(s.ids.numel() - s.answer_start) for s in train)
+    log(f"train: {len(train)} sequences, {train_tokens} answer tokens; validation: {len(val)} sequences; "
+        f"{total_steps} steps")
+    best = {"agreement": [-1.0], "step": 0}
+    best_state = None
+    step, started = 0, time.monotonic()
+    evaluate_every = max(50, total_steps // 8)
+    done = False
+    while not done:
+        for batch in batches(train, tokens_per_batch, rng):
+            warm = min(1.0, (step + 1) / 50)
+            for group in optimizer.param_groups:
+                group["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total_steps)))
+            loss, logs = head_losses(head, batch, noise=noise, unroll=unroll, cls_weight=cls_weight)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            step += 1
+            last = step >= total_steps or (deadline is not None and time.monotonic() > deadline)
+            if step % evaluate_every == 0 or last:
+                agree = agreement(head, val, lm_head)
+                log(f"step {step}/{total_steps} loss {float(loss):.3f} {logs} validation agreement "
+                    f"{[round(a, 3) for a in agree]} ({time.monotonic() - started:.0f} s)")
+                if agree[0] + agree[1] > best["agreement"][0] + best["agreement"][-1]:
+                    best = {"agreement": agree, "step": step}
+                    best_state = {k: v.clone() for k, v in head.state_dict().items()}
+            if last:
+                done = True
+                break
+    if best_state is not None:
+        head.load_state_dict(best_state)
+    head.bind(target)
+    info = {"train_sequences": len(train), "train_answer_tokens": train_tokens,
+            "train_requests": len({s.request for s in train}), "validation_sequences": len(val),
+            "validation_agreement_step1": best["agreement"][0], "validation_agreement_step2": best["agreement"][-1],
+            "best_step": best["step"], "steps": step, "subset_size": subset_size, "epochs": epochs,
+            "noise": noise, "unroll": unroll, "cls_weight": cls_weight, "lr": lr,
+            "train_seconds": round(time.monotonic() - started, 1)}
+    return head.eval(), info
+
+
+def main(argv=None) -> int:
+    from .corpus import load_teacher
+
+    parser = argparse.ArgumentParser(prog="python -m specdemo.training.eagle", description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", type=Path, default=default_dir())
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--target", help="a save_pretrained folder; default: the embedded SmolLM2 target")
+    parser.add_argument("--fraction", type=float, default=1.0, help="train on this share of the shards")
+    parser.add_argument("--subset", type=int, default=8192, help="vocabulary subset size")
+    parser.add_argument("--epochs", type=float, default=3.0)
+    parser.add_argument("--tokens-per-batch", type=int, default=4096)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--noise", type=float, default=0.05)
+    parser.add_argument("--unroll", type=int, default=2)
+    parser.add_argument("--max-minutes", type=float)
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, _ = load_teacher(args.target, "cpu", torch.float32)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    sequences = read_sequences(Corpus(args.corpus), args.fraction)
+    head, info = train_head(target, sequences, subset_size=args.subset, epochs=args.epochs,
+                            tokens_per_batch=args.tokens_per_batch, lr=args.lr, noise=args.noise,
+                            unroll=args.unroll, seed=args.seed, max_minutes=args.max_minutes,
+                            log=lambda m: print(m, flush=True))
+    info["fraction"] = args.fraction
+    head.save(args.out, extra={"training": info})
+    print(json.dumps(info))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

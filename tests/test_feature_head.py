@@ -1,0 +1,89 @@
+"""The feature-level draft head: its cache, its subset distribution and its files."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdemo.engine.feature_head import FeatureHead, HeadCache, HeadConfig
+
+
+def tiny_target(vocab: int = 64, hidden: int = 32) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=False)
+    return LlamaForCausalLM(config).double().eval()
+
+
+def tiny_head(target, subset_size: int = 24) -> FeatureHead:
+    head = FeatureHead(HeadConfig.for_target(target.config, subset_size)).double()
+    head.subset.copy_(torch.randperm(target.config.vocab_size)[:subset_size].sort().values)
+    head.init_from_target(target)
+    return head.bind(target).eval()
+
+
+def test_cached_steps_equal_one_causal_pass():
+    target = tiny_target()
+    head = tiny_head(target)
+    features = torch.randn(1, 10, 32, dtype=torch.float64)
+    ids = torch.randint(0, 64, (1, 10))
+    positions = torch.arange(1, 11)
+    whole = head(features, ids, positions)
+    cache = HeadCache(head.config, "cpu", torch.float64, capacity=4)  # grows on the way
+    first = head(features[:, :6], ids[:, :6], positions[:6], cache=cache)
+    rest = [head(features[:, i : i + 1], ids[:, i : i + 1], positions[i : i + 1], cache=cache) for i in range(6, 10)]
+    stepped = torch.cat([first] + rest, dim=1)
+    torch.testing.assert_close(stepped, whole)
+
+
+def test_rollback_forgets_drafted_positions():
+    target = tiny_target()
+    head = tiny_head(target)
+    features = torch.randn(1, 8, 32, dtype=torch.float64)
+    ids = torch.randint(0, 64, (1, 8))
+    positions = torch.arange(1, 9)
+    cache = HeadCache(head.config, "cpu", torch.float64)
+    head(features[:, :5], ids[:, :5], positions[:5], cache=cache)
+    head(torch.randn(1, 3, 32, dtype=torch.float64), ids[:, 5:], positions[5:], cache=cache)  # drafts
+    cache.rollback(5)
+    assert cache.length == 5
+    again = head(features[:, 5:], ids[:, 5:], positions[5:], cache=cache)
+    torch.testing.assert_close(again, head(features, ids, positions)[:, 5:])
+
+
+def test_distribution_is_zero_outside_the_subset():
+    target = tiny_target()
+    head = tiny_head(target, subset_size=24)
+    logits = head.full_logits(torch.randn(3, 32, dtype=torch.float64))
+    probs = torch.softmax(logits, dim=-1)
+    outside = torch.ones(64, dtype=torch.bool)
+    outside[head.subset] = False
+    assert torch.all(probs[:, outside] == 0)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(3, dtype=torch.float64))
+    # Inside the subset the logits are the target's LM head applied to the prediction.
+    predicted = torch.randn(32, dtype=torch.float64)
+    expected = target.lm_head.weight[head.subset] @ predicted
+    torch.testing.assert_close(head.full_logits(predicted)[head.subset], expected)
+
+
+def test_save_and_load_keep_weights_and_subset_but_not_the_targets_rows(tmp_path):
+    target = tiny_target()
+    head = tiny_head(target)
+    head.save(tmp_path, dtype=torch.float32, extra={"training": {"note": "test"}})
+    from safetensors.torch import load_file
+
+    stored = load_file(str(tmp_path / "feature_head.safetensors"))
+    assert not any("embed" in k or "head_rows" in k for k in stored)
+    loaded = FeatureHead.load(tmp_path, dtype=torch.float64).bind(target)
+    assert torch.equal(loaded.subset, head.subset)
+    features = torch.randn(1, 5, 32, dtype=torch.float64)
+    ids = torch.randint(0, 64, (1, 5))
+    torch.testing.assert_close(loaded(features, ids, torch.arange(1, 6)), head(features, ids, torch.arange(1, 6)),
+                               atol=1e-5, rtol=1e-4)
+
+
+def test_step_cost_counts_the_subset_head():
+    target = tiny_target()
+    small, large = tiny_head(target, 8), tiny_head(target, 40)
+    assert large.step_macs() - small.step_macs() == 32 * 32

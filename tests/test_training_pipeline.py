@@ -1,0 +1,91 @@
+"""The draft's data pipeline and the feature head's training, end to end on a tiny target."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specdemo.training import corpus as corpus_module
+from specdemo.training import eagle
+from specdemo.training import prompts as request_source
+from tests.tiny import write_model, write_tokenizer
+
+
+def load_tiny(tmp_path):
+    folder = tmp_path / "target"
+    write_model(folder, seed=0, hidden=32, layers=2, dtype=torch.float32)
+    write_tokenizer(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def build(model, tokenizer, out, shards):
+    return corpus_module.build(model, tokenizer, out, prompts=40, self_instruct_count=3, batch=6,
+                               derived_per_shard=2, max_new_tokens=8, sample_every=2, max_shards=shards,
+                               log=lambda m: None)
+
+
+def test_requests_never_include_held_out_prompts_or_topics():
+    requests = request_source.build_prompts(3000, seed=1)
+    texts = [r["messages"][0]["content"].lower() for r in requests]
+    assert len(set(texts)) == len(texts) == 3000
+    held = {p.lower() for p in request_source.heldout_prompts()}
+    assert not held & set(texts)
+    for topic in ("glaciers", "origami", "the silk road", "quantum computing"):
+        assert not any(topic in t for t in texts)
+    assert {"code", "maths", "translation", "chat", "writing"} <= {r["category"] for r in requests}
+
+
+def test_corpus_resumes_and_stores_what_the_target_computes(tmp_path):
+    model, tokenizer = load_tiny(tmp_path)
+    out = tmp_path / "corpus"
+    first = build(model, tokenizer, out, shards=2)
+    assert first["shards"] == 2
+    stamps = {p.name: p.stat().st_mtime_ns for p in corpus_module.Corpus(out).shards()}
+    second = build(model, tokenizer, out, shards=5)
+    corpus = corpus_module.Corpus(out)
+    assert second["shards"] == 5
+    assert {p.name: p.stat().st_mtime_ns for p in corpus.shards()[:2]} == stamps  # kept, not redone
+    assert second["answer_tokens"] > first["answer_tokens"]
+    # Later shards ask follow-ups on earlier exchanges.
+    categories = [c for p in corpus.shards() for c in corpus.load_shard(p)["categories"]]
+    assert "multi-turn" in categories or "summarisation" in categories
+
+    shard = corpus.load_shard(0)
+    prefix, answer = shard["prefixes"][0], shard["answers"][0]
+    ids = torch.tensor([prefix + answer])
+    with torch.no_grad():
+        hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]
+        logp = torch.log_softmax(model.lm_head(hidden).float(), dim=-1)
+    features = shard["features"][0].float()
+    assert features.shape == (len(prefix) + len(answer) - 1, 32)
+    torch.testing.assert_close(features, hidden[:-1], atol=2e-2, rtol=2e-2)
+    top = shard["top_ids"][0].long()
+    expected = logp[len(prefix) - 1 : len(prefix) - 1 + len(answer)].gather(1, top)
+    torch.testing.assert_close(shard["top_logp"][0].float(), expected, atol=2e-2, rtol=2e-2)
+    if shard["temperature"] == 0:
+        assert answer[0] == int(logp[len(prefix) - 1].argmax())
+
+
+def test_head_trains_on_the_corpus_and_improves_agreement(tmp_path):
+    model, tokenizer = load_tiny(tmp_path)
+    out = tmp_path / "corpus"
+    build(model, tokenizer, out, shards=6)
+    sequences = eagle.read_sequences(corpus_module.Corpus(out))
+    assert sequences and all(s.features.shape[0] == len(s.ids) - 1 for s in sequences)
+    head, info = eagle.train_head(model, sequences, subset_size=48, epochs=30, tokens_per_batch=256, lr=3e-3,
+                                  validation=0.2, log=lambda m: None)
+    assert 0 <= info["validation_agreement_step1"] <= 1
+    train, _ = eagle.split_by_request(sequences, 0.2, 0)
+    lm_head = model.lm_head.weight.detach()
+    trained = eagle.agreement(head, train, lm_head)
+    fresh = eagle.FeatureHead(head.config)
+    fresh.subset.copy_(head.subset)
+    fresh.init_from_target(model)
+    fresh.bind(model)
+    untrained = eagle.agreement(fresh, train, lm_head)
+    assert trained[0] > untrained[0]
+    head.save(tmp_path / "head", extra={"training": info})
+    assert (tmp_path / "head" / "feature_head.json").is_file()
