@@ -1,0 +1,160 @@
+"""How good is a feature head as a draft? Held-out acceptance and the cost of a draft step.
+
+Greedy speculative decoding commits exactly the target's greedy answer, so its rounds can be
+replayed from one teacher-forced pass: each round the drafter reads the target's features up
+to the round's start (the same ones the verification forwards would hand it), drafts up to γ
+tokens, and keeps the prefix that matches the answer. `replay_rounds` does this with the real
+`FeatureDrafter`, so the numbers are those of the decode loop without its timing noise.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specdemo.engine.feature_drafter import FeatureDrafter
+from specdemo.engine.feature_head import FeatureHead
+from specdemo.engine.policies import FixedGamma
+from specdemo.engine.sampling import SamplingConfig
+
+from .prompts import heldout_prompts
+
+
+@dataclass
+class Replay:
+    rounds: int
+    drafted: int
+    accepted: int
+    new_tokens: int
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+
+@torch.inference_mode()
+def target_features(target, ids: list[int]) -> torch.Tensor:
+    """[len(ids), d]: the target's final hidden state at every position."""
+    hidden = target.get_decoder()(input_ids=torch.tensor([ids], device=target.device)).last_hidden_state[0]
+    return hidden.to(torch.float32)
+
+
+@torch.inference_mode()
+def replay_rounds(head: FeatureHead, prompt: list[int], answer: list[int], features: torch.Tensor,
+                  gamma: int) -> Replay:
+    """Greedy SD rounds over `answer` (the target's own greedy continuation of `prompt`).
+
+    features [len(prompt) + len(answer), d] from `target_features(prompt + answer)`.
+    """
+    drafter = FeatureDrafter(head)
+    policy = FixedGamma(gamma)
+    sampling = SamplingConfig(temperature=0.0)
+    sequence = list(prompt)
+    drafter.start(sequence, features[: len(sequence) - 1])
+    end = len(prompt) + len(answer)
+    rounds = drafted = accepted = 0
+    while len(sequence) < end:
+        remaining = end - len(sequence)
+        proposal = drafter.propose(sequence, policy, remaining - 1, sampling, None)
+        truth = answer[len(sequence) - len(prompt) :]
+        kept = 0
+        while kept < len(proposal.tokens) and proposal.tokens[kept] == truth[kept]:
+            kept += 1
+        verified_from = len(sequence)
+        sequence.extend(truth[: kept + 1])
+        drafter.observe(sequence, verified_from, None, features[verified_from - 1 : verified_from + kept])
+        rounds += 1
+        drafted += len(proposal.tokens)
+        accepted += kept
+    return Replay(rounds, drafted, accepted, len(answer))
+
+
+def greedy_answers(pair, prompts: list[str], max_new_tokens: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, the target's greedy answer) for each prompt, through the decode loop's AR."""
+    from specdemo import generate
+
+    out = []
+    for prompt in prompts:
+        result = generate(pair, prompt, method="ar", max_new_tokens=max_new_tokens, temperature=0.0, chat=True)
+        out.append((list(result.prompt_ids), list(result.token_ids)))
+    return out
+
+
+def heldout_acceptance(head: FeatureHead, target, answers, gamma: int = 4) -> dict:
+    total = Replay(0, 0, 0, 0)
+    for prompt, answer in answers:
+        features = target_features(target, prompt + answer)
+        r = replay_rounds(head, prompt, answer, features, gamma)
+        total = Replay(total.rounds + r.rounds, total.drafted + r.drafted, total.accepted + r.accepted,
+                       total.new_tokens + r.new_tokens)
+    return {"prompts": len(answers), "gamma": gamma, "acceptance": round(total.acceptance, 4),
+            "tokens_per_round": round(total.tokens_per_round, 3), "rounds": total.rounds,
+            "new_tokens": total.new_tokens}
+
+
+@torch.inference_mode()
+def step_cost(head: FeatureHead, target, context: int = 96, calls: int = 60) -> dict:
+    """Median seconds of one draft step against one one-token target forward, same thread."""
+    from transformers import DynamicCache
+
+    device = target.device
+    ids = torch.randint(0, target.config.vocab_size, (1, context), device=device)
+    cache = DynamicCache(config=target.config)
+    out = target.get_decoder()(input_ids=ids, past_key_values=cache, use_cache=True)
+    features = out.last_hidden_state[0].float()
+    drafter = FeatureDrafter(head)
+    drafter.start(ids[0].tolist(), features[:-1])
+    policy, sampling = FixedGamma(1), SamplingConfig(temperature=0.0)
+    drafter.propose(ids[0].tolist(), policy, 1, sampling, None)
+    step_input = features[-1:]
+
+    def draft_step():
+        drafter.cache.rollback(context)
+        drafter._probs(drafter._step(step_input, [5], context), sampling).argmax().item()
+
+    def target_step():
+        target(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True).logits.argmax().item()
+        cache.crop(-1)
+
+    timings = {"draft": [], "target": []}
+    for _ in range(calls):  # interleaved, so both see the same machine
+        for name, fn in (("draft", draft_step), ("target", target_step)):
+            start = time.perf_counter()
+            fn()
+            timings[name].append(time.perf_counter() - start)
+    draft, target_time = statistics.median(timings["draft"]), statistics.median(timings["target"])
+    return {"draft_step_ms": round(1000 * draft, 3), "target_forward_ms": round(1000 * target_time, 3),
+            "cost_ratio": round(draft / target_time, 4), "threads": torch.get_num_threads(),
+            "draft_macs": head.step_macs()}
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from specdemo.models import load_pair
+
+    parser = argparse.ArgumentParser(prog="python -m specdemo.training.evaluate", description=__doc__.split("\n")[0])
+    parser.add_argument("head", help="a folder written by specdemo.training.eagle")
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    pair = load_pair("embedded", draft=None)
+    head = FeatureHead.load(args.head).bind(pair.target)
+    answers = greedy_answers(pair, heldout_prompts(), args.max_new_tokens)
+    report = {**heldout_acceptance(head, pair.target, answers, args.gamma), **step_cost(head, pair.target)}
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
