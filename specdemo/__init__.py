@@ -1,10 +1,10 @@
 """specdemo: AR, speculative decoding (SD), NASD and EGAG on one target, traced round by round."""
 
-from .decoding import generate, iter_generate
-from .loading import PRESETS, ModelLoadError, ModelPair, load_pair
-from .methods import DEFAULT_METHODS, METHODS, get_method, parse_methods
-from .params import DecodeParams
-from .trace import GenerationResult, Round, TokenRecord
+from .engine.decoding import generate, iter_generate
+from .models.loading import PRESETS, ModelLoadError, ModelPair, load_pair
+from .engine.methods import DEFAULT_METHODS, METHODS, get_method, parse_methods
+from .engine.params import DecodeParams
+from .engine.trace import GenerationResult, Round, TokenRecord
 
 __all__ = [
     "DEFAULT_METHODS", "METHODS", "PRESETS", "DecodeParams", "GenerationResult", "ModelLoadError", "ModelPair",

@@ -8,8 +8,9 @@ import pytest
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from specdemo import bench, benchtab  # noqa: E402
-from specdemo.limits import Limits  # noqa: E402
+from specdemo import bench
+from specdemo.app import benchtab  # noqa: E402
+from specdemo.app.limits import Limits  # noqa: E402
 from tests.uiserver import TINY, serve  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")

@@ -6,7 +6,7 @@ import math
 import pytest
 
 import specdemo
-from specdemo.trace import ORIGINS
+from specdemo.engine.trace import ORIGINS
 
 PROMPTS = [
     "w5 w6 w7 w8",

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 import specdemo
-from specdemo import viz
-from specdemo.compare import tabulate
-from specdemo.trace import GenerationResult, Round, TokenRecord
+from specdemo.app import viz
+from specdemo.bench.compare import tabulate
+from specdemo.engine.trace import GenerationResult, Round, TokenRecord
 
 
 def synthetic() -> GenerationResult:

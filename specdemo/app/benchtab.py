@@ -13,9 +13,9 @@ from typing import Any, Callable, Iterator, Mapping
 import gradio as gr
 import pandas as pd
 
-from . import bench
+from .. import bench
 from .limits import Limits
-from .loading import ModelPair, Preset
+from ..models.loading import ModelPair, Preset
 
 # The columns a reader compares first; the CSV download keeps all of them.
 TABLE_COLUMNS = [

@@ -23,15 +23,15 @@ import gradio as gr
 import torch
 
 from . import benchtab, viz
-from .compare import run_comparison, tabulate
-from .decoding import generate, iter_generate
+from ..bench.compare import run_comparison, tabulate
+from ..engine.decoding import generate, iter_generate
 from .examples import DEFAULT_PROMPT, EXAMPLES
 from .limits import Limits
-from .loading import PRESETS, ModelPair, Preset, load_pair
-from .methods import DEFAULT_METHODS, METHODS, parse_methods
-from .params import DecodeParams
-from .tables import summary_frame
-from .trace import GenerationResult
+from ..models.loading import PRESETS, ModelPair, Preset, load_pair
+from ..engine.methods import DEFAULT_METHODS, METHODS, parse_methods
+from ..engine.params import DecodeParams
+from ..bench.tables import summary_frame
+from ..engine.trace import GenerationResult
 
 log = logging.getLogger(__name__)
 
