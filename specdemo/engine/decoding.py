@@ -84,6 +84,7 @@ def _rounds(
             if drafter is not None:
                 drafter.start(sequence)
             result.prefill_seconds = clock.lap()
+            prefill_forwards = target.forwards
             engine_seconds = result.prefill_seconds
 
             while True:
@@ -122,7 +123,7 @@ def _rounds(
                 )
                 _record(result, round_, pair, sequence)
                 result.seconds = engine_seconds
-                result.target_forwards += 1
+                result.target_forwards = target.forwards - prefill_forwards
                 result.draft_forwards = drafter.forwards if drafter is not None else 0
                 if new_tokens and new_tokens[-1] in eos_ids:
                     result.stop_reason = "eos"
