@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    from specdemo.ui import build_demo, launch  # after parsing, so --help is instant
+    from specdemo.app.ui import build_demo, launch  # after parsing, so --help is instant
 
     demo = build_demo(public=args.public)
     launch(demo, server_name=args.host, server_port=args.port, share=args.share)

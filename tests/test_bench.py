@@ -150,7 +150,8 @@ def test_load_result_rebuilds_the_report(tiny_pair, tmp_path):
 
 
 def test_synthetic_pair_builds_and_benchmarks(tmp_path):
-    from specdemo import bench_synthetic, load_pair
+    from specdemo import load_pair
+    from specdemo.bench import synthetic as bench_synthetic
 
     assert bench_synthetic.main(["--out", str(tmp_path), "--target-size", "tiny", "--draft-size", "tiny",
                                  "--vocab", "1024", "--dtype", "float32"]) == 0

@@ -8,8 +8,9 @@ import pytest
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from specdemo import bench, benchtab  # noqa: E402
-from specdemo.limits import Limits  # noqa: E402
+from specdemo import bench
+from specdemo.app import benchtab  # noqa: E402
+from specdemo.app.limits import Limits  # noqa: E402
 from tests.uiserver import TINY, serve  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")
@@ -74,3 +75,29 @@ def test_run_sizes_must_be_whole_numbers():
         benchtab.check_size(limits, 2, 1.5, 64)
     with pytest.raises(ValueError, match="prompts per category must be a whole number"):
         benchtab.check_size(limits, "many", 1, 64)
+
+
+def _bench_threads():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "specdemo-bench" and t.is_alive()]
+
+
+def test_measure_streams_progress_then_the_result_without_a_server(tiny_pair):
+    items = list(benchtab.measure(tiny_pair, methods=["ar", "nasd"], repeats=1, categories="math", limit=1,
+                                  max_new_tokens=4, warmup=False))
+    assert all(isinstance(i, tuple) and len(i) == 3 for i in items[:-1])
+    assert [i[0] for i in items[:-1]] == list(range(1, len(items)))
+    assert isinstance(items[-1], bench.BenchResult)
+    assert not _bench_threads()
+
+
+def test_stop_returns_only_after_the_worker_has_stopped(tiny_pair):
+    """Closing the stream (Stop, a closed tab) must not release the device queue while the
+    worker still decodes on the shared pair."""
+    stream = benchtab.measure(tiny_pair, methods=["ar", "sd", "nasd"], repeats=3, categories="math", limit=2,
+                              max_new_tokens=16, warmup=False)
+    done, total, _ = next(stream)
+    assert done < total
+    stream.close()
+    assert not _bench_threads()

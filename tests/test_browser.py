@@ -44,7 +44,7 @@ REAL_PAIR = os.environ.get("SPECDEMO_SCREENSHOT_PAIR", "")
 @pytest.fixture(scope="module")
 def page_url(tmp_path_factory):
     if REAL_PAIR:
-        from specdemo.loading import PRESETS, load_pair
+        from specdemo.models.loading import PRESETS, load_pair
 
         presets = {REAL_PAIR: PRESETS[REAL_PAIR]}
         with serve(tmp_path_factory.mktemp("browser-real"), presets=presets, loader=load_pair,

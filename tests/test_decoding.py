@@ -1,12 +1,13 @@
 """specdemo.decoding: every method is lossless, traced, and stops where it should."""
 
+import contextlib
 import dataclasses
 import math
 
 import pytest
 
 import specdemo
-from specdemo.trace import ORIGINS
+from specdemo.engine.trace import ORIGINS
 
 PROMPTS = [
     "w5 w6 w7 w8",
@@ -106,11 +107,34 @@ def test_egag_records_entropy_per_round_and_per_drafted_token(tiny_pair):
     assert 0.0 <= result.stats["mean_entropy"] <= 1.0
 
 
-def test_drafter_caches_are_reused_not_refilled(tiny_pair):
-    result = specdemo.generate(tiny_pair, PROMPTS[0], method="sd", max_new_tokens=40, gamma=4)
-    # Each round: at most one catch-up forward, then γ − 1 drafting forwards; never the whole context again.
-    assert result.stats["draft_forwards"] <= 1 + len(result.rounds) * 4
-    assert result.stats["target_forwards"] == len(result.rounds)
+@contextlib.contextmanager
+def fed_lengths(model):
+    """Record how many tokens each forward of `model` is fed."""
+    lengths: list[int] = []
+
+    def hook(module, args, kwargs):
+        lengths.append(kwargs["input_ids"].shape[-1])
+
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield lengths
+    finally:
+        handle.remove()
+
+
+def test_caches_are_reused_not_refilled(tiny_pair):
+    with fed_lengths(tiny_pair.target) as target_fed, fed_lengths(tiny_pair.draft) as draft_fed:
+        result = specdemo.generate(tiny_pair, PROMPTS[0], method="sd", max_new_tokens=40, gamma=4)
+    prompt = len(result.prompt_ids)
+    # The target: the prompt once, then per round exactly its drafts plus the one token it has not seen.
+    assert target_fed == [prompt - 1] + [len(r.drafted) + 1 for r in result.rounds]
+    # The draft: the prompt once, then only tokens it has not seen (at most a round's worth), never the context.
+    assert draft_fed[0] == prompt - 1
+    assert all(n <= 4 + 1 for n in draft_fed[1:])
+    assert sum(draft_fed) <= prompt + sum(len(r.drafted) + 1 for r in result.rounds)
+    # The counts in the trace are the models' own forward counters, not the loop's rounds.
+    assert result.stats["target_forwards"] == len(target_fed) - 1 == len(result.rounds)
+    assert result.stats["draft_forwards"] == len(draft_fed)
 
 
 @pytest.mark.parametrize("method", ["ar", "sd", "nasd", "egag"])
@@ -133,11 +157,26 @@ def test_streaming_yields_one_growing_result_per_round(tiny_pair):
     assert seen[-1][1] == 20
 
 
-def test_closing_the_stream_stops_decoding(tiny_pair):
-    stream = specdemo.iter_generate(tiny_pair, PROMPTS[0], method="ar", max_new_tokens=50)
+@pytest.mark.parametrize("method", ["ar", "sd", "nasd", "egag"])
+def test_closing_the_stream_stops_decoding_and_frees_the_caches(tiny_pair, method, monkeypatch):
+    from specdemo.engine import decoding, drafters, lm
+
+    made: list[lm.CachedLM] = []
+
+    class Recorded(lm.CachedLM):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(decoding, "CachedLM", Recorded)
+    monkeypatch.setattr(drafters, "CachedLM", Recorded)
+    stream = specdemo.iter_generate(tiny_pair, PROMPTS[0], method=method, max_new_tokens=50)
     first = next(stream)
+    assert made and all(m.cache is not None for m in made)
     stream.close()
     assert len(first.rounds) == 1 and not first.done
+    assert all(m.cache is None for m in made), "close() must drop every KV cache of the run"
+    assert next(stream, None) is None and len(first.rounds) == 1
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 torch = pytest.importorskip("torch")
 
-from specdemo import embedded  # noqa: E402
+from specdemo.models import embedded  # noqa: E402
 
 
 def test_gguf_path_is_found_without_importing_the_package():
@@ -86,7 +86,7 @@ def test_target_loads_offline_and_second_load_uses_the_cache(target, fresh_cache
 @pytest.mark.slow
 @needs_gguf
 def test_draft_has_the_target_vocab_and_is_accepted_often(target):
-    from specdemo import train_draft
+    from specdemo.training import train_draft
 
     model, tokenizer, _ = target
     draft = embedded.load_embedded_draft()

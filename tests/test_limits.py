@@ -1,9 +1,9 @@
-"""specdemo.limits: what a public deployment refuses."""
+"""specdemo.app.limits: what a public deployment refuses."""
 
 import pytest
 
 import specdemo
-from specdemo.limits import Limits
+from specdemo.app.limits import Limits
 
 
 def test_public_mode_is_on_for_a_space_and_reads_its_allow_list(monkeypatch):

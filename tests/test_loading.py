@@ -1,4 +1,4 @@
-"""specdemo.loading: pairs from local folders, with errors a user understands."""
+"""specdemo.models.loading: pairs from local folders, with errors a user understands."""
 
 import httpx
 import pytest
@@ -6,7 +6,7 @@ import transformers
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
 import specdemo
-from specdemo.loading import ModelLoadError, load_pair
+from specdemo.models.loading import ModelLoadError, load_pair
 from tests.tiny import write_model, write_tokenizer
 
 

@@ -11,7 +11,7 @@ import torch
 from scipy.stats import chisquare
 
 import specdemo
-from specdemo.sampling import SamplingConfig, probabilities
+from specdemo.engine.sampling import SamplingConfig, probabilities
 from tests.tiny import build_tiny_pair
 
 SAMPLES = 1200
@@ -86,8 +86,8 @@ def test_first_two_tokens_follow_the_target_distribution(small_vocab_pair, metho
 
 def test_a_biased_correction_token_would_fail_this_test(small_vocab_pair, monkeypatch):
     """Redraw the correction from p instead of the residual (a known NASD bug): the test must notice."""
-    import specdemo.decoding as decoding
-    from specdemo.sampling import Verdict, verify
+    import specdemo.engine.decoding as decoding
+    from specdemo.engine.sampling import Verdict, verify
 
     def biased_verify(target_probs, drafts, draft_probs, config, generator=None):
         verdict = verify(target_probs, drafts, draft_probs, config, generator)

@@ -1,10 +1,10 @@
-"""specdemo.drafters.NgramTable and NgramDrafter: NASD's table."""
+"""specdemo.engine.drafters.NgramTable and NgramDrafter: NASD's table."""
 
 import torch
 
-from specdemo.drafters import NgramDrafter, NgramTable
-from specdemo.policies import FixedGamma
-from specdemo.sampling import SamplingConfig
+from specdemo.engine.drafters import NgramDrafter, NgramTable
+from specdemo.engine.policies import FixedGamma
+from specdemo.engine.sampling import SamplingConfig
 
 
 def test_longest_matching_context_wins():

@@ -1,11 +1,11 @@
-"""specdemo.params: every parameter is validated once; anything valid decodes, anything invalid says why."""
+"""specdemo.engine.params: every parameter is validated once; anything valid decodes, anything invalid says why."""
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdemo
-from specdemo.params import DecodeParams
+from specdemo.engine.params import DecodeParams
 
 VALID = {
     "max_new_tokens": st.integers(1, 12),

@@ -1,8 +1,8 @@
-"""specdemo.policies: how γ is chosen each round."""
+"""specdemo.engine.policies: how γ is chosen each round."""
 
 import pytest
 
-from specdemo.policies import ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma, gamma_from_entropy
+from specdemo.engine.policies import ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma, gamma_from_entropy
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""specdemo.sampling: distributions, entropy and verification, checked with statistics."""
+"""specdemo.engine.sampling: distributions, entropy and verification, checked with statistics."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdemo.sampling import SamplingConfig, normalized_entropy, probabilities, verify
+from specdemo.engine.sampling import SamplingConfig, normalized_entropy, probabilities, verify
 
 SAMPLES = 20000
 

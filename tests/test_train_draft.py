@@ -1,4 +1,4 @@
-"""End-to-end smoke test of ``python -m specdemo.train_draft`` on a tiny random target."""
+"""End-to-end smoke test of ``python -m specdemo.training.train_draft`` on a tiny random target."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from specdemo import embedded, train_draft  # noqa: E402
+from specdemo.models import embedded
+from specdemo.training import train_draft  # noqa: E402
 
 
 def _smollm2_tokenizer():

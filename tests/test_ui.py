@@ -13,10 +13,10 @@ from gradio_client.exceptions import AppError  # noqa: E402
 
 import torch  # noqa: E402
 
-from specdemo import ui  # noqa: E402
-from specdemo.limits import Limits  # noqa: E402
-from specdemo.loading import Preset  # noqa: E402
-from specdemo.tables import ROUND_COLUMNS, SUMMARY_COLUMNS  # noqa: E402
+from specdemo.app import ui  # noqa: E402
+from specdemo.app.limits import Limits  # noqa: E402
+from specdemo.models.loading import Preset  # noqa: E402
+from specdemo.bench.tables import ROUND_COLUMNS, SUMMARY_COLUMNS  # noqa: E402
 from tests.tiny import write_model, write_tokenizer  # noqa: E402
 from tests.uiserver import TINY, counting_target_forwards, serve, tiny_presets  # noqa: E402
 

@@ -12,7 +12,7 @@ import pytest
 
 gradio_client = pytest.importorskip("gradio_client")
 
-from specdemo.limits import Limits  # noqa: E402
+from specdemo.app.limits import Limits  # noqa: E402
 from tests.test_memory import rss_bytes  # noqa: E402
 from tests.uiserver import TINY, serve  # noqa: E402
 

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 import specdemo
-from specdemo import viz
-from specdemo.compare import tabulate
-from specdemo.trace import GenerationResult, Round, TokenRecord
+from specdemo.app import viz
+from specdemo.bench.compare import tabulate
+from specdemo.engine.trace import GenerationResult, Round, TokenRecord
 
 
 def synthetic() -> GenerationResult:
@@ -80,10 +80,12 @@ def test_real_traces_render_with_decoded_rejected_drafts(results, tiny_pair):
     assert "sd-rejected" in html and "#" not in html.split("sd-text")[1]  # decoded, not ids
     ar_html = viz.render_tokens(results[0], tiny_pair.tokenizer)
     assert "sd-target" in ar_html and "sd-accepted" not in ar_html and "sd-rejected" not in ar_html
-    # The cache gives the same text as decoding afresh.
+    # The cache gives the same text as decoding afresh, and a second render from it the same again.
     cache: dict = {}
-    assert viz.render_tokens(sd, tiny_pair.tokenizer, cache) == viz.render_tokens(sd, tiny_pair.tokenizer, cache)
+    cached = viz.render_tokens(sd, tiny_pair.tokenizer, cache)
     assert cache
+    assert cached == viz.render_tokens(sd, tiny_pair.tokenizer)
+    assert viz.render_tokens(sd, tiny_pair.tokenizer, cache) == cached
 
 
 def test_panel_states():

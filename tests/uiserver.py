@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from specdemo.loading import Preset, load_pair
+from specdemo.models.loading import Preset, load_pair
 from tests.tiny import build_tiny_pair
 
 TINY = "tiny"
@@ -31,7 +31,7 @@ def tiny_loader(target, draft=None, device=None, dtype=None):
 @contextmanager
 def serve(root: Path, presets=None, loader=tiny_loader, defaults=None, **options) -> Iterator[tuple[str, object]]:
     """options go to `ui.build_demo` (e.g. limits=Limits(public=True, ...))."""
-    from specdemo import ui
+    from specdemo.app import ui
 
     demo = ui.build_demo(pair_loader=loader, presets=presets if presets is not None else tiny_presets(root),
                          defaults=defaults, **options)

@@ -7,9 +7,10 @@ from typing import Sequence
 
 import pandas as pd
 
-from .decoding import generate
+from ..engine.decoding import generate
+from ..engine.params import DecodeParams
 from .tables import rounds_frame, summary_frame, target_perplexity
-from .trace import GenerationResult
+from ..engine.trace import GenerationResult
 
 
 @dataclass
@@ -26,6 +27,9 @@ def tabulate(pair, results: Sequence[GenerationResult]) -> Comparison:
     return Comparison(list(results), summary_frame(results, perplexities), rounds_frame(results))
 
 
-def run_comparison(pair, prompt, methods: Sequence[str], limits=None, **params) -> Comparison:
-    results = [generate(pair, prompt, method=method, limits=limits, **params) for method in methods]
+def run_comparison(pair, prompt, methods: Sequence[str], limits=None, decode: DecodeParams | None = None,
+                   **params) -> Comparison:
+    """Each method in turn on the same prompt; decode (a DecodeParams) and/or params as for `generate`."""
+    decode = DecodeParams.resolve(decode, **params)
+    results = [generate(pair, prompt, method=method, limits=limits, decode=decode) for method in methods]
     return tabulate(pair, results)

@@ -1,8 +1,8 @@
 """Train the embedded draft model: a small Llama distilled from SmolLM2-135M-Instruct.
 
-    python -m specdemo.train_draft               # train + evaluate, writes assets/smollm2-draft
-    python -m specdemo.train_draft --eval-only   # re-measure acceptance and cost of a saved draft
-    python -m specdemo.train_draft --tiny --target DIR --output OUT   # smoke test
+    python -m specdemo.training.train_draft               # train + evaluate, writes the packaged draft
+    python -m specdemo.training.train_draft --eval-only   # re-measure acceptance and cost of a saved draft
+    python -m specdemo.training.train_draft --tiny --target DIR --output OUT   # smoke test
 
 Pipeline: (1) the target writes extra user requests itself (self-instruct) and answers them and
 the project's training prompts (its chat template, greedy and sampled), keeping its top-k
@@ -27,16 +27,21 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+from ..engine.tokens import cut_at_eos
+from ..models.embedded import DRAFT_DIR
+from ..models.tokens import collect_eos_ids, default_device, encode_chat
+
+DATA_DIR = Path(str(files(__package__) / "data"))
 TRAIN_PROMPTS = DATA_DIR / "train_prompts.jsonl"
 HELDOUT_PROMPTS = DATA_DIR / "heldout_prompts.jsonl"
-DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "assets" / "smollm2-draft"
+DEFAULT_OUTPUT = DRAFT_DIR  # inside the package, where load_pair("embedded") reads it
 
 # Defaults that depend on where the script runs. A 2-core CPU cannot generate thousands of
 # answers in an hour, a GPU does it in a minute or two; explicit flags always win.
@@ -78,34 +83,6 @@ def read_prompts(path: Path) -> list[str]:
         return [json.loads(line)["prompt"] for line in f if line.strip()]
 
 
-def chat_prefix(tokenizer, prompt: str) -> list[int]:
-    """Token ids of the prompt wrapped in the target's chat template, ready for the answer.
-
-    Rendering to text and tokenizing separately behaves the same across transformers
-    versions, whose ``apply_chat_template(tokenize=True)`` return types differ.
-    """
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-    )
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def stop_ids(model, tokenizer) -> set[int]:
-    ids = set()
-    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if source is None:
-            continue
-        ids.update(source if isinstance(source, (list, tuple)) else [source])
-    return ids
-
-
-def cut_at_stop(tokens: list[int], stops: set[int]) -> list[int]:
-    for i, t in enumerate(tokens):
-        if t in stops:
-            return tokens[: i + 1]  # the stop token is part of what the target emits
-    return tokens
-
-
 @torch.inference_mode()
 def generate_batched(model, tokenizer, prefixes: list[list[int]], *, max_new_tokens: int,
                      batch_size: int, temperature: float = 0.0, desc: str = "generate",
@@ -113,7 +90,7 @@ def generate_batched(model, tokenizer, prefixes: list[list[int]], *, max_new_tok
     """Answers for many prompts at once: left padding keeps every prompt's end aligned."""
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stops = stop_ids(model, tokenizer)
+    stops = collect_eos_ids(model, tokenizer)
     # Longest first so the progress bar's early estimate is pessimistic, and padding is small.
     order = sorted(range(len(prefixes)), key=lambda i: -len(prefixes[i]))
     results: list[list[int] | None] = [None] * len(prefixes)
@@ -135,7 +112,7 @@ def generate_batched(model, tokenizer, prefixes: list[list[int]], *, max_new_tok
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
         for row, i in enumerate(idx):
-            results[i] = cut_at_stop(out[row, width:].tolist(), stops)
+            results[i] = cut_at_eos(out[row, width:].tolist(), stops)
     return results  # type: ignore[return-value]
 
 
@@ -154,7 +131,7 @@ def generate_with_topk(model, tokenizer, prefixes: list[list[int]], *, max_new_t
     """
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stops = torch.tensor(sorted(stop_ids(model, tokenizer)), device=device)
+    stops = torch.tensor(sorted(collect_eos_ids(model, tokenizer)), device=device)
     order = sorted(range(len(prefixes)), key=lambda i: -len(prefixes[i]))
     results: list = [None] * len(prefixes)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -198,7 +175,7 @@ def generate_with_topk(model, tokenizer, prefixes: list[list[int]], *, max_new_t
         toks_t, top_i_t, top_v_t = torch.stack(toks, 1), torch.stack(top_i, 1), torch.stack(top_v, 1)
         stop_set = set(stops.tolist())
         for row, i in enumerate(idx):
-            answer = cut_at_stop(toks_t[row].tolist(), stop_set)
+            answer = cut_at_eos(toks_t[row].tolist(), stop_set)
             n = len(answer)
             results[i] = (answer, top_i_t[row, :n].clone(), top_v_t[row, :n].clone())
         bar.update(len(idx))
@@ -232,12 +209,6 @@ def generation_copy(target, device: torch.device, dtype_name: str):
 # --------------------------------------------------------------------------- models
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def load_target(args, device: torch.device):
     """The model to distil from: a local folder, a GGUF file, or the embedded SmolLM2."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -247,14 +218,14 @@ def load_target(args, device: torch.device):
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.target)
         source = str(args.target)
     elif args.gguf:
-        from specdemo.embedded import load_from_gguf
+        from ..models.embedded import load_from_gguf
 
         model, tokenizer = load_from_gguf(args.gguf, dtype=torch.float32, tokenizer=not args.tokenizer)
         if args.tokenizer:
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         source = f"GGUF {Path(args.gguf).name}"
     else:
-        from specdemo.embedded import load_embedded_target
+        from ..models.embedded import load_embedded_target
 
         model, tokenizer = load_embedded_target(device="cpu", dtype=torch.float32)
         source = "embedded SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)"
@@ -342,10 +313,10 @@ def self_instruct(gen_model, tokenizer, count: int, args, seed: int) -> list[str
             f"Write {rng.choice(kinds)} that a different user might ask, on a different subject. "
             "Reply with the new request only."
         )
-    prefixes = [chat_prefix(tokenizer, s) for s in seeds]
+    prefixes = [encode_chat(tokenizer, s) for s in seeds]
     outs = generate_with_topk(gen_model, tokenizer, prefixes, max_new_tokens=40, batch_size=args.gen_batch,
                               temperature=1.0, topk=1, desc="self-instruct", seed=seed + 1)
-    stops = stop_ids(gen_model, tokenizer)
+    stops = collect_eos_ids(gen_model, tokenizer)
     held = set(read_prompts(HELDOUT_PROMPTS))
     written = set(topics)
     found, seen = [], set()
@@ -373,8 +344,8 @@ def make_dataset(target, tokenizer, args, device) -> tuple[list[Example], list[E
     # Runs: greedy for every prompt; ``samples`` sampled answers per written prompt and
     # ``extra_samples`` per self-instruct prompt. Sampled answers multiply the contexts the
     # draft sees around the target's typical phrasing.
-    written = [chat_prefix(tokenizer, p) for p in prompts]
-    selfi = [chat_prefix(tokenizer, p) for p in extra]
+    written = [encode_chat(tokenizer, p) for p in prompts]
+    selfi = [encode_chat(tokenizer, p) for p in extra]
     runs = [("greedy", 0.0, written + selfi)]
     for i in range(max(args.samples, args.extra_samples)):
         pre = (written if i < args.samples else []) + (selfi if i < args.extra_samples else [])
@@ -598,7 +569,7 @@ def draft_rounds(draft, prompt: list[int], response: list[int], gamma: int, devi
 
 def acceptance(draft, target, tokenizer, prompts: list[str], *, gamma: int, max_new_tokens: int,
                device, batch_size: int = 16) -> dict:
-    prefixes = [chat_prefix(tokenizer, p) for p in prompts]
+    prefixes = [encode_chat(tokenizer, p) for p in prompts]
     answers = generate_batched(target, tokenizer, prefixes, max_new_tokens=max_new_tokens,
                                batch_size=batch_size, desc="target greedy (held-out)")
     drafted = accepted = advanced = n_rounds = 0
@@ -689,7 +660,7 @@ def write_card(out: Path, info: dict) -> None:
         "## Training",
         "",
         f"- Data: the target's own answers, in its chat template, to {data.get('written_prompts')} prompts written "
-        f"for the project (`specdemo/data/train_prompts.jsonl`: chat, explanation, lists, writing, code, translation, "
+        f"for the project (`specdemo/training/data/train_prompts.jsonl`: chat, explanation, lists, writing, code, translation, "
         f"summarisation, maths, QA) plus {data.get('self_instruct_prompts')} user requests the target wrote itself; "
         f"greedy answers plus {data.get('samples_per_prompt')} sampled at temperature {data.get('temperature')} per "
         f"written prompt and {data.get('samples_per_self_instruct_prompt', 0)} per self-instruct prompt, up to "
@@ -721,7 +692,7 @@ def write_card(out: Path, info: dict) -> None:
         "## Measured",
         "",
         f"Greedy speculative decoding simulated on the {ev.get('prompts')} held-out prompts "
-        "(`specdemo/data/heldout_prompts.jsonl`, topics never seen in training), against the target's greedy "
+        "(`specdemo/training/data/heldout_prompts.jsonl`, topics never seen in training), against the target's greedy "
         f"answers of up to {ev.get('max_new_tokens')} tokens, gamma = {ev.get('gamma')}:",
         "",
         f"- acceptance rate (accepted / drafted): **{ev.get('acceptance_rate')}**",
@@ -730,7 +701,7 @@ def write_card(out: Path, info: dict) -> None:
         f"{cost.get('calls')}): draft {cost.get('draft_ms')} ms vs target {cost.get('target_ms')} ms, ratio "
         f"**{cost.get('ratio')}**",
         "",
-        f"Measured with: `{info.get('eval_command', 'python -m specdemo.train_draft --eval-only')}` "
+        f"Measured with: `{info.get('eval_command', 'python -m specdemo.training.train_draft --eval-only')}` "
         f"({info.get('eval_hardware', '')}). The CPU timing depends on how busy the machine is; the two models "
         "are timed alternately so both see the same load.",
         "",
@@ -754,7 +725,7 @@ def write_card(out: Path, info: dict) -> None:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        prog="python -m specdemo.train_draft",
+        prog="python -m specdemo.training.train_draft",
         description="Distil a small draft model from the embedded target (SmolLM2-135M-Instruct) and "
         "measure its greedy speculative-decoding acceptance on held-out prompts.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -817,10 +788,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
+    device = default_device(args.device)
     apply_presets(args, device)
     cost_device = torch.device(args.cost_device)
-    command = "python -m specdemo.train_draft " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    command = "python -m specdemo.training.train_draft " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True

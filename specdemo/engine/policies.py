@@ -15,16 +15,11 @@ import math
 from dataclasses import dataclass, field
 
 
-@dataclass
-class FixedGamma:
-    """SD and NASD: always γ drafts (AR is γ = 0)."""
+class _Policy:
+    """What a policy does unless it says otherwise: no per-token stop, nothing learnt per round."""
 
-    gamma: int
     needs_first_entropy = False
     needs_token_stats = False
-
-    def round_gamma(self, first_entropy: float | None) -> int:
-        return self.gamma
 
     def keep_drafting(self, entropy: float, top_prob: float) -> bool:
         return True
@@ -34,7 +29,17 @@ class FixedGamma:
 
 
 @dataclass
-class EntropyGamma:
+class FixedGamma(_Policy):
+    """SD and NASD: always γ drafts (AR is γ = 0)."""
+
+    gamma: int
+
+    def round_gamma(self, first_entropy: float | None) -> int:
+        return self.gamma
+
+
+@dataclass
+class EntropyGamma(_Policy):
     """EGAG: γ_t = clamp(floor((1 − Ĥ_t)·γ_max), γ_min, γ_max) with Ĥ_t an EMA of H_t.
 
     Ĥ_t = β·Ĥ_{t−1} + (1 − β)·H_t, β = ema (0 disables smoothing). The first round has
@@ -46,7 +51,6 @@ class EntropyGamma:
     ema: float
     smoothed: float | None = field(default=None, init=False)
     needs_first_entropy = True
-    needs_token_stats = False
 
     def round_gamma(self, first_entropy: float | None) -> int:
         assert first_entropy is not None
@@ -56,12 +60,6 @@ class EntropyGamma:
             self.smoothed = self.ema * self.smoothed + (1.0 - self.ema) * first_entropy
         return gamma_from_entropy(self.smoothed, self.gamma_min, self.gamma_max)
 
-    def keep_drafting(self, entropy: float, top_prob: float) -> bool:
-        return True
-
-    def update(self, drafted: int, accepted: int) -> None:
-        pass
-
 
 def gamma_from_entropy(entropy: float, gamma_min: int, gamma_max: int) -> int:
     # A hair of tolerance so that e.g. (1 − 0.5)·4 is 2, not 1.9999999.
@@ -70,19 +68,14 @@ def gamma_from_entropy(entropy: float, gamma_min: int, gamma_max: int) -> int:
 
 
 @dataclass
-class HeuristicGamma:
+class HeuristicGamma(_Policy):
     """transformers' assisted-generation schedule: +2 after a fully accepted round, −1 otherwise."""
 
     gamma: int
     gamma_max: int = 32
-    needs_first_entropy = False
-    needs_token_stats = False
 
     def round_gamma(self, first_entropy: float | None) -> int:
         return self.gamma
-
-    def keep_drafting(self, entropy: float, top_prob: float) -> bool:
-        return True
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted and accepted == drafted:
@@ -92,12 +85,11 @@ class HeuristicGamma:
 
 
 @dataclass
-class ConfidenceStop:
+class ConfidenceStop(_Policy):
     """Draft up to γ_max tokens, stopping once the drafter's top probability drops below a threshold."""
 
     gamma_max: int
     threshold: float = 0.4
-    needs_first_entropy = False
     needs_token_stats = True
 
     def round_gamma(self, first_entropy: float | None) -> int:
@@ -105,6 +97,3 @@ class ConfidenceStop:
 
     def keep_drafting(self, entropy: float, top_prob: float) -> bool:
         return top_prob >= self.threshold
-
-    def update(self, drafted: int, accepted: int) -> None:
-        pass

@@ -1,4 +1,8 @@
-"""Loading a target/draft pair from the Hub, a local folder, a GGUF file or a preset."""
+"""Loading a target/draft pair from the Hub, a local folder, a GGUF file or a preset.
+
+The embedded pair is loaded by ``specdemo.models.embedded``; shared token helpers are in
+``specdemo.models.tokens``.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,9 @@ from typing import Any, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-
-class ModelLoadError(ValueError):
-    """A model or tokenizer could not be loaded; the message says why in plain words."""
+from .embedded import load_embedded_draft, load_embedded_target
+from .errors import ModelLoadError
+from .tokens import check_token_ids, collect_eos_ids, default_device, encode_chat, resolve_dtype
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class ModelPair:
 
     def __post_init__(self) -> None:
         if not self.eos_ids:
-            self.eos_ids = frozenset(_eos_ids(self.target, self.tokenizer))
+            self.eos_ids = frozenset(collect_eos_ids(self.target, self.tokenizer))
 
     @property
     def device(self) -> torch.device:
@@ -72,12 +76,7 @@ class ModelPair:
             if not prompt.strip():
                 raise ValueError("prompt is empty: type some text to continue")
             if chat:
-                if not getattr(self.tokenizer, "chat_template", None):
-                    raise ValueError("chat: this model's tokenizer has no chat template; turn chat off")
-                text = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-                )
-                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+                ids = encode_chat(self.tokenizer, prompt)
             else:
                 ids = self.tokenizer(prompt)["input_ids"]
         else:
@@ -85,10 +84,7 @@ class ModelPair:
                 ids = [int(t) for t in prompt]
             except (TypeError, ValueError):
                 raise ValueError("prompt must be a string or a sequence of token ids") from None
-            limit = self.vocab_size or self.target.config.vocab_size
-            bad = [t for t in ids if not 0 <= t < limit]
-            if bad:
-                raise ValueError(f"prompt token ids must lie in [0, {limit}); got {bad[:5]}")
+            ids = check_token_ids(ids, self.vocab_size or self.target.config.vocab_size)
         if not ids:
             raise ValueError("prompt is empty: it encodes to no tokens")
         return list(ids)
@@ -107,23 +103,6 @@ class ModelPair:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-
-
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "", "auto"):
-        # bf16 halves GPU memory traffic; CPUs run float32 fastest and exactly.
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    names = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
-    if dtype not in names:
-        raise ValueError(f"dtype must be one of {', '.join(names)}, got {dtype!r}")
-    return names[dtype]
 
 
 def load_pair(
@@ -145,12 +124,10 @@ def load_pair(
     if target in PRESETS and draft is None:
         preset = PRESETS[target]
         target, draft = preset.target, preset.draft
-    device = device or default_device()
+    device = device or str(default_device())
     torch_dtype = resolve_dtype(dtype, device)
 
     if target == EMBEDDED:
-        from .embedded import load_embedded_target
-
         target_model, tokenizer = load_embedded_target(device=device, dtype=torch_dtype)
     else:
         tokenizer = load_tokenizer(target, trust_remote_code)
@@ -160,8 +137,6 @@ def load_pair(
     vocab_size = None
     if draft is not None:
         if draft == EMBEDDED:
-            from .embedded import load_embedded_draft
-
             draft_model = load_embedded_draft(device=device, dtype=torch_dtype)
         else:
             draft_tokenizer = _optional_tokenizer(draft, trust_remote_code)
@@ -259,14 +234,3 @@ def _context_length(model) -> int:
         if isinstance(value, int) and value > 0:
             return value
     return 2048
-
-
-def _eos_ids(model, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (generation_eos, tokenizer.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(int(v) for v in value)
-    return ids

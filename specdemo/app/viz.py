@@ -15,8 +15,8 @@ from typing import Iterable, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from .methods import METHODS
-from .trace import ACCEPTED, BONUS, CORRECTED, REJECTED, TARGET, GenerationResult, Round
+from ..engine.methods import METHODS
+from ..engine.trace import ACCEPTED, BONUS, CORRECTED, REJECTED, TARGET, GenerationResult, Round
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def rejected_texts(result: GenerationResult, r: Round, output_before: Sequence[i
         return []
     if tokenizer is None:
         return [f"#{t}" for t in rejected]
-    from .decoding import token_text
+    from ..engine.decoding import token_text
 
     kept = r.drafted[: r.accepted]
     sequence = list(result.prompt_ids) + list(output_before) + kept + rejected

@@ -11,9 +11,9 @@ from typing import Iterable, Sequence
 import pandas as pd
 import torch
 
-from .methods import METHODS
-from .sampling import probabilities
-from .trace import GenerationResult
+from ..engine.methods import METHODS
+from ..engine.sampling import probabilities
+from ..engine.trace import GenerationResult
 
 SUMMARY_COLUMNS = [
     "method", "label", "new_tokens", "seconds", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
@@ -90,7 +90,7 @@ def target_perplexity(pair, result: GenerationResult) -> float:
     if pair.vocab_size is not None:
         logits = logits[..., : pair.vocab_size]
     params = result.params
-    from .sampling import SamplingConfig
+    from ..engine.sampling import SamplingConfig
 
     config = SamplingConfig(params.get("temperature", 0.0), params.get("top_k", 0), params.get("top_p", 1.0))
     if config.greedy:

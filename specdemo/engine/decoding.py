@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
 from .drafters import Drafter, Proposal
 from .lm import CachedLM
-from .loading import ModelPair
 from .methods import get_method
 from .params import DecodeParams
 from .sampling import probabilities, verify
+from .tokens import cut_at_eos
 from .trace import GenerationResult, Round, TokenRecord
+
+if TYPE_CHECKING:  # the engine never imports the model layer at run time
+    from ..models.loading import ModelPair
 
 # Tokens of context used to decode one token's text, so multi-byte characters split
 # over several tokens come out whole on the last of them.
@@ -27,16 +30,18 @@ _TEXT_WINDOW = 6
 
 
 def iter_generate(
-    pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None, **params
+    pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None,
+    decode: DecodeParams | None = None, **params
 ) -> Iterator[GenerationResult]:
     """Validate everything, then return an iterator that yields the result after each round.
 
     The same `GenerationResult` object is yielded each time, grown by one round; closing
     the iterator stops decoding at once and frees the round's caches. `limits`
-    (a `specdemo.limits.Limits`) adds a deployment's caps on prompt and output length.
+    (a `specdemo.app.limits.Limits`) adds a deployment's caps on prompt and output length.
+    `decode` is a validated `DecodeParams`; keyword `params` (the same names) override it.
     """
     spec = get_method(method)
-    decode_params = DecodeParams.from_values(**params)
+    decode_params = DecodeParams.resolve(decode, **params)
     if spec.needs_draft and pair.draft is None:
         raise ValueError(f"method {method!r} needs a draft model; load the pair with draft=... or pick ar or nasd")
     prompt_ids = pair.encode(prompt, chat=decode_params.chat)
@@ -50,11 +55,12 @@ def iter_generate(
 
 
 def generate(
-    pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None, **params
+    pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None,
+    decode: DecodeParams | None = None, **params
 ) -> GenerationResult:
     """Decode to the end and return the full trace."""
     result = None
-    for result in iter_generate(pair, prompt, method, limits, **params):
+    for result in iter_generate(pair, prompt, method, limits, decode, **params):
         pass
     assert result is not None
     return result
@@ -78,6 +84,7 @@ def _rounds(
             if drafter is not None:
                 drafter.start(sequence)
             result.prefill_seconds = clock.lap()
+            prefill_forwards = target.forwards
             engine_seconds = result.prefill_seconds
 
             while True:
@@ -116,7 +123,7 @@ def _rounds(
                 )
                 _record(result, round_, pair, sequence)
                 result.seconds = engine_seconds
-                result.target_forwards += 1
+                result.target_forwards = target.forwards - prefill_forwards
                 result.draft_forwards = drafter.forwards if drafter is not None else 0
                 if new_tokens and new_tokens[-1] in eos_ids:
                     result.stop_reason = "eos"
@@ -136,11 +143,7 @@ def _rounds(
 
 
 def _cut_after_eos(proposal: Proposal, eos_ids) -> tuple[list[int], torch.Tensor | None]:
-    drafts = proposal.tokens
-    for i, token in enumerate(drafts):
-        if token in eos_ids:
-            drafts = drafts[: i + 1]
-            break
+    drafts = cut_at_eos(proposal.tokens, eos_ids)
     probs = proposal.draft_probs
     if probs is not None and probs.shape[0] != len(drafts):
         probs = probs[: len(drafts)]

@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from .loading import EMBEDDED, PRESETS
-from .params import MAX_NEW_TOKENS_LIMIT
+from ..models.loading import EMBEDDED, PRESETS
+from ..engine.params import MAX_NEW_TOKENS_LIMIT
 
 
 def _env_int(name: str, default: int) -> int:

@@ -13,9 +13,9 @@ from typing import Any, Callable, Iterator, Mapping
 import gradio as gr
 import pandas as pd
 
-from . import bench
+from .. import bench
 from .limits import Limits
-from .loading import ModelPair, Preset
+from ..models.loading import ModelPair, Preset
 
 # The columns a reader compares first; the CSV download keeps all of them.
 TABLE_COLUMNS = [
@@ -62,6 +62,42 @@ def check_size(limits: Limits, prompts_per_category: Any, repeats: Any, max_new_
             raise ValueError(f"repeats must be at most {PUBLIC_MAX_REPEATS} on this public demo")
     limits.check_new_tokens(tokens)
     return prompts, repeats_, tokens
+
+
+def measure(pair, **kwargs) -> Iterator[tuple[int, int, str] | bench.BenchResult]:
+    """Progress triples (done, total, message) while the suite runs, then the `BenchResult`.
+
+    The suite runs in a worker thread so that closing this generator (Stop, a closed tab)
+    ends it after the current run; closing returns only once the worker has really stopped,
+    so the caller keeps the device queue, and the pair, until nothing decodes on it any more.
+    """
+    updates: queue.Queue = queue.Queue()
+    stop = threading.Event()
+
+    def report(done: int, total: int, message: str) -> None:
+        if stop.is_set():
+            raise Stopped()
+        updates.put((done, total, message))
+
+    def work() -> None:
+        try:
+            updates.put(bench.run_benchmark(pair, progress=report, **kwargs))
+        except BaseException as error:  # handed to the page's thread, which reports it
+            updates.put(error)
+
+    worker = threading.Thread(target=work, name="specdemo-bench", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = updates.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if isinstance(item, bench.BenchResult):
+                return
+    finally:
+        stop.set()
+        worker.join()
 
 
 def build_tab(
@@ -117,37 +153,6 @@ def build_tab(
         summary_file = gr.DownloadButton("Summary (CSV)", interactive=False, elem_id="bench-summary-csv")
         report_file = gr.DownloadButton("Report (HTML)", interactive=False, elem_id="bench-report")
 
-    @gpu
-    def measure(pair, **kwargs) -> Iterator[tuple[int, int, str] | bench.BenchResult]:
-        """Progress triples while the suite runs, then the result. The suite runs in a worker
-        thread so that closing this generator (Stop, a closed tab) ends it after the current run."""
-        updates: queue.Queue = queue.Queue()
-        stop = threading.Event()
-
-        def report(done: int, total: int, message: str) -> None:
-            if stop.is_set():
-                raise Stopped()
-            updates.put((done, total, message))
-
-        def work() -> None:
-            try:
-                updates.put(bench.run_benchmark(pair, progress=report, **kwargs))
-            except BaseException as error:  # handed to the page's thread, which reports it
-                updates.put(error)
-
-        worker = threading.Thread(target=work, name="specdemo-bench", daemon=True)
-        worker.start()
-        try:
-            while True:
-                item = updates.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if isinstance(item, bench.BenchResult):
-                    return
-        finally:
-            stop.set()
-
     def run(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
             ngram_n_, seed_, request: gr.Request, progress=gr.Progress()):
         try:
@@ -168,7 +173,7 @@ def build_tab(
             pair = load(chosen_preset.target, chosen_preset.draft)
             names = bench.parse_bench_methods(names, pair)
             result = None
-            for item in measure(
+            for item in gpu(measure)(
                 pair, methods=names, repeats=times, categories=None if category_name == bench.ALL else category_name,
                 limit=size, max_new_tokens=new_tokens, temperature=temperature_, gamma=gamma_, ngram_n=ngram_n_,
                 seed=seed_, chat=bool(getattr(pair.tokenizer, "chat_template", None)),

@@ -1,6 +1,6 @@
 """Random-weight GPT-NeoX pairs of realistic sizes, for benchmarking offline.
 
-    python -m specdemo.bench_synthetic --out /tmp/synthetic
+    python -m specdemo.bench.synthetic --out /tmp/synthetic
     python -m specdemo bench --target /tmp/synthetic/target --draft /tmp/synthetic/draft --device cuda ...
 
 The default pair has Pythia-1.4B's and Pythia-70M's shapes (vocab 50304). Random weights
@@ -80,8 +80,8 @@ def write_model(folder: Path, size: str, vocab: int, seed: int, dtype: torch.dty
 def build(out: str | Path, target_size: str = "1.4b", draft_size: str = "70m", vocab: int = VOCAB,
           dtype: str = "bfloat16", device: str = "cpu", suite: str | Path | None = None) -> tuple[Path, Path]:
     """Write out/target and out/draft (each with the tokenizer) and return their paths."""
-    from .bench import DEFAULT_SUITE
-    from .loading import resolve_dtype
+    from .suite import DEFAULT_SUITE
+    from ..models.loading import resolve_dtype
 
     for size in (target_size, draft_size):
         if size not in SIZES:
@@ -98,7 +98,7 @@ def build(out: str | Path, target_size: str = "1.4b", draft_size: str = "70m", v
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdemo.bench_synthetic", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m specdemo.bench.synthetic", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--out", required=True, help="folder to write target/ and draft/ into")
     parser.add_argument("--target-size", default="1.4b", choices=sorted(SIZES), help="Pythia shape of the target")

@@ -1,0 +1,199 @@
+"""The benchmark's Plotly figures and its single-page HTML report; writing and re-reading
+a run's CSV files.
+
+May import pandas, plotly and the other bench modules; never gradio.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from . import statistics
+from .benchmark import ROUND_COLUMNS, BenchResult
+from .runners import bench_methods
+from .statistics import summarize
+
+
+def make_figures(result: BenchResult) -> dict[str, Any]:
+    import plotly.graph_objects as go
+
+    summary = result.summary
+    categories = list(dict.fromkeys(summary.category))
+    methods = list(dict.fromkeys(summary.method))
+    figures: dict[str, Any] = {}
+
+    def bars(column: str, std: str | None, title: str, ytitle: str, skip: tuple[str, ...] = (), line: float | None = None):
+        fig = go.Figure()
+        for method in methods:
+            if method in skip:
+                continue
+            part = summary[summary.method == method].set_index("category").reindex(categories)
+            if part[column].notna().sum() == 0:
+                continue
+            fig.add_bar(name=bench_methods().get(method, method), x=categories, y=part[column],
+                        error_y=dict(type="data", array=part[std].fillna(0)) if std else None)
+        if line is not None:
+            fig.add_hline(y=line, line_dash="dot", line_color="grey")
+        fig.update_layout(title=title, barmode="group", xaxis_title="category", yaxis_title=ytitle,
+                          legend_title="method", template="plotly_white")
+        return fig
+
+    figures["speedup_vs_ar"] = bars("speedup_vs_ar", "speedup_vs_ar_std", "Speedup over our AR, per category",
+                                    "speedup (× AR)", skip=("ar",), line=1.0)
+    figures["speedup_vs_hf"] = bars("speedup_vs_hf", "speedup_vs_hf_std", "Speedup over transformers' generate",
+                                    "speedup (× hf-generate)", skip=("hf-generate",), line=1.0)
+    figures["tokens_per_s"] = bars("tokens_per_s_mean", "tokens_per_s_std", "Throughput", "new tokens / s")
+
+    # Distribution of accepted drafts per round, over rounds that drafted something.
+    rounds = result.rounds[result.rounds.drafted > 0]
+    fig = go.Figure()
+    for method in methods:
+        part = rounds[rounds.method == method]
+        if part.empty:
+            continue
+        counts = part.groupby("accepted")["count"].sum()
+        fig.add_bar(name=bench_methods().get(method, method), x=counts.index.tolist(),
+                    y=(counts / counts.sum()).tolist())
+    fig.update_layout(title="Accepted drafts per round (rounds that drafted)", barmode="group",
+                      xaxis_title="drafts accepted in the round", yaxis_title="fraction of rounds",
+                      legend_title="method", template="plotly_white")
+    figures["acceptance"] = fig
+
+    runs = result.rows[(result.rows.error.fillna("") == "") & result.rows.acceptance_rate.notna()]
+    fig = go.Figure()
+    for method in methods:
+        part = runs[runs.method == method]
+        if part.empty:
+            continue
+        fig.add_box(name=bench_methods().get(method, method), x=part.category, y=part.acceptance_rate,
+                    boxpoints="all", jitter=0.3)
+    fig.update_layout(title="Acceptance rate per run, by category", boxmode="group", xaxis_title="category",
+                      yaxis_title="accepted / drafted", legend_title="method", template="plotly_white")
+    figures["acceptance_by_category"] = fig
+
+    fig = go.Figure()
+    predicted = summary[summary.predicted_speedup.notna() & summary.speedup_vs_ar.notna()]
+    for method in dict.fromkeys(predicted.method):
+        part = predicted[predicted.method == method]
+        fig.add_scatter(name=bench_methods().get(method, method), x=part.predicted_speedup, y=part.speedup_vs_ar,
+                        mode="markers+text", text=part.category, textposition="top center", marker_size=10,
+                        customdata=part[["alpha", "cost_ratio"]].to_numpy(),
+                        hovertemplate="%{text}<br>predicted %{x:.2f}×, measured %{y:.2f}×"
+                                      "<br>α=%{customdata[0]:.2f}, c=%{customdata[1]:.3f}<extra></extra>")
+        fig.add_scatter(name=f"{bench_methods().get(method, method)}, measured verify cost",
+                        x=part.predicted_speedup_v, y=part.speedup_vs_ar, mode="markers", text=part.category,
+                        marker=dict(size=10, symbol="circle-open"), customdata=part[["verify_cost_ratio"]].to_numpy(),
+                        hovertemplate="%{text}<br>predicted with v=%{customdata[0]:.2f}: %{x:.2f}×, "
+                                      "measured %{y:.2f}×<extra></extra>")
+    values = pd.concat([predicted.predicted_speedup, predicted.predicted_speedup_v, predicted.speedup_vs_ar]).dropna()
+    low, high = (min(0.5, values.min()), max(1.5, values.max())) if len(values) else (0.5, 1.5)
+    fig.add_scatter(name="measured = predicted", x=[low, high], y=[low, high], mode="lines",
+                    line=dict(dash="dot", color="grey"))
+    fig.update_layout(title="Leviathan predicted vs measured speedup over AR", xaxis_title="predicted (× AR)",
+                      yaxis_title="measured (× AR)", legend_title="method", template="plotly_white")
+    figures["predicted_vs_measured"] = fig
+    return figures
+
+
+_REPORT_SECTIONS = [
+    ("speedup_vs_ar", "Speedup over our AR"),
+    ("speedup_vs_hf", "Speedup over transformers' generate"),
+    ("tokens_per_s", "Throughput"),
+    ("acceptance", "Acceptance distribution"),
+    ("acceptance_by_category", "Acceptance by category"),
+    ("predicted_vs_measured", "Predicted vs measured speedup"),
+]
+
+
+def report_html(result: BenchResult, path: str | Path | None = None, plotlyjs: str = "inline") -> str:
+    """A single HTML page with the summary tables and the figures; written to path if given.
+
+    plotlyjs="inline" embeds plotly.js (works offline, ~4 MB); "cdn" links to it.
+    """
+    if plotlyjs not in ("inline", "cdn"):
+        raise ValueError(f"plotlyjs must be 'inline' or 'cdn', got {plotlyjs!r}")
+    meta, summary = result.meta, result.summary
+    parts = []
+    for i, (name, title) in enumerate(_REPORT_SECTIONS):
+        fig = result.figures[name]
+        include = (True if plotlyjs == "inline" else "cdn") if i == 0 else False
+        parts.append(f'<h2>{html.escape(title)}</h2>\n'
+                     + fig.to_html(full_html=False, include_plotlyjs=include, div_id=f"fig-{name}"))
+    pivot = summary.pivot_table(index="category", columns="method", values="speedup_vs_ar", sort=False)
+    shown = ["category", "method", "runs", "tokens_per_s_mean", "tokens_per_s_std", "speedup_vs_ar",
+             "speedup_vs_hf", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token",
+             "mean_gamma", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
+             "predicted_speedup_v", "errors"]
+    table = summary[shown].to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="–", border=0,
+                                   classes="summary")
+    params = ", ".join(f"{k}={v}" for k, v in meta.get("params", {}).items())
+    info = (f"pair <b>{html.escape(str(meta.get('pair')))}</b> (target {html.escape(str(meta.get('target')))}, "
+            f"draft {html.escape(str(meta.get('draft')))}) on {html.escape(str(meta.get('device')))} "
+            f"({html.escape(str(meta.get('device_name')))}, {meta.get('threads')} threads), "
+            f"dtype {meta.get('dtype')}; torch {meta.get('torch')}, transformers {meta.get('transformers')}; "
+            f"{meta.get('prompts')} prompts × {meta.get('repeats')} repeats; {html.escape(params)}; {meta.get('time')}")
+    definitions = html.escape(statistics.__doc__.split("Definitions used in the tables (written into the report too):")[1])
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>specdemo benchmark</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }}
+table.summary, table.pivot {{ border-collapse: collapse; font-size: 13px; }}
+table.summary td, table.summary th, table.pivot td, table.pivot th {{ padding: 3px 8px; border-bottom: 1px solid #ddd; text-align: right; }}
+pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px; }}
+</style></head><body>
+<h1>Speculative decoding benchmark</h1>
+<p>{info}</p>
+<h2>Speedup over our AR (geometric mean over prompts)</h2>
+{pivot.to_html(float_format=lambda v: f"{v:.2f}", na_rep="–", border=0, classes="pivot")}
+{''.join(parts)}
+<h2>Summary</h2>
+{table}
+<h2>Definitions</h2>
+<pre>{definitions}</pre>
+</body></html>
+"""
+    if path is not None:
+        Path(path).write_text(page, encoding="utf-8")
+    return page
+
+
+def write_outputs(result: BenchResult, csv: str | Path | None = None, summary_csv: str | Path | None = None,
+                  report: str | Path | None = None, plotlyjs: str = "inline") -> list[Path]:
+    """The rows CSV (plus, beside it, *.rounds.csv and *.meta.json so `load_result` can
+    rebuild the report), the summary CSV and the HTML report; each only if a path is given."""
+    written = []
+    extras = []
+    if csv:
+        stem = str(Path(csv).with_suffix(""))
+        extras = [(stem + ".rounds.csv", result.rounds)]
+    for target, frame in ((csv, result.rows), (summary_csv, result.summary), *extras):
+        if target:
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+            frame.to_csv(target, index=False)
+            written.append(Path(target))
+    if csv:
+        meta_path = Path(str(Path(csv).with_suffix("")) + ".meta.json")
+        meta_path.write_text(json.dumps(result.meta, indent=1, default=str), encoding="utf-8")
+        written.append(meta_path)
+    if report:
+        Path(report).parent.mkdir(parents=True, exist_ok=True)
+        report_html(result, report, plotlyjs)
+        written.append(Path(report))
+    return written
+
+
+def load_result(csv: str | Path) -> BenchResult:
+    """Rebuild a BenchResult (summary and figures recomputed) from what write_outputs wrote."""
+    stem = str(Path(csv).with_suffix(""))
+    rows = pd.read_csv(csv, keep_default_na=True)
+    rows["error"] = rows["error"].astype(object).where(rows["error"].notna(), "")
+    rounds_path, meta_path = Path(stem + ".rounds.csv"), Path(stem + ".meta.json")
+    rounds = pd.read_csv(rounds_path) if rounds_path.is_file() else pd.DataFrame(columns=ROUND_COLUMNS)
+    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+    gamma = meta.get("params", {}).get("gamma")
+    return BenchResult(rows, summarize(rows, gamma), rounds, meta)

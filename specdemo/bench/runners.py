@@ -1,0 +1,242 @@
+"""Runners: one timed call of one method on one prompt, for our methods (through the
+decode loop) and for transformers' peers (``generate``, assisted generation, prompt lookup),
+fed exactly the same prompt ids, EOS ids and sampling settings.
+
+May import ``specdemo.engine`` and ``specdemo.models``; pandas is not needed here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from ..engine.decoding import generate
+from ..engine.methods import METHODS
+from ..engine.params import DecodeParams
+from ..engine.tokens import cut_at_eos
+from ..engine.trace import GenerationResult, TokenRecord
+
+HF_METHODS: dict[str, tuple[str, str]] = {
+    "hf-generate": ("HF generate", "transformers' model.generate (greedy or the same sampling settings)"),
+    "hf-assisted": ("HF assisted (γ)", "assisted generation with our draft, γ tokens a round, constant, no confidence stop"),
+    "hf-assisted-default": ("HF assisted (defaults)", "assisted generation with our draft and transformers' default schedule"),
+    "hf-prompt-lookup": ("HF prompt lookup", "prompt-lookup decoding, γ tokens, matching up to n−1 tokens"),
+}
+DEFAULT_BENCH_METHODS = ("ar", "sd", "nasd", "egag", "hf-generate", "hf-assisted", "hf-prompt-lookup")
+
+def bench_methods() -> dict[str, str]:
+    """Every method the benchmark knows, name → label."""
+    return {**{name: m.label for name, m in METHODS.items()}, **{n: label for n, (label, _) in HF_METHODS.items()}}
+
+
+def parse_bench_methods(value: str | Sequence[str] | None, pair=None) -> list[str]:
+    if value is None:
+        names = list(DEFAULT_BENCH_METHODS)
+    else:
+        names = value.split(",") if isinstance(value, str) else list(value)
+        names = list(dict.fromkeys(n.strip().lower() for n in names if n and n.strip()))
+    known = bench_methods()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+    if not names:
+        raise ValueError(f"methods: choose at least one of {', '.join(known)}")
+    if pair is not None and pair.draft is None:
+        needs = [n for n in names if (n in METHODS and METHODS[n].needs_draft) or n.startswith("hf-assisted")]
+        if needs:
+            raise ValueError(f"method(s) {', '.join(needs)} need a draft model; load the pair with a draft "
+                             "or drop them")
+    return names
+
+
+@dataclass
+class Run:
+    token_ids: list[int]
+    seconds: float
+    stats: dict[str, Any]
+    rounds: list[tuple[int, int]]  # (drafted, accepted) per round
+    result: GenerationResult | None = None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def _quiet_gc():
+    """Collect before a timed call and not during it: a collection mid-run is noise."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def run_ours(pair, method: str, prompt_ids: list[int], params: dict, seed: int) -> Run:
+    device = pair.device
+    with _quiet_gc():
+        _sync(device)
+        start = time.perf_counter()
+        result = generate(pair, prompt_ids, method, **{**params, "seed": seed})
+        _sync(device)
+        seconds = time.perf_counter() - start
+    stats = dict(result.stats)
+    stats["engine_seconds"] = stats.pop("seconds")
+    stats["prefill_s"] = result.prefill_seconds
+    rounds = [(len(r.drafted), r.accepted) for r in result.rounds]
+    return Run(result.token_ids, seconds, stats, rounds, result)
+
+
+class _AssistRecorder:
+    """Wraps transformers' candidate generator to read what it drafted and what was kept.
+
+    transformers builds the generator inside `generate`, so the model's factory method
+    is shadowed on the instance for the duration of one call.
+    """
+
+    def __init__(self):
+        self.rounds: list[tuple[int, int]] = []
+        self.caps: list[int] = []
+        self._drafted = 0
+
+    @contextlib.contextmanager
+    def attached(self, model):
+        factory = model._get_candidate_generator
+
+        def wrapped_factory(*args, **kwargs):
+            generator = factory(*args, **kwargs)
+            get_candidates, update = generator.get_candidates, generator.update_candidate_strategy
+
+            def recorded_get(input_ids, **kw):
+                cap = getattr(generator, "num_assistant_tokens", getattr(generator, "num_output_tokens", None))
+                if cap is not None:
+                    self.caps.append(int(cap))
+                candidates, logits = get_candidates(input_ids, **kw)
+                self._drafted = candidates.shape[-1] - input_ids.shape[-1]
+                return candidates, logits
+
+            def recorded_update(input_ids, scores, num_matches):
+                self.rounds.append((self._drafted, int(num_matches)))
+                return update(input_ids, scores, num_matches)
+
+            generator.get_candidates = recorded_get
+            generator.update_candidate_strategy = recorded_update
+            return generator
+
+        model._get_candidate_generator = wrapped_factory
+        try:
+            yield self
+        finally:
+            del model._get_candidate_generator
+
+
+class HFRunner:
+    """transformers' own decoders, fed exactly what ours are fed."""
+
+    def __init__(self, pair, params: DecodeParams):
+        from transformers import GenerationConfig
+
+        self.pair = pair
+        self.params = params
+        eos = sorted(pair.eos_ids)
+        pad = eos[0] if eos else pair.tokenizer.pad_token_id
+        sampled = not params.sampling.greedy
+        settings: dict[str, Any] = dict(
+            max_new_tokens=params.max_new_tokens, min_new_tokens=0, min_length=0, num_beams=1, use_cache=True,
+            do_sample=sampled, eos_token_id=eos or None, pad_token_id=pad, repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+        )
+        if sampled:
+            # Explicit values: unset ones would be filled from the checkpoint (e.g. top_k=50).
+            settings.update(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, typical_p=1.0,
+                            min_p=None, epsilon_cutoff=0.0, eta_cutoff=0.0)
+        self.config = GenerationConfig(**settings)
+        self.draft_config = copy.deepcopy(pair.draft.generation_config) if pair.draft is not None else None
+
+    def _config_for(self, method: str, max_new_tokens: int):
+        config = copy.deepcopy(self.config)
+        config.max_new_tokens = max_new_tokens
+        if method == "hf-prompt-lookup":
+            config.prompt_lookup_num_tokens = self.params.gamma
+            # Our n counts the predicted token; transformers' n-gram is the matched context only.
+            config.max_matching_ngram_size = max(1, self.params.ngram_n - 1)
+        return config
+
+    def _prepare_draft(self, method: str) -> None:
+        # transformers 5 reads the schedule from the assistant's own generation_config
+        # (and the heuristic schedule writes back into it), so set it per call and restore.
+        if not method.startswith("hf-assisted"):
+            return
+        draft_config = copy.deepcopy(self.draft_config)
+        if method == "hf-assisted":
+            draft_config.num_assistant_tokens = self.params.gamma
+            draft_config.num_assistant_tokens_schedule = "constant"
+            draft_config.assistant_confidence_threshold = 0.0
+        self.pair.draft.generation_config = draft_config
+
+    def run(self, method: str, prompt_ids: list[int], seed: int, max_new_tokens: int | None = None) -> Run:
+        pair, device = self.pair, self.pair.device
+        config = self._config_for(method, max_new_tokens or self.params.max_new_tokens)
+        self._prepare_draft(method)
+        extra = {"assistant_model": pair.draft} if method.startswith("hf-assisted") else {}
+        recorder = _AssistRecorder()
+        attach = recorder.attached(pair.target) if method != "hf-generate" else contextlib.nullcontext()
+        torch.manual_seed(seed)
+        try:
+            with attach, _quiet_gc():
+                _sync(device)
+                start = time.perf_counter()
+                input_ids = torch.tensor([prompt_ids], device=device)
+                output = pair.target.generate(
+                    input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config, **extra
+                )
+                _sync(device)
+                seconds = time.perf_counter() - start
+        finally:
+            if self.draft_config is not None:
+                pair.draft.generation_config = copy.deepcopy(self.draft_config)
+        new_ids = output[0, len(prompt_ids):].tolist()
+        new_ids = cut_at_eos(new_ids, pair.eos_ids)
+        if method == "hf-generate":
+            rounds = [(0, 0)] * len(new_ids)
+            gamma = 0.0
+        else:
+            rounds = recorder.rounds
+            caps = recorder.caps
+            gamma = sum(caps) / len(caps) if caps else math.nan
+        stats = _round_stats(rounds, len(new_ids))
+        stats.update(mean_gamma=gamma, draft_forwards=sum(d for d, _ in rounds) if extra else 0)
+        stop = "eos" if new_ids and new_ids[-1] in pair.eos_ids else "max_new_tokens"
+        stats.update(stop_reason=stop, engine_seconds=math.nan, ttft_s=math.nan, prefill_s=math.nan,
+                     draft_seconds=math.nan, verify_seconds=math.nan, mean_entropy=math.nan)
+        return Run(new_ids, seconds, stats, rounds)
+
+
+def _round_stats(rounds: list[tuple[int, int]], new_tokens: int) -> dict[str, Any]:
+    drafted = sum(d for d, _ in rounds)
+    accepted = sum(a for _, a in rounds)
+    return {
+        "new_tokens": new_tokens, "rounds": len(rounds), "drafted": drafted, "accepted": accepted,
+        "acceptance_rate": accepted / drafted if drafted else math.nan,
+        "mean_accepted_tokens": new_tokens / len(rounds) if rounds else math.nan,
+        "target_forwards": len(rounds),
+        "target_forwards_per_token": len(rounds) / new_tokens if new_tokens else math.nan,
+        "mean_drafted": drafted / len(rounds) if rounds else math.nan,
+    }
+
+
+def result_for_perplexity(method: str, params: DecodeParams, prompt_ids: list[int], ids: list[int]):
+    result = GenerationResult(method, params.as_dict(), list(prompt_ids))
+    result.tokens = [TokenRecord(t, "", "target", 0) for t in ids]
+    return result

@@ -1,0 +1,149 @@
+"""Statistics of a benchmark run: one summary row per (category, method) from the per-run rows.
+
+Every method gets the same prompt token ids (chat template included), the same
+max_new_tokens, the same EOS ids and min_new_tokens=0, and only new tokens are counted.
+Methods are interleaved per prompt, their order rotated one place per prompt and per
+repeat, so that drift of a shared machine hits all of them alike.
+
+May import pandas and the other bench modules below the report; never gradio.
+
+Definitions used in the tables (written into the report too):
+  seconds         wall time of one call, prompt ids in → new ids out, the device
+                  synchronised before both clock reads; our methods and transformers'
+                  are timed the same way.
+  tokens_per_s    per repeat Σ new tokens / Σ seconds over the category's prompts;
+                  mean ± std over repeats.
+  speedup vs R    geometric mean over prompts of  t_R(p) / t_m(p),  where t_x(p) is the
+                  time per new token of method x on prompt p (Σ seconds / Σ new tokens
+                  over the repeats). When both produce the same tokens (greedy runs that
+                  match) this is exactly the ratio of per-prompt times. Its std is over
+                  repeats of the same statistic computed per repeat.
+  α (alpha)       Leviathan's per-token acceptance probability: accepted / (accepted +
+                  rounds that ended in a rejection), the maximum-likelihood estimate
+                  under their i.i.d. model. `acceptance_rate` is accepted / drafted.
+  c (cost_ratio)  drafting time per draft token / time of one AR target step, both from
+                  the traces of the same run (SD's draft_seconds / draft_forwards against
+                  AR's verify_seconds / target_forwards, per category).
+  predicted       (1 − α^(γ+1)) / ((1 − α)(γc + 1)), against the measured speedup vs AR.
+  predicted_v     the same with the measured verification cost v in place of 1:
+                  (1 − α^(γ+1)) / ((1 − α)(γc + v)), v = time of one verification forward
+                  (γ+1 tokens) / one AR step (`verify_cost_ratio`). Leviathan assume v = 1,
+                  which holds on a memory-bound GPU and not on a compute-bound CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from .runners import bench_methods
+from .suite import ALL
+
+# Methods whose γ is fixed, so Leviathan's formula applies to them.
+_PREDICTABLE = ("sd", "nasd", "hf-assisted")
+
+SUMMARY_COLUMNS = [
+    "category", "method", "label", "prompts", "runs", "errors", "new_tokens_mean", "tokens_per_s_mean",
+    "tokens_per_s_std", "speedup_vs_ar", "speedup_vs_ar_std", "speedup_vs_hf", "speedup_vs_hf_std",
+    "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma",
+    "mean_drafted", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
+    "predicted_speedup_v",
+]
+
+
+def _geomean(values) -> float:
+    values = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+def _speedup(sub: pd.DataFrame, method: str, reference: str) -> tuple[float, float]:
+    """Geometric mean over prompts of the reference's time per token / the method's (see module doc)."""
+    def per_token(frame):
+        grouped = frame.groupby("prompt_index")[["seconds", "new_tokens"]].sum()
+        return grouped["seconds"] / grouped["new_tokens"].where(grouped["new_tokens"] > 0)
+
+    mine, ref = sub[sub.method == method], sub[sub.method == reference]
+    if mine.empty or ref.empty:
+        return math.nan, math.nan
+    ratio = (per_token(ref) / per_token(mine)).dropna()
+    overall = _geomean(ratio.tolist())
+    per_repeat = []
+    for repeat in sorted(sub.repeat.unique()):
+        r = (per_token(ref[ref.repeat == repeat]) / per_token(mine[mine.repeat == repeat])).dropna()
+        if len(r):
+            per_repeat.append(_geomean(r.tolist()))
+    spread = float(pd.Series(per_repeat).std()) if len(per_repeat) > 1 else math.nan
+    return overall, spread
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator and math.isfinite(denominator) and denominator > 0 else math.nan
+
+
+def leviathan_speedup(alpha: float, gamma: float, cost_ratio: float, verify_cost: float = 1.0) -> float:
+    """Expected speedup of SD over AR: (1 − α^(γ+1)) / ((1 − α)(γc + v)), v = 1 in the paper."""
+    if not all(math.isfinite(x) for x in (alpha, gamma, cost_ratio, verify_cost)):
+        return math.nan
+    tokens = gamma + 1 if alpha >= 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens / (gamma * cost_ratio + verify_cost)
+
+
+def summarize(rows: pd.DataFrame, gamma: int | None = None) -> pd.DataFrame:
+    """One row per (category, method), plus every method over category 'all'."""
+    ok = rows[rows.error.fillna("") == ""] if "error" in rows else rows
+    methods = list(dict.fromkeys(rows.method))
+    categories = list(dict.fromkeys(rows.category)) + [ALL]
+    out = []
+    for category in categories:
+        sub = ok if category == ALL else ok[ok.category == category]
+        ar = sub[sub.method == "ar"]
+        ar_step = _ratio(ar.verify_seconds.sum(), ar.target_forwards.sum()) if not ar.empty else math.nan
+        sd = sub[sub.method == "sd"]
+        sd_cost = _ratio(sd.draft_seconds.sum(), sd.draft_forwards.sum()) if not sd.empty else math.nan
+        for method in methods:
+            mine = sub[sub.method == method]
+            everything = rows[(rows.method == method) & ((rows.category == category) if category != ALL else True)]
+            per_repeat = mine.groupby("repeat")[["new_tokens", "seconds"]].sum()
+            tps = per_repeat.new_tokens / per_repeat.seconds
+            speed_ar, speed_ar_std = _speedup(sub, method, "ar")
+            speed_hf, speed_hf_std = _speedup(sub, method, "hf-generate")
+            drafted, accepted = mine.drafted.sum(), mine.accepted.sum()
+            trials = accepted + mine.rejected_rounds.sum()
+            matches = mine.matches_ar.dropna()
+            row = {
+                "category": category, "method": method, "label": bench_methods().get(method, method),
+                "prompts": mine.prompt_index.nunique(), "runs": len(mine), "errors": len(everything) - len(mine),
+                "new_tokens_mean": mine.new_tokens.mean(),
+                "tokens_per_s_mean": tps.mean() if len(tps) else math.nan,
+                "tokens_per_s_std": tps.std() if len(tps) > 1 else math.nan,
+                "speedup_vs_ar": speed_ar, "speedup_vs_ar_std": speed_ar_std,
+                "speedup_vs_hf": speed_hf, "speedup_vs_hf_std": speed_hf_std,
+                "acceptance_rate": _ratio(accepted, drafted) if drafted else math.nan,
+                "alpha": _ratio(accepted, trials) if trials else math.nan,
+                "mean_accepted_tokens": _ratio(mine.new_tokens.sum(), mine.rounds.sum()),
+                "target_forwards_per_token": _ratio(mine.target_forwards.sum(), mine.new_tokens.sum()),
+                "mean_gamma": mine.mean_gamma.mean(),
+                "mean_drafted": _ratio(drafted, mine.rounds.sum()),
+                "exact_match_pct": 100.0 * matches.astype(bool).mean() if len(matches) else math.nan,
+                "perplexity": mine.perplexity.mean() if mine.perplexity.notna().any() else math.nan,
+                "cost_ratio": math.nan, "verify_cost_ratio": math.nan, "predicted_speedup": math.nan,
+                "predicted_speedup_v": math.nan,
+            }
+            if method in _PREDICTABLE and not mine.empty:
+                if method == "nasd":
+                    slots = (mine.rounds * mine.mean_gamma).sum()
+                    cost = _ratio(_ratio(mine.draft_seconds.sum(), slots), ar_step)
+                else:
+                    # transformers' assistant is our draft model: price its forward from our SD.
+                    cost = _ratio(sd_cost, ar_step)
+                g = gamma if gamma is not None else row["mean_gamma"]
+                row["cost_ratio"] = cost
+                # transformers' verification is not timed apart; ours verifies the same γ+1 tokens.
+                timed = sd if method == "hf-assisted" else mine
+                verify = _ratio(_ratio(timed.verify_seconds.sum(), timed.target_forwards.sum()), ar_step)
+                row["verify_cost_ratio"] = verify
+                row["predicted_speedup"] = leviathan_speedup(row["alpha"], g, cost)
+                row["predicted_speedup_v"] = leviathan_speedup(row["alpha"], g, cost, verify)
+            out.append(row)
+    return pd.DataFrame(out, columns=SUMMARY_COLUMNS)

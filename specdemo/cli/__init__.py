@@ -1,0 +1,44 @@
+"""`python -m specdemo <command>`: the command line.
+
+Subcommands are listed explicitly in `SUBCOMMANDS` (name → (add_arguments, run)); adding one
+is writing a module with those two functions and adding its entry here. May import every
+layer below it (engine, models, bench); nothing imports it but ``specdemo.__main__``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from ..models.errors import ModelLoadError
+from . import bench, compare
+
+AddArguments = Callable[[argparse.ArgumentParser], None]
+Run = Callable[[argparse.Namespace], int]
+
+SUBCOMMANDS: dict[str, tuple[AddArguments, Run]] = {
+    "compare": (compare.add_arguments, compare.run),
+    "bench": (bench.add_arguments, bench.run),
+}
+
+
+def build_parser(subcommands: dict[str, tuple[AddArguments, Run]] | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m specdemo", description="Compare AR, SD, NASD and EGAG decoding.")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name, (add_arguments, run) in (subcommands or SUBCOMMANDS).items():
+        summary = (run.__doc__ or "").strip().splitlines()[0] if run.__doc__ else None
+        sub = subparsers.add_parser(name, help=summary, description=summary)
+        add_arguments(sub)
+        sub.set_defaults(run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, ModelLoadError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

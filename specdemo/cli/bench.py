@@ -1,0 +1,95 @@
+"""`python -m specdemo bench`: our decoders against transformers' own, on a prompt suite."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from ..bench.benchmark import BenchResult, run_benchmark
+from ..bench.report import write_outputs
+from ..bench.runners import DEFAULT_BENCH_METHODS, bench_methods, parse_bench_methods
+from ..bench.suite import ALL, DEFAULT_SUITE, load_suite, select_prompts
+from .common import add_decoding_arguments, add_model_arguments, decode_params, default_chat, pair_from_args
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    suite = parser.add_argument_group("suite")
+    suite.add_argument("--suite", default=None,
+                       help="JSONL, one {\"prompt\": ..., \"category\": ...} a line (optional \"id\", \"messages\"); "
+                            "default: the 50-prompt suite that ships with specdemo")
+    suite.add_argument("--categories", default=None, help="comma-separated categories to run (default: all of them)")
+    suite.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
+    suite.add_argument("--repeats", type=int, default=3, help="timed runs of every (prompt, method) (default: 3)")
+    suite.add_argument("--no-warmup", dest="warmup", action="store_false",
+                       help="skip the untimed warm-up run of each method (by default each method has one)")
+    suite.add_argument("--threads", type=int, default=None,
+                       help="torch CPU threads (default: torch's choice); 1 is steadier on a busy shared CPU")
+    add_model_arguments(parser)
+    add_decoding_arguments(parser, methods_default=DEFAULT_BENCH_METHODS, methods_known=list(bench_methods()))
+    out = parser.add_argument_group("output")
+    out.add_argument("--csv", help="one row per (prompt, method, repeat)")
+    out.add_argument("--summary-csv", help="one row per (category, method); default: next to --csv as *.summary.csv")
+    out.add_argument("--report", help="HTML report with the figures")
+    out.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
+                     help="embed plotly.js in the report (offline) or link it from a CDN (default: inline)")
+    out.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Benchmark our decoders against transformers' on a prompt suite."""
+    params = decode_params(args, chat_default=default_chat(args))  # fails on bad values before loading models
+    if args.repeats < 1:
+        raise ValueError(f"repeats must be an integer ≥ 1, got {args.repeats}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"threads must be an integer ≥ 1, got {args.threads}")
+    methods = parse_bench_methods(args.methods)
+    suite = select_prompts(load_suite(args.suite or DEFAULT_SUITE), args.categories, args.limit)
+    threads = torch.get_num_threads()
+    if args.threads:
+        # Spin-waiting worker threads collapse when another process holds a core, so a
+        # shared machine often runs faster, and far steadier, on fewer threads.
+        torch.set_num_threads(args.threads)
+    try:
+        return _bench_with(args, params, methods, suite)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _bench_with(args, params, methods, suite) -> int:
+    from tqdm.auto import tqdm
+
+    pair = pair_from_args(args)
+    bar = None if args.quiet else tqdm(total=1, unit="run", dynamic_ncols=True)
+
+    def progress(done: int, total: int, message: str) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.update(done - bar.n)
+            bar.set_postfix_str(message, refresh=False)
+
+    try:
+        result = run_benchmark(pair, suite, methods, repeats=args.repeats, warmup=args.warmup,
+                               progress=progress, decode=params)
+    finally:
+        if bar is not None:
+            bar.close()
+    summary_csv = args.summary_csv
+    if args.csv and not summary_csv:
+        summary_csv = str(Path(args.csv).with_suffix("")) + ".summary.csv"
+    _print_summary(result)
+    for path in write_outputs(result, args.csv, summary_csv, args.report, args.plotlyjs):
+        print(f"wrote {path}")
+    return 0
+
+
+def _print_summary(result: BenchResult) -> None:
+    shown = ["category", "method", "tokens_per_s_mean", "tokens_per_s_std", "speedup_vs_ar", "speedup_vs_hf",
+             "acceptance_rate", "mean_accepted_tokens", "exact_match_pct", "predicted_speedup", "errors"]
+    with pd.option_context("display.max_columns", None, "display.width", 200, "display.float_format", "{:.3f}".format):
+        print(result.summary[result.summary.category == ALL][shown].to_string(index=False))
+    errors = result.rows[result.rows.error.fillna("") != ""]
+    for _, row in errors.drop_duplicates("method").iterrows():
+        print(f"warning: {row.method} failed on {len(errors[errors.method == row.method])} run(s): {row.error}")

@@ -1,0 +1,69 @@
+"""Arguments every subcommand shares: the model pair and the decoding parameters, the
+latter generated from `specdemo.engine.params.SCHEMA` (each default stated once, by the
+schema, in the help text)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+from ..engine.methods import DEFAULT_METHODS, METHODS
+from ..engine.params import SCHEMA, DecodeParams, Param
+from ..models.loading import EMBEDDED, PRESETS, load_pair
+
+# What the command line says instead of the schema's default, where its default differs.
+_CLI_DEFAULT_NOTE = {"chat": "on for the embedded pair, off otherwise", "seed": "random"}
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("models")
+    group.add_argument("--pair", default=None, choices=sorted(PRESETS),
+                       help="a model-pair preset (default: embedded, unless --target is given)")
+    group.add_argument("--target", default=None, help="target: hub id, local folder or .gguf file")
+    group.add_argument("--draft", default=None, help="draft for sd/egag: hub id, local folder or .gguf file")
+    group.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: cuda if available)")
+    group.add_argument("--dtype", default=None,
+                       help="float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on GPU)")
+
+
+def _flag_help(spec: Param) -> str:
+    where = "" if not spec.methods else f"{', '.join(spec.methods)}: "
+    default = _CLI_DEFAULT_NOTE.get(spec.name, spec.default)
+    return f"{where}{spec.help} (default: {default})"
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser, methods_default: Sequence[str] = DEFAULT_METHODS,
+                           methods_known: Sequence[str] | None = None) -> None:
+    """--methods and one flag per schema parameter (--max-new-tokens, --temperature, ...)."""
+    group = parser.add_argument_group("decoding")
+    known = list(methods_known if methods_known is not None else METHODS)
+    default = ",".join(methods_default)
+    group.add_argument("--methods", default=default, help=f"comma-separated, from: {', '.join(known)} (default: {default})")
+    for spec in SCHEMA:
+        flag = "--" + spec.name.replace("_", "-")
+        if spec.kind is bool:
+            group.add_argument(flag, dest=spec.name, action=argparse.BooleanOptionalAction, default=None,
+                               help=_flag_help(spec))
+        else:
+            # Values are parsed by the schema (DecodeParams.from_values), so errors read the same everywhere.
+            group.add_argument(flag, dest=spec.name, default=None, choices=spec.choices, help=_flag_help(spec),
+                               metavar=None if spec.choices else spec.kind.__name__.upper())
+
+
+def decode_params(args: argparse.Namespace, chat_default: bool) -> DecodeParams:
+    """The validated parameters of a parsed command line (ValueError naming the field)."""
+    values = {spec.name: getattr(args, spec.name) for spec in SCHEMA}
+    if values["chat"] is None:
+        values["chat"] = chat_default
+    return DecodeParams.from_values(**values)
+
+
+def default_chat(args: argparse.Namespace) -> bool:
+    """Chat is on by default for the embedded (instruct) pair."""
+    return not args.target and (args.pair or EMBEDDED) == EMBEDDED
+
+
+def pair_from_args(args: argparse.Namespace):
+    if args.target:
+        return load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
+    return load_pair(args.pair or EMBEDDED, device=args.device, dtype=args.dtype)

@@ -1,0 +1,47 @@
+"""`python -m specdemo compare`: run several methods on one prompt and tabulate them."""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+
+from ..bench.compare import run_comparison
+from ..engine.methods import parse_methods
+from .common import add_decoding_arguments, add_model_arguments, decode_params, default_chat, pair_from_args
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="the prompt text")
+    prompt.add_argument("--prompt-file", help="read the prompt from this file")
+    add_model_arguments(parser)
+    add_decoding_arguments(parser)
+    out = parser.add_argument_group("output")
+    out.add_argument("--csv", help="write the comparison table (one row per method) here")
+    out.add_argument("--trace-csv", help="write the per-round trace (one row per round per method) here")
+    out.add_argument("--show-text", action="store_true", help="print each method's output text")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run several methods on one prompt and print a comparison table (AR first, others as ratios)."""
+    methods = parse_methods(args.methods)
+    prompt = args.prompt if args.prompt is not None else open(args.prompt_file, encoding="utf-8").read()
+    params = decode_params(args, chat_default=default_chat(args))  # fails on bad values before loading models
+    pair = pair_from_args(args)
+    comparison = run_comparison(pair, prompt, methods, decode=params)
+    summary, rounds = comparison.summary, comparison.rounds
+    with pd.option_context("display.max_columns", None, "display.width", 160, "display.float_format", "{:.3f}".format):
+        shown = ["label", "new_tokens", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
+                 "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma", "matches_ar", "perplexity"]
+        print(summary[shown].to_string(index=False))
+    if args.show_text:
+        for result in comparison.results:
+            print(f"\n--- {result.method} ---\n{result.text}")
+    if args.csv:
+        summary.to_csv(args.csv, index=False)
+        print(f"wrote {args.csv}")
+    if args.trace_csv:
+        rounds.to_csv(args.trace_csv, index=False)
+        print(f"wrote {args.trace_csv}")
+    return 0

@@ -1,0 +1,194 @@
+"""Decoding parameters: each declared once, with its type, default, range, help text and
+the methods it applies to. Validation here and the CLI flags, the page's controls and the
+API endpoints' parameters are all generated from `SCHEMA`.
+
+Every check raises `ValueError` naming the field and what it accepts, so each front
+end can show the message as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from .sampling import SamplingConfig
+
+NGRAM_STORAGES = ("basic", "onelevel")
+# A hard ceiling for any caller; public deployments set a lower one (see specdemo.app.limits).
+MAX_NEW_TOKENS_LIMIT = 4096
+ALL_METHODS: tuple[str, ...] = ()  # a parameter that every method reads
+
+
+@dataclass(frozen=True)
+class Param:
+    """One decoding parameter as every front end sees it."""
+
+    name: str
+    kind: type  # int, float, str or bool
+    default: Any
+    help: str
+    label: str  # the page's label
+    methods: tuple[str, ...] = ALL_METHODS
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # the bound itself is refused
+    high_open: bool = False
+    choices: tuple[str, ...] | None = None
+    optional: bool = False  # None (empty) is allowed and means "pick one"
+    allowed: str = ""  # how an error states what is accepted
+    slider: tuple[float, float, float] | None = None  # the page's (min, max, step) when shown as a slider
+
+    def describe_allowed(self) -> str:
+        if self.allowed:
+            return self.allowed
+        if self.kind is int:
+            return f"an integer from {self.low:g} to {self.high:g}" if self.high is not None else f"an integer ≥ {self.low:g}"
+        return "a number"
+
+    def check(self, value: Any) -> None:
+        name, allowed = self.name, self.describe_allowed()
+        if value is None and self.optional:
+            return
+        if self.choices is not None:
+            if value not in self.choices:
+                raise ValueError(f"{name} must be one of {', '.join(self.choices)}, got {value!r}")
+            return
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
+            return
+        if self.kind is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        low_bad = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+        high_bad = self.high is not None and (value >= self.high if self.high_open else value > self.high)
+        if low_bad or high_bad:
+            raise ValueError(f"{name} must be {allowed}, got {value}")
+
+    def applies_to(self, method: str) -> bool:
+        return not self.methods or method in self.methods
+
+
+_GAMMA = dict(low=1, high=64, allowed="an integer from 1 to 64")
+
+SCHEMA: tuple[Param, ...] = (
+    Param("max_new_tokens", int, 128, "stop after this many new tokens", "Max new tokens",
+          low=1, high=MAX_NEW_TOKENS_LIMIT),
+    Param("temperature", float, 0.0, "0 = greedy", "Temperature (0 = greedy)",
+          low=0.0, allowed="a number ≥ 0 (0 = greedy)", slider=(0.0, 2.0, 0.05)),
+    Param("top_k", int, 0, "keep the k most likely tokens (0 = off)", "Top-k (0 = off)",
+          low=0, allowed="an integer ≥ 0 (0 = off)"),
+    Param("top_p", float, 1.0, "nucleus sampling mass (1 = off)", "Top-p (1 = off)",
+          low=0.0, high=1.0, low_open=True, allowed="a number in (0, 1] (1 = off)", slider=(0.05, 1.0, 0.01)),
+    Param("seed", int, None, "random seed (sampling); the same seed gives the same run",
+          "Seed (empty = random)", low=0, high=2**63 - 1, optional=True, allowed="an integer ≥ 0 or empty"),
+    Param("gamma", int, 4, "draft length γ", "SD / NASD: γ (draft length)",
+          methods=("sd", "nasd", "sd-heuristic"), **_GAMMA),
+    Param("gamma_min", int, 1, "smallest γ", "EGAG: γ min", methods=("egag",), **_GAMMA),
+    Param("gamma_max", int, 6, "largest γ", "EGAG: γ max", methods=("egag", "sd-confidence"), **_GAMMA),
+    Param("ema", float, 0.9, "entropy smoothing β (0 = none)", "EGAG: entropy EMA β", methods=("egag",),
+          low=0.0, high=1.0, high_open=True, allowed="a number in [0, 1) (0 = no smoothing)", slider=(0.0, 0.99, 0.01)),
+    Param("ngram_n", int, 3, "n of the n-gram table", "NASD: n of the n-gram table", methods=("nasd",),
+          low=2, high=16),
+    Param("ngram_storage", str, "basic", "table kind", "NASD: table kind", methods=("nasd",),
+          choices=NGRAM_STORAGES),
+    Param("top_k_filler", int, 3, "target top-k predictions added to the table per verified position",
+          "NASD: top-k filler from the target", methods=("nasd",), low=0, high=64),
+    Param("chat", bool, False, "wrap the prompt in the chat template (instruct models)", "Chat template"),
+)
+PARAMS: dict[str, Param] = {p.name: p for p in SCHEMA}
+
+
+@dataclass(frozen=True)
+class DecodeParams:
+    """A validated set of decoding parameters (fields and defaults come from `SCHEMA`)."""
+
+    max_new_tokens: int = PARAMS["max_new_tokens"].default
+    temperature: float = PARAMS["temperature"].default
+    top_k: int = PARAMS["top_k"].default
+    top_p: float = PARAMS["top_p"].default
+    seed: int | None = PARAMS["seed"].default
+    gamma: int = PARAMS["gamma"].default
+    gamma_min: int = PARAMS["gamma_min"].default
+    gamma_max: int = PARAMS["gamma_max"].default
+    ema: float = PARAMS["ema"].default
+    ngram_n: int = PARAMS["ngram_n"].default
+    ngram_storage: str = PARAMS["ngram_storage"].default
+    top_k_filler: int = PARAMS["top_k_filler"].default
+    chat: bool = PARAMS["chat"].default
+
+    @classmethod
+    def from_values(cls, **values: Any) -> "DecodeParams":
+        """Coerce loosely typed values (strings from a form or a command line) and validate."""
+        unknown = sorted(set(values) - set(PARAMS))
+        if unknown:
+            raise ValueError(f"unknown parameter(s): {', '.join(unknown)}; allowed: {', '.join(PARAMS)}")
+        coerced = {}
+        for name, value in values.items():
+            if value is None:
+                continue  # keep the default
+            coerced[name] = _coerce(PARAMS[name], value)
+        return cls(**coerced)
+
+    @classmethod
+    def resolve(cls, params: "DecodeParams | None" = None, **values: Any) -> "DecodeParams":
+        """`params` as given (validated already), with any loose `values` laid over it."""
+        if params is None:
+            return cls.from_values(**values)
+        if not isinstance(params, DecodeParams):
+            raise ValueError(f"params must be a DecodeParams, got {type(params).__name__}")
+        return cls.from_values(**{**params.as_dict(), **values}) if values else params
+
+    def __post_init__(self) -> None:
+        for spec in SCHEMA:
+            spec.check(getattr(self, spec.name))
+        if self.gamma_min > self.gamma_max:
+            raise ValueError(f"gamma_min ({self.gamma_min}) must not exceed gamma_max ({self.gamma_max})")
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def replace(self, **changes: Any) -> "DecodeParams":
+        return dataclasses.replace(self, **changes)
+
+
+assert [f.name for f in fields(DecodeParams)] == list(PARAMS), "DecodeParams and SCHEMA must list the same names"
+
+
+def _coerce(spec: Param, value: Any) -> Any:
+    name, kind = spec.name, spec.kind
+    try:
+        if kind is bool:
+            if isinstance(value, str):
+                lowered = value.strip().lower()
+                if lowered in ("1", "true", "yes", "on"):
+                    return True
+                if lowered in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+            return bool(value)
+        if kind is int:
+            if isinstance(value, str) and value.strip() == "" and spec.optional:
+                return None
+            if isinstance(value, bool):
+                raise ValueError
+            number = float(value)
+            if not number.is_integer():
+                raise ValueError
+            return int(number)
+        if kind is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError, OverflowError):
+        what = "true or false" if kind is bool else "an integer" if kind is int else "a number"
+        raise ValueError(f"{name} must be {what}, got {value!r}") from None

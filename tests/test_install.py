@@ -1,0 +1,64 @@
+"""A non-editable install works outside the checkout: the wheel carries the trained draft and
+the prompt suite, and from another directory the embedded pair loads and `bench` runs on its
+default suite."""
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGED = [
+    "specdemo/models/assets/smollm2-draft/config.json",
+    "specdemo/models/assets/smollm2-draft/model.safetensors",
+    "specdemo/bench/suite.jsonl",
+    "specdemo/training/data/train_prompts.jsonl",
+    "specdemo/training/data/heldout_prompts.jsonl",
+]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    # Build from a clean copy: a stale build/ folder in the checkout could leak old files into the wheel.
+    source = tmp_path_factory.mktemp("source") / "specdemo"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__", ".venv",
+                                                                 "tests", ".pytest_cache"))
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(source),
+                    "-w", str(out)], check=True, capture_output=True, cwd=out)
+    (path,) = out.glob("specdemo-*.whl")
+    return path
+
+
+def test_the_wheel_carries_the_draft_and_the_suite(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = [name for name in PACKAGED if name not in names]
+    assert not missing, f"not in the wheel: {missing}"
+    assert not any(name.startswith(("tests/", "assets/")) for name in names)
+
+
+@pytest.mark.slow
+def test_installed_wheel_loads_the_embedded_pair_and_benches_from_elsewhere(wheel, tmp_path):
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1"}
+    check = ("import specdemo, specdemo.models.embedded as e; "
+             f"assert specdemo.__file__.startswith({str(site)!r}), specdemo.__file__; "
+             "pair = specdemo.load_pair('embedded'); "
+             "assert pair.draft is not None and str(e.DRAFT_DIR).startswith(" + repr(str(site)) + "); print('ok')")
+    done = subprocess.run([sys.executable, "-c", check], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+    bench = subprocess.run(
+        [sys.executable, "-m", "specdemo", "bench", "--limit", "1", "--categories", "chat", "--max-new-tokens", "4",
+         "--methods", "ar", "--repeats", "1", "--no-warmup", "--quiet", "--csv", "runs.csv"],
+        cwd=elsewhere, env=env, capture_output=True, text=True,
+    )
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    assert (elsewhere / "runs.csv").is_file()
