@@ -372,7 +372,7 @@ def load_teacher(target: str | None, device: str, dtype: torch.dtype):
         model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(target)
     else:
-        from specdemo.embedded import load_embedded_target
+        from specdemo.models.embedded import load_embedded_target
 
         model, tokenizer = load_embedded_target(device="cpu", dtype=torch.float32)
         model = model.to(dtype)

@@ -165,12 +165,12 @@ def _maths(rng: random.Random) -> str:
 
 
 def heldout_prompts() -> list[str]:
-    data = resources.files("specdemo").joinpath("data/heldout_prompts.jsonl")
+    data = resources.files("specdemo").joinpath("training/data/heldout_prompts.jsonl")
     return [json.loads(line)["prompt"] for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def written_prompts() -> list[str]:
-    data = resources.files("specdemo").joinpath("data/train_prompts.jsonl")
+    data = resources.files("specdemo").joinpath("training/data/train_prompts.jsonl")
     return [json.loads(line)["prompt"] for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
