@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 import torch
 
 from .drafters import Drafter, Proposal
-from .lm import CachedLM
+from .lm import CACHE_KINDS, CachedLM, default_cache_kind
 from .loading import ModelPair
 from .methods import get_method
 from .params import DecodeParams
@@ -27,14 +27,18 @@ _TEXT_WINDOW = 6
 
 
 def iter_generate(
-    pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None, **params
+    pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None, *, cache: str | None = None,
+    compile: bool = False, **params
 ) -> Iterator[GenerationResult]:
     """Validate everything, then return an iterator that yields the result after each round.
 
     The same `GenerationResult` object is yielded each time, grown by one round; closing
     the iterator stops decoding at once and frees the round's caches. `limits`
     (a `specdemo.limits.Limits`) adds a deployment's caps on prompt and output length.
+    `cache` ("static" | "dynamic", default static on CUDA) and `compile` choose the
+    engine's KV cache and graph capture; they never change the tokens.
     """
+    cache = _check_engine(pair, cache, compile)
     spec = get_method(method)
     decode_params = DecodeParams.from_values(**params)
     if spec.needs_draft and pair.draft is None:
@@ -46,22 +50,31 @@ def iter_generate(
     seed = decode_params.seed if decode_params.seed is not None else random.randrange(2**31)
     result = GenerationResult(method, {**decode_params.as_dict(), "seed": seed}, prompt_ids)
     drafter, policy = spec.build(pair, decode_params)
-    return _rounds(pair, drafter, policy, decode_params, seed, result)
+    return _rounds(pair, drafter, policy, decode_params, seed, result, cache=cache, compile=compile)
 
 
 def generate(
-    pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None, **params
+    pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None, *, cache: str | None = None,
+    compile: bool = False, **params
 ) -> GenerationResult:
     """Decode to the end and return the full trace."""
     result = None
-    for result in iter_generate(pair, prompt, method, limits, **params):
+    for result in iter_generate(pair, prompt, method, limits, cache=cache, compile=compile, **params):
         pass
     assert result is not None
     return result
 
 
+def _check_engine(pair: ModelPair, cache: str | None, compile: bool) -> str:
+    cache = default_cache_kind(pair.device) if cache is None else cache
+    if cache not in CACHE_KINDS:
+        raise ValueError(f"cache: {cache!r} is not one of {', '.join(CACHE_KINDS)}")
+    return cache
+
+
 def _rounds(
-    pair: ModelPair, drafter: Drafter | None, policy, params: DecodeParams, seed: int, result: GenerationResult
+    pair: ModelPair, drafter: Drafter | None, policy, params: DecodeParams, seed: int, result: GenerationResult,
+    cache: str = "dynamic", compile: bool = False,
 ) -> Iterator[GenerationResult]:
     device = pair.device
     sampling = params.sampling
@@ -70,7 +83,13 @@ def _rounds(
     eos_ids = pair.eos_ids
     sequence = list(result.prompt_ids)
     clock = _Clock(device)
-    target = CachedLM(pair.target, pair.vocab_size)
+    # A static cache holds the whole generation; the slack covers padded verification.
+    max_length = len(sequence) + params.max_new_tokens + max(params.gamma, params.gamma_max) + 1
+    target = CachedLM(pair.target, pair.vocab_size, cache=cache, max_length=max_length)
+    if drafter is not None and hasattr(drafter, "use_cache"):
+        drafter.use_cache(cache, max_length)
+    result.cache = cache
+    result.compile_seconds = 0.0
     try:
         with torch.inference_mode():
             clock.start()
