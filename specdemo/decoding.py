@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 import torch
 
 from .drafters import Drafter, Proposal
-from .lm import CACHE_KINDS, CachedLM, default_cache_kind
+from .lm import CACHE_KINDS, CachedLM, buckets_up_to, default_cache_kind
 from .loading import ModelPair
 from .methods import get_method
 from .params import DecodeParams
@@ -69,6 +69,8 @@ def _check_engine(pair: ModelPair, cache: str | None, compile: bool) -> str:
     cache = default_cache_kind(pair.device) if cache is None else cache
     if cache not in CACHE_KINDS:
         raise ValueError(f"cache: {cache!r} is not one of {', '.join(CACHE_KINDS)}")
+    if compile and cache != "static":
+        raise ValueError("compile: graph capture needs cache='static'")
     return cache
 
 
@@ -84,12 +86,17 @@ def _rounds(
     sequence = list(result.prompt_ids)
     clock = _Clock(device)
     # A static cache holds the whole generation; the slack covers padded verification.
-    max_length = len(sequence) + params.max_new_tokens + max(params.gamma, params.gamma_max) + 1
-    target = CachedLM(pair.target, pair.vocab_size, cache=cache, max_length=max_length)
+    longest_round = max(params.gamma, params.gamma_max) + 1
+    max_length = len(sequence) + params.max_new_tokens + longest_round
+    # AR verifies one token a round; drafting methods up to γ + 1 (padded to a bucket).
+    buckets = buckets_up_to(longest_round) if drafter is not None else (1,)
+    target = CachedLM(pair.target, pair.vocab_size, cache=cache, max_length=max_length, compile=compile,
+                      buckets=buckets)
     if drafter is not None and hasattr(drafter, "use_cache"):
-        drafter.use_cache(cache, max_length)
+        # The drafter feeds one token at a time, and one or two to catch up after a round.
+        drafter.use_cache(cache, max_length, compile=compile, buckets=(1, 2))
     result.cache = cache
-    result.compile_seconds = 0.0
+    result.compile_seconds = 0.0  # compile and warm-up, outside every timed phase
     try:
         with torch.inference_mode():
             clock.start()
@@ -98,6 +105,10 @@ def _rounds(
                 drafter.start(sequence)
             result.prefill_seconds = clock.lap()
             engine_seconds = result.prefill_seconds
+            if compile:
+                result.compile_seconds = target.warm_up()
+                if drafter is not None and hasattr(drafter, "lm"):
+                    result.compile_seconds += drafter.lm.warm_up()
 
             while True:
                 remaining = params.max_new_tokens - len(result.tokens)
@@ -149,9 +160,9 @@ def _rounds(
                 yield result
     finally:
         # Drop the caches now rather than whenever the generator is collected.
-        target.cache = None
+        target.close()
         if drafter is not None and hasattr(drafter, "lm"):
-            drafter.lm.cache = None
+            drafter.lm.close()
 
 
 def _cut_after_eos(proposal: Proposal, eos_ids) -> tuple[list[int], torch.Tensor | None]:

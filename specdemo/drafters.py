@@ -49,9 +49,11 @@ class ModelDrafter:
                  max_length: int | None = None):
         self.lm = CachedLM(model, vocab_size, cache=cache, max_length=max_length)
 
-    def use_cache(self, cache: str, max_length: int | None) -> None:
+    def use_cache(self, cache: str, max_length: int | None, compile: bool = False,
+                  buckets: tuple[int, ...] = (1,)) -> None:
         """Switch to a fresh cache of this kind (before `start`); the decode loop matches the target's."""
-        self.lm = CachedLM(self.lm.model, self.lm.vocab_size, cache=cache, max_length=max_length)
+        self.lm = CachedLM(self.lm.model, self.lm.vocab_size, cache=cache, max_length=max_length, compile=compile,
+                           buckets=buckets)
 
     @property
     def forwards(self) -> int:

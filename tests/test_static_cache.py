@@ -125,3 +125,28 @@ def test_static_path_samples_the_same_tokens_for_the_same_seed(pair32, method):
     runs = [specdemo.generate(pair32, PROMPTS[0], method=method, cache=cache, max_new_tokens=24, temperature=1.0,
                               seed=11) for cache in ("dynamic", "static", "static")]
     assert runs[0].token_ids == runs[1].token_ids == runs[2].token_ids
+
+
+def test_compile_needs_the_static_cache(pair32):
+    with pytest.raises(ValueError, match="compile"):
+        specdemo.generate(pair32, "w5", method="ar", cache="dynamic", compile=True, max_new_tokens=2)
+    with pytest.raises(ValueError, match="compile"):
+        CachedLM(pair32.target, cache="dynamic", compile=True)
+
+
+@pytest.mark.slow
+def test_compiled_steps_give_the_same_tokens_and_compile_once(pair32):
+    """torch.compile on CPU (default mode): same tokens; a second generation compiles nothing."""
+    from torch._dynamo.utils import counters
+
+    for method, sampling in [("ar", {}), ("sd", {}), ("sd", {"temperature": 1.0, "seed": 4})]:
+        kwargs = dict(method=method, max_new_tokens=24, gamma=3, gamma_max=3, **sampling)
+        eager = specdemo.generate(pair32, PROMPTS[0], cache="dynamic", **kwargs)
+        compiled = specdemo.generate(pair32, PROMPTS[0], cache="static", compile=True, **kwargs)
+        assert compiled.token_ids == eager.token_ids, method
+        assert compiled.compile_seconds > 0.0 and eager.compile_seconds == 0.0
+    frames = dict(counters["frames"])
+    again = specdemo.generate(pair32, PROMPTS[1], cache="static", compile=True, method="sd", max_new_tokens=30,
+                              gamma=3, gamma_max=3)
+    assert dict(counters["frames"]) == frames  # nothing recompiled
+    assert again.token_ids == specdemo.generate(pair32, PROMPTS[1], method="ar", max_new_tokens=30).token_ids
