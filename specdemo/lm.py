@@ -191,6 +191,7 @@ class CachedLM:
         else:
             output = self.model(
                 input_ids=new_ids.view(1, -1),
+                attention_mask=self._explicit_mask(n),
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=n_logits,
@@ -201,6 +202,24 @@ class CachedLM:
         if self.vocab_size is not None:
             logits = logits[..., : self.vocab_size]
         return logits
+
+    def _explicit_mask(self, n: int) -> torch.Tensor | None:
+        """A static cache's causal mask for n new tokens, built from the host-side length.
+
+        transformers builds the same mask itself, but to decide whether it may skip it
+        for n > 1 it reads the cache's device-side length back to the host: a sync per
+        verification. Eager static feeds of several tokens pass this mask instead.
+        """
+        implementation = getattr(self.model.config, "_attn_implementation", None)
+        if self.kind != "static" or n == 1 or implementation not in ("sdpa", "eager"):
+            return None
+        keys = torch.arange(self.max_length, device=self.device)
+        queries = torch.arange(self.length, self.length + n, device=self.device)
+        allowed = (keys[None, :] <= queries[:, None])[None, None]  # [1, 1, n, max_length]
+        if implementation == "sdpa":
+            return allowed
+        dtype = next(self.model.parameters()).dtype
+        return torch.where(allowed, torch.zeros((), dtype=dtype, device=self.device), torch.finfo(dtype).min)
 
     def note_fed(self, ids: list[int]) -> None:
         """Record ids that `feed` appended from a device tensor (read back later in one go)."""

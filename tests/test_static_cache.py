@@ -150,3 +150,35 @@ def test_compiled_steps_give_the_same_tokens_and_compile_once(pair32):
                               gamma=3, gamma_max=3)
     assert dict(counters["frames"]) == frames  # nothing recompiled
     assert again.token_ids == specdemo.generate(pair32, PROMPTS[1], method="ar", max_new_tokens=30).token_ids
+
+
+class _ReadCounter:
+    """Counts reads of tensor values on the host (each is a device sync on a GPU)."""
+
+    NAMES = ("tolist", "item", "__bool__", "__int__", "__float__")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in self.NAMES:
+            monkeypatch.setattr(torch.Tensor, name, self._counting(getattr(torch.Tensor, name)))
+
+    def _counting(self, read):
+        def counted(tensor, *args):
+            self.count += 1
+            return read(tensor, *args)
+
+        return counted
+
+
+@pytest.mark.parametrize("method, reads_per_round", [("ar", 1), ("sd", 2), ("nasd", 2), ("egag", 3)])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_host_reads_per_round_on_the_static_path(pair32, monkeypatch, method, reads_per_round, temperature):
+    """AR: the next token. SD: the drafts, then the verdict. NASD: the verdict and the target's top-k for
+    its table. EGAG: SD's two plus the entropy that sets γ."""
+    counter = _ReadCounter(monkeypatch)
+    stream = specdemo.iter_generate(pair32, PROMPTS[1], method=method, cache="static", max_new_tokens=30,
+                                    gamma=3, temperature=temperature, seed=2)
+    rounds = 0
+    for result in stream:
+        rounds = len(result.rounds)
+    assert counter.count <= reads_per_round * rounds, (counter.count, rounds)
