@@ -1,7 +1,7 @@
 """AR decode tokens/s, static vs dynamic KV cache (and compiled static), interleaved on one CPU thread.
 
 Usage: python scripts/cache_ratio.py tiny|embedded MAX_NEW_TOKENS REPS [compile]
-Run from the repository root; the ratio is reported, never asserted.
+Run from the repository root with PYTHONPATH=. (it builds the tiny pair with tests/tiny.py); the ratio is reported, never asserted.
 """
 import statistics
 import sys
