@@ -48,13 +48,13 @@ CASES = [
 ]
 
 
-def joint_p_value(pair, method, sampling, samples=SAMPLES):
+def joint_p_value(pair, method, sampling, samples=SAMPLES, cache="dynamic"):
     """χ² p-value of the observed (t1, t2) frequencies against the exact joint of the target."""
     counts = torch.zeros(8, 8)
     drafted = accepted = 0
     for seed in range(samples):
         result = specdemo.generate(pair, PROMPT, method=method, max_new_tokens=3, gamma=2, gamma_min=2,
-                                   gamma_max=3, ngram_n=3, seed=seed, **sampling)
+                                   gamma_max=3, ngram_n=3, seed=seed, cache=cache, **sampling)
         t1, t2 = result.token_ids[:2]
         counts[t1, t2] += 1
         drafted += result.stats["drafted"]
@@ -78,10 +78,11 @@ def joint_p_value(pair, method, sampling, samples=SAMPLES):
     return chisquare(obs_cells.numpy(), exp_cells.numpy()).pvalue
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("method, sampling", CASES, ids=[f"{m}-{'-'.join(f'{k}{v}' for k, v in s.items())}" for m, s in CASES])
-def test_first_two_tokens_follow_the_target_distribution(small_vocab_pair, method, sampling):
-    p_value = joint_p_value(small_vocab_pair, method, sampling)
-    assert p_value > 1e-3, f"{method} {sampling}: χ² p-value {p_value:.2g}"
+def test_first_two_tokens_follow_the_target_distribution(small_vocab_pair, method, sampling, cache):
+    p_value = joint_p_value(small_vocab_pair, method, sampling, cache=cache)
+    assert p_value > 1e-3, f"{method} {sampling} ({cache} cache): χ² p-value {p_value:.2g}"
 
 
 def test_a_biased_correction_token_would_fail_this_test(small_vocab_pair, monkeypatch):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 
 from .drafters import Drafter, Proposal
-from .lm import CachedLM
+from .lm import CACHE_KINDS, CachedLM, buckets_up_to, default_cache_kind
 from .methods import get_method
 from .params import DecodeParams
 from .sampling import probabilities, verify
@@ -31,7 +31,7 @@ _TEXT_WINDOW = 6
 
 def iter_generate(
     pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None,
-    decode: DecodeParams | None = None, **params
+    decode: DecodeParams | None = None, *, cache: str | None = None, compile: bool = False, **params
 ) -> Iterator[GenerationResult]:
     """Validate everything, then return an iterator that yields the result after each round.
 
@@ -39,7 +39,10 @@ def iter_generate(
     the iterator stops decoding at once and frees the round's caches. `limits`
     (a `specdemo.app.limits.Limits`) adds a deployment's caps on prompt and output length.
     `decode` is a validated `DecodeParams`; keyword `params` (the same names) override it.
+    `cache` ("static" | "dynamic", default static on CUDA) and `compile` choose the
+    engine's KV cache and graph capture; they never change the tokens.
     """
+    cache = _check_engine(pair, cache, compile)
     spec = get_method(method)
     decode_params = DecodeParams.resolve(decode, **params)
     if spec.needs_draft and pair.draft is None:
@@ -51,23 +54,33 @@ def iter_generate(
     seed = decode_params.seed if decode_params.seed is not None else random.randrange(2**31)
     result = GenerationResult(method, {**decode_params.as_dict(), "seed": seed}, prompt_ids)
     drafter, policy = spec.build(pair, decode_params)
-    return _rounds(pair, drafter, policy, decode_params, seed, result)
+    return _rounds(pair, drafter, policy, decode_params, seed, result, cache=cache, compile=compile)
 
 
 def generate(
     pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None,
-    decode: DecodeParams | None = None, **params
+    decode: DecodeParams | None = None, *, cache: str | None = None, compile: bool = False, **params
 ) -> GenerationResult:
     """Decode to the end and return the full trace."""
     result = None
-    for result in iter_generate(pair, prompt, method, limits, decode, **params):
+    for result in iter_generate(pair, prompt, method, limits, decode, cache=cache, compile=compile, **params):
         pass
     assert result is not None
     return result
 
 
+def _check_engine(pair: ModelPair, cache: str | None, compile: bool) -> str:
+    cache = default_cache_kind(pair.device) if cache is None else cache
+    if cache not in CACHE_KINDS:
+        raise ValueError(f"cache: {cache!r} is not one of {', '.join(CACHE_KINDS)}")
+    if compile and cache != "static":
+        raise ValueError("compile: graph capture needs cache='static'")
+    return cache
+
+
 def _rounds(
-    pair: ModelPair, drafter: Drafter | None, policy, params: DecodeParams, seed: int, result: GenerationResult
+    pair: ModelPair, drafter: Drafter | None, policy, params: DecodeParams, seed: int, result: GenerationResult,
+    cache: str = "dynamic", compile: bool = False,
 ) -> Iterator[GenerationResult]:
     device = pair.device
     sampling = params.sampling
@@ -76,7 +89,18 @@ def _rounds(
     eos_ids = pair.eos_ids
     sequence = list(result.prompt_ids)
     clock = _Clock(device)
-    target = CachedLM(pair.target, pair.vocab_size)
+    # A static cache holds the whole generation; the slack covers padded verification.
+    longest_round = max(params.gamma, params.gamma_max) + 1
+    max_length = len(sequence) + params.max_new_tokens + longest_round
+    # AR verifies one token a round; drafting methods up to γ + 1 (padded to a bucket).
+    buckets = buckets_up_to(longest_round) if drafter is not None else (1,)
+    target = CachedLM(pair.target, pair.vocab_size, cache=cache, max_length=max_length, compile=compile,
+                      buckets=buckets)
+    if drafter is not None and hasattr(drafter, "use_cache"):
+        # The drafter feeds one token at a time, and one or two to catch up after a round.
+        drafter.use_cache(cache, max_length, compile=compile, buckets=(1, 2))
+    result.cache = cache
+    result.compile_seconds = 0.0  # compile and warm-up, outside every timed phase
     try:
         with torch.inference_mode():
             clock.start()
@@ -86,6 +110,10 @@ def _rounds(
             result.prefill_seconds = clock.lap()
             prefill_forwards = target.forwards
             engine_seconds = result.prefill_seconds
+            if compile:
+                result.compile_seconds = target.warm_up()
+                if drafter is not None and hasattr(drafter, "lm"):
+                    result.compile_seconds += drafter.lm.warm_up()
 
             while True:
                 remaining = params.max_new_tokens - len(result.tokens)
@@ -137,9 +165,9 @@ def _rounds(
                 yield result
     finally:
         # Drop the caches now rather than whenever the generator is collected.
-        target.cache = None
-        if drafter is not None and hasattr(drafter, "lm"):
-            drafter.lm.cache = None
+        target.close()
+        if drafter is not None and hasattr(drafter, "close"):
+            drafter.close()
 
 
 def _cut_after_eos(proposal: Proposal, eos_ids) -> tuple[list[int], torch.Tensor | None]:

@@ -45,12 +45,23 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None):
-        self.lm = CachedLM(model, vocab_size)
+    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None, cache: str = "dynamic",
+                 max_length: int | None = None):
+        self.lm = CachedLM(model, vocab_size, cache=cache, max_length=max_length)
+
+    def use_cache(self, cache: str, max_length: int | None, compile: bool = False,
+                  buckets: tuple[int, ...] = (1,)) -> None:
+        """Switch to a fresh cache of this kind (before `start`); the decode loop matches the target's."""
+        self.lm.close()
+        self.lm = CachedLM(self.lm.model, self.lm.vocab_size, cache=cache, max_length=max_length, compile=compile,
+                           buckets=buckets)
 
     @property
     def forwards(self) -> int:
         return self.lm.forwards
+
+    def close(self) -> None:
+        self.lm.close()
 
     def start(self, prompt_ids: list[int]) -> None:
         self.lm.prefill(prompt_ids[:-1])
@@ -63,6 +74,7 @@ class ModelDrafter:
         tokens: list[torch.Tensor] = []
         dists: list[torch.Tensor] = []
         entropies: list[torch.Tensor] = []
+        fed = 0  # drafts fed back to the drafter: all but the last, unless drafting stopped early
         for i in range(budget):
             entropy = normalized_entropy(probs)
             if i > 0 and policy.needs_token_stats and not policy.keep_drafting(float(entropy), float(probs.max())):
@@ -73,12 +85,13 @@ class ModelDrafter:
             entropies.append(entropy)
             if i + 1 < budget:
                 probs = probabilities(self.lm.feed(token.view(1), 1)[0], sampling)
+                fed += 1
         if not tokens:
             return Proposal(gamma, [], None, [], round_entropy)
         # One host sync for the whole round: ids and entropies travel together.
         packed = torch.stack([torch.stack(tokens).double(), torch.stack(entropies).double()]).tolist()
         ids = [int(t) for t in packed[0]]
-        self.lm.note_fed(ids[:-1])
+        self.lm.note_fed(ids[:fed])
         draft_probs = None if sampling.greedy else torch.stack(dists)
         return Proposal(gamma, ids, draft_probs, packed[1], round_entropy)
 

@@ -2,12 +2,86 @@
 
 A `CachedLM` belongs to one generation: the model weights are shared between
 requests, the cache never is.
+
+Two cache kinds:
+  dynamic  transformers' `DynamicCache`: keys and values grow by concatenation;
+           rolling back slices them (`crop`).
+  static   transformers' `StaticCache`: keys and values are preallocated for
+           `max_length` positions [1, kv_heads, max_length, head_dim] per layer and
+           written in place at the cache's length. Rolling back only moves that
+           length (an in-place fill of a device scalar): nothing is copied or
+           reallocated, and stale positions past the length are hidden by the causal
+           mask (a query at position t attends to keys 0..t only).
+
+With `compile=True` (static cache only) the forward over a few new tokens runs
+through `torch.compile`: on CUDA in "reduce-overhead" mode (CUDA graphs), elsewhere
+in the default mode. Feeds are padded to a small set of lengths (`buckets`), so a
+changing draft length never recompiles; padding writes past the real length, which
+the next rollback or feed hides like any stale position. Longer feeds (the prefill)
+run eagerly. Compiled steps and their caches are kept per model and reused by later
+generations, so a graph is compiled once per model and bucket.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+import weakref
+
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import StaticLayer
+
+CACHE_KINDS = ("dynamic", "static")
+
+
+def buckets_up_to(longest: int) -> tuple[int, ...]:
+    """Padded feed lengths: powers of two below `longest`, then `longest` itself (1, 2, 4, 7 for 7)."""
+    sizes, b = [], 1
+    while b < longest:
+        sizes.append(b)
+        b *= 2
+    return tuple(sizes + [longest])
+
+
+_STEPS: "weakref.WeakKeyDictionary[torch.nn.Module, object]" = weakref.WeakKeyDictionary()
+_POOL: "weakref.WeakKeyDictionary[torch.nn.Module, dict[int, list[StaticCache]]]" = weakref.WeakKeyDictionary()
+_POOL_LOCK = threading.Lock()
+# Compiled caches are reused across generations: lengths are rounded up to this, so
+# that graphs see a few cache shapes (and, pooled, the same addresses) again and again.
+POOLED_LENGTH_STEP = 256
+
+
+def _compiled_step(model: torch.nn.Module):
+    step = _STEPS.get(model)
+    if step is None:
+        def forward(input_ids: torch.Tensor, cache: StaticCache) -> torch.Tensor:
+            return model(input_ids=input_ids, past_key_values=cache, use_cache=True).logits
+
+        cuda = next(model.parameters()).device.type == "cuda"
+        # One code object serves every model and bucket: leave room for several pairs.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        step = torch.compile(forward, mode="reduce-overhead" if cuda else None, dynamic=False)
+        _STEPS[model] = step
+    return step
+
+
+def _take_cache(model: torch.nn.Module, max_length: int) -> StaticCache:
+    with _POOL_LOCK:
+        free = _POOL.setdefault(model, {}).get(max_length)
+        if free:
+            return free.pop()
+    return StaticCache(config=model.config, max_cache_len=max_length)
+
+
+def _give_cache(model: torch.nn.Module, cache: StaticCache) -> None:
+    with _POOL_LOCK:
+        _POOL.setdefault(model, {}).setdefault(cache.layers[0].max_cache_len, []).append(cache)
+
+
+def default_cache_kind(device: torch.device | str) -> str:
+    """Static on CUDA (where launch overhead and cache copies dominate), dynamic elsewhere."""
+    return "static" if torch.device(device).type == "cuda" else "dynamic"
 
 
 class CachedLM:
@@ -15,41 +89,137 @@ class CachedLM:
 
     `logits(sequence, n)` feeds only the part of `sequence` the cache does not already
     hold (after rolling the cache back to the longest common prefix) and returns the
-    logits of the last n positions. Rolling back costs a slice; nothing is recomputed.
+    logits of the last n positions. Rolling back never recomputes anything.
+
+    cache: "dynamic" or "static"; a static cache needs `max_length`, the most
+    positions the generation can ever hold (prompt + new tokens + padding slack).
     """
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None):
+    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None, cache: str = "dynamic",
+                 max_length: int | None = None, compile: bool = False, buckets: tuple[int, ...] = (1,)):
+        if cache not in CACHE_KINDS:
+            raise ValueError(f"cache: {cache!r} is not one of {', '.join(CACHE_KINDS)}")
+        if compile and cache != "static":
+            raise ValueError("compile: graph capture needs cache='static'")
         self.model = model
         self.vocab_size = vocab_size
         self.device = next(model.parameters()).device
-        self.cache = DynamicCache(config=model.config)
+        self.kind = cache
+        self.max_length = max_length
         self.cached_ids: list[int] = []
+        self.length = 0  # positions the cache holds (cached_ids may lag behind until `note_fed`)
         self.forwards = 0
+        self.compiled = compile
+        self.buckets = tuple(sorted(set(buckets)))
+        self._step = None
+        if cache == "static":
+            if not max_length or max_length < 1:
+                raise ValueError("cache: a static cache needs max_length ≥ 1")
+            if compile:
+                self.max_length = -(-(max_length + max(self.buckets)) // POOLED_LENGTH_STEP) * POOLED_LENGTH_STEP
+                self.cache = _take_cache(model, self.max_length)
+                if self.cache.is_initialized:
+                    self._set_length(0)
+                self._step = _compiled_step(model)
+            else:
+                self.cache = StaticCache(config=model.config, max_cache_len=max_length)
+            if not all(type(layer) is StaticLayer for layer in self.cache.layers):
+                kinds = sorted({type(layer).__name__ for layer in self.cache.layers})
+                raise ValueError(f"cache: static rollback supports full-attention layers only, not {', '.join(kinds)};"
+                                 " use cache='dynamic' for this model")
+            # Keys and values are allocated by the first forward (prefill), with the
+            # model's own head shapes and dtype; from then on their addresses never change.
+        else:
+            self.cache = DynamicCache(config=model.config)
 
     def __len__(self) -> int:
         return len(self.cached_ids)
 
     def rollback(self, length: int) -> None:
         """Forget every cached position from `length` on."""
-        surplus = len(self.cached_ids) - length
+        surplus = self.length - length
         if surplus > 0:
-            # transformers 5 counts the tokens to remove as a negative number.
-            self.cache.crop(-surplus)
-            del self.cached_ids[length:]
+            if self.kind == "static":
+                self._set_length(length)
+            else:
+                # transformers 5 counts the tokens to remove as a negative number.
+                self.cache.crop(-surplus)
+            self.length = length
+        del self.cached_ids[length:]
+
+    def _set_length(self, length: int) -> None:
+        # In place: the length tensors keep their addresses (a captured graph reads them).
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(length)
+
+    def close(self) -> None:
+        """Let go of the cache now (a compiled one goes back to the model's pool)."""
+        if self.cache is not None and self._step is not None:
+            _give_cache(self.model, self.cache)
+        self.cache = None
+
+    def warm_up(self) -> float:
+        """Compile (or capture) the step for every bucket now; seconds spent. Call after the prefill."""
+        if self._step is None:
+            return 0.0
+        start, length, ids = time.perf_counter(), self.length, list(self.cached_ids)
+        for size in self.buckets:
+            for _ in range(3):  # CUDA graph trees record on the second or third call
+                self.feed(torch.zeros(size, dtype=torch.long, device=self.device), 1)
+                self.rollback(length)
+        self.cached_ids = ids
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
 
     def feed(self, new_ids: torch.Tensor, n_logits: int) -> torch.Tensor:
         """Append new_ids [n] (on the model's device) to the cache; logits [n_logits, V]."""
-        output = self.model(
-            input_ids=new_ids.view(1, -1),
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=n_logits,
-        )
-        self.forwards += 1
-        logits = output.logits[0, -n_logits:]
+        n = new_ids.shape[0]
+        size = next((b for b in self.buckets if b >= n), None) if self._step is not None else None
+        if self.kind == "static" and self.length + (size or n) > self.max_length:
+            raise ValueError(f"static cache: {self.length} + {n} positions exceed its max_length {self.max_length}")
+        if size is not None:
+            padded = torch.nn.functional.pad(new_ids, (0, size - n)) if size > n else new_ids
+            if self.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            # Clone: a captured graph overwrites its output on the next replay.
+            logits = self._step(padded.view(1, -1), self.cache)[0, n - n_logits : n].clone()
+            self.length += n
+            if size > n:
+                self._set_length(self.length)
+            self.forwards += 1
+        else:
+            output = self.model(
+                input_ids=new_ids.view(1, -1),
+                attention_mask=self._explicit_mask(n),
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=n_logits,
+            )
+            self.forwards += 1
+            self.length += n
+            logits = output.logits[0, -n_logits:]
         if self.vocab_size is not None:
             logits = logits[..., : self.vocab_size]
         return logits
+
+    def _explicit_mask(self, n: int) -> torch.Tensor | None:
+        """A static cache's causal mask for n new tokens, built from the host-side length.
+
+        transformers builds the same mask itself, but to decide whether it may skip it
+        for n > 1 it reads the cache's device-side length back to the host: a sync per
+        verification. Eager static feeds of several tokens pass this mask instead.
+        """
+        implementation = getattr(self.model.config, "_attn_implementation", None)
+        if self.kind != "static" or n == 1 or implementation not in ("sdpa", "eager"):
+            return None
+        keys = torch.arange(self.max_length, device=self.device)
+        queries = torch.arange(self.length, self.length + n, device=self.device)
+        allowed = (keys[None, :] <= queries[:, None])[None, None]  # [1, 1, n, max_length]
+        if implementation == "sdpa":
+            return allowed
+        dtype = next(self.model.parameters()).dtype
+        return torch.where(allowed, torch.zeros((), dtype=dtype, device=self.device), torch.finfo(dtype).min)
 
     def note_fed(self, ids: list[int]) -> None:
         """Record ids that `feed` appended from a device tensor (read back later in one go)."""

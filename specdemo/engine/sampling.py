@@ -94,13 +94,32 @@ def verify(
     the next token is drawn from norm(max(p − q, 0)) — for a point mass, p without x —
     and after all are kept, from p. This leaves the output distributed exactly as p.
     """
+    accepted, next_token = verify_on_device(target_probs, drafts, draft_probs, config, generator).tolist()
+    return Verdict(accepted, next_token)
+
+
+def verify_on_device(
+    target_probs: torch.Tensor,
+    drafts: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    config: SamplingConfig,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """`verify` without reading anything back: a [2] long tensor (accepted, next token)
+    on the device, so the caller reads the whole round back in one go.
+
+    Both branches' draws are made in the same order as a host-side verification would
+    make them (k uniforms, then one multinomial draw), so a seed gives the same tokens.
+    """
     k = drafts.shape[0]
     if config.greedy:
         target_tokens = target_probs.argmax(-1)
-        matches = (target_tokens[:k] == drafts).int()
-        accepted = int(torch.cumprod(matches, 0).sum()) if k else 0
-        return Verdict(accepted, int(target_tokens[accepted]))
+        accepted = torch.cumprod((target_tokens[:k] == drafts).long(), 0).sum()
+        return torch.stack([accepted, target_tokens[accepted]])
 
+    if k == 0:
+        next_token = pick(target_probs[0], config, generator)
+        return torch.stack([torch.zeros_like(next_token), next_token])
     positions = torch.arange(k, device=drafts.device)
     p_of_drafts = target_probs[positions, drafts]
     if draft_probs is None:
@@ -109,17 +128,18 @@ def verify(
         q_of_drafts = draft_probs[positions, drafts]
     uniforms = torch.rand(k, generator=generator, device=drafts.device)
     rejected = uniforms * q_of_drafts > p_of_drafts  # u > p/q without dividing by q
-    accepted = int(rejected.int().argmax()) if bool(rejected.any()) else k
-    if accepted == k:
-        return Verdict(k, int(pick(target_probs[k], config, generator)))
-
-    p = target_probs[accepted]
+    # The first rejection, or k when every draft is kept.
+    accepted = torch.where(rejected.any(), rejected.int().argmax(), torch.tensor(k, device=drafts.device))
+    at = accepted.clamp(max=k - 1)  # the rejected position (unused when all are kept)
+    p = target_probs[at]
     if draft_probs is None:
-        residual = p.clone()
-        residual[drafts[accepted]] = 0.0
+        residual = p.scatter(0, drafts[at].view(1), 0.0)
     else:
-        residual = torch.clamp(p - draft_probs[accepted], min=0.0)
+        residual = torch.clamp(p - draft_probs[at], min=0.0)
     mass = residual.sum()
     # A rejection implies p(x) < q(x), so the residual has mass unless rounding ate it.
-    residual = residual / mass if float(mass) > 1e-12 else p
-    return Verdict(accepted, int(torch.multinomial(residual, 1, generator=generator)))
+    residual = torch.where(mass > 1e-12, residual / mass, p)
+    dist = torch.where(accepted == k, target_probs[k], residual)
+    next_token = torch.multinomial(dist, 1, generator=generator)[0]
+    return torch.stack([accepted, next_token])
+
