@@ -51,7 +51,9 @@ import pandas as pd
 import torch
 
 # The benchmark's building blocks (after the bench/ split: suite, runners, statistics).
-from .bench import DEFAULT_SUITE, SuitePrompt, _geomean, _run_ours, encode_prompt, leviathan_speedup, load_suite, select_prompts
+from .bench import (
+    DEFAULT_SUITE, SuitePrompt, _geomean, _run_ours, encode_prompt, leviathan_speedup, load_suite, select_prompts,
+)
 from .methods import METHODS
 from .params import DecodeParams
 
@@ -89,7 +91,7 @@ Progress = Callable[[int, int, str], None]
 
 def _fmt(value: Any) -> str:
     """A setting value as people write it: 3 not 3.0, 0.9 not 0.900."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or pd.isna(value):
         return ""
     return f"{float(value):g}"
 
@@ -467,6 +469,10 @@ def run_sweep(
 def rows_frame(rows: Sequence[dict]) -> pd.DataFrame:
     """Rows (dicts) as a DataFrame with ROW_COLUMNS; whole-number settings stay whole (3, not 3.0)."""
     frame = pd.DataFrame(list(rows), columns=ROW_COLUMNS)
+    return _typed_settings(frame)
+
+
+def _typed_settings(frame: pd.DataFrame) -> pd.DataFrame:
     for name in ("gamma", "gamma_max", "ngram_n"):
         frame[name] = pd.to_numeric(frame[name]).astype("Int64")
     frame["ema"] = pd.to_numeric(frame["ema"]).astype(float)
@@ -483,7 +489,8 @@ def _meta(pair, decode: DecodeParams, runs, frame, repeats, warmup) -> dict[str,
         "dtype": str(next(pair.target.parameters()).dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "parameters": {k: sum(matmul_parameters(m)) for k, m in models.items() if m is not None},
-        "settings": [s.key for s in runs], "prompts": int(frame.prompt_id.nunique()), "repeats": repeats,
+        "settings": [s.key for s in runs],
+        "egag_gamma_min": next((s.gamma_min for s in runs if s.method == "egag"), None), "prompts": int(frame.prompt_id.nunique()), "repeats": repeats,
         "warmup": warmup, "params": decode.as_dict(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
@@ -525,7 +532,8 @@ def summarize_sweep(rows: pd.DataFrame | Sequence[dict]) -> pd.DataFrame:
         matches = mine.matches_ar.dropna()
         row["exact_match_pct"] = 100.0 * matches.astype(bool).mean() if len(matches) else math.nan
         out.append(row)
-    return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
+    frame = pd.DataFrame(out, columns=SUMMARY_COLUMNS)
+    return _typed_settings(frame)
 
 
 def _best(summary: pd.DataFrame, method: str) -> pd.Series | None:
