@@ -372,7 +372,7 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
                     stop = bool(should_stop and should_stop())
                     last = position == len(order) - 1 or stop
                     ranked = sorted(group, key=lambda g: runs.index(g[0]))  # rows in grid order
-                    new = _group_rows(pair, item, index, repeat, seed, ids, ranked, greedy) if last else []
+                    new = _group_rows(item, index, repeat, seed, ids, ranked, greedy) if last else []
                     rows.extend(new)
                     message = f"{item.id} {setting.label} (repeat {repeat + 1}/{repeats})"
                     yield SweepEvent(done, total, message, rows, new)
@@ -387,7 +387,7 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
         draft.close()
 
 
-def _group_rows(pair, item, index, repeat, seed, ids, group, greedy) -> list[dict]:
+def _group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
     """The rows of one (prompt, repeat), each compared with AR's run in the group."""
     ar = next((run for setting, _, run, _, _ in group if setting.method == "ar"), None)
     ar_step = math.nan
