@@ -10,8 +10,8 @@ import math
 import pandas as pd
 import pytest
 
-from specdemo import sweep
-from specdemo.sweep import Setting, expand_grid, iter_sweep, run_sweep, summarize_sweep, verdict
+from specdemo.bench import sweep
+from specdemo.bench.sweep import Setting, expand_grid, iter_sweep, run_sweep, summarize_sweep, verdict
 
 PROMPTS = ["w5 w6 w7 w8 w9 w10 w5 w6 w7 w8", "w11 w12 w13 w14"]
 REQUIRED = ["method", "gamma", "gamma_max", "ema", "ngram_n", "prompt_id", "repeat", "tokens_per_s",

@@ -50,12 +50,11 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import pandas as pd
 import torch
 
-# The benchmark's building blocks (after the bench/ split: suite, runners, statistics).
-from .bench import (
-    DEFAULT_SUITE, SuitePrompt, _geomean, _run_ours, encode_prompt, leviathan_speedup, load_suite, select_prompts,
-)
-from .methods import METHODS
-from .params import DecodeParams
+from ..engine.methods import METHODS
+from ..engine.params import DecodeParams
+from .runners import run_ours
+from .statistics import _geomean, leviathan_speedup
+from .suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, select_prompts
 
 SWEEP_METHODS = ("sd", "egag", "nasd")
 DEFAULT_GAMMAS = (1, 2, 3, 4, 6, 8)
@@ -348,7 +347,7 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
     draft = _FedCounter(pair.draft if pair.draft is not pair.target else None)
     try:
         for setting in warm:
-            _run_ours(pair, setting.method, encoded[0], {**shared, **setting.params(),
+            run_ours(pair, setting.method, encoded[0], {**shared, **setting.params(),
                                                          "max_new_tokens": min(8, base.max_new_tokens)}, base_seed)
             done += 1
             yield SweepEvent(done, total, f"warm-up {setting.label}", rows)
@@ -365,7 +364,7 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
                 for position, setting in enumerate(order):
                     target.calls.clear()
                     draft.calls.clear()
-                    run = _run_ours(pair, setting.method, ids, {**shared, **setting.params()}, seed)
+                    run = run_ours(pair, setting.method, ids, {**shared, **setting.params()}, seed)
                     group.append((setting, position, run, target.decoding(1 if len(ids) > 1 else 0),
                                   draft.decoding(1 if len(ids) > 1 and METHODS[setting.method].needs_draft else 0)))
                     done += 1
