@@ -99,14 +99,19 @@ def _rounds(
     if drafter is not None and hasattr(drafter, "use_cache"):
         # The drafter feeds one token at a time, and one or two to catch up after a round.
         drafter.use_cache(cache, max_length, compile=compile, buckets=(1, 2))
+    reads_features = drafter is not None and getattr(drafter, "reads_target_features", False)
     result.cache = cache
     result.compile_seconds = 0.0  # compile and warm-up, outside every timed phase
     try:
         with torch.inference_mode():
             clock.start()
-            target.prefill(sequence[:-1])
-            if drafter is not None:
-                drafter.start(sequence)
+            if reads_features:
+                # A feature-level drafter starts from the target's states over the prompt.
+                drafter.start(sequence, target.prefill(sequence[:-1], hidden=True))
+            else:
+                target.prefill(sequence[:-1])
+                if drafter is not None:
+                    drafter.start(sequence)
             result.prefill_seconds = clock.lap()
             prefill_forwards = target.forwards
             engine_seconds = result.prefill_seconds
@@ -126,7 +131,8 @@ def _rounds(
                 drafts, draft_probs = _cut_after_eos(proposal, eos_ids)
                 draft_seconds = clock.lap()
 
-                target_logits = target.logits(sequence + drafts, len(drafts) + 1)
+                n_verified = len(drafts) + 1
+                target_logits = target.logits(sequence + drafts, n_verified, n_verified if reads_features else 0)
                 target_scores = target_logits if sampling.greedy else probabilities(target_logits, sampling)
                 verdict = verify(
                     target_scores, torch.tensor(drafts, device=device, dtype=torch.long), draft_probs, sampling, generator
@@ -137,7 +143,10 @@ def _rounds(
                 new_tokens = kept + ([] if next_token is None else [next_token])
                 verified_from = len(sequence)
                 sequence.extend(new_tokens)
-                if drafter is not None:
+                if reads_features:
+                    drafter.observe(sequence, verified_from, target_logits[: verdict.accepted + 1],
+                                    target.hidden[: verdict.accepted + 1])
+                elif drafter is not None:
                     drafter.observe(sequence, verified_from, target_logits[: verdict.accepted + 1])
                 policy.update(len(drafts), verdict.accepted)
                 verify_seconds = clock.lap()

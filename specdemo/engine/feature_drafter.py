@@ -34,7 +34,7 @@ class FeatureDrafter:
     def forwards(self) -> int:
         return self._forwards
 
-    def start(self, prompt_ids: list[int], features: torch.Tensor) -> None:
+    def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> None:
         """features [len(prompt_ids) - 1, d]: the target's states over the prefilled prompt."""
         param = self.head.fc.weight
         self.cache = HeadCache(self.head.config, param.device, param.dtype, capacity=len(prompt_ids) + 64)
@@ -53,7 +53,10 @@ class FeatureDrafter:
     def propose(self, context, policy, limit, sampling, generator) -> Proposal:
         assert self.cache is not None, "start() first"
         self.cache.rollback(self.committed)
-        known = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
+        pending = [f for f in self.pending if f is not None and f.shape[0]]
+        if not pending:  # a one-token prompt: no feature to draft from until the target has run
+            return Proposal(0, [], None, [], None)
+        known = torch.cat(pending) if len(pending) > 1 else pending[0]
         self.pending = []
         n = len(context)
         # True features cover positions committed .. n-2; the input at j pairs f_j with x_{j+1}.

@@ -52,11 +52,17 @@ _POOL_LOCK = threading.Lock()
 POOLED_LENGTH_STEP = 256
 
 
+def _forward_with_hidden(model: torch.nn.Module, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and the final hidden states [1, n, d] from one pass: the decoder body, then the head."""
+    hidden = model.get_decoder()(**kwargs).last_hidden_state
+    return model.get_output_embeddings()(hidden), hidden
+
+
 def _compiled_step(model: torch.nn.Module):
     step = _STEPS.get(model)
     if step is None:
-        def forward(input_ids: torch.Tensor, cache: StaticCache) -> torch.Tensor:
-            return model(input_ids=input_ids, past_key_values=cache, use_cache=True).logits
+        def forward(input_ids: torch.Tensor, cache: StaticCache) -> tuple[torch.Tensor, torch.Tensor]:
+            return _forward_with_hidden(model, input_ids=input_ids, past_key_values=cache, use_cache=True)
 
         cuda = next(model.parameters()).device.type == "cuda"
         # One code object serves every model and bucket: leave room for several pairs.
@@ -109,6 +115,7 @@ class CachedLM:
         self.cached_ids: list[int] = []
         self.length = 0  # positions the cache holds (cached_ids may lag behind until `note_fed`)
         self.forwards = 0
+        self.hidden: torch.Tensor | None = None  # see feed(n_hidden=...)
         self.compiled = compile
         self.buckets = tuple(sorted(set(buckets)))
         self._step = None
@@ -172,8 +179,12 @@ class CachedLM:
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - start
 
-    def feed(self, new_ids: torch.Tensor, n_logits: int) -> torch.Tensor:
-        """Append new_ids [n] (on the model's device) to the cache; logits [n_logits, V]."""
+    def feed(self, new_ids: torch.Tensor, n_logits: int, n_hidden: int = 0) -> torch.Tensor:
+        """Append new_ids [n] (on the model's device) to the cache; logits [n_logits, V].
+
+        With n_hidden > 0 the final hidden states of the last n_hidden fed positions are kept
+        in `self.hidden` [n_hidden, d] (from the same forward: a feature-level drafter reads them).
+        """
         n = new_ids.shape[0]
         size = next((b for b in self.buckets if b >= n), None) if self._step is not None else None
         if self.kind == "static" and self.length + (size or n) > self.max_length:
@@ -183,11 +194,23 @@ class CachedLM:
             if self.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
             # Clone: a captured graph overwrites its output on the next replay.
-            logits = self._step(padded.view(1, -1), self.cache)[0, n - n_logits : n].clone()
+            logits, hidden = self._step(padded.view(1, -1), self.cache)
+            logits = logits[0, n - n_logits : n].clone()
+            if n_hidden:
+                self.hidden = hidden[0, n - n_hidden : n].clone()
             self.length += n
             if size > n:
                 self._set_length(self.length)
             self.forwards += 1
+        elif n_hidden:
+            logits, hidden = _forward_with_hidden(
+                self.model, input_ids=new_ids.view(1, -1), attention_mask=self._explicit_mask(n),
+                past_key_values=self.cache, use_cache=True,
+            )
+            self.forwards += 1
+            self.length += n
+            logits = logits[0, -n_logits:]
+            self.hidden = hidden[0, -n_hidden:]
         else:
             output = self.model(
                 input_ids=new_ids.view(1, -1),
@@ -225,21 +248,30 @@ class CachedLM:
         """Record ids that `feed` appended from a device tensor (read back later in one go)."""
         self.cached_ids.extend(ids)
 
-    def logits(self, sequence: list[int], n_logits: int = 1) -> torch.Tensor:
-        """Logits [n_logits, V] at the last n_logits positions of `sequence`."""
+    def logits(self, sequence: list[int], n_logits: int = 1, n_hidden: int = 0) -> torch.Tensor:
+        """Logits [n_logits, V] at the last n_logits positions of `sequence` (and, with
+        n_hidden, their final hidden states in `self.hidden`)."""
         keep = _common_prefix_length(self.cached_ids, sequence)
-        # At least n_logits tokens must go through the model to get their logits.
-        keep = min(keep, len(sequence) - n_logits)
+        # At least n_logits (n_hidden) tokens must go through the model to get their outputs.
+        keep = min(keep, len(sequence) - max(n_logits, n_hidden))
         self.rollback(keep)
         new = sequence[keep:]
-        logits = self.feed(torch.tensor(new, device=self.device), n_logits)
+        logits = self.feed(torch.tensor(new, device=self.device), n_logits, n_hidden)
         self.cached_ids.extend(new)
         return logits
 
-    def prefill(self, sequence: list[int]) -> None:
-        """Cache every position of `sequence` (no logits needed)."""
+    def prefill(self, sequence: list[int], hidden: bool = False) -> torch.Tensor | None:
+        """Cache every position of `sequence` (no logits needed). With `hidden`, return the
+        final hidden states at every position of `sequence` [len(sequence), d]."""
+        if hidden:
+            if not sequence:
+                return None
+            self.rollback(0)
+            self.logits(sequence, 1, n_hidden=len(sequence))
+            return self.hidden
         if len(sequence) > len(self.cached_ids) or sequence[: len(self.cached_ids)] != self.cached_ids:
             self.logits(sequence, 1)
+        return None
 
 
 def _common_prefix_length(a: list[int], b: list[int]) -> int:

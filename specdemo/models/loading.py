@@ -15,7 +15,8 @@ from typing import Any, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from .embedded import load_embedded_draft, load_embedded_target
+from ..engine.feature_head import FeatureHead, is_feature_head
+from .embedded import EMBEDDED_LM, load_embedded_draft, load_embedded_target
 from .errors import ModelLoadError
 from .tokens import check_token_ids, collect_eos_ids, default_device, encode_chat, resolve_dtype
 
@@ -33,7 +34,10 @@ EMBEDDED = "embedded"
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
-        Preset(EMBEDDED, EMBEDDED, EMBEDDED, "SmolLM2-135M-Instruct (packaged GGUF) + the draft trained for it; works offline"),
+        Preset(EMBEDDED, EMBEDDED, EMBEDDED, "SmolLM2-135M-Instruct (packaged GGUF) + the feature-level draft head "
+               "trained for it; works offline"),
+        Preset(EMBEDDED_LM, EMBEDDED, EMBEDDED_LM, "SmolLM2-135M-Instruct + the previous draft, a 4-layer 8 M-parameter "
+               "LM; works offline"),
         Preset("smollm2-1.7b", "HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
         Preset("pythia-1.4b", "EleutherAI/pythia-1.4b", "EleutherAI/pythia-70m"),
         Preset("pythia-2.8b", "EleutherAI/pythia-2.8b", "EleutherAI/pythia-70m"),
@@ -66,8 +70,27 @@ class ModelPair:
         return next(self.target.parameters()).device
 
     @property
+    def draft_kind(self) -> str | None:
+        """"feature-head" (reads the target's states), "model" (a draft LM) or None."""
+        if self.draft is None:
+            return None
+        return "feature-head" if isinstance(self.draft, FeatureHead) else "model"
+
+    @property
+    def drafter_name(self) -> str | None:
+        """What drafts for SD and EGAG, as the page and the benchmark name it."""
+        if self.draft is None:
+            return None
+        if isinstance(self.draft, FeatureHead):
+            c = self.draft.config
+            return (f"feature head ({self.draft_ref}: 1 layer on the target's states, "
+                    f"{c.subset_size}-token vocabulary subset)")
+        return f"draft model ({self.draft_ref})"
+
+    @property
     def context_length(self) -> int:
-        limits = [_context_length(m) for m in (self.target, self.draft) if m is not None]
+        # A feature head has no context of its own: it reads the target's positions.
+        limits = [_context_length(m) for m in (self.target, self.draft) if m is not None and not isinstance(m, FeatureHead)]
         return min(limits)
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
@@ -136,16 +159,35 @@ def load_pair(
     draft_model = None
     vocab_size = None
     if draft is not None:
-        if draft == EMBEDDED:
-            draft_model = load_embedded_draft(device=device, dtype=torch_dtype)
+        if draft in (EMBEDDED, EMBEDDED_LM):
+            draft_model = load_embedded_draft(target_model, kind=draft, device=device, dtype=torch_dtype)
+        elif is_feature_head(draft):
+            draft_model = load_feature_head(draft, target_model, device, torch_dtype)
         else:
             draft_tokenizer = _optional_tokenizer(draft, trust_remote_code)
             if draft_tokenizer is not None:
                 check_same_tokenizer(tokenizer, draft_tokenizer, target, draft)
             draft_model = load_model(draft, device, torch_dtype, trust_remote_code)
-        vocab_size = shared_vocab_size(target_model, draft_model, tokenizer, target, draft)
+        if not isinstance(draft_model, FeatureHead):  # a head predicts over the target's own vocabulary
+            vocab_size = shared_vocab_size(target_model, draft_model, tokenizer, target, draft)
     return ModelPair(target_model, tokenizer, draft_model, name=name, target_ref=target, draft_ref=draft,
                      vocab_size=vocab_size)
+
+
+def load_feature_head(folder: str, target_model, device, dtype) -> FeatureHead:
+    """A feature head trained for this target (a folder with feature_head.json), bound to it."""
+    try:
+        head = FeatureHead.load(Path(folder), dtype=dtype, device=device)
+    except Exception as error:
+        raise ModelLoadError(f"cannot load the feature head in {folder!r}: {type(error).__name__}: {error}") from error
+    expected = (head.config.hidden_size, head.config.vocab_size)
+    actual = (target_model.config.hidden_size, _output_size(target_model))
+    if expected != actual:
+        raise ModelLoadError(
+            f"the feature head in {folder!r} was trained for a target with hidden size {expected[0]} and "
+            f"{expected[1]} tokens; this target has {actual[0]} and {actual[1]}"
+        )
+    return head.bind(target_model)
 
 
 def check_same_tokenizer(target_tok, draft_tok, target: str, draft: str) -> None:
