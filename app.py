@@ -19,8 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     from specdemo.app.ui import build_demo, launch  # after parsing, so --help is instant
+    from specdemo.models.choice import default_preset
 
-    demo = build_demo(public=args.public)
+    demo = build_demo(public=args.public, default_preset=default_preset())
     launch(demo, server_name=args.host, server_port=args.port, share=args.share)
 
 

@@ -168,7 +168,7 @@ def agreement(head: FeatureHead, sequences: list[Sequence], lm_head: torch.Tenso
 def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, epochs: float = 3.0,
                tokens_per_batch: int = 4096, lr: float = 1e-3, noise: float = 0.05, unroll: int = 2,
                cls_weight: float = 0.1, validation: float = 0.04, seed: int = 0, max_minutes: float | None = None,
-               log=print) -> tuple[FeatureHead, dict]:
+               init: str = "target", log=print) -> tuple[FeatureHead, dict]:
     torch.manual_seed(seed)
     rng = random.Random(seed)
     train, val = split_by_request(sequences, validation, seed)
@@ -177,7 +177,8 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
     subset = frequent_tokens(train, subset_size, target.config.vocab_size, specials)
     head = FeatureHead(HeadConfig.for_target(target.config, subset_size))
     head.subset.copy_(subset)
-    head.init_from_target(target)
+    if init == "target":
+        head.init_from_target(target)
     head.bind(target)
     lm_head = target.get_output_embeddings().weight.detach()
     params = [p for p in head.parameters() if p.requires_grad]
@@ -191,11 +192,12 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
     best = {"agreement": [-1.0], "step": 0}
     best_state = None
     step, started = 0, time.monotonic()
-    evaluate_every = max(50, total_steps // 8)
+    evaluate_every = max(25, total_steps // 8)
+    warmup_steps = max(1, min(50, total_steps // 10))
     done = False
     while not done:
         for batch in batches(train, tokens_per_batch, rng):
-            warm = min(1.0, (step + 1) / 50)
+            warm = min(1.0, (step + 1) / warmup_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total_steps)))
             loss, logs = head_losses(head, batch, noise=noise, unroll=unroll, cls_weight=cls_weight)
@@ -207,7 +209,7 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
             last = step >= total_steps or (deadline is not None and time.monotonic() > deadline)
             if step % evaluate_every == 0 or last:
                 agree = agreement(head, val, lm_head)
-                log(f"step {step}/{total_steps} loss {float(loss):.3f} {logs} validation agreement "
+                log(f"step {step}/{total_steps} loss {float(loss.detach()):.3f} {logs} validation agreement "
                     f"{[round(a, 3) for a in agree]} ({time.monotonic() - started:.0f} s)")
                 if agree[0] + agree[1] > best["agreement"][0] + best["agreement"][-1]:
                     best = {"agreement": agree, "step": step}
@@ -222,7 +224,8 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
             "train_requests": len({s.request for s in train}), "validation_sequences": len(val),
             "validation_agreement_step1": best["agreement"][0], "validation_agreement_step2": best["agreement"][-1],
             "best_step": best["step"], "steps": step, "subset_size": subset_size, "epochs": epochs,
-            "noise": noise, "unroll": unroll, "cls_weight": cls_weight, "lr": lr,
+            "noise": noise, "unroll": unroll, "cls_weight": cls_weight, "lr": lr, "init": init,
+            "tokens_per_batch": tokens_per_batch,
             "train_seconds": round(time.monotonic() - started, 1)}
     return head.eval(), info
 
@@ -241,6 +244,9 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--noise", type=float, default=0.05)
     parser.add_argument("--unroll", type=int, default=2)
+    parser.add_argument("--cls-weight", type=float, default=0.1, help="weight of the distribution loss")
+    parser.add_argument("--init", choices=["target", "random"], default="target",
+                        help="start the decoder layer from the target's last layer, or at random")
     parser.add_argument("--max-minutes", type=float)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--seed", type=int, default=0)
@@ -253,7 +259,8 @@ def main(argv=None) -> int:
     sequences = read_sequences(Corpus(args.corpus), args.fraction)
     head, info = train_head(target, sequences, subset_size=args.subset, epochs=args.epochs,
                             tokens_per_batch=args.tokens_per_batch, lr=args.lr, noise=args.noise,
-                            unroll=args.unroll, seed=args.seed, max_minutes=args.max_minutes,
+                            unroll=args.unroll, cls_weight=args.cls_weight, init=args.init, seed=args.seed,
+                            max_minutes=args.max_minutes,
                             log=lambda m: print(m, flush=True))
     info["fraction"] = args.fraction
     head.save(args.out, extra={"training": info})
