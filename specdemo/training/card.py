@@ -1,0 +1,72 @@
+"""The model card of the packaged feature head, written from the learning curve's numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _table(rows: list[dict]) -> str:
+    lines = ["| share of the corpus | training answer tokens | requests | held-out acceptance | tokens per round | "
+             "teacher-forced agreement (step 1 / 2) | draft step ÷ target forward |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['fraction']:.0%} | {r['train_answer_tokens']:,} | {r['train_requests']:,} | {r['acceptance']:.3f} | "
+            f"{r['tokens_per_round']:.2f} | {r['validation_agreement_step1']:.3f} / {r['validation_agreement_step2']:.3f} | "
+            f"{r['cost_ratio']:.3f} |")
+    return "\n".join(lines)
+
+
+def write_card(path: Path, summary: dict) -> None:
+    rows = summary["curve"]
+    last = rows[-1]
+    lm = summary["previous_draft_lm"]
+    corpus = summary["corpus"]
+    machine = summary["machine"]
+    text = f"""# SmolLM2-135M-Instruct feature head (the embedded pair's draft)
+
+A one-layer feature-level draft head in the style of EAGLE, trained for the embedded target
+SmolLM2-135M-Instruct. At position j it reads the target's final hidden state f_j and the
+embedding of the next token, predicts the next hidden state with one decoder layer (initialised
+from the target's last layer) and scores it with the target's own LM head restricted to the
+{last['subset_size']:,} most frequent answer tokens. Its q is a full-vocabulary distribution that is
+zero outside that subset, so verification and EGAG's entropy stay exact.
+
+The file holds only the head's own weights ({last.get('draft_macs', 0) / 1e6:.1f} M multiply-adds a
+drafted token, stored in float16) and the subset's token ids; the embedding and LM-head rows
+are read from the loaded target, never stored twice.
+
+## Data
+
+The target's own answers, written by `python -m specdemo.training.corpus` on a 2-core CPU:
+{corpus['distinct_prompts']:,} distinct requests ({corpus['sequences']:,} sequences, {corpus['answer_tokens']:,}
+answer tokens) — templated requests over ~200 topics (explanations, lists, questions, writing, comparisons),
+arithmetic word problems, code and translation requests, everyday chat, requests the target wrote itself at
+temperature 1, and follow-up turns and summaries of passages it had written in earlier shards. Three shards
+in four are greedy, one in four sampled at temperature 1. No text from outside the target was used. The
+held-out prompts (`specdemo/training/data/heldout_prompts.jsonl`) and their topics are excluded.
+
+## Learning curve
+
+Held-out: {summary['held_out_prompts']} prompts never seen in training, greedy, γ = {summary['gamma']},
+chat template, {summary['max_new_tokens']} new tokens; rounds replayed from the decode loop's AR answers with
+the real drafter. Cost: median of interleaved one-token calls on {machine['threads']} thread(s).
+
+{_table(rows)}
+
+The previous draft (a 4-layer, 8 M-parameter LM trained on {lm['train_answer_tokens']:,} tokens), measured the
+same way through the decode loop: acceptance {lm['acceptance']:.3f}, {lm['tokens_per_round']:.2f} tokens per round,
+cost ratio {lm['cost_ratio']:.3f}. It stays selectable as the `embedded-lm` preset.
+
+`curve.csv` beside this file holds the numbers; `curve.html` (written by the command) draws them.
+
+## Reproduce
+
+```bash
+python -m specdemo.training.corpus --threads 2            # grows the corpus; stop and rerun at will
+{summary['command']}
+```
+
+Hardware: {machine['cpu']}, torch {machine['torch']}, Python {machine['python']}.
+"""
+    Path(path).write_text(text)

@@ -1,0 +1,152 @@
+"""The learning curve that picks the draft: held-out acceptance against training tokens.
+
+    python -m specdemo.training.curve --fractions 0.1,0.3,1 --out FOLDER [--install]
+
+Trains a feature head on growing slices of the corpus (the first 10 %, 30 %, 100 % of its
+shards), measures each on the held-out prompts (greedy rounds replayed at γ = 4, the chat
+template, answers by the decode loop's AR) and the cost of a draft step on one thread, and
+measures the previous draft LM the same way for comparison. Writes `curve.csv`, `curve.html`
+(Plotly) and, with `--install`, puts the head trained on everything into the package with
+its model card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .corpus import Corpus, default_dir
+from .eagle import read_sequences, train_head
+from .evaluate import greedy_answers, heldout_acceptance, step_cost
+from .prompts import heldout_prompts
+
+
+def lm_draft_point(pair_lm, answers, gamma: int) -> dict:
+    """The previous draft LM, through the real decode loop (greedy SD on the same prompts)."""
+    from specdemo import generate
+
+    drafted = accepted = rounds = new = 0
+    for prompt, answer in answers:
+        result = generate(pair_lm, prompt, method="sd", gamma=gamma, max_new_tokens=len(answer), temperature=0.0)
+        assert result.token_ids == answer, "greedy SD must equal AR"
+        drafted += result.stats["drafted"]
+        accepted += result.stats["accepted"]
+        rounds += len(result.rounds)
+        new += len(result.token_ids)
+    return {"acceptance": round(accepted / max(1, drafted), 4), "tokens_per_round": round(new / max(1, rounds), 3)}
+
+
+def lm_draft_cost(pair_lm, calls: int = 60, context: int = 96) -> float:
+    from specdemo.engine.lm import CachedLM
+
+    ids = torch.randint(0, pair_lm.target.config.vocab_size, (context,)).tolist()
+    target, draft = CachedLM(pair_lm.target), CachedLM(pair_lm.draft)
+    times = {"t": [], "d": []}
+    with torch.inference_mode():
+        target.prefill(ids)
+        draft.prefill(ids)
+        for _ in range(calls):
+            for key, lm in (("t", target), ("d", draft)):
+                start = time.perf_counter()
+                lm.logits(ids + [5], 1).argmax().item()
+                times[key].append(time.perf_counter() - start)
+                lm.rollback(context)
+    import statistics
+
+    return statistics.median(times["d"]) / statistics.median(times["t"])
+
+
+def figure(rows: list[dict], lm_point: dict | None):
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    xs = [r["train_answer_tokens"] for r in rows]
+    fig.add_trace(go.Scatter(x=xs, y=[r["acceptance"] for r in rows], mode="lines+markers", name="feature head: acceptance"))
+    fig.add_trace(go.Scatter(x=xs, y=[r["tokens_per_round"] / 5 for r in rows], mode="lines+markers",
+                             name="feature head: tokens per round ÷ 5", line=dict(dash="dot")))
+    if lm_point:
+        fig.add_trace(go.Scatter(x=[lm_point["train_answer_tokens"]], y=[lm_point["acceptance"]], mode="markers",
+                                 marker=dict(symbol="x", size=12), name="previous draft LM: acceptance"))
+    fig.add_hline(y=0.40, line_dash="dash", annotation_text="target acceptance 0.40")
+    fig.update_layout(title="Held-out greedy acceptance at γ = 4 against training tokens",
+                      xaxis_title="training answer tokens", yaxis_title="acceptance (accepted ÷ drafted)",
+                      xaxis_type="log", template="plotly_white")
+    return fig
+
+
+def main(argv=None) -> int:
+    from specdemo.engine.feature_head import FeatureHead  # noqa: F401  (the head class saved below)
+    from specdemo.models import load_pair
+    from specdemo.models.embedded import HEAD_DIR
+
+    parser = argparse.ArgumentParser(prog="python -m specdemo.training.curve", description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", type=Path, default=default_dir())
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--fractions", default="0.1,0.3,1")
+    parser.add_argument("--epochs", type=float, default=3.0)
+    parser.add_argument("--tokens-per-batch", type=int, default=1024)
+    parser.add_argument("--cls-weight", type=float, default=1.0)
+    parser.add_argument("--subset", type=int, default=8192)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--max-minutes", type=float, help="training time cap per slice")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--install", action="store_true", help="put the last head into the package, with its card")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    pair = load_pair("embedded", draft="embedded-lm")
+    for p in pair.target.parameters():
+        p.requires_grad_(False)
+    answers = greedy_answers(pair, heldout_prompts(), args.max_new_tokens)
+    corpus = Corpus(args.corpus)
+    rows = []
+    head = None
+    for fraction in [float(f) for f in args.fractions.split(",")]:
+        sequences = read_sequences(corpus, fraction)
+        head, info = train_head(pair.target, sequences, subset_size=args.subset, epochs=args.epochs,
+                                tokens_per_batch=args.tokens_per_batch, cls_weight=args.cls_weight,
+                                max_minutes=args.max_minutes, log=lambda m: print(m, flush=True))
+        head.save(args.out / f"head-{fraction:g}", extra={"training": {**info, "fraction": fraction}})
+        point = {"fraction": fraction, **info, **heldout_acceptance(head, pair.target, answers, args.gamma),
+                 **step_cost(head, pair.target)}
+        rows.append(point)
+        print(json.dumps(point), flush=True)
+    lm_point = {**lm_draft_point(pair, answers, args.gamma), "cost_ratio": round(lm_draft_cost(pair), 4)}
+    card_path = Path(str(pair.draft.name_or_path)) / "training_info.json"
+    lm_point["train_answer_tokens"] = json.loads(card_path.read_text()).get("data", {}).get("response_tokens", 0) \
+        if card_path.is_file() else 0
+    print(json.dumps({"previous draft LM": lm_point}), flush=True)
+
+    import pandas as pd
+
+    pd.DataFrame(rows).to_csv(args.out / "curve.csv", index=False)
+    figure(rows, lm_point).write_html(args.out / "curve.html", include_plotlyjs="cdn")
+    summary = {"curve": rows, "previous_draft_lm": lm_point, "corpus": corpus.manifest(),
+               "held_out_prompts": len(answers), "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
+               "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
+                           "torch": torch.__version__, "python": sys.version.split()[0]},
+               "command": "python -m specdemo.training.curve " + " ".join(argv or sys.argv[1:])}
+    (args.out / "curve.json").write_text(json.dumps(summary, indent=1))
+    if args.install and head is not None:
+        from .card import write_card
+
+        if HEAD_DIR.exists():
+            shutil.rmtree(HEAD_DIR)
+        head.save(HEAD_DIR, extra={"training": rows[-1]})
+        shutil.copy(args.out / "curve.csv", HEAD_DIR / "curve.csv")
+        write_card(HEAD_DIR / "README.md", summary)
+        print(f"installed the head in {HEAD_DIR}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
