@@ -91,3 +91,16 @@ def small_vocab_head_pair(tmp_path_factory):
 ])
 def test_sampling_with_a_subset_head_draws_from_the_target(small_vocab_head_pair, method, sampling):
     assert joint_p_value(small_vocab_head_pair, method, sampling) > 1e-3
+
+
+def test_replayed_rounds_count_what_the_decode_loop_counts(head_pair):
+    from specdemo.training.evaluate import replay_rounds, target_features
+
+    for prompt in PROMPTS[:3]:
+        ar = specdemo.generate(head_pair, prompt, method="ar", max_new_tokens=30)
+        sd = specdemo.generate(head_pair, prompt, method="sd", max_new_tokens=30, gamma=4)
+        answer = ar.token_ids
+        features = target_features(head_pair.target, list(ar.prompt_ids) + answer)
+        replay = replay_rounds(head_pair.draft, list(ar.prompt_ids), answer, features, gamma=4)
+        assert (replay.rounds, replay.drafted, replay.accepted) == (
+            len(sd.rounds), sd.stats["drafted"], sd.stats["accepted"])
