@@ -65,30 +65,32 @@ def param_controls(names: Iterable[str], initial: Mapping[str, Any], row_width: 
 
 def endpoint(handler: Callable[[dict[str, Any], gr.Request | None], Any], before: Sequence[str] = (),
              after: Sequence[str] = (), params: Sequence[str] = tuple(PARAMS), name: str | None = None,
-             generator: bool = False) -> Callable:
+             generator: bool = False, progress: bool = False) -> Callable:
     """An event function whose parameters are `before`, the schema's `params`, then `after`
     (the names the API and gradio_client show), followed by Gradio's request. It calls
     handler(form, request) with form = {name: value}; with generator=True it streams
-    what the handler yields (Gradio streams only from generator functions)."""
+    what the handler yields (Gradio streams only from generator functions). progress=True
+    adds Gradio's progress tracker: handler(form, request, progress)."""
     names = [*before, *params, *after]
+    extra = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)]
+    if progress:
+        extra.append(inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress()))
     signature = inspect.Signature(
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
-        + [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)]
-    )
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names] + extra)
 
-    def form_of(args, kwargs) -> tuple[dict[str, Any], Any]:
-        bound = signature.bind_partial(*args, **kwargs)
-        values = dict(bound.arguments)
-        return {n: values.get(n) for n in names}, values.get("request")
+    def call(args, kwargs) -> Any:
+        values = dict(signature.bind_partial(*args, **kwargs).arguments)
+        form = {n: values.get(n) for n in names}
+        if progress:
+            return handler(form, values.get("request"), values.get("progress") or gr.Progress())
+        return handler(form, values.get("request"))
 
     if generator:
         def fn(*args, **kwargs):
-            form, request = form_of(args, kwargs)
-            yield from handler(form, request)
+            yield from call(args, kwargs)
     else:
         def fn(*args, **kwargs):
-            form, request = form_of(args, kwargs)
-            return handler(form, request)
+            return call(args, kwargs)
 
     fn.__signature__ = signature  # type: ignore[attr-defined]
     fn.__annotations__ = {"request": gr.Request}

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import gradio as gr
 
-from . import benchtab, forms, handlers, viz
+from . import benchtab, forms, handlers, sweeptab, viz
 from .examples import DEFAULT_PROMPT, EXAMPLES
 from .handlers import (  # noqa: F401  (the page's handlers, re-exported for callers of `ui`)
     PARAM_NAMES, PairCache, PairLoader, Request, RunUpdate, export_dir, fit_chat, gpu, make_request, on_zero_gpu,
@@ -164,6 +164,11 @@ def build_demo(
 
         with gr.Tab("Benchmark", elem_id="sd-benchmark-tab"):
             benchtab.build_tab(presets, default_preset, lambda t, d: cache.get(t, d, device=device, dtype=dtype),
+                               limits, gpu, export_dir, GPU_QUEUE,
+                               tidy=functools.partial(forget_replaced_components, demo))
+
+        with gr.Tab("Sweep", elem_id="sd-sweep-tab"):
+            sweeptab.build_tab(presets, default_preset, lambda t, d: cache.get(t, d, device=device, dtype=dtype),
                                limits, gpu, export_dir, GPU_QUEUE,
                                tidy=functools.partial(forget_replaced_components, demo))
 
