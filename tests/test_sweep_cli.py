@@ -87,3 +87,30 @@ def test_sampled_sweep_leaves_matches_ar_empty(tiny_pair, suite, tmp_path, capsy
     assert code == 0, capsys.readouterr().err
     rows = pd.read_csv(csv)
     assert list(rows.method) == ["ar", "sd"] and rows.matches_ar.isna().all()
+
+
+def test_chart_png_without_playwright_says_what_to_install(monkeypatch, tmp_path):
+    import sys
+
+    import plotly.graph_objects as go
+
+    from specdemo.bench.chartpng import ChartPngError, save_chart_png
+
+    monkeypatch.setitem(sys.modules, "playwright.sync_api", None)
+    with pytest.raises(ChartPngError, match="pip install playwright"):
+        save_chart_png(go.Figure(), tmp_path / "chart.png")
+
+
+@pytest.mark.slow
+def test_chart_png_renders_a_sweep_chart(tmp_path):
+    pytest.importorskip("playwright.sync_api")
+    from specdemo.bench.chartpng import chromium_path, save_chart_png
+
+    if chromium_path() is None:
+        pytest.skip("needs Chromium")
+    rows = [{"method": "sd", "setting": "sd:gamma=2", "label": "SD γ=2", "gamma": 2, "prompt_id": "p", "repeat": 0,
+             "speedup_vs_ar": 1.2, "new_tokens": 10, "seconds": 1.0, "rounds": 5, "drafted": 10, "accepted": 5,
+             "rejected_rounds": 3, "mean_gamma": 2.0}]
+    figure = sweep.sweep_figures(sweep.summarize_sweep(rows))["speedup_vs_gamma"]
+    path = save_chart_png(figure, tmp_path / "chart.png", width=640, height=360)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
