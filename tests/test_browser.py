@@ -129,3 +129,23 @@ def test_benchmark_tab_runs_a_category_and_shows_its_results(page_url):
             assert label in table_text, label
         assert page.locator("#sd-benchmark-tab .js-plotly-plot").count() >= 4
         assert page.locator("#bench-summary-csv").is_enabled()
+
+
+@pytest.mark.slow
+def test_sweep_tab_runs_a_small_sweep_and_draws_its_chart(page_url):
+    with opened_page(page_url) as page:
+        page.get_by_role("tab", name="Sweep").click(timeout=30_000)
+        page.locator("#sweep-gamma textarea, #sweep-gamma input").first.fill("1,2")
+        page.locator("#sweep-gamma-max textarea, #sweep-gamma-max input").first.fill("3")
+        page.locator("#sweep-ema textarea, #sweep-ema input").first.fill("0.9")
+        page.locator("#sweep-run").click()
+        page.locator("#sweep-status").get_by_text("Done:", exact=False).wait_for(timeout=180_000)
+        chart = page.locator("#sweep-speedup-vs-gamma-chart .js-plotly-plot")
+        assert chart.count() == 1
+        assert "Speedup over AR against γ" in chart.inner_text()
+        assert page.locator("#sd-sweep-tab .js-plotly-plot").count() >= 4
+        assert "EGAG (γ_max 3, EMA 0.9) reached" in page.locator("#sweep-verdict").inner_text()
+        table_text = page.locator("#sweep-table").inner_text()
+        for label in ("SD γ=1", "SD γ=2", "EGAG γmax/EMA 3/0.9"):
+            assert label in table_text, label
+        assert page.locator("#sweep-rows-csv").is_enabled() and page.locator("#sweep-report").is_enabled()

@@ -14,6 +14,8 @@ import gradio as gr
 import pandas as pd
 
 from .. import bench
+from ..engine.params import PARAMS
+from .forms import param_control
 from .limits import Limits
 from ..models.loading import ModelPair, Preset
 
@@ -135,10 +137,12 @@ def build_tab(
         methods = gr.CheckboxGroup(label="Methods", value=list(bench.DEFAULT_BENCH_METHODS),
                                    choices=[(label, name) for name, label in bench.bench_methods().items()])
     with gr.Row():
-        temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
-        gamma = gr.Number(value=4, precision=0, label="γ (SD, NASD, HF assisted, prompt lookup)")
-        ngram_n = gr.Number(value=3, precision=0, label="n (NASD, prompt lookup)")
-        seed = gr.Number(value=0, precision=0, label="Seed")
+        # The schema's controls (ranges, help); labels name the transformers peers that also read them.
+        temperature = param_control(PARAMS["temperature"], PARAMS["temperature"].default)
+        gamma = param_control(PARAMS["gamma"], PARAMS["gamma"].default,
+                              label="γ (SD, NASD, HF assisted, prompt lookup)")
+        ngram_n = param_control(PARAMS["ngram_n"], PARAMS["ngram_n"].default, label="n (NASD, prompt lookup)")
+        seed = param_control(PARAMS["seed"], 0, label="Seed")
     with gr.Row():
         run_btn = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
         stop_btn = gr.Button("Stop", variant="stop", elem_id="bench-stop")

@@ -15,6 +15,12 @@ from ..models.loading import EMBEDDED, PRESETS
 from ..engine.params import MAX_NEW_TOKENS_LIMIT
 
 
+# A public sweep's default caps: grid points besides AR, prompts in all, repeats.
+PUBLIC_MAX_SWEEP_SETTINGS = 8
+PUBLIC_MAX_SWEEP_PROMPTS = 2
+PUBLIC_MAX_SWEEP_REPEATS = 1
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "").strip()
     if not value:
@@ -32,6 +38,10 @@ class Limits:
     max_new_tokens: int = MAX_NEW_TOKENS_LIMIT
     max_prompt_tokens: int | None = None  # None: only the model's context length applies
     queue_size: int = 32
+    # Sweeps (the Sweep tab, /sweep): None means no cap here, or the PUBLIC_* cap in public mode.
+    max_sweep_settings: int | None = None
+    max_sweep_prompts: int | None = None
+    max_sweep_repeats: int | None = None
 
     @classmethod
     def from_env(cls, public: bool | None = None) -> "Limits":
@@ -50,6 +60,9 @@ class Limits:
             max_new_tokens=_env_int("SPECDEMO_MAX_NEW_TOKENS", 256),
             max_prompt_tokens=_env_int("SPECDEMO_MAX_PROMPT_TOKENS", 2048),
             queue_size=_env_int("SPECDEMO_QUEUE_SIZE", 16),
+            max_sweep_settings=_env_int("SPECDEMO_MAX_SWEEP_SETTINGS", PUBLIC_MAX_SWEEP_SETTINGS),
+            max_sweep_prompts=_env_int("SPECDEMO_MAX_SWEEP_PROMPTS", PUBLIC_MAX_SWEEP_PROMPTS),
+            max_sweep_repeats=_env_int("SPECDEMO_MAX_SWEEP_REPEATS", PUBLIC_MAX_SWEEP_REPEATS),
         )
 
     def served(self, presets: Mapping[str, object]) -> dict[str, object]:
@@ -81,3 +94,20 @@ class Limits:
             raise ValueError(
                 f"prompt is too long for this demo: {len(prompt_ids)} tokens, at most {self.max_prompt_tokens}"
             )
+
+    def sweep_caps(self) -> dict[str, int | None]:
+        """The caps on a sweep's grid points (besides AR), prompts and repeats; None: no cap."""
+        public = (PUBLIC_MAX_SWEEP_SETTINGS, PUBLIC_MAX_SWEEP_PROMPTS, PUBLIC_MAX_SWEEP_REPEATS)
+        given = (self.max_sweep_settings, self.max_sweep_prompts, self.max_sweep_repeats)
+        return {name: value if value is not None else (default if self.public else None)
+                for name, value, default in zip(("settings", "prompts", "repeats"), given, public)}
+
+    def check_sweep(self, settings: int, prompts: int, repeats: int) -> None:
+        """Refuse a sweep bigger than this deployment runs (settings: grid points besides AR)."""
+        caps = self.sweep_caps()
+        what = {"settings": ("grid points", settings, "; use fewer values or methods"),
+                "prompts": ("prompts", prompts, "; pick fewer categories or prompts per category"),
+                "repeats": ("repeats", repeats, "")}
+        for name, (label, value, advice) in what.items():
+            if caps[name] is not None and value > caps[name]:
+                raise ValueError(f"sweep: {value} {label}, at most {caps[name]} here{advice}")

@@ -1,8 +1,11 @@
 """The Gradio playground: type a prompt, watch AR, SD, NASD and EGAG decode it round by round.
 
-Handlers only wire inputs to the library and traces to components; everything that draws
-lives in `viz`. `build_demo()` returns the Blocks (queue already set up); `launch()` adds the
-page's theme and CSS, which Gradio 6 takes at launch time.
+This module is the layout: a `with gr.Blocks()` block whose events map the plain data
+that `handlers` yields onto components. The handlers live in `handlers` (playground),
+`benchtab` and `sweeptab`; the decoding parameters' controls and the endpoints' parameter
+names come from the schema through `forms`; everything that draws lives in `viz`.
+`build_demo()` returns the Blocks (queue already set up); `launch()` adds the page's theme
+and CSS, which Gradio 6 takes at launch time.
 """
 
 from __future__ import annotations
@@ -10,202 +13,28 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import shutil
-import tempfile
-import threading
-import time
-from collections import OrderedDict
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Mapping
 
 import gradio as gr
-import torch
 
-from . import benchtab, viz
-from ..bench.compare import run_comparison, tabulate
-from ..engine.decoding import generate, iter_generate
+from . import benchtab, forms, handlers, sweeptab, viz
 from .examples import DEFAULT_PROMPT, EXAMPLES
+from .handlers import (  # noqa: F401  (the page's handlers, re-exported for callers of `ui`)
+    PARAM_NAMES, PairCache, PairLoader, Request, RunUpdate, export_dir, fit_chat, gpu, make_request, on_zero_gpu,
+    readable_failure, resolve_models, write_csvs,
+)
 from .limits import Limits
 from ..models.loading import PRESETS, ModelPair, Preset, load_pair
-from ..engine.methods import DEFAULT_METHODS, METHODS, parse_methods
-from ..engine.params import PARAMS, DecodeParams
+from ..engine.methods import DEFAULT_METHODS, METHODS
+from ..engine.params import DecodeParams
 from ..bench.tables import summary_frame
-from ..engine.trace import GenerationResult
 
 log = logging.getLogger(__name__)
 
-PairLoader = Callable[..., ModelPair]
-
 DEFAULTS = DecodeParams()
-# Charts are redrawn at most this often while a method runs (and always when it ends):
-# serialising four Plotly figures after every round would cost more than the round.
-CHART_INTERVAL_S = 0.5
 # Every event that decodes joins this one queue, so runs from different visitors (and from
 # different tabs) take turns on the device instead of sharing it.
 GPU_QUEUE = "gpu"
-EXPORT_ROOT = Path(tempfile.gettempdir()) / "specdemo-exports"
-EXPORT_TTL_S = 3600
-
-
-# ---------------------------------------------------------------------------------------
-# Model pairs: loaded once, kept in a small LRU cache
-
-
-class PairCache:
-    """Pairs keyed by (target, draft, device, dtype); beyond `limit`, the least recently
-    used pair is closed so a new one can take its memory."""
-
-    def __init__(self, loader: PairLoader = load_pair, limit: int = 1, warm_up: bool = True):
-        if limit < 1:
-            raise ValueError("the pair cache must hold at least one pair")
-        self.loader = loader
-        self.limit = limit
-        self.warm_up = warm_up
-        self._pairs: OrderedDict[tuple, ModelPair] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._pairs)
-
-    def get(self, target: str, draft: str | None, device: str | None = None, dtype: str | None = None) -> ModelPair:
-        key = (target, draft, device, dtype)
-        with self._lock:
-            if key in self._pairs:
-                self._pairs.move_to_end(key)
-                return self._pairs[key]
-            # Free memory before loading, not after: two large pairs may not fit together.
-            while len(self._pairs) >= self.limit:
-                _, old = self._pairs.popitem(last=False)
-                old.close()
-            pair = self.loader(target, draft, device=device, dtype=dtype)
-            if self.warm_up:
-                _warm_up(pair)
-            self._pairs[key] = pair
-            return pair
-
-    def clear(self) -> None:
-        with self._lock:
-            while self._pairs:
-                self._pairs.popitem()[1].close()
-
-
-def _warm_up(pair: ModelPair) -> None:
-    """Run each model once so the first method timed on the page does not pay for
-    one-off kernel selection and allocation (which would flatter every later method)."""
-    try:
-        method = "sd" if pair.draft is not None else "ar"
-        generate(pair, [int(next(iter(pair.eos_ids), 1))] * 4, method, max_new_tokens=3, gamma=2, seed=0)
-    except Exception:  # a failed warm-up only costs timing accuracy
-        log.debug("warm-up failed", exc_info=True)
-
-
-# ---------------------------------------------------------------------------------------
-# ZeroGPU: on a Hugging Face Space with the `spaces` package, GPU work runs under spaces.GPU
-
-
-def on_zero_gpu() -> bool:
-    if not os.environ.get("SPACE_ID"):
-        return False
-    try:
-        import spaces  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def gpu(fn: Callable) -> Callable:
-    if on_zero_gpu():
-        import spaces
-
-        return spaces.GPU(duration=120)(fn)
-    return fn
-
-
-# ---------------------------------------------------------------------------------------
-# Exports
-
-
-def export_dir(root: Path = EXPORT_ROOT, ttl_s: float = EXPORT_TTL_S) -> Path:
-    """A fresh folder for one request's CSVs; folders older than ttl_s are removed first.
-    (Gradio copies returned files into its own cache, so an old folder is safe to drop.)"""
-    root.mkdir(parents=True, exist_ok=True)
-    now = time.time()
-    for old in root.iterdir():
-        try:
-            if old.is_dir() and now - old.stat().st_mtime > ttl_s:
-                shutil.rmtree(old, ignore_errors=True)
-        except OSError:
-            pass  # another request removed it first
-    return Path(tempfile.mkdtemp(prefix="run-", dir=root))
-
-
-def write_csvs(summary, rounds) -> tuple[str, str]:
-    folder = export_dir()
-    summary_path, rounds_path = folder / "specdemo-summary.csv", folder / "specdemo-rounds.csv"
-    summary.to_csv(summary_path, index=False)
-    rounds.to_csv(rounds_path, index=False)
-    return str(summary_path), str(rounds_path)
-
-
-# ---------------------------------------------------------------------------------------
-# Inputs → library arguments
-
-
-@dataclass
-class Request:
-    prompt: str
-    target: str
-    draft: str | None
-    params: DecodeParams  # validated once, here; the loop takes it as it is
-    note: str = ""
-
-
-PARAM_NAMES = tuple(PARAMS)  # the page's parameter inputs, in the schema's order
-
-
-def resolve_models(preset: str | None, target: str | None, draft: str | None,
-                   presets: Mapping[str, Preset]) -> tuple[str, str | None]:
-    """A custom target (and draft) overrides the preset, which `Limits.check_models` has
-    already checked."""
-    target = (target or "").strip()
-    draft = (draft or "").strip() or None
-    if target:
-        return target, draft
-    chosen = presets[preset]
-    return chosen.target, chosen.draft
-
-
-def make_request(prompt, preset, target, draft, values: Mapping[str, Any], presets: Mapping[str, Preset],
-                 limits: Limits | None = None) -> Request:
-    """Validate everything that can be checked before loading a model; ValueError otherwise."""
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError("prompt is empty: type some text to continue")
-    decode = DecodeParams.from_values(**{name: values[name] for name in PARAM_NAMES if name in values})
-    limits = limits or Limits()
-    limits.check_models(preset, target, draft, known=presets)
-    limits.check_new_tokens(decode.max_new_tokens)
-    target, draft = resolve_models(preset, target, draft, presets)
-    return Request(prompt, target, draft, decode)
-
-
-def readable_failure(error: BaseException) -> str:
-    """What a visitor reads when a run fails inside the library; out-of-memory also hands
-    the cached blocks back so the next request starts from a clean device."""
-    if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower():
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return ("out of memory: this run did not fit on the device; try fewer new tokens, a shorter prompt "
-                "or a smaller model pair")
-    return f"{type(error).__name__}: {error}"
-
-
-def fit_chat(request: Request, pair: ModelPair) -> None:
-    """Chat is on by default; a tokenizer without a chat template gets the plain prompt
-    rather than an error, and the status line says so."""
-    if request.params.chat and not getattr(pair.tokenizer, "chat_template", None):
-        request.params = request.params.replace(chat=False)
-        request.note = " (this tokenizer has no chat template, so the prompt went in as plain text)"
 
 
 # ---------------------------------------------------------------------------------------
@@ -279,8 +108,8 @@ def build_demo(
                         choices=[(m.label, name) for name, m in METHODS.items()],
                         info="run one after another on the same prompt; AR is the baseline",
                     )
-                    max_new_tokens = gr.Slider(1, min(1024, limits.max_new_tokens), value=initial["max_new_tokens"], step=1,
-                                               label="Max new tokens")
+                    controls = forms.param_controls(forms.MAIN_PARAMS, initial,
+                                                    maxima={"max_new_tokens": limits.max_new_tokens})
                     with gr.Row():
                         run_btn = gr.Button("Run", variant="primary", elem_id="sd-run")
                         stop_btn = gr.Button("Stop", variant="stop", elem_id="sd-stop")
@@ -293,25 +122,7 @@ def build_demo(
                     target = gr.Textbox("", label="Target model", placeholder="e.g. HuggingFaceTB/SmolLM2-360M-Instruct")
                     draft = gr.Textbox("", label="Draft model", placeholder="e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
             with gr.Accordion("Advanced settings", open=False):
-                with gr.Row():
-                    temperature = gr.Slider(0.0, 2.0, value=initial["temperature"], step=0.05,
-                                            label="Temperature (0 = greedy)")
-                    top_k = gr.Number(value=initial["top_k"], precision=0, label="Top-k (0 = off)")
-                    top_p = gr.Slider(0.05, 1.0, value=initial["top_p"], step=0.01, label="Top-p (1 = off)")
-                    seed = gr.Number(value=initial["seed"], precision=0, label="Seed (empty = random)")
-                with gr.Row():
-                    gamma = gr.Number(value=initial["gamma"], precision=0, label="SD / NASD: γ (draft length)")
-                    gamma_min = gr.Number(value=initial["gamma_min"], precision=0, label="EGAG: γ min")
-                    gamma_max = gr.Number(value=initial["gamma_max"], precision=0, label="EGAG: γ max")
-                    ema = gr.Slider(0.0, 0.99, value=initial["ema"], step=0.01, label="EGAG: entropy EMA β")
-                with gr.Row():
-                    ngram_n = gr.Number(value=initial["ngram_n"], precision=0, label="NASD: n of the n-gram table")
-                    ngram_storage = gr.Radio(["basic", "onelevel"], value=initial["ngram_storage"],
-                                             label="NASD: table kind")
-                    top_k_filler = gr.Number(value=initial["top_k_filler"], precision=0,
-                                             label="NASD: top-k filler from the target")
-                    chat = gr.Checkbox(value=initial["chat"], label="Chat template",
-                                       info="wrap the prompt as a user turn (instruct models)")
+                controls.update(forms.param_controls(forms.ADVANCED_PARAMS, initial, row_width=forms.ROW_WIDTH))
 
             status = gr.Markdown("Press **Run** to decode the prompt with every selected method.", elem_id="sd-status")
             gr.HTML(viz.legend_html(), css_template=viz.TOKEN_CSS, elem_id="sd-legend")
@@ -356,119 +167,57 @@ def build_demo(
                                limits, gpu, export_dir, GPU_QUEUE,
                                tidy=functools.partial(forget_replaced_components, demo))
 
-        param_inputs = [max_new_tokens, temperature, top_k, top_p, seed, gamma, gamma_min, gamma_max, ema,
-                        ngram_n, ngram_storage, top_k_filler, chat]
+        with gr.Tab("Sweep", elem_id="sd-sweep-tab"):
+            sweeptab.build_tab(presets, default_preset, lambda t, d: cache.get(t, d, device=device, dtype=dtype),
+                               limits, gpu, export_dir, GPU_QUEUE,
+                               tidy=functools.partial(forget_replaced_components, demo))
+
         charts = [gamma_plot, entropy_plot, accepted_plot, race_plot]
+        chart_names = list(viz.all_figures([]))
+
+        def components(update: RunUpdate) -> dict:
+            """A handler's RunUpdate mapped onto the page's components."""
+            out: dict = {}
+            if update.warning:
+                gr.Warning(update.warning)
+            if update.status is not None:
+                out[status] = update.status
+            if update.shown is not None:
+                out.update({panel: gr.update(visible=k < update.shown, value=update.panels.get(k, ""))
+                            for k, panel in enumerate(panels)})
+            else:
+                out.update({panels[k]: html for k, html in update.panels.items()})
+            if update.figures is not None:
+                out.update({chart: update.figures[name] for chart, name in zip(charts, chart_names)})
+            if update.table is not None:
+                out[table] = update.table
+            if update.why is not None:
+                out[why] = update.why
+            if update.files is not None:
+                for button, path in zip((summary_file, rounds_file), update.files):
+                    out[button] = gr.update(value=path, interactive=path is not None)
+            return out
 
         # -- the streaming run ---------------------------------------------------------
-        def run(prompt, preset, methods, max_new_tokens, temperature, top_k, top_p, seed, gamma, gamma_min,
-                gamma_max, ema, ngram_n, ngram_storage, top_k_filler, chat, target, draft, request: gr.Request):
+        def run(form: dict, request: gr.Request):
             """Decode with each method in turn, yielding after every round."""
             try:
-                yield from decode(prompt, preset, methods, max_new_tokens, temperature, top_k, top_p, seed, gamma,
-                                  gamma_min, gamma_max, ema, ngram_n, ngram_storage, top_k_filler, chat, target, draft)
+                try:
+                    req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
+                                       presets, limits, methods=form["methods"] or [])
+                except ValueError as error:
+                    yield components(RunUpdate(status=f"⚠️ {error}", warning=str(error)))
+                    return
+                for update in handlers.stream_run(req, load, limits, gpu):
+                    yield components(update)
             finally:  # also when Stop or a closed tab ends the stream
                 forget_replaced_components(demo, request)
 
-        def decode(prompt, preset, methods, max_new_tokens, temperature, top_k, top_p, seed, gamma, gamma_min,
-                   gamma_max, ema, ngram_n, ngram_storage, top_k_filler, chat, target, draft):
-            values = dict(zip(PARAM_NAMES, (max_new_tokens, temperature, top_k, top_p, seed, gamma, gamma_min,
-                                            gamma_max, ema, ngram_n, ngram_storage, top_k_filler, chat)))
-            try:
-                names = viz.method_order(parse_methods(methods or []))
-                request = make_request(prompt, preset, target, draft, values, presets, limits)
-            except ValueError as error:
-                yield _failed(status, str(error))
-                return
-            yield {
-                status: f"Loading **{request.target}**" + (f" + **{request.draft}**" if request.draft else "") + " …",
-                **{panel: gr.update(visible=k < len(names),
-                                    value=viz.render_panel(names[k], state="waiting") if k < len(names) else "")
-                   for k, panel in enumerate(panels)},
-                **{chart: figure for chart, figure in zip(charts, viz.all_figures([]).values())},
-                table: viz.display_table(summary_frame([])), why: "",
-                summary_file: gr.update(value=None, interactive=False),
-                rounds_file: gr.update(value=None, interactive=False),
-            }
-            try:
-                pair = load(request)
-            except ValueError as error:  # ModelLoadError and tokenizer mismatches are ValueErrors
-                yield _failed(status, str(error))
-                return
-            except Exception as error:
-                log.exception("loading %s failed", request.target)
-                yield _failed(status, readable_failure(error))
-                return
-            fit_chat(request, pair)
-            yield from _stream(pair, request, names)
-
-        @gpu
-        def _stream(pair: ModelPair, request: Request, names: list[str]) -> Iterator[dict]:
-            results: list[GenerationResult] = []
-            errors: list[str] = []
-            started = time.perf_counter()
-            for k, name in enumerate(names):
-                label = viz.method_label(name)
-                cache_: dict = {}
-                try:
-                    rounds = iter_generate(pair, request.prompt, name, limits=limits, decode=request.params)
-                except ValueError as error:
-                    errors.append(f"{label}: {error}")
-                    gr.Warning(f"{label}: {error}")
-                    yield {panels[k]: viz.render_panel(name, state="error", message=str(error)),
-                           status: f"⚠️ {label}: {error}"}
-                    continue
-                last_chart, chart_cost = 0.0, 0.0
-                result = None
-                try:
-                    for result in rounds:
-                        update = {
-                            panels[k]: viz.render_panel(name, result, pair.tokenizer, cache=cache_),
-                            status: f"**{label}** ({k + 1}/{len(names)}): round {len(result.rounds)}, "
-                                    f"{len(result.tokens)}/{request.params.max_new_tokens} tokens",
-                        }
-                        now = time.perf_counter()
-                        # On a slow machine drawing must not crowd out decoding: keep it to ~20%.
-                        if result.done or now - last_chart >= max(CHART_INTERVAL_S, 4 * chart_cost):
-                            update.update(_chart_updates(charts, results + [result]))
-                            last_chart = time.perf_counter()
-                            chart_cost = last_chart - now
-                        yield update
-                except Exception as error:  # a failure inside a method must not take the page down
-                    log.exception("decoding %s failed", name)
-                    message = readable_failure(error)
-                    errors.append(f"{label}: {message}")
-                    yield {panels[k]: viz.render_panel(name, result, pair.tokenizer, state="error", message=message),
-                           status: f"⚠️ {label} failed: {message}"}
-                    continue
-                finally:
-                    rounds.close()
-                if result is not None:
-                    results.append(result)
-                    partial = summary_frame(results)
-                    yield {table: viz.display_table(partial), why: viz.explain(partial)}
-            if not results:
-                yield {status: "⚠️ nothing ran: " + "; ".join(errors)}
-                return
-            comparison = tabulate(pair, results)
-            summary_path, rounds_path = write_csvs(comparison.summary, comparison.rounds)
-            elapsed = time.perf_counter() - started
-            done = f"Done in {elapsed:.1f} s{request.note}. Hover a token for its round; download the numbers below."
-            if errors:
-                done += " ⚠️ " + "; ".join(errors)
-            yield {
-                status: done,
-                **_chart_updates(charts, results),
-                table: viz.display_table(comparison.summary),
-                why: viz.explain(comparison.summary),
-                summary_file: gr.update(value=summary_path, interactive=True),
-                rounds_file: gr.update(value=rounds_path, interactive=True),
-            }
-
+        form_before, form_after = ("prompt", "preset", "methods"), ("target", "draft")
         run_outputs = [status, *panels, *charts, table, why, summary_file, rounds_file]
         run_event = run_btn.click(
-            run,
-            inputs=[prompt, preset, methods, *param_inputs, target, draft],
+            forms.endpoint(run, form_before, form_after, name="run", generator=True),
+            inputs=forms.inputs(controls, [prompt, preset, methods], [target, draft]),
             outputs=run_outputs,
             api_name="run",
             show_progress="hidden",
@@ -477,36 +226,23 @@ def build_demo(
         stop_btn.click(lambda: "⏹ Stopped.", outputs=[status], cancels=[run_event], queue=False, api_visibility="private")
 
         # -- the scripted comparison ---------------------------------------------------
-        def compare(prompt, preset, methods, max_new_tokens, temperature, top_k, top_p, seed, gamma, gamma_min,
-                    gamma_max, ema, ngram_n, ngram_storage, top_k_filler, chat, target, draft):
+        def compare(form: dict, request: gr.Request):
             """Run the methods one after another; returns the summary table, the summary and
             per-round CSVs (the CLI's columns) and each method's output text."""
-            values = dict(zip(PARAM_NAMES, (max_new_tokens, temperature, top_k, top_p, seed, gamma, gamma_min,
-                                            gamma_max, ema, ngram_n, ngram_storage, top_k_filler, chat)))
             try:
-                if methods is not None and not isinstance(methods, (str, list)):
-                    raise ValueError("methods must be a comma-separated string or a list of names")
-                names = parse_methods(methods)
-                request = make_request(prompt, preset, target, draft, values, presets, limits)
-                pair = load(request)
-                fit_chat(request, pair)
-                comparison = _compare(pair, request, names)
+                req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
+                                   presets, limits, methods=form["methods"])
+                outcome = handlers.compare(req, load, limits, gpu)
             except ValueError as error:
                 raise gr.Error(str(error), print_exception=False) from None
             except Exception as error:
                 log.exception("comparison failed")
-                raise gr.Error(readable_failure(error), print_exception=False) from None
-            summary_path, rounds_path = write_csvs(comparison.summary, comparison.rounds)
-            texts = {r.method: r.text for r in comparison.results}
-            return viz.records(comparison.summary), summary_path, rounds_path, texts
-
-        @gpu
-        def _compare(pair, request, names):
-            return run_comparison(pair, request.prompt, names, limits=limits, decode=request.params)
+                raise gr.Error(handlers.readable_failure(error), print_exception=False) from None
+            return outcome.table, outcome.summary_csv, outcome.rounds_csv, outcome.texts
 
         compare_btn.click(
-            compare,
-            inputs=[prompt, preset, api_methods, *param_inputs, target, draft],
+            forms.endpoint(compare, form_before, form_after, name="compare"),
+            inputs=forms.inputs(controls, [prompt, preset, api_methods], [target, draft]),
             outputs=[api_table, api_summary, api_rounds, api_texts],
             api_name="compare",
             concurrency_id=GPU_QUEUE,
@@ -542,15 +278,6 @@ def _preset_label(preset: Preset) -> str:
         return "embedded — SmolLM2-135M-Instruct + trained draft (offline)"
     draft = preset.draft.split("/")[-1] if preset.draft else "no draft"
     return f"{preset.name} — {preset.target.split('/')[-1]} + {draft}"
-
-
-def _failed(status: gr.Markdown, message: str) -> dict:
-    gr.Warning(message)
-    return {status: f"⚠️ {message}"}
-
-
-def _chart_updates(charts: list, results: list[GenerationResult]) -> dict:
-    return {chart: figure for chart, figure in zip(charts, viz.all_figures(results).values())}
 
 
 # ---------------------------------------------------------------------------------------

@@ -460,9 +460,17 @@ def run_sweep(
         if progress is not None:
             progress(event.done, event.total, event.message)
     assert event is not None
-    frame = rows_frame(event.rows)
+    return sweep_result(pair, event.rows, runs, repeats=repeats, warmup=warmup, stopped=event.stopped, **params)
+
+
+def sweep_result(pair, rows: Sequence[dict], settings: Sequence[Setting], *, repeats: int, warmup: bool = True,
+                 stopped: bool = False, **params: Any) -> SweepResult:
+    """The SweepResult of rows from `iter_sweep` (for callers that stream the events
+    themselves), with the run's metadata: the pair, the device, the versions, the params."""
+    runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != "ar"]
+    frame = rows_frame(rows)
     meta = _meta(pair, DecodeParams.from_values(**params), runs, frame, repeats, warmup)
-    return SweepResult(frame, runs, meta, event.stopped)
+    return SweepResult(frame, runs, meta, stopped)
 
 
 def rows_frame(rows: Sequence[dict]) -> pd.DataFrame:

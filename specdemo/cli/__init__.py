@@ -12,7 +12,7 @@ import sys
 from typing import Callable
 
 from ..models.errors import ModelLoadError
-from . import bench, compare
+from . import bench, compare, sweep
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
@@ -20,6 +20,7 @@ Run = Callable[[argparse.Namespace], int]
 SUBCOMMANDS: dict[str, tuple[AddArguments, Run]] = {
     "compare": (compare.add_arguments, compare.run),
     "bench": (bench.add_arguments, bench.run),
+    "sweep": (sweep.add_arguments, sweep.run),
 }
 
 

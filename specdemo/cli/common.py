@@ -33,13 +33,19 @@ def _flag_help(spec: Param) -> str:
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser, methods_default: Sequence[str] = DEFAULT_METHODS,
-                           methods_known: Sequence[str] | None = None) -> None:
-    """--methods and one flag per schema parameter (--max-new-tokens, --temperature, ...)."""
+                           methods_known: Sequence[str] | None = None, exclude: Sequence[str] = (),
+                           methods: bool = True) -> argparse._ArgumentGroup:
+    """--methods and one flag per schema parameter (--max-new-tokens, --temperature, ...),
+    less the parameters named in exclude (a subcommand that takes them otherwise)."""
     group = parser.add_argument_group("decoding")
     known = list(methods_known if methods_known is not None else METHODS)
     default = ",".join(methods_default)
-    group.add_argument("--methods", default=default, help=f"comma-separated, from: {', '.join(known)} (default: {default})")
+    if methods:
+        group.add_argument("--methods", default=default,
+                           help=f"comma-separated, from: {', '.join(known)} (default: {default})")
     for spec in SCHEMA:
+        if spec.name in exclude:
+            continue
         flag = "--" + spec.name.replace("_", "-")
         if spec.kind is bool:
             group.add_argument(flag, dest=spec.name, action=argparse.BooleanOptionalAction, default=None,
@@ -48,11 +54,13 @@ def add_decoding_arguments(parser: argparse.ArgumentParser, methods_default: Seq
             # Values are parsed by the schema (DecodeParams.from_values), so errors read the same everywhere.
             group.add_argument(flag, dest=spec.name, default=None, choices=spec.choices, help=_flag_help(spec),
                                metavar=None if spec.choices else spec.kind.__name__.upper())
+    return group
 
 
-def decode_params(args: argparse.Namespace, chat_default: bool) -> DecodeParams:
-    """The validated parameters of a parsed command line (ValueError naming the field)."""
-    values = {spec.name: getattr(args, spec.name) for spec in SCHEMA}
+def decode_params(args: argparse.Namespace, chat_default: bool, exclude: Sequence[str] = ()) -> DecodeParams:
+    """The validated parameters of a parsed command line (ValueError naming the field);
+    the excluded ones keep the schema's default."""
+    values = {spec.name: getattr(args, spec.name) for spec in SCHEMA if spec.name not in exclude}
     if values["chat"] is None:
         values["chat"] = chat_default
     return DecodeParams.from_values(**values)

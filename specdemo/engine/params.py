@@ -77,7 +77,7 @@ _GAMMA = dict(low=1, high=64, allowed="an integer from 1 to 64")
 
 SCHEMA: tuple[Param, ...] = (
     Param("max_new_tokens", int, 128, "stop after this many new tokens", "Max new tokens",
-          low=1, high=MAX_NEW_TOKENS_LIMIT),
+          low=1, high=MAX_NEW_TOKENS_LIMIT, slider=(1, 1024, 1)),
     Param("temperature", float, 0.0, "0 = greedy", "Temperature (0 = greedy)",
           low=0.0, allowed="a number ≥ 0 (0 = greedy)", slider=(0.0, 2.0, 0.05)),
     Param("top_k", int, 0, "keep the k most likely tokens (0 = off)", "Top-k (0 = off)",

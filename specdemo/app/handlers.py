@@ -1,0 +1,342 @@
+"""The page's handlers as plain functions: a request in, plain data out.
+
+Nothing here knows a Gradio component. `stream_run` yields `RunUpdate`s (panel HTML by
+slot, figures, the comparison table, file paths) and `compare` returns a `CompareOutcome`;
+`ui.build_demo` only maps those onto its components. So the streaming logic is tested by
+iterating the generator (tests/test_handlers.py), without a server.
+
+Also here: the pair cache, export folders and the ZeroGPU decorator that every tab shares.
+May import engine, models, bench and the page's own viz/limits; never gradio at import
+(only `spaces` on a Hugging Face Space).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import pandas as pd
+import torch
+
+from . import viz
+from ..bench.compare import run_comparison, tabulate
+from ..bench.tables import summary_frame
+from ..engine.decoding import generate, iter_generate
+from ..engine.methods import parse_methods
+from ..engine.params import PARAMS, DecodeParams
+from ..engine.trace import GenerationResult
+from ..models.loading import ModelPair, Preset, load_pair
+from .limits import Limits
+
+log = logging.getLogger(__name__)
+
+PairLoader = Callable[..., ModelPair]
+# Charts are redrawn at most this often while a method runs (and always when it ends):
+# serialising four Plotly figures after every round would cost more than the round.
+CHART_INTERVAL_S = 0.5
+EXPORT_ROOT = Path(tempfile.gettempdir()) / "specdemo-exports"
+EXPORT_TTL_S = 3600
+PARAM_NAMES = tuple(PARAMS)  # the decoding parameters every decoding endpoint takes, in the schema's order
+
+
+# ---------------------------------------------------------------------------------------
+# Model pairs: loaded once, kept in a small LRU cache
+
+
+class PairCache:
+    """Pairs keyed by (target, draft, device, dtype); beyond `limit`, the least recently
+    used pair is closed so a new one can take its memory."""
+
+    def __init__(self, loader: PairLoader = load_pair, limit: int = 1, warm_up: bool = True):
+        if limit < 1:
+            raise ValueError("the pair cache must hold at least one pair")
+        self.loader = loader
+        self.limit = limit
+        self.warm_up = warm_up
+        self._pairs: OrderedDict[tuple, ModelPair] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def get(self, target: str, draft: str | None, device: str | None = None, dtype: str | None = None) -> ModelPair:
+        key = (target, draft, device, dtype)
+        with self._lock:
+            if key in self._pairs:
+                self._pairs.move_to_end(key)
+                return self._pairs[key]
+            # Free memory before loading, not after: two large pairs may not fit together.
+            while len(self._pairs) >= self.limit:
+                _, old = self._pairs.popitem(last=False)
+                old.close()
+            pair = self.loader(target, draft, device=device, dtype=dtype)
+            if self.warm_up:
+                _warm_up(pair)
+            self._pairs[key] = pair
+            return pair
+
+    def clear(self) -> None:
+        with self._lock:
+            while self._pairs:
+                self._pairs.popitem()[1].close()
+
+
+def _warm_up(pair: ModelPair) -> None:
+    """Run each model once so the first method timed on the page does not pay for
+    one-off kernel selection and allocation (which would flatter every later method)."""
+    try:
+        method = "sd" if pair.draft is not None else "ar"
+        generate(pair, [int(next(iter(pair.eos_ids), 1))] * 4, method, max_new_tokens=3, gamma=2, seed=0)
+    except Exception:  # a failed warm-up only costs timing accuracy
+        log.debug("warm-up failed", exc_info=True)
+
+
+# ---------------------------------------------------------------------------------------
+# ZeroGPU: on a Hugging Face Space with the `spaces` package, GPU work runs under spaces.GPU
+
+
+def on_zero_gpu() -> bool:
+    if not os.environ.get("SPACE_ID"):
+        return False
+    try:
+        import spaces  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def gpu(fn: Callable) -> Callable:
+    if on_zero_gpu():
+        import spaces
+
+        return spaces.GPU(duration=120)(fn)
+    return fn
+
+
+# ---------------------------------------------------------------------------------------
+# Exports
+
+
+def export_dir(root: Path = EXPORT_ROOT, ttl_s: float = EXPORT_TTL_S) -> Path:
+    """A fresh folder for one request's files; folders older than ttl_s are removed first.
+    (Gradio copies returned files into its own cache, so an old folder is safe to drop.)"""
+    root.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    for old in root.iterdir():
+        try:
+            if old.is_dir() and now - old.stat().st_mtime > ttl_s:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass  # another request removed it first
+    return Path(tempfile.mkdtemp(prefix="run-", dir=root))
+
+
+def write_csvs(summary: pd.DataFrame, rounds: pd.DataFrame) -> tuple[str, str]:
+    folder = export_dir()
+    summary_path, rounds_path = folder / "specdemo-summary.csv", folder / "specdemo-rounds.csv"
+    summary.to_csv(summary_path, index=False)
+    rounds.to_csv(rounds_path, index=False)
+    return str(summary_path), str(rounds_path)
+
+
+# ---------------------------------------------------------------------------------------
+# Form values → a request
+
+
+@dataclass
+class Request:
+    prompt: str
+    target: str
+    draft: str | None
+    params: DecodeParams  # validated once, here; the loop takes it as it is
+    note: str = ""
+    methods: list[str] = field(default_factory=list)  # validated names, as given
+
+
+def resolve_models(preset: str | None, target: str | None, draft: str | None,
+                   presets: Mapping[str, Preset]) -> tuple[str, str | None]:
+    """A custom target (and draft) overrides the preset, which `Limits.check_models` has
+    already checked."""
+    target = (target or "").strip()
+    draft = (draft or "").strip() or None
+    if target:
+        return target, draft
+    chosen = presets[preset]
+    return chosen.target, chosen.draft
+
+
+def make_request(prompt, preset, target, draft, values: Mapping[str, Any], presets: Mapping[str, Preset],
+                 limits: Limits | None = None, methods: Any = None) -> Request:
+    """Validate everything that can be checked before loading a model; ValueError otherwise.
+
+    values: the decoding parameters by schema name (missing ones take the schema's default);
+    methods: a comma-separated string or a list (None: the default methods).
+    """
+    if methods is not None and not isinstance(methods, (str, list, tuple)):
+        raise ValueError("methods must be a comma-separated string or a list of names")
+    names = parse_methods(methods)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("prompt is empty: type some text to continue")
+    decode = DecodeParams.from_values(**{name: values[name] for name in PARAM_NAMES if name in values})
+    limits = limits or Limits()
+    limits.check_models(preset, target, draft, known=presets)
+    limits.check_new_tokens(decode.max_new_tokens)
+    target, draft = resolve_models(preset, target, draft, presets)
+    return Request(prompt, target, draft, decode, methods=names)
+
+
+def readable_failure(error: BaseException) -> str:
+    """What a visitor reads when a run fails inside the library; out-of-memory also hands
+    the cached blocks back so the next request starts from a clean device."""
+    if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower():
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return ("out of memory: this run did not fit on the device; try fewer new tokens, a shorter prompt "
+                "or a smaller model pair")
+    return f"{type(error).__name__}: {error}"
+
+
+def fit_chat(request: Request, pair: ModelPair) -> None:
+    """Chat is on by default; a tokenizer without a chat template gets the plain prompt
+    rather than an error, and the status line says so."""
+    if request.params.chat and not getattr(pair.tokenizer, "chat_template", None):
+        request.params = request.params.replace(chat=False)
+        request.note = " (this tokenizer has no chat template, so the prompt went in as plain text)"
+
+
+# ---------------------------------------------------------------------------------------
+# The streaming run
+
+
+@dataclass
+class RunUpdate:
+    """One step of a streaming run, as data. Fields left None (or empty) leave their part
+    of the page as it is."""
+
+    status: str | None = None
+    panels: dict[int, str] = field(default_factory=dict)  # slot (index in request.methods) → panel HTML
+    shown: int | None = None  # how many panel slots are visible (set when a run starts)
+    figures: dict[str, Any] | None = None  # viz.all_figures, by name
+    table: pd.DataFrame | None = None  # viz.display_table of the summary so far
+    why: str | None = None  # viz.explain of the summary so far
+    files: tuple[str | None, str | None] | None = None  # (summary CSV, rounds CSV); (None, None) clears
+    warning: str | None = None  # a message worth a toast as well as the status line
+    results: list[GenerationResult] | None = None  # the finished methods so far (when one finishes)
+
+
+def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: Limits | None = None,
+               gpu: Callable[[Callable], Callable] = gpu) -> Iterator[RunUpdate]:
+    """Load the pair, then decode with each of request.methods in turn (AR first), yielding after
+    every round; panel slot k shows the k-th method in that order.
+
+    Closing the generator (Stop, a closed tab) closes the method's round iterator, so
+    decoding ends with the round in flight.
+    """
+    names = viz.method_order(request.methods)  # AR first: the page's panel slots in order
+    yield RunUpdate(
+        status=f"Loading **{request.target}**" + (f" + **{request.draft}**" if request.draft else "") + " …",
+        shown=len(names), panels={k: viz.render_panel(name, state="waiting") for k, name in enumerate(names)},
+        figures=viz.all_figures([]), table=viz.display_table(summary_frame([])), why="", files=(None, None),
+    )
+    try:
+        pair = load(request)
+    except ValueError as error:  # ModelLoadError and tokenizer mismatches are ValueErrors
+        yield RunUpdate(status=f"⚠️ {error}", warning=str(error))
+        return
+    except Exception as error:
+        log.exception("loading %s failed", request.target)
+        message = readable_failure(error)
+        yield RunUpdate(status=f"⚠️ {message}", warning=message)
+        return
+    fit_chat(request, pair)
+    yield from gpu(decode_methods)(pair, request, limits)
+
+
+def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = None,
+                   chart_interval_s: float = CHART_INTERVAL_S) -> Iterator[RunUpdate]:
+    """The decoding half of `stream_run`, on a loaded pair (the part ZeroGPU runs on the GPU)."""
+    names = viz.method_order(request.methods)
+    results: list[GenerationResult] = []
+    errors: list[str] = []
+    started = time.perf_counter()
+    for k, name in enumerate(names):
+        label = viz.method_label(name)
+        render_cache: dict = {}
+        try:
+            rounds = iter_generate(pair, request.prompt, name, limits=limits, decode=request.params)
+        except ValueError as error:
+            errors.append(f"{label}: {error}")
+            yield RunUpdate(status=f"⚠️ {label}: {error}", warning=f"{label}: {error}",
+                            panels={k: viz.render_panel(name, state="error", message=str(error))})
+            continue
+        last_chart, chart_cost = 0.0, 0.0
+        result = None
+        try:
+            for result in rounds:
+                update = RunUpdate(
+                    panels={k: viz.render_panel(name, result, pair.tokenizer, cache=render_cache)},
+                    status=f"**{label}** ({k + 1}/{len(names)}): round {len(result.rounds)}, "
+                           f"{len(result.tokens)}/{request.params.max_new_tokens} tokens",
+                )
+                now = time.perf_counter()
+                # On a slow machine drawing must not crowd out decoding: keep it to ~20%.
+                if result.done or now - last_chart >= max(chart_interval_s, 4 * chart_cost):
+                    update.figures = viz.all_figures(results + [result])
+                    last_chart = time.perf_counter()
+                    chart_cost = last_chart - now
+                yield update
+        except Exception as error:  # a failure inside a method must not take the page down
+            log.exception("decoding %s failed", name)
+            message = readable_failure(error)
+            errors.append(f"{label}: {message}")
+            yield RunUpdate(status=f"⚠️ {label} failed: {message}",
+                            panels={k: viz.render_panel(name, result, pair.tokenizer, state="error", message=message)})
+            continue
+        finally:
+            rounds.close()
+        if result is not None:
+            results.append(result)
+            partial = summary_frame(results)
+            yield RunUpdate(table=viz.display_table(partial), why=viz.explain(partial), results=list(results))
+    if not results:
+        yield RunUpdate(status="⚠️ nothing ran: " + "; ".join(errors))
+        return
+    comparison = tabulate(pair, results)
+    files = write_csvs(comparison.summary, comparison.rounds)
+    elapsed = time.perf_counter() - started
+    done = f"Done in {elapsed:.1f} s{request.note}. Hover a token for its round; download the numbers below."
+    if errors:
+        done += " ⚠️ " + "; ".join(errors)
+    yield RunUpdate(status=done, figures=viz.all_figures(results), table=viz.display_table(comparison.summary),
+                    why=viz.explain(comparison.summary), files=files, results=list(results))
+
+
+# ---------------------------------------------------------------------------------------
+# The scripted comparison
+
+
+@dataclass
+class CompareOutcome:
+    table: pd.DataFrame  # viz.records of the summary (the CLI's columns)
+    summary_csv: str
+    rounds_csv: str
+    texts: dict[str, str]  # method → output text
+
+
+def compare(request: Request, load: Callable[[Request], ModelPair], limits: Limits | None = None,
+            gpu: Callable[[Callable], Callable] = gpu) -> CompareOutcome:
+    """Run request.methods one after another on a loaded pair and tabulate them."""
+    pair = load(request)
+    fit_chat(request, pair)
+    comparison = gpu(run_comparison)(pair, request.prompt, request.methods, limits=limits, decode=request.params)
+    summary_path, rounds_path = write_csvs(comparison.summary, comparison.rounds)
+    return CompareOutcome(viz.records(comparison.summary), summary_path, rounds_path,
+                          {r.method: r.text for r in comparison.results})

@@ -1,0 +1,343 @@
+"""The page's Sweep tab and the /sweep endpoint: `specdemo sweep` run from the browser.
+
+The handlers are plain functions: `make_sweep_request` validates a form into a
+`SweepRequest`, `stream_sweep` yields `SweepUpdate`s (progress, the charts redrawn as
+points finish, then the verdict, the summary and the files) and `sweep_outcome` runs one
+to the end for the API. `build_tab` lays the tab out and maps those onto components.
+The sweep itself is `bench.sweep`, the same code the command line runs.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import gradio as gr
+import pandas as pd
+
+from . import forms
+from ..bench import sweep
+from ..bench.suite import DEFAULT_SUITE, SUITE_CATEGORIES, SuitePrompt, load_suite, select_prompts
+from ..engine.params import PARAMS, DecodeParams
+from ..models.loading import ModelPair, Preset
+from .limits import Limits
+
+GRID = tuple(sweep.SETTING_COLUMNS)  # gamma, gamma_max, ema, ngram_n: comma-separated lists here
+SHARED_PARAMS = tuple(name for name in PARAMS if name not in GRID)  # one value for every grid point
+FORM = ("preset", "methods", *GRID, "categories", "prompts_per_category", "repeats")  # before SHARED_PARAMS
+GRID_LABELS = {"gamma": "SD: γ values", "gamma_max": "EGAG: γ_max values", "ema": "EGAG: EMA β values",
+               "ngram_n": "NASD: n values"}
+DEFAULT_CATEGORIES = ("chat", "code")
+TABLE_COLUMNS = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s", "acceptance_rate",
+                 "mean_accepted_tokens", "mean_gamma", "wasted_drafts_per_token", "target_forwards_per_token",
+                 "draft_flops_per_token", "target_flops_per_token", "predicted_speedup", "exact_match_pct"]
+CHARTS = tuple(sweep.FIGURES)
+
+
+def _csv(values: Sequence[float]) -> str:
+    return ",".join(f"{v:g}" for v in values)
+
+
+def default_form(limits: Limits) -> dict[str, Any]:
+    """The tab's initial values: the sweep's default grid, or a smaller one within a public deployment's caps."""
+    capped = limits.sweep_caps()["settings"] is not None
+    grid = ({"gamma": "1,2,4,6", "gamma_max": "4,6", "ema": "0.9"} if capped else
+            {"gamma": _csv(sweep.DEFAULT_GAMMAS), "gamma_max": _csv(sweep.DEFAULT_GAMMA_MAXES),
+             "ema": _csv(sweep.DEFAULT_EMAS)})
+    return {"methods": ["sd", "egag"], **grid, "ngram_n": _csv(sweep.DEFAULT_NGRAM_NS),
+            "categories": list(DEFAULT_CATEGORIES), "prompts_per_category": 1, "repeats": 1,
+            "max_new_tokens": min(64, limits.max_new_tokens), "seed": 0, "chat": True}
+
+
+def table(summary: pd.DataFrame) -> pd.DataFrame:
+    shown = summary[TABLE_COLUMNS].copy()
+    numeric = shown.select_dtypes("number").columns
+    shown[numeric] = shown[numeric].round(3)
+    return shown.rename(columns={"label": "setting"})
+
+
+# --------------------------------------------------------------------------- form → request
+
+
+@dataclass
+class SweepRequest:
+    target: str
+    draft: str | None
+    settings: list[sweep.Setting]  # AR first
+    prompts: list[SuitePrompt]
+    repeats: int
+    params: DecodeParams  # the shared parameters; each setting overrides its own
+
+
+def _whole(name: str, value: Any) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a whole number, got {value!r}") from None
+    if number != value:
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    if number < 1:
+        raise ValueError(f"{name} must be at least 1, got {number}")
+    return number
+
+
+def _grid_values(name: str, text: Any) -> list[float]:
+    parts = text if isinstance(text, (list, tuple)) else str(text or "").replace(";", ",").split(",")
+    values = []
+    for part in parts:
+        if str(part).strip() == "":
+            continue
+        try:
+            values.append(float(part))
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: {str(part).strip()!r} is not a number; write values like 1,2,4") from None
+    return values
+
+
+def make_sweep_request(form: Mapping[str, Any], presets: Mapping[str, Preset], limits: Limits,
+                       suite: Sequence[SuitePrompt] | None = None) -> SweepRequest:
+    """Validate a sweep form (FORM's names and the shared decoding parameters) before loading
+    anything; ValueError names the field."""
+    limits.check_models(form.get("preset"), known=presets)
+    methods = form.get("methods")
+    methods = methods.split(",") if isinstance(methods, str) else list(methods or [])
+    methods = [m.strip().lower() for m in methods if m and m.strip() and m.strip().lower() != "ar"]
+    if not methods:
+        raise ValueError(f"methods: choose at least one of {', '.join(sweep.SWEEP_METHODS)} (AR always runs)")
+    needs = {"gamma": "sd", "gamma_max": "egag", "ema": "egag", "ngram_n": "nasd"}
+    grid = {name: _grid_values(name, form.get(name)) if needs[name] in methods else None for name in GRID}
+    params = DecodeParams.from_values(**{name: form.get(name) for name in SHARED_PARAMS})
+    settings = sweep.expand_grid(**grid, methods=methods, gamma_min=params.gamma_min, nasd_gamma=params.gamma)
+    categories = form.get("categories")
+    categories = categories.split(",") if isinstance(categories, str) else list(categories or [])
+    if not [c for c in categories if c.strip()]:
+        raise ValueError("categories: choose at least one")
+    per_category = _whole("prompts per category", form.get("prompts_per_category"))
+    repeats = _whole("repeats", form.get("repeats"))
+    prompts = select_prompts(list(suite) if suite is not None else load_suite(DEFAULT_SUITE), categories,
+                             per_category)
+    limits.check_sweep(len(settings) - 1, len(prompts), repeats)
+    limits.check_new_tokens(params.max_new_tokens)
+    chosen = presets[form["preset"]]
+    return SweepRequest(chosen.target, chosen.draft, settings, prompts, repeats, params)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class SweepFiles:
+    rows_csv: str
+    summary_csv: str
+    report: str
+
+
+@dataclass
+class SweepUpdate:
+    """One step of a sweep as data: progress, and whatever changed since the last step."""
+
+    done: int
+    total: int
+    message: str
+    figures: dict[str, Any] | None = None  # sweep.FIGURES by name, when new points finished
+    table: pd.DataFrame | None = None  # the summary so far (the tab's columns)
+    verdict: str | None = None
+    files: SweepFiles | None = None  # at the end
+    result: sweep.SweepResult | None = None  # at the end
+    finished: bool = False
+
+
+def sweep_events(pair: ModelPair, request: SweepRequest, warmup: bool = True) -> Iterator[tuple[sweep.SweepEvent, list]]:
+    """`iter_sweep` run in a worker thread: (event, rows so far) pairs.
+
+    Closing this generator (Stop, a closed tab) asks the sweep to stop and returns only once
+    the worker has finished its current run, so the caller holds the device queue, and the
+    pair, until nothing decodes on it any more (the pattern of the Benchmark tab's `measure`).
+    """
+    updates: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    end = object()
+
+    def work() -> None:
+        try:
+            for event in sweep.iter_sweep(pair, request.prompts, request.settings, repeats=request.repeats,
+                                          warmup=warmup, should_stop=stop.is_set, **request.params.as_dict()):
+                updates.put((event, list(event.rows)))
+            updates.put(end)
+        except BaseException as error:  # handed to the consuming thread, which raises it
+            updates.put(error)
+
+    worker = threading.Thread(target=work, name="specdemo-sweep", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = updates.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
+
+def stream_sweep(request: SweepRequest, load: Callable[[str, str | None], ModelPair],
+                 export: Callable[[], Path], gpu: Callable[[Callable], Callable] = lambda fn: fn,
+                 warmup: bool = True) -> Iterator[SweepUpdate]:
+    """Load the pair and sweep; the charts are redrawn whenever a (prompt, repeat) finishes."""
+    yield SweepUpdate(0, 0, "Loading the model pair …")
+    pair = load(request.target, request.draft)
+    rows: list[dict] = []
+    event = None
+    for event, rows in gpu(sweep_events)(pair, request, warmup):
+        update = SweepUpdate(event.done, event.total, event.message)
+        if event.new_rows:
+            summary = sweep.summarize_sweep(rows)
+            update.figures, update.table = sweep.sweep_figures(summary), table(summary)
+            update.verdict = sweep.verdict(summary)
+        yield update
+    result = sweep.sweep_result(pair, rows, request.settings, repeats=request.repeats, warmup=warmup,
+                                stopped=bool(event and event.stopped), **request.params.as_dict())
+    folder = export()
+    files = SweepFiles(str(folder / "sweep.csv"), str(folder / "sweep.summary.csv"), str(folder / "sweep-report.html"))
+    sweep.write_outputs(result, files.rows_csv, files.summary_csv, files.report)
+    summary = result.summary
+    done = event.done if event else 0
+    yield SweepUpdate(done, done, "done", sweep.sweep_figures(summary), table(summary), result.verdict, files,
+                      result, finished=True)
+
+
+def sweep_outcome(request: SweepRequest, load, export, gpu=lambda fn: fn) -> SweepUpdate:
+    """The last update of `stream_sweep`: the whole sweep, for the API."""
+    last = None
+    for last in stream_sweep(request, load, export, gpu):
+        pass
+    assert last is not None and last.finished
+    return last
+
+
+# --------------------------------------------------------------------------- the tab
+
+
+def build_tab(
+    presets: Mapping[str, Preset],
+    default_preset: str,
+    load: Callable[[str, str | None], ModelPair],
+    limits: Limits,
+    gpu: Callable[[Callable], Callable],
+    export: Callable[[], Path],
+    queue_id: str,
+    tidy: Callable[[gr.Request], None] = lambda request: None,
+) -> None:
+    """Lay the tab out inside the current Blocks and wire its events (arguments as `benchtab.build_tab`)."""
+    initial = default_form(limits)
+    caps = limits.sweep_caps()
+    capped = ", ".join(f"{v} {k}" for k, v in caps.items() if v is not None)
+    gr.Markdown(
+        "Where does fixed-γ SD peak, and does EGAG reach that peak without tuning? A sweep runs SD at each γ, "
+        "EGAG at each (γ_max, EMA) and NASD at each n on the same prompts, with AR interleaved so every speedup "
+        "is a ratio from the same run. The charts fill in as prompts finish. The same run from a terminal: "
+        "`python -m specdemo sweep --pair embedded`." + (f" This demo allows at most {capped}." if capped else "")
+    )
+    with gr.Row():
+        preset = gr.Dropdown(label="Model pair", value=default_preset, interactive=True, choices=list(presets),
+                             elem_id="sweep-preset")
+        methods = gr.CheckboxGroup(label="Methods (AR always runs)", value=initial["methods"],
+                                   choices=[("SD (fixed γ)", "sd"), ("EGAG", "egag"), ("NASD", "nasd")],
+                                   elem_id="sweep-methods")
+    with gr.Row():
+        grid = {name: gr.Textbox(initial[name], label=GRID_LABELS[name], elem_id=f"sweep-{name.replace('_', '-')}",
+                                 info="comma-separated") for name in GRID}
+    with gr.Row():
+        categories = gr.CheckboxGroup(label="Categories", value=initial["categories"], choices=list(SUITE_CATEGORIES),
+                                      elem_id="sweep-categories")
+        prompts = gr.Number(value=initial["prompts_per_category"], precision=0, label="Prompts per category")
+        repeats = gr.Number(value=initial["repeats"], precision=0, label="Repeats")
+    controls = forms.param_controls(("max_new_tokens",), initial, maxima={"max_new_tokens": limits.max_new_tokens})
+    with gr.Accordion("Decoding settings shared by every point", open=False):
+        controls.update(forms.param_controls([n for n in SHARED_PARAMS if n != "max_new_tokens"], initial,
+                                             row_width=forms.ROW_WIDTH))
+    with gr.Row():
+        run_btn = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
+        stop_btn = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
+    status = gr.Markdown("", elem_id="sweep-status")
+    verdict = gr.Markdown("", elem_id="sweep-verdict")
+    with gr.Row(equal_height=True):
+        plots = [gr.Plot(show_label=False, elem_id=f"sweep-{name.replace('_', '-')}-chart") for name in CHARTS[:2]]
+    with gr.Row(equal_height=True):
+        plots += [gr.Plot(show_label=False, elem_id=f"sweep-{name.replace('_', '-')}-chart") for name in CHARTS[2:]]
+    summary_table = gr.Dataframe(interactive=False, show_label=False, elem_id="sweep-table", wrap=True)
+    with gr.Row():
+        rows_file = gr.DownloadButton("Runs (CSV)", interactive=False, elem_id="sweep-rows-csv")
+        summary_file = gr.DownloadButton("Summary (CSV)", interactive=False, elem_id="sweep-summary-csv")
+        report_file = gr.DownloadButton("Report (HTML)", interactive=False, elem_id="sweep-report")
+    # Outputs of the scripted /sweep endpoint; never shown on the page.
+    with gr.Column(visible=False):
+        api_methods = gr.JSON(initial["methods"], label="methods")
+        api_categories = gr.JSON(initial["categories"], label="categories")
+        api_table = gr.Dataframe(label="summary")
+        api_csv = gr.File(label="csv")
+        api_verdict = gr.Textbox(label="verdict")
+        api_btn = gr.Button("sweep")
+
+    outputs = [status, verdict, summary_table, *plots, rows_file, summary_file, report_file]
+
+    def components(update: SweepUpdate) -> tuple:
+        keep = gr.skip()
+        shown = f"Running: {update.done}/{update.total} — {update.message}" if update.total else update.message
+        if update.finished:
+            result = update.result
+            shown = (f"Done: {len(result.rows)} runs, {len(result.settings)} settings on {result.meta.get('prompts')} "
+                     f"prompts × {result.meta.get('repeats')} repeats, {result.meta.get('device')}.")
+        figures = update.figures or {}
+        files = ([gr.update(value=path, interactive=True) for path in
+                  (update.files.rows_csv, update.files.summary_csv, update.files.report)]
+                 if update.files else [keep] * 3)
+        return (shown, update.verdict if update.verdict is not None else keep,
+                update.table if update.table is not None else keep,
+                *(figures.get(name, keep) for name in CHARTS), *files)
+
+    def run(form: dict, request: gr.Request, progress: gr.Progress):
+        try:
+            try:
+                req = make_sweep_request(form, presets, limits)
+            except ValueError as error:
+                raise gr.Error(str(error), print_exception=False) from None
+            cleared = [gr.update(value=None, interactive=False)] * 3
+            yield ("Loading the model pair …", "", None, *[None] * len(CHARTS), *cleared)
+            try:
+                for update in stream_sweep(req, load, export, gpu):
+                    if update.total:
+                        progress((update.done, update.total), desc=update.message)
+                    yield components(update)
+            except ValueError as error:
+                raise gr.Error(str(error), print_exception=False) from None
+        finally:  # also when Stop or a closed tab ends the stream
+            tidy(request)
+
+    def sweep_api(form: dict, request: gr.Request):
+        """Run a sweep to the end; returns the summary table, the rows CSV and the verdict."""
+        try:
+            req = make_sweep_request(form, presets, limits)
+            last = sweep_outcome(req, load, export, gpu)
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        summary = last.result.summary
+        return summary.astype(object).where(summary.notna(), None), last.files.rows_csv, last.verdict
+
+    shared = forms.inputs(controls, params=SHARED_PARAMS)
+    form_inputs = [preset, methods, *grid.values(), categories, prompts, repeats]
+    event = run_btn.click(
+        forms.endpoint(run, FORM, params=SHARED_PARAMS, name="sweep_page", generator=True, progress=True),
+        inputs=[*form_inputs, *shared], outputs=outputs, api_visibility="private", concurrency_id=queue_id,
+    )
+    stop_btn.click(lambda: "⏹ Stopped.", outputs=[status], cancels=[event], queue=False, api_visibility="private")
+    api_btn.click(
+        forms.endpoint(sweep_api, FORM, params=SHARED_PARAMS, name="sweep"),
+        inputs=[preset, api_methods, *grid.values(), api_categories, prompts, repeats, *shared],
+        outputs=[api_table, api_csv, api_verdict], api_name="sweep", concurrency_id=queue_id,
+    )

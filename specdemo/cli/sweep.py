@@ -1,0 +1,119 @@
+"""`python -m specdemo sweep`: speedup against γ (SD), γ_max and EMA (EGAG) and n (NASD), AR interleaved."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from ..bench.suite import DEFAULT_SUITE, load_suite, select_prompts
+from ..bench.sweep import (
+    DEFAULT_EMAS, DEFAULT_GAMMA_MAXES, DEFAULT_GAMMAS, SWEEP_METHODS, SweepResult, expand_grid, run_sweep,
+    write_outputs,
+)
+from .common import add_decoding_arguments, add_model_arguments, decode_params, default_chat, pair_from_args
+
+GRID_PARAMS = ("gamma", "gamma_max", "ema", "ngram_n")  # lists here, single values elsewhere
+SHOWN = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s", "acceptance_rate",
+         "mean_accepted_tokens", "mean_gamma", "wasted_drafts_per_token", "target_forwards_per_token",
+         "predicted_speedup", "exact_match_pct"]
+
+
+def _csv(values) -> str:
+    return ",".join(f"{v:g}" for v in values)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    suite = parser.add_argument_group("suite")
+    suite.add_argument("--suite", default=None,
+                       help="JSONL, one {\"prompt\": ..., \"category\": ...} a line (optional \"id\", \"messages\"); "
+                            "default: the suite that ships with specdemo")
+    suite.add_argument("--categories", default=None, help="comma-separated categories to run (default: all of them)")
+    suite.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
+    suite.add_argument("--repeats", type=int, default=2, help="runs of every (prompt, setting) (default: 2)")
+    suite.add_argument("--no-warmup", dest="warmup", action="store_false",
+                       help="skip the untimed warm-up run of each method (by default each method has one)")
+    suite.add_argument("--threads", type=int, default=None,
+                       help="torch CPU threads (default: torch's choice); 1 is steadier on a busy shared CPU")
+    grid = parser.add_argument_group("grid (comma-separated values; AR always runs)")
+    grid.add_argument("--methods", default=None,
+                      help=f"which of {', '.join(SWEEP_METHODS)} to sweep (default: each whose grid is given; "
+                           "nasd only with --ngram-n)")
+    grid.add_argument("--gamma", default=_csv(DEFAULT_GAMMAS), help=f"SD: draft lengths γ (default: {_csv(DEFAULT_GAMMAS)})")
+    grid.add_argument("--gamma-max", dest="gamma_max", default=_csv(DEFAULT_GAMMA_MAXES),
+                      help=f"EGAG: largest γ (default: {_csv(DEFAULT_GAMMA_MAXES)})")
+    grid.add_argument("--ema", default=_csv(DEFAULT_EMAS), help=f"EGAG: entropy EMA β (default: {_csv(DEFAULT_EMAS)})")
+    grid.add_argument("--ngram-n", dest="ngram_n", default=None, help="NASD: n of the n-gram table (default: no NASD)")
+    grid.add_argument("--nasd-gamma", type=int, default=4, help="NASD: γ at every n (default: 4)")
+    add_model_arguments(parser)
+    # The shared decoding flags, as compare takes them, less the ones swept above (γ_min stays: EGAG's floor).
+    add_decoding_arguments(parser, methods=False, exclude=GRID_PARAMS)
+    out = parser.add_argument_group("output")
+    out.add_argument("--csv", help="one row per (method, setting, prompt, repeat)")
+    out.add_argument("--summary-csv", help="one row per (method, setting); default: next to --csv as *.summary.csv")
+    out.add_argument("--report", help="HTML report: verdict, summary and charts")
+    out.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
+                     help="embed plotly.js in the report (offline) or link it from a CDN (default: inline)")
+    out.add_argument("--chart-png", help="save the speedup-against-γ chart as a PNG (needs Playwright and Chromium)")
+    out.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Sweep γ (SD), γ_max and EMA (EGAG) and n (NASD) on a prompt suite, AR interleaved."""
+    params = decode_params(args, chat_default=default_chat(args), exclude=GRID_PARAMS)  # fails before loading
+    for name in ("repeats", "threads", "limit"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be an integer ≥ 1, got {value}")
+    settings = expand_grid(args.gamma, args.gamma_max, args.ema, args.ngram_n, args.methods,
+                           gamma_min=params.gamma_min, nasd_gamma=args.nasd_gamma)
+    suite = select_prompts(load_suite(args.suite or DEFAULT_SUITE), args.categories, args.limit)
+    if args.chart_png:
+        from ..bench.chartpng import save_chart_png  # noqa: F401  (fail on a missing Playwright before the sweep)
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return _sweep_with(args, params, settings, suite)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sweep_with(args, params, settings, suite) -> int:
+    from tqdm.auto import tqdm
+
+    pair = pair_from_args(args)
+    bar = None if args.quiet else tqdm(total=1, unit="run", dynamic_ncols=True)
+
+    def progress(done: int, total: int, message: str) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.update(done - bar.n)
+            bar.set_postfix_str(message, refresh=False)
+
+    try:
+        result = run_sweep(pair, suite, settings, repeats=args.repeats, warmup=args.warmup, progress=progress,
+                           **params.as_dict())
+    finally:
+        if bar is not None:
+            bar.close()
+    print_summary(result)
+    summary_csv = args.summary_csv
+    if args.csv and not summary_csv:
+        summary_csv = str(Path(args.csv).with_suffix("")) + ".summary.csv"
+    for path in write_outputs(result, args.csv, summary_csv, args.report, args.plotlyjs):
+        print(f"wrote {path}")
+    if args.chart_png:
+        from ..bench.chartpng import save_chart_png
+
+        print(f"wrote {save_chart_png(result.figures['speedup_vs_gamma'], args.chart_png)}")
+    return 0
+
+
+def print_summary(result: SweepResult) -> None:
+    with pd.option_context("display.max_columns", None, "display.width", 200, "display.float_format", "{:.3f}".format):
+        print(result.summary[SHOWN].to_string(index=False))
+    print()
+    print(result.verdict)

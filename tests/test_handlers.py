@@ -1,0 +1,134 @@
+"""The page's handlers driven as plain generators on the tiny pair: no server, no browser."""
+
+from __future__ import annotations
+
+import inspect
+
+import pandas as pd
+import pytest
+
+from specdemo.app import forms, handlers
+from specdemo.app.handlers import Request, RunUpdate, make_request
+from specdemo.app.limits import Limits
+from specdemo.engine.params import PARAMS, SCHEMA, DecodeParams
+from specdemo.models.loading import Preset
+
+PROMPT = "w3 w4 w5 w6 w7 w3 w4 w5"
+PRESETS = {"tiny": Preset("tiny", "target-folder", "draft-folder", "")}
+
+
+def request(methods, **params) -> Request:
+    return make_request(PROMPT, "tiny", "", "", {"max_new_tokens": 12, "chat": False, **params}, PRESETS,
+                        methods=methods)
+
+
+def test_make_request_validates_once_and_keeps_the_params():
+    req = request(["sd", "ar"], gamma=3, temperature="0.5")
+    assert isinstance(req.params, DecodeParams)
+    assert (req.params.gamma, req.params.temperature, req.params.max_new_tokens) == (3, 0.5, 12)
+    assert (req.target, req.draft, req.methods) == ("target-folder", "draft-folder", ["sd", "ar"])
+    with pytest.raises(ValueError, match="gamma must be an integer from 1 to 64"):
+        request(["ar"], gamma=0)
+    with pytest.raises(ValueError, match="choose at least one"):
+        request([])
+    with pytest.raises(ValueError, match="prompt is empty"):
+        make_request("  ", "tiny", "", "", {}, PRESETS)
+    with pytest.raises(ValueError, match="max_new_tokens must be at most 8"):
+        make_request(PROMPT, "tiny", "", "", {"max_new_tokens": 9}, PRESETS, Limits(max_new_tokens=8))
+
+
+def test_stream_run_yields_loading_rounds_and_the_final_comparison(tiny_pair):
+    loaded = []
+
+    def load(req):
+        loaded.append((req.target, req.draft))
+        return tiny_pair
+
+    updates = list(handlers.stream_run(request(["egag", "ar", "sd"]), load))
+    assert all(isinstance(u, RunUpdate) for u in updates)
+    first, last = updates[0], updates[-1]
+    assert loaded == [("target-folder", "draft-folder")]
+    # The first update clears the page: three slots shown, waiting, empty charts and no files.
+    assert first.status.startswith("Loading **target-folder** + **draft-folder**")
+    assert first.shown == 3 and sorted(first.panels) == [0, 1, 2] and first.files == (None, None)
+    # Slots follow the page's order, AR first; every round updates its method's slot.
+    rounds = [u for u in updates[1:-1] if u.panels]
+    slots = [next(iter(u.panels)) for u in rounds]
+    assert slots == sorted(slots) and set(slots) == {0, 1, 2}
+    assert rounds[0].status.startswith("**AR** (1/3): round 1")
+    # The table grows a row per finished method; charts arrive at least when a method ends.
+    tables = [u.table for u in updates[1:] if u.table is not None]
+    assert [len(t) for t in tables] == [1, 2, 3, 3]
+    assert [r.method for r in updates[-1].results] == ["ar", "sd", "egag"]
+    assert sum(u.figures is not None for u in updates[1:]) >= 3
+    assert set(last.figures) == set(handlers.viz.all_figures([]))
+    summary_csv, rounds_csv = last.files
+    summary = pd.read_csv(summary_csv)
+    assert list(summary.method) == ["ar", "sd", "egag"]
+    assert summary.loc[summary.method != "ar", "matches_ar"].all()  # greedy: lossless
+    assert last.status.startswith("Done in") and len(pd.read_csv(rounds_csv))
+
+
+def test_closing_the_stream_ends_the_method_in_flight(tiny_pair):
+    stream = handlers.stream_run(request(["ar", "sd"], max_new_tokens=64), lambda req: tiny_pair)
+    seen = [next(stream) for _ in range(4)]  # loading, then AR's first rounds
+    assert seen[-1].status.startswith("**AR** (1/2)")
+    stream.close()
+    assert list(stream) == []
+
+
+def test_a_failed_load_and_a_method_without_draft_are_reported_not_raised(tiny_pair):
+    def refuse(req):
+        raise ValueError("no such model folder")
+
+    updates = list(handlers.stream_run(request(["ar"]), refuse))
+    assert updates[-1].status == "⚠️ no such model folder" and updates[-1].warning == "no such model folder"
+
+    class NoDraft:
+        def __getattr__(self, name):
+            return getattr(tiny_pair, name)
+
+        draft = None
+
+    updates = list(handlers.decode_methods(NoDraft(), request(["ar", "sd"])))
+    assert any(u.warning and u.warning.startswith("SD") for u in updates)
+    assert [r.method for r in updates[-1].results] == ["ar"] and updates[-1].files is not None
+
+
+def test_compare_returns_the_table_files_and_texts(tiny_pair):
+    outcome = handlers.compare(request("nasd,ar"), lambda req: tiny_pair)
+    assert list(outcome.table.method) == ["ar", "nasd"]
+    assert set(outcome.texts) == {"ar", "nasd"} and len(set(outcome.texts.values())) == 1
+    assert list(pd.read_csv(outcome.summary_csv).method) == ["ar", "nasd"]
+
+
+def test_endpoints_take_the_schemas_parameters_in_order():
+    def handler(form, request):
+        return form
+
+    fn = forms.endpoint(handler, ("prompt",), ("target",))
+    names = list(inspect.signature(fn).parameters)
+    assert names == ["prompt", *PARAMS, "target", "request"]
+    form = fn("hi", *[p.default for p in SCHEMA], "t", None)
+    assert form == {"prompt": "hi", **{p.name: p.default for p in SCHEMA}, "target": "t"}
+
+    def streaming(form, request):
+        yield form["prompt"]
+
+    assert inspect.isgeneratorfunction(forms.endpoint(streaming, ("prompt",), generator=True))
+
+
+def test_every_schema_parameter_gets_a_page_control():
+    import gradio as gr
+
+    with gr.Blocks():
+        controls = forms.param_controls(PARAMS, {"seed": 0}, row_width=forms.ROW_WIDTH,
+                                        maxima={"max_new_tokens": 256})
+    assert list(controls) == list(PARAMS)
+    assert all(controls[p.name].label == p.label for p in SCHEMA)
+    assert isinstance(controls["chat"], gr.Checkbox) and isinstance(controls["ngram_storage"], gr.Radio)
+    assert isinstance(controls["ema"], gr.Slider) and controls["ema"].maximum == PARAMS["ema"].slider[1]
+    assert isinstance(controls["max_new_tokens"], gr.Slider) and controls["max_new_tokens"].maximum == 256
+    assert isinstance(controls["gamma"], gr.Number) and controls["gamma"].precision == 0
+    assert controls["gamma"].value == PARAMS["gamma"].default and controls["seed"].value == 0
+    assert set(forms.MAIN_PARAMS) | set(forms.ADVANCED_PARAMS) == set(PARAMS)

@@ -1,0 +1,152 @@
+"""The page's Sweep tab: its handlers without a server, and /sweep through gradio_client."""
+
+from __future__ import annotations
+
+import threading
+
+import pandas as pd
+import pytest
+
+from specdemo.app import sweeptab
+from specdemo.app.limits import Limits
+from specdemo.bench import sweep
+from specdemo.bench.suite import SuitePrompt
+from specdemo.models.loading import Preset
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client.exceptions import AppError  # noqa: E402
+
+from tests.uiserver import TINY, serve  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")
+
+PRESETS = {"tiny": Preset("tiny", "target-folder", "draft-folder", "")}
+SUITE = [SuitePrompt("c1", "chat", "w5 w6 w7 w8 w9 w5 w6 w7"), SuitePrompt("c2", "chat", "w11 w12 w13"),
+         SuitePrompt("k1", "code", "w30 w31 w32 w33")]
+
+
+def form(**changes):
+    values = {"preset": "tiny", "methods": ["sd", "egag"], "gamma": "1,3", "gamma_max": "4", "ema": "0,0.9",
+              "ngram_n": "2,3", "categories": ["chat"], "prompts_per_category": 1, "repeats": 1,
+              "max_new_tokens": 8, "chat": False, "seed": 0}
+    return {**values, **changes}
+
+
+def test_a_form_becomes_a_validated_request():
+    req = sweeptab.make_sweep_request(form(), PRESETS, Limits(), SUITE)
+    assert [s.key for s in req.settings] == ["ar", "sd:gamma=1", "sd:gamma=3", "egag:gamma_max=4,ema=0",
+                                             "egag:gamma_max=4,ema=0.9"]
+    assert [p.id for p in req.prompts] == ["c1"] and req.repeats == 1
+    assert (req.params.max_new_tokens, req.target, req.draft) == (8, "target-folder", "draft-folder")
+    # A grid of a method not chosen is not read; NASD takes the shared γ.
+    req = sweeptab.make_sweep_request(form(methods=["nasd"], gamma="junk", gamma_max="", ema="x"), PRESETS,
+                                      Limits(), SUITE)
+    assert [s.key for s in req.settings] == ["ar", "nasd:gamma=4,ngram_n=2", "nasd:gamma=4,ngram_n=3"]
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"methods": []}, "methods: choose at least one"),
+    ({"gamma": "1,two"}, "gamma: 'two' is not a number"),
+    ({"gamma": "0"}, "gamma must be an integer from 1 to 64"),
+    ({"ema": "1.5"}, "ema must be a number in [0, 1)"),
+    ({"categories": []}, "categories: choose at least one"),
+    ({"categories": ["poetry"]}, "no prompts in category 'poetry'"),
+    ({"repeats": 1.5}, "repeats must be a whole number"),
+    ({"prompts_per_category": 0}, "prompts per category must be at least 1"),
+    ({"temperature": -1}, "temperature must be a number ≥ 0"),
+    ({"preset": "huge"}, "unknown preset 'huge'"),
+])
+def test_bad_forms_read_as_messages(changes, message):
+    with pytest.raises(ValueError) as caught:
+        sweeptab.make_sweep_request(form(**changes), PRESETS, Limits(), SUITE)
+    assert message in str(caught.value)
+
+
+def test_public_mode_caps_grid_prompts_and_repeats():
+    public = Limits(public=True, allowed_presets=("tiny",))
+    assert public.sweep_caps() == {"settings": 8, "prompts": 2, "repeats": 1}
+    assert Limits().sweep_caps() == {"settings": None, "prompts": None, "repeats": None}
+    sweeptab.make_sweep_request(form(gamma="1,2,3,4", gamma_max="4,6,8", ema="0.9"), PRESETS, public, SUITE)  # 7 points
+    with pytest.raises(ValueError, match="sweep: 9 grid points, at most 8 here"):
+        sweeptab.make_sweep_request(form(gamma="1,2,3,4,6", gamma_max="4,6", ema="0,0.9"), PRESETS, public, SUITE)
+    with pytest.raises(ValueError, match="sweep: 3 prompts, at most 2 here"):
+        sweeptab.make_sweep_request(form(categories=["chat", "code"], prompts_per_category=2), PRESETS, public, SUITE)
+    with pytest.raises(ValueError, match="sweep: 2 repeats, at most 1 here"):
+        sweeptab.make_sweep_request(form(repeats=2), PRESETS, public, SUITE)
+    own = Limits(public=True, allowed_presets=("tiny",), max_sweep_settings=2, max_sweep_prompts=5, max_sweep_repeats=3)
+    with pytest.raises(ValueError, match="4 grid points, at most 2"):
+        sweeptab.make_sweep_request(form(), PRESETS, own, SUITE)
+    # The public tab starts within its caps.
+    initial = sweeptab.default_form(public)
+    sweeptab.make_sweep_request({**form(), **initial, "preset": "tiny", "max_new_tokens": 8}, PRESETS, public)
+
+
+def test_public_sweep_caps_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SPECDEMO_PUBLIC", "1")
+    monkeypatch.setenv("SPECDEMO_MAX_SWEEP_SETTINGS", "3")
+    monkeypatch.delenv("SPECDEMO_MAX_SWEEP_PROMPTS", raising=False)
+    assert Limits.from_env().sweep_caps() == {"settings": 3, "prompts": 2, "repeats": 1}
+
+
+def test_stream_sweep_fills_the_charts_as_points_finish(tiny_pair, tmp_path):
+    req = sweeptab.make_sweep_request(form(categories=["chat"], prompts_per_category=2), PRESETS, Limits(), SUITE)
+    folder = tmp_path / "export"
+    folder.mkdir()
+    updates = list(sweeptab.stream_sweep(req, lambda t, d: tiny_pair, lambda: folder, warmup=False))
+    assert updates[0].message.startswith("Loading")
+    running, last = updates[1:-1], updates[-1]
+    # 5 settings × 2 prompts: an event per run, then the sweep's own "done".
+    assert [u.done for u in running] == [*range(1, 2 * 5 + 1), 10] and running[-1].message == "done"
+    # Charts are redrawn once per finished prompt (its rows need AR's run), with the rows so far.
+    drawn = [u for u in running if u.figures is not None]
+    assert len(drawn) == 2 and set(drawn[0].figures) == set(sweep.FIGURES)
+    assert list(drawn[0].table.columns)[0] == "setting" and len(drawn[0].table) == 5
+    assert last.finished and last.verdict.startswith("EGAG (γ_max 4")
+    rows = pd.read_csv(last.files.rows_csv)
+    assert list(rows.columns) == sweep.ROW_COLUMNS and len(rows) == 10
+    assert rows.loc[rows.method != "ar", "matches_ar"].all()
+    assert len(pd.read_csv(last.files.summary_csv)) == 5
+    assert "Speculative decoding sweep" in open(last.files.report, encoding="utf-8").read()
+
+
+def _sweep_threads():
+    return [t for t in threading.enumerate() if t.name == "specdemo-sweep" and t.is_alive()]
+
+
+def test_stop_ends_the_sweep_after_the_current_run(tiny_pair):
+    req = sweeptab.make_sweep_request(form(categories=["chat", "code"], prompts_per_category=2, repeats=2,
+                                           max_new_tokens=16), PRESETS, Limits(), SUITE)
+    stream = sweeptab.sweep_events(tiny_pair, req, warmup=False)
+    event, rows = next(stream)
+    assert event.done == 1 and event.done < event.total
+    stream.close()  # Stop or a closed tab
+    assert not _sweep_threads()  # the worker has finished: the device queue may go to the next visitor
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    with serve(tmp_path_factory.mktemp("sweep-pair")) as (url, _):
+        yield gradio_client.Client(url, verbose=False)
+
+
+def call_sweep(client, **kwargs):
+    kwargs = {"preset": TINY, "methods": ["sd", "egag"], "gamma": "1,2", "gamma_max": "3", "ema": "0.9",
+              "categories": ["math"], "prompts_per_category": 1, "repeats": 1, "max_new_tokens": 8, **kwargs}
+    return client.predict(**kwargs, api_name="/sweep")
+
+
+def test_sweep_endpoint_returns_the_summary_csv_and_verdict(client):
+    summary, csv, verdict = call_sweep(client)
+    rows = [dict(zip(summary["headers"], row)) for row in summary["data"]]
+    assert summary["headers"] == sweep.SUMMARY_COLUMNS
+    assert [r["setting"] for r in rows] == ["ar", "sd:gamma=1", "sd:gamma=2", "egag:gamma_max=3,ema=0.9"]
+    assert all(r["exact_match_pct"] == 100 for r in rows[1:])  # greedy: every setting reproduces AR
+    table = pd.read_csv(csv)
+    assert list(table.columns) == sweep.ROW_COLUMNS and len(table) == 4
+    assert verdict.startswith("EGAG (γ_max 3, EMA 0.9) reached") and "best fixed γ" in verdict
+
+
+def test_sweep_endpoint_reports_bad_grids(client):
+    with pytest.raises(AppError) as caught:
+        call_sweep(client, gamma="1,x")
+    assert "gamma: 'x' is not a number" in str(caught.value)
