@@ -141,3 +141,19 @@ def test_bench_roofline_on_cpu_says_no_bandwidth_is_known(tiny_pair, tmp_path, c
     assert "no memory bandwidth is known for this device (cpu)" in out and "MB per token" in out
     assert cli.main(["bench", *model_args(tiny_pair), "--suite", str(suite), "--bandwidth", "fast"]) == 2
     assert "bandwidth: no nominal figure for 'fast'" in capsys.readouterr().err
+
+
+def test_synthetic_qwen_shapes(tmp_path):
+    from specdemo import load_pair
+    from specdemo.bench import synthetic
+
+    assert synthetic.SIZES["qwen2.5-1.5b"] == ("qwen2", 1536, 28, 12, 2, 8960)
+    assert synthetic.SIZES["qwen2.5-0.5b"] == ("qwen2", 896, 24, 14, 2, 4864)
+    assert synthetic.main(["--out", str(tmp_path), "--target-size", "qwen2.5-tiny", "--draft-size", "qwen2.5-tiny",
+                           "--vocab", "1024", "--dtype", "float32"]) == 0
+    pair = load_pair(str(tmp_path / "target"), str(tmp_path / "draft"), device="cpu")
+    config = pair.target.config
+    assert config.model_type == "llama" and config.num_key_value_heads == 2 and config.tie_word_embeddings
+    result = bench.run_benchmark(pair, SUITE[:1], ["ar", "sd"], repeats=1, warmup=False, max_new_tokens=4,
+                                 cache="static")
+    assert (result.rows.error == "").all() and result.rows.matches_ar.astype(bool).all()
