@@ -72,3 +72,22 @@ def test_compare_command_passes_the_engine_options(tiny_pair, tmp_path, capsys):
     code = cli.main(["compare", "--prompt", "w5", "--target", tiny_pair.target_ref, "--device", "cpu",
                      "--methods", "ar", "--cache", "dynamic", "--compile"])
     assert code == 2 and "compile: graph capture needs the static cache" in capsys.readouterr().err
+
+
+def test_page_controls_come_from_the_engine_schema():
+    import gradio as gr
+
+    from specdemo.app.engine_controls import ENGINE_NAMES, engine_controls, engine_options, first_round_status
+
+    with gr.Blocks():
+        controls = engine_controls(EngineOptions(cache="static"))
+    assert list(controls) == list(ENGINE_NAMES) == ["cache", "compile"]
+    cache, compile_ = controls["cache"], controls["compile"]
+    assert isinstance(cache, gr.Dropdown) and cache.value == "static" and cache.label == ENGINE_SCHEMA[0].label
+    assert [c[1] for c in cache.choices] == ["auto", "static", "dynamic"]
+    assert isinstance(compile_, gr.Checkbox) and compile_.value is False
+    assert engine_options({"cache": "auto", "compile": True}) == EngineOptions(compile=True)
+    assert first_round_status(EngineOptions(compile=True)).startswith(COMPILING_NOTE)
+    assert first_round_status(EngineOptions()) is None
+    with pytest.raises(ValueError, match="compile"):
+        engine_options({"cache": "dynamic", "compile": True})
