@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 import pandas as pd
 import torch
 
-from ..engine.params import DecodeParams
+from ..engine.params import DecodeParams, EngineOptions
 from .runners import HF_METHODS, HFRunner, Run, bench_methods, parse_bench_methods, result_for_perplexity, run_ours
 from .statistics import summarize
 from .suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, select_prompts
@@ -27,7 +27,8 @@ ROW_COLUMNS = [
     "new_tokens", "seconds", "tokens_per_s", "engine_seconds", "ttft_s", "prefill_s", "rounds", "drafted",
     "accepted", "rejected_rounds", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards",
     "draft_forwards", "target_forwards_per_token", "mean_gamma", "mean_drafted", "mean_entropy",
-    "draft_seconds", "verify_seconds", "matches_ar", "perplexity", "stop_reason", "error", "output_ids", "text",
+    "draft_seconds", "verify_seconds", "matches_ar", "perplexity", "stop_reason", "cache", "compile_seconds",
+    "error", "output_ids", "text",
 ]
 ROUND_COLUMNS = ["category", "method", "drafted", "accepted", "count"]
 
@@ -64,14 +65,21 @@ def run_benchmark(
     warmup: bool = True,
     progress: Progress | None = None,
     decode: DecodeParams | None = None,
+    cache: str | None = None,
+    compile: bool = False,
     **params: Any,
 ) -> BenchResult:
     """Run every method on every selected prompt, `repeats` times, and summarise.
 
     decode is a validated `DecodeParams`; params, the same names as keywords, override it.
+    cache and compile are the engine options of our runs (see `EngineOptions`); compile
+    time is kept out of `seconds` and reported in `compile_seconds` (the warm-up's, where
+    the first compile happens, in `meta["warmup_compile_seconds"]`). transformers' peers
+    keep their own settings (hf-generate-static always compiles).
     progress(done, total, message) is called after each run; raising from it aborts.
     """
     decode = DecodeParams.resolve(decode, **params)
+    engine = EngineOptions.from_values(cache=cache, compile=compile)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
     names = parse_bench_methods(methods, pair)
@@ -96,14 +104,16 @@ def run_benchmark(
         if method in HF_METHODS:
             return hf.run(method, ids, seed, max_new_tokens)
         values = our_params if max_new_tokens is None else {**our_params, "max_new_tokens": max_new_tokens}
-        return run_ours(pair, method, ids, values, seed)
+        return run_ours(pair, method, ids, values, seed, **engine.as_kwargs())
 
     total = len(prompts) * len(names) * repeats + (len(names) if warmup else 0)
     done = 0
+    warmup_compile: dict[str, float] = {}
     if warmup:
-        # One short run each: allocator pools, lazy imports and kernel choices settle first.
+        # One short run each: allocator pools, lazy imports, kernel choices and compiled graphs settle first.
         for method in names:
-            run(method, encoded[0], base_seed, max_new_tokens=min(8, decode.max_new_tokens))
+            warm = run(method, encoded[0], base_seed, max_new_tokens=min(8, decode.max_new_tokens))
+            warmup_compile[method] = warm.stats.get("compile_seconds", math.nan)
             done += 1
             if progress:
                 progress(done, total, f"warm-up {method}")
@@ -142,6 +152,7 @@ def run_benchmark(
     frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
     rounds = pd.DataFrame([(*k, v) for k, v in round_counts.items()], columns=ROUND_COLUMNS)
     meta = _meta(pair, decode, names, prompts, repeats, warmup)
+    meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, warmup_compile_seconds=warmup_compile)
     return BenchResult(frame, summarize(frame, decode.gamma), rounds, meta)
 
 

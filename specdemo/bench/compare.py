@@ -27,9 +27,11 @@ def tabulate(pair, results: Sequence[GenerationResult]) -> Comparison:
     return Comparison(list(results), summary_frame(results, perplexities), rounds_frame(results))
 
 
-def run_comparison(pair, prompt, methods: Sequence[str], limits=None, decode: DecodeParams | None = None,
-                   **params) -> Comparison:
-    """Each method in turn on the same prompt; decode (a DecodeParams) and/or params as for `generate`."""
+def run_comparison(pair, prompt, methods: Sequence[str], limits=None, decode: DecodeParams | None = None, *,
+                   cache: str | None = None, compile: bool = False, **params) -> Comparison:
+    """Each method in turn on the same prompt; decode (a DecodeParams), params and the engine
+    options (cache, compile) as for `generate`."""
     decode = DecodeParams.resolve(decode, **params)
-    results = [generate(pair, prompt, method=method, limits=limits, decode=decode) for method in methods]
+    results = [generate(pair, prompt, method=method, limits=limits, decode=decode, cache=cache, compile=compile)
+               for method in methods]
     return tabulate(pair, results)

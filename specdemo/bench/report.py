@@ -15,6 +15,7 @@ import pandas as pd
 
 from . import statistics
 from .benchmark import ROUND_COLUMNS, BenchResult
+from .roofline import ROOFLINE_COLUMNS
 from .runners import bench_methods
 from .statistics import summarize
 
@@ -128,15 +129,26 @@ def report_html(result: BenchResult, path: str | Path | None = None, plotlyjs: s
     shown = ["category", "method", "runs", "tokens_per_s_mean", "tokens_per_s_std", "speedup_vs_ar",
              "speedup_vs_hf", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token",
              "mean_gamma", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
-             "predicted_speedup_v", "errors"]
+             "predicted_speedup_v", "cache", "compile_seconds", "errors"]
+    if summary.speedup_vs_hf_static.notna().any():
+        shown.insert(shown.index("speedup_vs_hf") + 1, "speedup_vs_hf_static")
+    shown += [c for c in ROOFLINE_COLUMNS if c in summary]
     table = summary[shown].to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="–", border=0,
                                    classes="summary")
     params = ", ".join(f"{k}={v}" for k, v in meta.get("params", {}).items())
     info = (f"pair <b>{html.escape(str(meta.get('pair')))}</b> (target {html.escape(str(meta.get('target')))}, "
             f"draft {html.escape(str(meta.get('draft')))}) on {html.escape(str(meta.get('device')))} "
             f"({html.escape(str(meta.get('device_name')))}, {meta.get('threads')} threads), "
-            f"dtype {meta.get('dtype')}; torch {meta.get('torch')}, transformers {meta.get('transformers')}; "
+            f"dtype {meta.get('dtype')}, our cache {meta.get('cache', '–')}, compile {meta.get('compile', '–')}; torch {meta.get('torch')}, transformers {meta.get('transformers')}; "
             f"{meta.get('prompts')} prompts × {meta.get('repeats')} repeats; {html.escape(params)}; {meta.get('time')}")
+    bound = meta.get("roofline")
+    if bound:
+        bandwidth = bound.get("bandwidth")
+        info += (f"<br>Roofline: the target reads {bound['bytes_per_token'] / 1e6:,.2f} MB per token at a mean "
+                 f"context of {bound['context_length']:.1f} positions; "
+                 + (f"at {bandwidth / 1e9:,.1f} GB/s the bound is {bound['tokens_per_s']:,.1f} tokens/s"
+                    + (f", our AR reaches {100 * bound['ar_fraction']:.1f} % of it" if "ar_fraction" in bound else "")
+                    if bandwidth else f"no memory bandwidth is known for {html.escape(str(bound['device_name']))}"))
     definitions = html.escape(statistics.__doc__.split("Definitions used in the tables (written into the report too):")[1])
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>specdemo benchmark</title>

@@ -104,3 +104,109 @@ def model_roofline(model: torch.nn.Module, context_length: int, bandwidth: float
     """The bound for one model at a context length, its KV cache in the weights' dtype."""
     dtype_bytes = next(model.parameters()).element_size()
     return roofline(parameter_bytes(model), kv_bytes_per_token(model.config, dtype_bytes), context_length, bandwidth)
+
+
+# ---------------------------------------------------------------------------------------
+# The bound beside a benchmark run (`python -m specdemo bench --roofline`).
+
+ROOFLINE_COLUMNS = ["context_length", "bytes_per_token", "roofline_tokens_per_s", "roofline_fraction"]
+
+
+def parse_bandwidth(value: float | str) -> float:
+    """bytes/s from a number ("3.35e12") or a device name ("H100 SXM", "NVIDIA H100 80GB HBM3")."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            number = float(text)
+        except ValueError:
+            found = BANDWIDTHS.get(text) or bandwidth_for(text)
+            if found is None:
+                raise ValueError(f"bandwidth: no nominal figure for {text!r}; pass bytes/s, e.g. 3.35e12, "
+                                 f"or one of {', '.join(BANDWIDTHS)}") from None
+            return found
+    if not number > 0 or number == float("inf"):
+        raise ValueError(f"bandwidth must be positive (bytes per second), got {value!r}")
+    return number
+
+
+def device_bandwidth(device: torch.device | str, override: float | str | None = None) -> tuple[float | None, str]:
+    """(bytes/s or None when unknown, the device's name): `override` if given, else the table's
+    figure for the CUDA device's name; no figure is known for CPUs."""
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    if override is not None:
+        return parse_bandwidth(override), name
+    return (bandwidth_for(name) if device.type == "cuda" else None), name
+
+
+def mean_context_length(prompt_tokens, new_tokens) -> float:
+    """Positions a decode step reads on average, over every generated token of the runs:
+    token i of a run (0-based) is made from prompt + i positions."""
+    total = sum(int(n) for n in new_tokens)
+    if total == 0:
+        return float("nan")
+    return sum(int(n) * (int(p) + (int(n) - 1) / 2) for p, n in zip(prompt_tokens, new_tokens)) / total
+
+
+def add_roofline(result, pair, bandwidth: float | str | None = None) -> list[str]:
+    """Add the target's memory-bandwidth bound to a `BenchResult`: ROOFLINE_COLUMNS in its
+    summary (each (category, method) at the mean context length of its own runs) and
+    `meta["roofline"]`; returns the lines to print. Without a known bandwidth the bytes
+    per token are still given, and the bound and fractions are NaN."""
+    value, device_name = device_bandwidth(pair.device, bandwidth)
+    rows = result.rows[result.rows.error.fillna("") == ""]
+    summary = result.summary
+    target_weights = parameter_bytes(pair.target)
+    dtype_bytes = next(pair.target.parameters()).element_size()
+    target_kv = kv_bytes_per_token(pair.target.config, dtype_bytes)
+
+    def bound_at(context: float) -> tuple[float, float]:
+        if context != context:  # NaN: no tokens
+            return float("nan"), float("nan")
+        per_token = target_weights + target_kv * context
+        return per_token, (value / per_token if value else float("nan"))
+
+    contexts, per_token, bounds = [], [], []
+    for _, row in summary.iterrows():
+        mine = rows[rows.method == row.method]
+        if row.category != "all":
+            mine = mine[mine.category == row.category]
+        context = mean_context_length(mine.prompt_tokens, mine.new_tokens)
+        size, bound = bound_at(context)
+        contexts.append(context)
+        per_token.append(size)
+        bounds.append(bound)
+    summary["context_length"] = contexts
+    summary["bytes_per_token"] = per_token
+    summary["roofline_tokens_per_s"] = bounds
+    summary["roofline_fraction"] = summary.tokens_per_s_mean / summary.roofline_tokens_per_s
+
+    ar = rows[rows.method == "ar"]
+    context = mean_context_length((ar if len(ar) else rows).prompt_tokens, (ar if len(ar) else rows).new_tokens)
+    size, bound = bound_at(context)
+    overall = summary[summary.category == "all"].set_index("method")
+    info = {"device_name": device_name, "bandwidth": value, "context_length": context,
+            "target_weight_bytes": target_weights, "target_kv_bytes_per_token": target_kv,
+            "bytes_per_token": size, "tokens_per_s": bound}
+    lines = [f"roofline on {device_name}: the target reads {target_weights / 1e6:,.1f} MB of weights + "
+             f"{target_kv / 1e3:,.2f} kB of KV per position × {context:.1f} positions (mean context of the "
+             f"{'AR' if len(ar) else 'measured'} runs) = {size / 1e6:,.2f} MB per token"]
+    if pair.draft is not None:
+        draft_weights = parameter_bytes(pair.draft)
+        draft_kv = kv_bytes_per_token(pair.draft.config, next(pair.draft.parameters()).element_size())
+        info.update(draft_weight_bytes=draft_weights, draft_kv_bytes_per_token=draft_kv)
+        lines.append(f"  the draft reads {(draft_weights + draft_kv * context) / 1e6:,.2f} MB per draft token")
+    if not value:
+        lines.append(f"  no memory bandwidth is known for this device ({device_name}); pass --bandwidth "
+                     f"BYTES_PER_S or a GPU name ({', '.join(BANDWIDTHS)}) for the bound")
+    else:
+        lines.append(f"  bandwidth {value / 1e9:,.1f} GB/s → bound {bound:,.1f} tokens/s at batch 1")
+        for method in [m for m in ("ar", "hf-generate", "hf-generate-static") if m in overall.index]:
+            fraction = overall.loc[method, "roofline_fraction"]
+            info[f"{method}_fraction"] = float(fraction)
+            lines.append(f"  {method}: {overall.loc[method, 'tokens_per_s_mean']:,.1f} tokens/s = "
+                         f"{100 * fraction:.1f} % of the bound")
+    result.meta["roofline"] = info
+    return lines

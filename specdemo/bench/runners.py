@@ -25,6 +25,8 @@ from ..engine.trace import GenerationResult, TokenRecord
 
 HF_METHODS: dict[str, tuple[str, str]] = {
     "hf-generate": ("HF generate", "transformers' model.generate (greedy or the same sampling settings)"),
+    "hf-generate-static": ("HF generate (static, compiled)",
+                           "model.generate with transformers' static cache and its torch.compile'd forward"),
     "hf-assisted": ("HF assisted (γ)", "assisted generation with our draft, γ tokens a round, constant, no confidence stop"),
     "hf-assisted-default": ("HF assisted (defaults)", "assisted generation with our draft and transformers' default schedule"),
     "hf-prompt-lookup": ("HF prompt lookup", "prompt-lookup decoding, γ tokens, matching up to n−1 tokens"),
@@ -83,14 +85,16 @@ def _quiet_gc():
             gc.enable()
 
 
-def run_ours(pair, method: str, prompt_ids: list[int], params: dict, seed: int) -> Run:
+def run_ours(pair, method: str, prompt_ids: list[int], params: dict, seed: int, cache: str | None = None,
+             compile: bool = False) -> Run:
+    """One timed call; compile and warm-up time (`compile_seconds`) is taken out of `seconds`."""
     device = pair.device
     with _quiet_gc():
         _sync(device)
         start = time.perf_counter()
-        result = generate(pair, prompt_ids, method, **{**params, "seed": seed})
+        result = generate(pair, prompt_ids, method, **{**params, "seed": seed}, cache=cache, compile=compile)
         _sync(device)
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start - result.compile_seconds
     stats = dict(result.stats)
     stats["engine_seconds"] = stats.pop("seconds")
     stats["prefill_s"] = result.prefill_seconds
@@ -141,14 +145,30 @@ class _AssistRecorder:
             del model._get_candidate_generator
 
 
-class HFRunner:
-    """transformers' own decoders, fed exactly what ours are fed."""
+# transformers' generate without a draft: one target token a round, like our AR.
+HF_AR_METHODS = ("hf-generate", "hf-generate-static")
+# Static caches are sized up to a multiple of this, so a compiled peer sees few cache shapes.
+STATIC_LENGTH_STEP = 256
 
-    def __init__(self, pair, params: DecodeParams):
+
+class HFRunner:
+    """transformers' own decoders, fed exactly what ours are fed.
+
+    hf-generate-static is `generate` with `cache_implementation="static"` and transformers'
+    own compiled forward (`get_compiled_call`, used for the decode steps, not the prefill).
+    transformers compiles by itself only on CUDA/XPU/TPU; elsewhere the runner asks for it
+    through `CompileConfig._compile_all_devices`, in inductor's default mode (CUDA graphs,
+    "reduce-overhead", need a GPU). `compile_static=False` keeps the static cache and runs
+    the forward eagerly (quick tests). Its cache length is rounded up to
+    `STATIC_LENGTH_STEP`, so later prompts reuse the shape compiled in the warm-up.
+    """
+
+    def __init__(self, pair, params: DecodeParams, compile_static: bool = True):
         from transformers import GenerationConfig
 
         self.pair = pair
         self.params = params
+        self.compile_static = compile_static
         eos = sorted(pair.eos_ids)
         pad = eos[0] if eos else pair.tokenizer.pad_token_id
         sampled = not params.sampling.greedy
@@ -164,14 +184,33 @@ class HFRunner:
         self.config = GenerationConfig(**settings)
         self.draft_config = copy.deepcopy(pair.draft.generation_config) if pair.draft is not None else None
 
-    def _config_for(self, method: str, max_new_tokens: int):
+    def _config_for(self, method: str, max_new_tokens: int, prompt_length: int = 0):
         config = copy.deepcopy(self.config)
         config.max_new_tokens = max_new_tokens
+        if method == "hf-generate-static":
+            self._make_static(config, prompt_length)
         if method == "hf-prompt-lookup":
             config.prompt_lookup_num_tokens = self.params.gamma
             # Our n counts the predicted token; transformers' n-gram is the matched context only.
             config.max_matching_ngram_size = max(1, self.params.ngram_n - 1)
         return config
+
+    def _make_static(self, config, prompt_length: int) -> None:
+        from transformers import CompileConfig
+
+        config.cache_implementation = "static"
+        # Sized for the run's max_new_tokens (not a warm-up's shorter one), rounded up.
+        needed = prompt_length + self.params.max_new_tokens
+        length = -(-needed // STATIC_LENGTH_STEP) * STATIC_LENGTH_STEP
+        limit = getattr(self.pair.target.config, "max_position_embeddings", None)
+        config.max_cache_len = max(needed, min(length, limit)) if limit else length
+        if not self.compile_static:
+            config.disable_compile = True
+            return
+        cuda = self.pair.device.type == "cuda"
+        compile_config = CompileConfig(mode="reduce-overhead" if cuda else "default")
+        compile_config._compile_all_devices = True  # transformers compiles on its own on CUDA only
+        config.compile_config = compile_config
 
     def _prepare_draft(self, method: str) -> None:
         # transformers 5 reads the schedule from the assistant's own generation_config
@@ -187,11 +226,11 @@ class HFRunner:
 
     def run(self, method: str, prompt_ids: list[int], seed: int, max_new_tokens: int | None = None) -> Run:
         pair, device = self.pair, self.pair.device
-        config = self._config_for(method, max_new_tokens or self.params.max_new_tokens)
+        config = self._config_for(method, max_new_tokens or self.params.max_new_tokens, len(prompt_ids))
         self._prepare_draft(method)
         extra = {"assistant_model": pair.draft} if method.startswith("hf-assisted") else {}
         recorder = _AssistRecorder()
-        attach = recorder.attached(pair.target) if method != "hf-generate" else contextlib.nullcontext()
+        attach = recorder.attached(pair.target) if method not in HF_AR_METHODS else contextlib.nullcontext()
         torch.manual_seed(seed)
         try:
             with attach, _quiet_gc():
@@ -208,7 +247,7 @@ class HFRunner:
                 pair.draft.generation_config = copy.deepcopy(self.draft_config)
         new_ids = output[0, len(prompt_ids):].tolist()
         new_ids = cut_at_eos(new_ids, pair.eos_ids)
-        if method == "hf-generate":
+        if method in HF_AR_METHODS:
             rounds = [(0, 0)] * len(new_ids)
             gamma = 0.0
         else:
@@ -219,7 +258,8 @@ class HFRunner:
         stats.update(mean_gamma=gamma, draft_forwards=sum(d for d, _ in rounds) if extra else 0)
         stop = "eos" if new_ids and new_ids[-1] in pair.eos_ids else "max_new_tokens"
         stats.update(stop_reason=stop, engine_seconds=math.nan, ttft_s=math.nan, prefill_s=math.nan,
-                     draft_seconds=math.nan, verify_seconds=math.nan, mean_entropy=math.nan)
+                     draft_seconds=math.nan, verify_seconds=math.nan, mean_entropy=math.nan,
+                     cache="static" if method == "hf-generate-static" else "dynamic", compile_seconds=math.nan)
         return Run(new_ids, seconds, stats, rounds)
 
 

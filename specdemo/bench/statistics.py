@@ -13,11 +13,18 @@ Definitions used in the tables (written into the report too):
                   are timed the same way.
   tokens_per_s    per repeat Σ new tokens / Σ seconds over the category's prompts;
                   mean ± std over repeats.
+  compile_seconds compile and graph warm-up inside a call (ours with --compile), taken
+                  out of `seconds` and never counted in tokens/s; mean over runs. The
+                  first compile of a model happens in the untimed warm-up run.
+  cache           the KV cache our runs used (static or dynamic); transformers' peers
+                  show theirs (hf-generate-static: static, the others: dynamic).
   speedup vs R    geometric mean over prompts of  t_R(p) / t_m(p),  where t_x(p) is the
                   time per new token of method x on prompt p (Σ seconds / Σ new tokens
                   over the repeats). When both produce the same tokens (greedy runs that
                   match) this is exactly the ratio of per-prompt times. Its std is over
                   repeats of the same statistic computed per repeat.
+  speedup vs hf / hf_static   the same against transformers' hf-generate and
+                  hf-generate-static (its static cache and compiled forward).
   α (alpha)       Leviathan's per-token acceptance probability: accepted / (accepted +
                   rounds that ended in a rejection), the maximum-likelihood estimate
                   under their i.i.d. model. `acceptance_rate` is accepted / drafted.
@@ -46,9 +53,9 @@ _PREDICTABLE = ("sd", "nasd", "hf-assisted")
 SUMMARY_COLUMNS = [
     "category", "method", "label", "prompts", "runs", "errors", "new_tokens_mean", "tokens_per_s_mean",
     "tokens_per_s_std", "speedup_vs_ar", "speedup_vs_ar_std", "speedup_vs_hf", "speedup_vs_hf_std",
-    "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma",
+    "speedup_vs_hf_static", "speedup_vs_hf_static_std", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
-    "predicted_speedup_v",
+    "predicted_speedup_v", "cache", "compile_seconds",
 ]
 
 
@@ -108,6 +115,7 @@ def summarize(rows: pd.DataFrame, gamma: int | None = None) -> pd.DataFrame:
             tps = per_repeat.new_tokens / per_repeat.seconds
             speed_ar, speed_ar_std = _speedup(sub, method, "ar")
             speed_hf, speed_hf_std = _speedup(sub, method, "hf-generate")
+            speed_hfs, speed_hfs_std = _speedup(sub, method, "hf-generate-static")
             drafted, accepted = mine.drafted.sum(), mine.accepted.sum()
             trials = accepted + mine.rejected_rounds.sum()
             matches = mine.matches_ar.dropna()
@@ -119,6 +127,7 @@ def summarize(rows: pd.DataFrame, gamma: int | None = None) -> pd.DataFrame:
                 "tokens_per_s_std": tps.std() if len(tps) > 1 else math.nan,
                 "speedup_vs_ar": speed_ar, "speedup_vs_ar_std": speed_ar_std,
                 "speedup_vs_hf": speed_hf, "speedup_vs_hf_std": speed_hf_std,
+                "speedup_vs_hf_static": speed_hfs, "speedup_vs_hf_static_std": speed_hfs_std,
                 "acceptance_rate": _ratio(accepted, drafted) if drafted else math.nan,
                 "alpha": _ratio(accepted, trials) if trials else math.nan,
                 "mean_accepted_tokens": _ratio(mine.new_tokens.sum(), mine.rounds.sum()),
@@ -129,6 +138,8 @@ def summarize(rows: pd.DataFrame, gamma: int | None = None) -> pd.DataFrame:
                 "perplexity": mine.perplexity.mean() if mine.perplexity.notna().any() else math.nan,
                 "cost_ratio": math.nan, "verify_cost_ratio": math.nan, "predicted_speedup": math.nan,
                 "predicted_speedup_v": math.nan,
+                "cache": ",".join(dict.fromkeys(everything.cache.dropna().astype(str))) if "cache" in everything else "",
+                "compile_seconds": mine.compile_seconds.mean() if "compile_seconds" in mine else math.nan,
             }
             if method in _PREDICTABLE and not mine.empty:
                 if method == "nasd":

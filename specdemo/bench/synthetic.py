@@ -1,9 +1,14 @@
-"""Random-weight GPT-NeoX pairs of realistic sizes, for benchmarking offline.
+"""Random-weight pairs of realistic sizes (GPT-NeoX or Qwen2 layout), for benchmarking offline.
 
     python -m specdemo.bench.synthetic --out /tmp/synthetic
+    python -m specdemo.bench.synthetic --out /tmp/qwen --target-size qwen2.5-1.5b --draft-size qwen2.5-0.5b
     python -m specdemo bench --target /tmp/synthetic/target --draft /tmp/synthetic/draft --device cuda ...
 
-The default pair has Pythia-1.4B's and Pythia-70M's shapes (vocab 50304). Random weights
+The default pair has Pythia-1.4B's and Pythia-70M's shapes (vocab 50304); the qwen2.5-*
+sizes have Qwen2.5's (grouped-query attention with 2 KV heads, tied embeddings, vocab
+151936) in the Llama layout: transformers forces Qwen2's own tokenizer class on a qwen2
+config, which cannot read the word-level tokenizer below, and the layouts differ only by
+Qwen2's q/k/v biases (well under 0.1 % of the bytes a token reads). Random weights
 agree on almost nothing, so acceptance is about zero: what such a run measures is each
 method's overhead at a realistic model size, which is the point.
 
@@ -20,16 +25,20 @@ from pathlib import Path
 
 import torch
 
-# name → (hidden, layers, heads, intermediate); the Pythia family's shapes.
+# name → (family, hidden, layers, heads, KV heads, intermediate): the Pythia and Qwen2.5 families' shapes.
 SIZES = {
-    "2.8b": (2560, 32, 32, 10240),
-    "1.4b": (2048, 24, 16, 8192),
-    "410m": (1024, 24, 16, 4096),
-    "160m": (768, 12, 12, 3072),
-    "70m": (512, 6, 8, 2048),
-    "tiny": (64, 2, 4, 256),
+    "2.8b": ("pythia", 2560, 32, 32, 32, 10240),
+    "1.4b": ("pythia", 2048, 24, 16, 16, 8192),
+    "410m": ("pythia", 1024, 24, 16, 16, 4096),
+    "160m": ("pythia", 768, 12, 12, 12, 3072),
+    "70m": ("pythia", 512, 6, 8, 8, 2048),
+    "tiny": ("pythia", 64, 2, 4, 4, 256),
+    "qwen2.5-1.5b": ("qwen2", 1536, 28, 12, 2, 8960),
+    "qwen2.5-0.5b": ("qwen2", 896, 24, 14, 2, 4864),
+    "qwen2.5-tiny": ("qwen2", 64, 2, 4, 2, 256),
 }
-VOCAB = 50304
+VOCABS = {"pythia": 50304, "qwen2": 151936}  # each family's (padded) vocabulary
+VOCAB = VOCABS["pythia"]
 EOS = 0  # Pythia's <|endoftext|> is id 0
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
@@ -62,30 +71,42 @@ def write_tokenizer(folder: Path, vocab: int, suite: Path | None) -> None:
 
 
 def write_model(folder: Path, size: str, vocab: int, seed: int, dtype: torch.dtype, device: str) -> None:
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    hidden, layers, heads, intermediate = SIZES[size]
-    config = GPTNeoXConfig(
-        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        intermediate_size=intermediate, rotary_pct=0.25, max_position_embeddings=2048, use_parallel_residual=True,
-        bos_token_id=EOS, eos_token_id=EOS, tie_word_embeddings=False,
-    )
+    family, hidden, layers, heads, kv_heads, intermediate = SIZES[size]
+    if family == "qwen2":
+        config = LlamaConfig(
+            vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+            num_key_value_heads=kv_heads, intermediate_size=intermediate, max_position_embeddings=32768,
+            rms_norm_eps=1e-6, bos_token_id=EOS, eos_token_id=EOS, tie_word_embeddings=True,
+        )
+        model_class = LlamaForCausalLM
+    else:
+        config = GPTNeoXConfig(
+            vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+            intermediate_size=intermediate, rotary_pct=0.25, max_position_embeddings=2048,
+            use_parallel_residual=True, bos_token_id=EOS, eos_token_id=EOS, tie_word_embeddings=False,
+        )
+        model_class = GPTNeoXForCausalLM
     torch.manual_seed(seed)
     with torch.device(device):
-        model = GPTNeoXForCausalLM(config)
+        model = model_class(config)
     model.to(dtype).save_pretrained(folder)
     del model
 
 
-def build(out: str | Path, target_size: str = "1.4b", draft_size: str = "70m", vocab: int = VOCAB,
+def build(out: str | Path, target_size: str = "1.4b", draft_size: str = "70m", vocab: int | None = None,
           dtype: str = "bfloat16", device: str = "cpu", suite: str | Path | None = None) -> tuple[Path, Path]:
-    """Write out/target and out/draft (each with the tokenizer) and return their paths."""
+    """Write out/target and out/draft (each with the tokenizer) and return their paths.
+    vocab: both models' vocabulary (default: the target family's)."""
     from .suite import DEFAULT_SUITE
     from ..models.loading import resolve_dtype
 
     for size in (target_size, draft_size):
         if size not in SIZES:
             raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
+    if vocab is None:
+        vocab = VOCABS[SIZES[target_size][0]]
     torch_dtype = resolve_dtype(dtype, device)
     suite_path = Path(suite) if suite else DEFAULT_SUITE
     out = Path(out)
@@ -101,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdemo.bench.synthetic", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--out", required=True, help="folder to write target/ and draft/ into")
-    parser.add_argument("--target-size", default="1.4b", choices=sorted(SIZES), help="Pythia shape of the target")
-    parser.add_argument("--draft-size", default="70m", choices=sorted(SIZES), help="Pythia shape of the draft")
-    parser.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary size of both")
+    parser.add_argument("--target-size", default="1.4b", choices=list(SIZES), help="shape of the target")
+    parser.add_argument("--draft-size", default="70m", choices=list(SIZES), help="shape of the draft")
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="vocabulary size of both (default: the target family's: 50304 Pythia, 151936 Qwen2.5)")
     parser.add_argument("--dtype", default="bfloat16", help="dtype the weights are saved in")
     parser.add_argument("--device", default="cpu", help="where to initialise the weights (cuda is much faster)")
     parser.add_argument("--suite", default=None, help="prompt suite whose words get their own token ids")

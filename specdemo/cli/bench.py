@@ -10,9 +10,11 @@ import torch
 
 from ..bench.benchmark import BenchResult, run_benchmark
 from ..bench.report import write_outputs
+from ..bench.roofline import add_roofline, parse_bandwidth
 from ..bench.runners import DEFAULT_BENCH_METHODS, bench_methods, parse_bench_methods
 from ..bench.suite import ALL, DEFAULT_SUITE, load_suite, select_prompts
-from .common import add_decoding_arguments, add_model_arguments, decode_params, default_chat, pair_from_args
+from .common import (add_decoding_arguments, add_model_arguments, decode_params, default_chat, engine_options,
+                     pair_from_args)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="torch CPU threads (default: torch's choice); 1 is steadier on a busy shared CPU")
     add_model_arguments(parser)
     add_decoding_arguments(parser, methods_default=DEFAULT_BENCH_METHODS, methods_known=list(bench_methods()))
+    bound = parser.add_argument_group("roofline")
+    bound.add_argument("--roofline", action="store_true",
+                       help="print the bytes one target token must read, the memory-bandwidth bound in tokens/s and "
+                            "measured AR as a fraction of it; add them to the summary CSV and report")
+    bound.add_argument("--bandwidth", default=None, metavar="B|NAME",
+                       help="memory bandwidth in bytes/s (e.g. 3.35e12) or a GPU name (e.g. 'H100 SXM'); implies "
+                            "--roofline (default: looked up from the CUDA device's name; none is known for CPUs)")
     out = parser.add_argument_group("output")
     out.add_argument("--csv", help="one row per (prompt, method, repeat)")
     out.add_argument("--summary-csv", help="one row per (category, method); default: next to --csv as *.summary.csv")
@@ -41,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Benchmark our decoders against transformers' on a prompt suite."""
     params = decode_params(args, chat_default=default_chat(args))  # fails on bad values before loading models
+    engine = engine_options(args)
+    if args.bandwidth is not None:
+        parse_bandwidth(args.bandwidth)
     if args.repeats < 1:
         raise ValueError(f"repeats must be an integer ≥ 1, got {args.repeats}")
     if args.threads is not None and args.threads < 1:
@@ -53,12 +65,12 @@ def run(args: argparse.Namespace) -> int:
         # shared machine often runs faster, and far steadier, on fewer threads.
         torch.set_num_threads(args.threads)
     try:
-        return _bench_with(args, params, methods, suite)
+        return _bench_with(args, params, engine, methods, suite)
     finally:
         torch.set_num_threads(threads)
 
 
-def _bench_with(args, params, methods, suite) -> int:
+def _bench_with(args, params, engine, methods, suite) -> int:
     from tqdm.auto import tqdm
 
     pair = pair_from_args(args)
@@ -72,14 +84,17 @@ def _bench_with(args, params, methods, suite) -> int:
 
     try:
         result = run_benchmark(pair, suite, methods, repeats=args.repeats, warmup=args.warmup,
-                               progress=progress, decode=params)
+                               progress=progress, decode=params, **engine.as_kwargs())
     finally:
         if bar is not None:
             bar.close()
+    roofline_lines = add_roofline(result, pair, args.bandwidth) if args.roofline or args.bandwidth else []
     summary_csv = args.summary_csv
     if args.csv and not summary_csv:
         summary_csv = str(Path(args.csv).with_suffix("")) + ".summary.csv"
     _print_summary(result)
+    for line in roofline_lines:
+        print(line)
     for path in write_outputs(result, args.csv, summary_csv, args.report, args.plotlyjs):
         print(f"wrote {path}")
     return 0
@@ -87,9 +102,18 @@ def _bench_with(args, params, methods, suite) -> int:
 
 def _print_summary(result: BenchResult) -> None:
     shown = ["category", "method", "tokens_per_s_mean", "tokens_per_s_std", "speedup_vs_ar", "speedup_vs_hf",
-             "acceptance_rate", "mean_accepted_tokens", "exact_match_pct", "predicted_speedup", "errors"]
+             "speedup_vs_hf_static", "acceptance_rate", "mean_accepted_tokens", "exact_match_pct", "predicted_speedup",
+             "cache", "compile_seconds", "errors"]
+    overall = result.summary[result.summary.category == ALL]
+    shown = [c for c in shown if c not in ("speedup_vs_hf", "speedup_vs_hf_static") or overall[c].notna().any()]
+    if not overall.compile_seconds.fillna(0).any():
+        shown.remove("compile_seconds")
     with pd.option_context("display.max_columns", None, "display.width", 200, "display.float_format", "{:.3f}".format):
-        print(result.summary[result.summary.category == ALL][shown].to_string(index=False))
+        print(overall[shown].to_string(index=False))
+    warm = {m: s for m, s in result.meta.get("warmup_compile_seconds", {}).items() if s and s == s}
+    if warm:
+        print("compiled in the warm-up (not counted in tokens/s): "
+              + ", ".join(f"{m} {s:.1f} s" for m, s in warm.items()))
     errors = result.rows[result.rows.error.fillna("") != ""]
     for _, row in errors.drop_duplicates("method").iterrows():
         print(f"warning: {row.method} failed on {len(errors[errors.method == row.method])} run(s): {row.error}")

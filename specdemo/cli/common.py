@@ -1,6 +1,6 @@
-"""Arguments every subcommand shares: the model pair and the decoding parameters, the
-latter generated from `specdemo.engine.params.SCHEMA` (each default stated once, by the
-schema, in the help text)."""
+"""Arguments every subcommand shares: the model pair, the decoding parameters and the
+engine options, the latter two generated from `specdemo.engine.params.SCHEMA` and
+`ENGINE_SCHEMA` (each default stated once, by the schema, in the help text)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 from typing import Sequence
 
 from ..engine.methods import DEFAULT_METHODS, METHODS
-from ..engine.params import SCHEMA, DecodeParams, Param
+from ..engine.params import ENGINE_SCHEMA, SCHEMA, DecodeParams, EngineOptions, Param
 from ..models.loading import EMBEDDED, PRESETS, load_pair
 
 # What the command line says instead of the schema's default, where its default differs.
@@ -35,8 +35,9 @@ def _flag_help(spec: Param) -> str:
 def add_decoding_arguments(parser: argparse.ArgumentParser, methods_default: Sequence[str] = DEFAULT_METHODS,
                            methods_known: Sequence[str] | None = None, exclude: Sequence[str] = (),
                            methods: bool = True) -> argparse._ArgumentGroup:
-    """--methods and one flag per schema parameter (--max-new-tokens, --temperature, ...),
-    less the parameters named in exclude (a subcommand that takes them otherwise)."""
+    """--methods, one flag per schema parameter (--max-new-tokens, --temperature, ...) less the
+    parameters named in exclude (a subcommand that takes them otherwise), and one flag per
+    engine option (--cache, --compile/--no-compile)."""
     group = parser.add_argument_group("decoding")
     known = list(methods_known if methods_known is not None else METHODS)
     default = ",".join(methods_default)
@@ -46,15 +47,22 @@ def add_decoding_arguments(parser: argparse.ArgumentParser, methods_default: Seq
     for spec in SCHEMA:
         if spec.name in exclude:
             continue
-        flag = "--" + spec.name.replace("_", "-")
-        if spec.kind is bool:
-            group.add_argument(flag, dest=spec.name, action=argparse.BooleanOptionalAction, default=None,
-                               help=_flag_help(spec))
-        else:
-            # Values are parsed by the schema (DecodeParams.from_values), so errors read the same everywhere.
-            group.add_argument(flag, dest=spec.name, default=None, choices=spec.choices, help=_flag_help(spec),
-                               metavar=None if spec.choices else spec.kind.__name__.upper())
+        _add_flag(group, spec)
+    engine = parser.add_argument_group("engine (how tokens are computed, never which)")
+    for spec in ENGINE_SCHEMA:
+        _add_flag(engine, spec)
     return group
+
+
+def _add_flag(group, spec: Param) -> None:
+    flag = "--" + spec.name.replace("_", "-")
+    if spec.kind is bool:
+        group.add_argument(flag, dest=spec.name, action=argparse.BooleanOptionalAction, default=None,
+                           help=_flag_help(spec))
+    else:
+        # Values are parsed by the schema (DecodeParams.from_values), so errors read the same everywhere.
+        group.add_argument(flag, dest=spec.name, default=None, choices=spec.choices, help=_flag_help(spec),
+                           metavar=None if spec.choices else spec.kind.__name__.upper())
 
 
 def decode_params(args: argparse.Namespace, chat_default: bool, exclude: Sequence[str] = ()) -> DecodeParams:
@@ -64,6 +72,11 @@ def decode_params(args: argparse.Namespace, chat_default: bool, exclude: Sequenc
     if values["chat"] is None:
         values["chat"] = chat_default
     return DecodeParams.from_values(**values)
+
+
+def engine_options(args: argparse.Namespace) -> EngineOptions:
+    """The validated engine options of a parsed command line (ValueError naming the option)."""
+    return EngineOptions.from_values(**{spec.name: getattr(args, spec.name, None) for spec in ENGINE_SCHEMA})
 
 
 def default_chat(args: argparse.Namespace) -> bool:

@@ -8,7 +8,8 @@ import pandas as pd
 
 from ..bench.compare import run_comparison
 from ..engine.methods import parse_methods
-from .common import add_decoding_arguments, add_model_arguments, decode_params, default_chat, pair_from_args
+from .common import (add_decoding_arguments, add_model_arguments, decode_params, default_chat, engine_options,
+                     pair_from_args)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,12 +29,16 @@ def run(args: argparse.Namespace) -> int:
     methods = parse_methods(args.methods)
     prompt = args.prompt if args.prompt is not None else open(args.prompt_file, encoding="utf-8").read()
     params = decode_params(args, chat_default=default_chat(args))  # fails on bad values before loading models
+    engine = engine_options(args)
     pair = pair_from_args(args)
-    comparison = run_comparison(pair, prompt, methods, decode=params)
+    if engine.first_round_note:
+        print(f"{engine.first_round_note} (the first run of each model; not counted in tokens/s)")
+    comparison = run_comparison(pair, prompt, methods, decode=params, **engine.as_kwargs())
     summary, rounds = comparison.summary, comparison.rounds
     with pd.option_context("display.max_columns", None, "display.width", 160, "display.float_format", "{:.3f}".format):
         shown = ["label", "new_tokens", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
-                 "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma", "matches_ar", "perplexity"]
+                 "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma", "matches_ar", "perplexity", "cache",
+                 "compile_seconds"]
         print(summary[shown].to_string(index=False))
     if args.show_text:
         for result in comparison.results:

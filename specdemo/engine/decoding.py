@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 
 from .drafters import Drafter, Proposal
-from .lm import CACHE_KINDS, CachedLM, buckets_up_to, default_cache_kind
+from .lm import CACHE_KINDS, CachedLM, buckets_up_to
 from .methods import get_method
-from .params import DecodeParams
+from .params import DecodeParams, EngineOptions
 from .sampling import probabilities, verify
 from .tokens import cut_at_eos
 from .trace import GenerationResult, Round, TokenRecord
@@ -39,8 +39,9 @@ def iter_generate(
     the iterator stops decoding at once and frees the round's caches. `limits`
     (a `specdemo.app.limits.Limits`) adds a deployment's caps on prompt and output length.
     `decode` is a validated `DecodeParams`; keyword `params` (the same names) override it.
-    `cache` ("static" | "dynamic", default static on CUDA) and `compile` choose the
-    engine's KV cache and graph capture; they never change the tokens.
+    `cache` ("auto" | "static" | "dynamic"; auto, the default, is static on CUDA or with
+    compile) and `compile` choose the engine's KV cache and graph capture (see
+    `EngineOptions`); they never change the tokens.
     """
     cache = _check_engine(pair, cache, compile)
     spec = get_method(method)
@@ -70,11 +71,9 @@ def generate(
 
 
 def _check_engine(pair: ModelPair, cache: str | None, compile: bool) -> str:
-    cache = default_cache_kind(pair.device) if cache is None else cache
-    if cache not in CACHE_KINDS:
-        raise ValueError(f"cache: {cache!r} is not one of {', '.join(CACHE_KINDS)}")
-    if compile and cache != "static":
-        raise ValueError("compile: graph capture needs cache='static'")
+    """The concrete cache kind for these options on the pair's device (ValueError if invalid)."""
+    cache = EngineOptions.from_values(cache=cache, compile=compile).cache_for(pair.device)
+    assert cache in CACHE_KINDS
     return cache
 
 

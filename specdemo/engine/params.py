@@ -2,6 +2,10 @@
 the methods it applies to. Validation here and the CLI flags, the page's controls and the
 API endpoints' parameters are all generated from `SCHEMA`.
 
+Engine options (`ENGINE_SCHEMA`: the KV cache kind and graph compilation) are declared the
+same way but kept apart: they choose how the tokens are computed, never which tokens come
+out, so they are not part of a run's `DecodeParams` (nor of its recorded params).
+
 Every check raises `ValueError` naming the field and what it accepts, so each front
 end can show the message as it is.
 """
@@ -192,3 +196,67 @@ def _coerce(spec: Param, value: Any) -> Any:
     except (TypeError, ValueError, OverflowError):
         what = "true or false" if kind is bool else "an integer" if kind is int else "a number"
         raise ValueError(f"{name} must be {what}, got {value!r}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# Engine options: how the target and drafter run, never which tokens come out.
+
+CACHE_CHOICES = ("auto", "static", "dynamic")
+COMPILING_NOTE = "compiling…"  # what a front end shows between pressing Run and the first round, with compile on
+
+ENGINE_SCHEMA: tuple[Param, ...] = (
+    Param("cache", str, "auto",
+          "KV cache: static preallocates every position and rolls back by moving an index, dynamic grows by "
+          "concatenation; auto = static on CUDA (and whenever compile is on), dynamic elsewhere",
+          "KV cache", choices=CACHE_CHOICES),
+    Param("compile", bool, False,
+          "compile the decode steps with torch.compile (CUDA graphs on a GPU; needs the static cache); "
+          "compile and warm-up time is reported on its own, never in tokens/s",
+          "Compile decode steps (torch.compile)"),
+)
+ENGINE_PARAMS: dict[str, Param] = {p.name: p for p in ENGINE_SCHEMA}
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Validated engine options (fields and defaults come from `ENGINE_SCHEMA`)."""
+
+    cache: str = ENGINE_PARAMS["cache"].default
+    compile: bool = ENGINE_PARAMS["compile"].default
+
+    @classmethod
+    def from_values(cls, **values: Any) -> "EngineOptions":
+        """Coerce loosely typed values (a form, a command line; None keeps the default) and validate."""
+        unknown = sorted(set(values) - set(ENGINE_PARAMS))
+        if unknown:
+            raise ValueError(f"unknown engine option(s): {', '.join(unknown)}; allowed: {', '.join(ENGINE_PARAMS)}")
+        return cls(**{name: _coerce(ENGINE_PARAMS[name], value) for name, value in values.items()
+                      if value is not None})
+
+    def __post_init__(self) -> None:
+        for spec in ENGINE_SCHEMA:
+            spec.check(getattr(self, spec.name))
+        if self.compile and self.cache == "dynamic":
+            raise ValueError("compile: graph capture needs the static cache; use cache='static' or 'auto'")
+
+    def cache_for(self, device) -> str:
+        """The concrete cache kind on `device`: "static" or "dynamic"."""
+        if self.cache != "auto":
+            return self.cache
+        if self.compile:
+            return "static"
+        from .lm import default_cache_kind  # lm loads transformers; validation alone does not need it
+
+        return default_cache_kind(device)
+
+    @property
+    def first_round_note(self) -> str | None:
+        """What to show before the first round arrives: compiling takes a while the first time."""
+        return COMPILING_NOTE if self.compile else None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `generate`, `iter_generate`, `run_comparison` and `run_benchmark`."""
+        return {"cache": self.cache, "compile": self.compile}
+
+
+assert [f.name for f in fields(EngineOptions)] == list(ENGINE_PARAMS), "EngineOptions and ENGINE_SCHEMA must match"

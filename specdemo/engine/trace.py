@@ -65,6 +65,8 @@ class GenerationResult:
     draft_forwards: int = 0
     stop_reason: str | None = None  # "eos", "max_new_tokens" or None while running
     done: bool = False
+    cache: str = "dynamic"  # the target's KV cache kind: "dynamic" or "static"
+    compile_seconds: float = 0.0  # compile and warm-up before the first round; never part of `seconds`
 
     @property
     def token_ids(self) -> list[int]:
@@ -104,4 +106,6 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "draft_seconds": sum(r.draft_seconds for r in rounds),
         "verify_seconds": sum(r.verify_seconds for r in rounds),
         "stop_reason": result.stop_reason,
+        "cache": result.cache,
+        "compile_seconds": result.compile_seconds,
     }
