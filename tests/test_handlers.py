@@ -132,3 +132,13 @@ def test_every_schema_parameter_gets_a_page_control():
     assert isinstance(controls["gamma"], gr.Number) and controls["gamma"].precision == 0
     assert controls["gamma"].value == PARAMS["gamma"].default and controls["seed"].value == 0
     assert set(forms.MAIN_PARAMS) | set(forms.ADVANCED_PARAMS) == set(PARAMS)
+
+
+def test_engine_options_travel_from_the_form_to_the_loop(tiny_pair):
+    req = request(["ar", "sd"], cache="static")
+    assert req.engine.cache == "static" and not req.engine.compile
+    updates = list(handlers.stream_run(req, lambda r: tiny_pair))
+    assert {r.cache for r in updates[-1].results} == {"static"}
+    assert set(pd.read_csv(updates[-1].files[0]).cache) == {"static"}
+    with pytest.raises(ValueError, match="compile"):
+        request(["ar"], cache="dynamic", compile=True)

@@ -31,7 +31,7 @@ from ..bench.compare import run_comparison, tabulate
 from ..bench.tables import summary_frame
 from ..engine.decoding import generate, iter_generate
 from ..engine.methods import parse_methods
-from ..engine.params import PARAMS, DecodeParams
+from ..engine.params import ENGINE_SCHEMA, PARAMS, DecodeParams, EngineOptions
 from ..engine.trace import GenerationResult
 from ..models.loading import ModelPair, Preset, load_pair
 from .limits import Limits
@@ -150,6 +150,8 @@ def write_csvs(summary: pd.DataFrame, rounds: pd.DataFrame) -> tuple[str, str]:
 # ---------------------------------------------------------------------------------------
 # Form values → a request
 
+ENGINE_NAMES = tuple(spec.name for spec in ENGINE_SCHEMA)
+
 
 @dataclass
 class Request:
@@ -159,6 +161,7 @@ class Request:
     params: DecodeParams  # validated once, here; the loop takes it as it is
     note: str = ""
     methods: list[str] = field(default_factory=list)  # validated names, as given
+    engine: EngineOptions = field(default_factory=EngineOptions)  # how tokens are computed, never which
 
 
 def resolve_models(preset: str | None, target: str | None, draft: str | None,
@@ -186,11 +189,12 @@ def make_request(prompt, preset, target, draft, values: Mapping[str, Any], prese
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("prompt is empty: type some text to continue")
     decode = DecodeParams.from_values(**{name: values[name] for name in PARAM_NAMES if name in values})
+    engine = EngineOptions.from_values(**{name: values.get(name) for name in ENGINE_NAMES})
     limits = limits or Limits()
     limits.check_models(preset, target, draft, known=presets)
     limits.check_new_tokens(decode.max_new_tokens)
     target, draft = resolve_models(preset, target, draft, presets)
-    return Request(prompt, target, draft, decode, methods=names)
+    return Request(prompt, target, draft, decode, methods=names, engine=engine)
 
 
 def readable_failure(error: BaseException) -> str:
@@ -270,8 +274,12 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
     for k, name in enumerate(names):
         label = viz.method_label(name)
         render_cache: dict = {}
+        if request.engine.first_round_note:
+            yield RunUpdate(status=f"**{label}**: {request.engine.first_round_note} the first run of a model "
+                                   "compiles its decode steps (not counted in tokens/s)")
         try:
-            rounds = iter_generate(pair, request.prompt, name, limits=limits, decode=request.params)
+            rounds = iter_generate(pair, request.prompt, name, limits=limits, decode=request.params,
+                                   **request.engine.as_kwargs())
         except ValueError as error:
             errors.append(f"{label}: {error}")
             yield RunUpdate(status=f"⚠️ {label}: {error}", warning=f"{label}: {error}",
@@ -336,7 +344,8 @@ def compare(request: Request, load: Callable[[Request], ModelPair], limits: Limi
     """Run request.methods one after another on a loaded pair and tabulate them."""
     pair = load(request)
     fit_chat(request, pair)
-    comparison = gpu(run_comparison)(pair, request.prompt, request.methods, limits=limits, decode=request.params)
+    comparison = gpu(run_comparison)(pair, request.prompt, request.methods, limits=limits, decode=request.params,
+                                     **request.engine.as_kwargs())
     summary_path, rounds_path = write_csvs(comparison.summary, comparison.rounds)
     return CompareOutcome(viz.records(comparison.summary), summary_path, rounds_path,
                           {r.method: r.text for r in comparison.results})

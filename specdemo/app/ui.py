@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import gradio as gr
 
 from . import benchtab, forms, handlers, sweeptab, viz
+from .engine_controls import ENGINE_NAMES, engine_controls
 from .examples import DEFAULT_PROMPT, EXAMPLES
 from .handlers import (  # noqa: F401  (the page's handlers, re-exported for callers of `ui`)
     PARAM_NAMES, PairCache, PairLoader, Request, RunUpdate, export_dir, fit_chat, gpu, make_request, on_zero_gpu,
@@ -123,6 +124,8 @@ def build_demo(
                     draft = gr.Textbox("", label="Draft model", placeholder="e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
             with gr.Accordion("Advanced settings", open=False):
                 controls.update(forms.param_controls(forms.ADVANCED_PARAMS, initial, row_width=forms.ROW_WIDTH))
+                with gr.Row():
+                    engine = engine_controls()
 
             status = gr.Markdown("Press **Run** to decode the prompt with every selected method.", elem_id="sd-status")
             gr.HTML(viz.legend_html(), css_template=viz.TOKEN_CSS, elem_id="sd-legend")
@@ -213,11 +216,11 @@ def build_demo(
             finally:  # also when Stop or a closed tab ends the stream
                 forget_replaced_components(demo, request)
 
-        form_before, form_after = ("prompt", "preset", "methods"), ("target", "draft")
+        form_before, form_after = ("prompt", "preset", "methods"), ("target", "draft", *ENGINE_NAMES)
         run_outputs = [status, *panels, *charts, table, why, summary_file, rounds_file]
         run_event = run_btn.click(
             forms.endpoint(run, form_before, form_after, name="run", generator=True),
-            inputs=forms.inputs(controls, [prompt, preset, methods], [target, draft]),
+            inputs=forms.inputs(controls, [prompt, preset, methods], [target, draft, *engine.values()]),
             outputs=run_outputs,
             api_name="run",
             show_progress="hidden",
@@ -242,7 +245,7 @@ def build_demo(
 
         compare_btn.click(
             forms.endpoint(compare, form_before, form_after, name="compare"),
-            inputs=forms.inputs(controls, [prompt, preset, api_methods], [target, draft]),
+            inputs=forms.inputs(controls, [prompt, preset, api_methods], [target, draft, *engine.values()]),
             outputs=[api_table, api_summary, api_rounds, api_texts],
             api_name="compare",
             concurrency_id=GPU_QUEUE,
