@@ -104,3 +104,17 @@ def test_replayed_rounds_count_what_the_decode_loop_counts(head_pair):
         replay = replay_rounds(head_pair.draft, list(ar.prompt_ids), answer, features, gamma=4)
         assert (replay.rounds, replay.drafted, replay.accepted) == (
             len(sd.rounds), sd.stats["drafted"], sd.stats["accepted"])
+
+
+def test_results_and_the_benchmark_name_the_drafter(head_pair):
+    from specdemo.bench.runners import parse_bench_methods
+    from specdemo.bench.tables import summary_frame
+
+    results = [specdemo.generate(head_pair, PROMPTS[0], method=m, max_new_tokens=5) for m in ("ar", "sd", "nasd")]
+    drafters = dict(zip(summary_frame(results).method, summary_frame(results).drafter))
+    assert drafters["ar"] == "none" and drafters["nasd"].startswith("n-gram table (n=3")
+    assert drafters["sd"].startswith("feature head (test head") and head_pair.draft_kind == "feature-head"
+    # transformers' assisted generation needs a draft LM: left out by default, refused when asked.
+    assert not any(m.startswith("hf-assisted") for m in parse_bench_methods(None, head_pair))
+    with pytest.raises(ValueError, match="drafts with a feature head"):
+        parse_bench_methods("ar,hf-assisted", head_pair)

@@ -368,7 +368,7 @@ def all_figures(results: Sequence[GenerationResult]) -> dict[str, go.Figure]:
 
 
 DISPLAY_COLUMNS = [
-    "method", "tokens", "tokens/s", "speedup vs AR", "TTFT (s)", "acceptance α", "tokens per round",
+    "method", "drafter", "tokens", "tokens/s", "speedup vs AR", "TTFT (s)", "acceptance α", "tokens per round",
     "target forwards / token", "mean γ", "quality",
 ]
 
@@ -403,6 +403,7 @@ def display_table(summary: pd.DataFrame) -> pd.DataFrame:
     for _, row in ordered.iterrows():
         rows.append({
             "method": row["label"],
+            "drafter": row.get("drafter", ""),
             "tokens": int(row["new_tokens"]),
             "tokens/s": _num(row["tokens_per_s"], ".1f"),
             "speedup vs AR": _num(row["speedup_vs_ar"], ".2f") + ("×" if not _isnan(row["speedup_vs_ar"]) else ""),

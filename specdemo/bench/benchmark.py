@@ -23,7 +23,7 @@ from .suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, select
 from .tables import target_perplexity
 
 ROW_COLUMNS = [
-    "repeat", "prompt_index", "prompt_id", "category", "method", "label", "order", "seed", "prompt_tokens",
+    "repeat", "prompt_index", "prompt_id", "category", "method", "label", "drafter", "order", "seed", "prompt_tokens",
     "new_tokens", "seconds", "tokens_per_s", "engine_seconds", "ttft_s", "prefill_s", "rounds", "drafted",
     "accepted", "rejected_rounds", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards",
     "draft_forwards", "target_forwards_per_token", "mean_gamma", "mean_drafted", "mean_entropy",
@@ -185,7 +185,8 @@ def _meta(pair, decode: DecodeParams, names, prompts, repeats, warmup) -> dict[s
     device = pair.device
     return {
         "pair": getattr(pair, "name", ""), "target": getattr(pair, "target_ref", ""),
-        "draft": getattr(pair, "draft_ref", None), "device": str(device),
+        "draft": getattr(pair, "draft_ref", None), "drafter": getattr(pair, "drafter_name", None),
+        "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "dtype": str(next(pair.target.parameters()).dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,

@@ -137,7 +137,8 @@ def report_html(result: BenchResult, path: str | Path | None = None, plotlyjs: s
                                    classes="summary")
     params = ", ".join(f"{k}={v}" for k, v in meta.get("params", {}).items())
     info = (f"pair <b>{html.escape(str(meta.get('pair')))}</b> (target {html.escape(str(meta.get('target')))}, "
-            f"draft {html.escape(str(meta.get('draft')))}) on {html.escape(str(meta.get('device')))} "
+            f"draft {html.escape(str(meta.get('draft')))}; SD and EGAG drafted with "
+            f"{html.escape(str(meta.get('drafter')))}) on {html.escape(str(meta.get('device')))} "
             f"({html.escape(str(meta.get('device_name')))}, {meta.get('threads')} threads), "
             f"dtype {meta.get('dtype')}, our cache {meta.get('cache', '–')}, compile {meta.get('compile', '–')}; torch {meta.get('torch')}, transformers {meta.get('transformers')}; "
             f"{meta.get('prompts')} prompts × {meta.get('repeats')} repeats; {html.escape(params)}; {meta.get('time')}")

@@ -55,6 +55,14 @@ def parse_bench_methods(value: str | Sequence[str] | None, pair=None) -> list[st
         if needs:
             raise ValueError(f"method(s) {', '.join(needs)} need a draft model; load the pair with a draft "
                              "or drop them")
+    if pair is not None and getattr(pair, "draft_kind", None) == "feature-head":
+        # transformers' assisted generation runs a whole draft LM; a head that reads the target is not one.
+        assisted = [n for n in names if n.startswith("hf-assisted")]
+        if assisted and value is None:
+            names = [n for n in names if n not in assisted]
+        elif assisted:
+            raise ValueError(f"method(s) {', '.join(assisted)} need a draft language model, and this pair drafts "
+                             "with a feature head; drop them, or use the embedded-lm pair for assisted generation")
     return names
 
 

@@ -16,7 +16,7 @@ from ..engine.sampling import probabilities
 from ..engine.trace import GenerationResult
 
 SUMMARY_COLUMNS = [
-    "method", "label", "new_tokens", "seconds", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
+    "method", "label", "drafter", "new_tokens", "seconds", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
     "mean_accepted_tokens", "target_forwards", "draft_forwards", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "mean_entropy", "matches_ar", "perplexity", "stop_reason", "temperature", "seed",
     "cache", "compile_seconds",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
-from .drafters import Drafter, Proposal
+from .drafters import Drafter, NgramDrafter, Proposal
 from .lm import CACHE_KINDS, CachedLM, buckets_up_to
 from .methods import get_method
 from .params import DecodeParams, EngineOptions
@@ -100,6 +100,7 @@ def _rounds(
         drafter.use_cache(cache, max_length, compile=compile, buckets=(1, 2))
     reads_features = drafter is not None and getattr(drafter, "reads_target_features", False)
     result.cache = cache
+    result.drafter = describe_drafter(pair, drafter, params)
     result.compile_seconds = 0.0  # compile and warm-up, outside every timed phase
     try:
         with torch.inference_mode():
@@ -176,6 +177,15 @@ def _rounds(
         target.close()
         if drafter is not None and hasattr(drafter, "close"):
             drafter.close()
+
+
+def describe_drafter(pair, drafter, params: DecodeParams) -> str:
+    """The drafter as the page and the benchmark name it."""
+    if drafter is None:
+        return "none"
+    if isinstance(drafter, NgramDrafter):
+        return f"n-gram table (n={params.ngram_n}, {params.ngram_storage})"
+    return getattr(pair, "drafter_name", None) or type(drafter).__name__
 
 
 def _cut_after_eos(proposal: Proposal, eos_ids) -> tuple[list[int], torch.Tensor | None]:

@@ -66,6 +66,7 @@ class GenerationResult:
     stop_reason: str | None = None  # "eos", "max_new_tokens" or None while running
     done: bool = False
     cache: str = "dynamic"  # the target's KV cache kind: "dynamic" or "static"
+    drafter: str = "none"  # what drafted: the pair's draft, NASD's table, or none (AR)
     compile_seconds: float = 0.0  # compile and warm-up before the first round; never part of `seconds`
 
     @property
@@ -107,5 +108,6 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "verify_seconds": sum(r.verify_seconds for r in rounds),
         "stop_reason": result.stop_reason,
         "cache": result.cache,
+        "drafter": result.drafter,
         "compile_seconds": result.compile_seconds,
     }
