@@ -101,3 +101,21 @@ def test_draft_has_the_target_vocab_and_is_accepted_often(target):
     # or target-projected embeddings alike. The floor sits at about 60% of the trained figure:
     # it fails a broken or untrained draft without flaking on small numerical differences.
     assert ev["acceptance_rate"] >= 0.08
+
+
+@pytest.mark.slow
+@needs_gguf
+def test_the_embedded_pairs_drafts_keep_greedy_outputs_identical_to_ar():
+    """SD and EGAG on real prompts, with the packaged default draft and with the previous draft LM."""
+    import specdemo
+    from specdemo.training.prompts import heldout_prompts
+
+    for preset in ("embedded", "embedded-lm"):
+        pair = specdemo.load_pair(preset)
+        assert pair.drafter_name
+        for prompt in heldout_prompts()[:2]:
+            ar = specdemo.generate(pair, prompt, method="ar", max_new_tokens=40)
+            for method in ("sd", "egag"):
+                result = specdemo.generate(pair, prompt, method=method, max_new_tokens=40)
+                assert result.token_ids == ar.token_ids, (preset, method, prompt)
+                assert result.drafter == pair.drafter_name
