@@ -44,6 +44,38 @@ class Drafter(Protocol):
     def forwards(self) -> int: ...
 
 
+def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfig,
+                generator: torch.Generator | None, advance) -> tuple[Proposal, int]:
+    """One round of drafting from q at the first position (`probs`): γ from the policy, then up
+    to min(γ, limit) picks, each fed back with `advance(token) -> q at the next position`
+    (all but the last, unless the policy stops early). Returns the proposal and how many drafts
+    were fed back. One host sync for the whole round: ids and entropies travel together."""
+    round_entropy = float(normalized_entropy(probs)) if policy.needs_first_entropy else None
+    gamma = policy.round_gamma(round_entropy)
+    budget = min(gamma, limit)
+    tokens: list[torch.Tensor] = []
+    dists: list[torch.Tensor] = []
+    entropies: list[torch.Tensor] = []
+    fed = 0
+    for i in range(budget):
+        entropy = normalized_entropy(probs)
+        if i > 0 and policy.needs_token_stats and not policy.keep_drafting(float(entropy), float(probs.max())):
+            break
+        token = pick(probs, sampling, generator)
+        tokens.append(token)
+        dists.append(probs)
+        entropies.append(entropy)
+        if i + 1 < budget:
+            probs = advance(token)
+            fed += 1
+    if not tokens:
+        return Proposal(gamma, [], None, [], round_entropy), 0
+    packed = torch.stack([torch.stack(tokens).double(), torch.stack(entropies).double()]).tolist()
+    ids = [int(t) for t in packed[0]]
+    draft_probs = None if sampling.greedy else torch.stack(dists)
+    return Proposal(gamma, ids, draft_probs, packed[1], round_entropy), fed
+
+
 class ModelDrafter:
     def __init__(self, model: torch.nn.Module, vocab_size: int | None = None, cache: str = "dynamic",
                  max_length: int | None = None):
@@ -68,32 +100,12 @@ class ModelDrafter:
 
     def propose(self, context, policy, limit, sampling, generator) -> Proposal:
         probs = probabilities(self.lm.logits(context, 1)[0], sampling)
-        round_entropy = float(normalized_entropy(probs)) if policy.needs_first_entropy else None
-        gamma = policy.round_gamma(round_entropy)
-        budget = min(gamma, limit)
-        tokens: list[torch.Tensor] = []
-        dists: list[torch.Tensor] = []
-        entropies: list[torch.Tensor] = []
-        fed = 0  # drafts fed back to the drafter: all but the last, unless drafting stopped early
-        for i in range(budget):
-            entropy = normalized_entropy(probs)
-            if i > 0 and policy.needs_token_stats and not policy.keep_drafting(float(entropy), float(probs.max())):
-                break
-            token = pick(probs, sampling, generator)
-            tokens.append(token)
-            dists.append(probs)
-            entropies.append(entropy)
-            if i + 1 < budget:
-                probs = probabilities(self.lm.feed(token.view(1), 1)[0], sampling)
-                fed += 1
-        if not tokens:
-            return Proposal(gamma, [], None, [], round_entropy)
-        # One host sync for the whole round: ids and entropies travel together.
-        packed = torch.stack([torch.stack(tokens).double(), torch.stack(entropies).double()]).tolist()
-        ids = [int(t) for t in packed[0]]
-        self.lm.note_fed(ids[:fed])
-        draft_probs = None if sampling.greedy else torch.stack(dists)
-        return Proposal(gamma, ids, draft_probs, packed[1], round_entropy)
+        proposal, fed = draft_round(
+            probs, policy, limit, sampling, generator,
+            advance=lambda token: probabilities(self.lm.feed(token.view(1), 1)[0], sampling),
+        )
+        self.lm.note_fed(proposal.tokens[:fed])
+        return proposal
 
     def observe(self, sequence, verified_from, target_logits) -> None:
         pass  # the cache catches up with `sequence` on the next proposal

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from .drafters import Proposal
+from .drafters import Proposal, draft_round
 from .feature_head import FeatureHead, HeadCache
-from .sampling import SamplingConfig, normalized_entropy, pick, probabilities
+from .sampling import SamplingConfig, probabilities
 
 
 class FeatureDrafter:
@@ -63,29 +63,16 @@ class FeatureDrafter:
         assert self.committed + known.shape[0] == n - 1, (self.committed, known.shape, n)
         predicted = self._step(known, context[self.committed + 1 : n], self.committed)[-1]
         self.committed = n - 1
-        probs = self._probs(predicted, sampling)
-        round_entropy = float(normalized_entropy(probs)) if policy.needs_first_entropy else None
-        gamma = policy.round_gamma(round_entropy)
-        budget = min(gamma, limit)
-        tokens, dists, entropies = [], [], []
-        for i in range(budget):
-            entropy = normalized_entropy(probs)
-            if i > 0 and policy.needs_token_stats and not policy.keep_drafting(float(entropy), float(probs.max())):
-                break
-            token = pick(probs, sampling, generator)
-            tokens.append(token)
-            dists.append(probs)
-            entropies.append(entropy)
-            if i + 1 < budget:
-                predicted = self._step(predicted.view(1, -1), token.view(1), n - 1 + i)[-1]
-                probs = self._probs(predicted, sampling)
-        if not tokens:
-            return Proposal(gamma, [], None, [], round_entropy)
-        # One host sync for the round: ids and entropies travel together.
-        packed = torch.stack([torch.stack(tokens).double(), torch.stack(entropies).double()]).tolist()
-        ids = [int(t) for t in packed[0]]
-        draft_probs = None if sampling.greedy else torch.stack(dists)
-        return Proposal(gamma, ids, draft_probs, packed[1], round_entropy)
+        state = {"predicted": predicted, "position": n - 1}
+
+        def advance(token: torch.Tensor) -> torch.Tensor:
+            # The head's own prediction stands in for the target's feature at the drafted position.
+            state["predicted"] = self._step(state["predicted"].view(1, -1), token.view(1), state["position"])[-1]
+            state["position"] += 1
+            return self._probs(state["predicted"], sampling)
+
+        proposal, _ = draft_round(self._probs(predicted, sampling), policy, limit, sampling, generator, advance)
+        return proposal
 
     def observe(self, sequence, verified_from, target_logits, target_features=None) -> None:
         """target_features [accepted + 1, d]: the target's states at positions
