@@ -28,13 +28,15 @@ def write_card(path: Path, summary: dict) -> None:
 A one-layer feature-level draft head in the style of EAGLE, trained for the embedded target
 SmolLM2-135M-Instruct. At position j it reads the target's final hidden state f_j and the
 embedding of the next token, predicts the next hidden state with one decoder layer (initialised
-from the target's last layer) and scores it with the target's own LM head restricted to the
+{"from the target's last layer" if last.get("init") == "target" else "at random"}) and scores it with the target's own LM head restricted to the
 {last['subset_size']:,} most frequent answer tokens. Its q is a full-vocabulary distribution that is
 zero outside that subset, so verification and EGAG's entropy stay exact.
 
 The file holds only the head's own weights ({last.get('draft_macs', 0) / 1e6:.1f} M multiply-adds a
 drafted token, stored in float16) and the subset's token ids; the embedding and LM-head rows
 are read from the loaded target, never stored twice.
+
+{summary.get("notes", "")}
 
 ## Data
 

@@ -94,10 +94,14 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens-per-batch", type=int, default=1024)
     parser.add_argument("--cls-weight", type=float, default=1.0)
     parser.add_argument("--subset", type=int, default=8192)
+    parser.add_argument("--init", choices=["target", "random"], default="random",
+                        help="the decoder layer's start: random (the default: it learned faster on this "
+                             "corpus) or the target's last layer")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--max-minutes", type=float, help="training time cap per slice")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--notes", default="", help="a paragraph for the model card (e.g. an ablation's outcome)")
     parser.add_argument("--install", action="store_true", help="put the last head into the package, with its card")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -106,14 +110,19 @@ def main(argv=None) -> int:
     pair = load_pair("embedded", draft="embedded-lm")
     for p in pair.target.parameters():
         p.requires_grad_(False)
-    answers = greedy_answers(pair, heldout_prompts(), args.max_new_tokens)
+    cached = args.out / f"heldout-answers-{args.max_new_tokens}.json"
+    if cached.is_file():  # the target's greedy answers depend only on the prompts and the length
+        answers = [tuple(a) for a in json.loads(cached.read_text())]
+    else:
+        answers = greedy_answers(pair, heldout_prompts(), args.max_new_tokens)
+        cached.write_text(json.dumps(answers))
     corpus = Corpus(args.corpus)
     rows = []
     head = None
     for fraction in [float(f) for f in args.fractions.split(",")]:
         sequences = read_sequences(corpus, fraction)
         head, info = train_head(pair.target, sequences, subset_size=args.subset, epochs=args.epochs,
-                                tokens_per_batch=args.tokens_per_batch, cls_weight=args.cls_weight,
+                                tokens_per_batch=args.tokens_per_batch, cls_weight=args.cls_weight, init=args.init,
                                 max_minutes=args.max_minutes, log=lambda m: print(m, flush=True))
         head.save(args.out / f"head-{fraction:g}", extra={"training": {**info, "fraction": fraction}})
         point = {"fraction": fraction, **info, **heldout_acceptance(head, pair.target, answers, args.gamma),
@@ -134,7 +143,9 @@ def main(argv=None) -> int:
                "held_out_prompts": len(answers), "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
                "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
                            "torch": torch.__version__, "python": sys.version.split()[0]},
-               "command": "python -m specdemo.training.curve " + " ".join(argv or sys.argv[1:])}
+               "command": "python -m specdemo.training.curve " + " ".join(
+                   a for a in (argv or sys.argv[1:]) if a != args.notes and a != "--notes"),
+               "notes": args.notes}
     (args.out / "curve.json").write_text(json.dumps(summary, indent=1))
     if args.install and head is not None:
         from .card import write_card

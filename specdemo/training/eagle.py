@@ -168,7 +168,7 @@ def agreement(head: FeatureHead, sequences: list[Sequence], lm_head: torch.Tenso
 def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, epochs: float = 3.0,
                tokens_per_batch: int = 4096, lr: float = 1e-3, noise: float = 0.05, unroll: int = 2,
                cls_weight: float = 0.1, validation: float = 0.04, seed: int = 0, max_minutes: float | None = None,
-               init: str = "target", log=print) -> tuple[FeatureHead, dict]:
+               init: str = "random", log=print) -> tuple[FeatureHead, dict]:
     torch.manual_seed(seed)
     rng = random.Random(seed)
     train, val = split_by_request(sequences, validation, seed)
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     parser.add_argument("--noise", type=float, default=0.05)
     parser.add_argument("--unroll", type=int, default=2)
     parser.add_argument("--cls-weight", type=float, default=0.1, help="weight of the distribution loss")
-    parser.add_argument("--init", choices=["target", "random"], default="target",
+    parser.add_argument("--init", choices=["target", "random"], default="random",
                         help="start the decoder layer from the target's last layer, or at random")
     parser.add_argument("--max-minutes", type=float)
     parser.add_argument("--threads", type=int)
