@@ -129,10 +129,15 @@ def main(argv=None) -> int:
                  **step_cost(head, pair.target)}
         rows.append(point)
         print(json.dumps(point), flush=True)
-    lm_point = {**lm_draft_point(pair, answers, args.gamma), "cost_ratio": round(lm_draft_cost(pair), 4)}
-    card_path = Path(str(pair.draft.name_or_path)) / "training_info.json"
-    lm_point["train_answer_tokens"] = json.loads(card_path.read_text()).get("data", {}).get("response_tokens", 0) \
-        if card_path.is_file() else 0
+    lm_cached = args.out / f"previous-draft-{args.max_new_tokens}-{args.gamma}.json"
+    if lm_cached.is_file():
+        lm_point = json.loads(lm_cached.read_text())
+    else:
+        lm_point = {**lm_draft_point(pair, answers, args.gamma), "cost_ratio": round(lm_draft_cost(pair), 4)}
+        card_path = Path(str(pair.draft.name_or_path)) / "training_info.json"
+        lm_point["train_answer_tokens"] = json.loads(card_path.read_text()).get("data", {}).get(
+            "response_tokens", 0) if card_path.is_file() else 0
+        lm_cached.write_text(json.dumps(lm_point))
     print(json.dumps({"previous draft LM": lm_point}), flush=True)
 
     import pandas as pd
