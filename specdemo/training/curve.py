@@ -102,6 +102,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-minutes", type=float, help="training time cap per slice")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--notes", default="", help="a paragraph for the model card (e.g. an ablation's outcome)")
+    parser.add_argument("--append", action="store_true", help="keep the slices already in OUT/curve.csv")
     parser.add_argument("--install", action="store_true", help="put the last head into the package, with its card")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -117,7 +118,12 @@ def main(argv=None) -> int:
         answers = greedy_answers(pair, heldout_prompts(), args.max_new_tokens)
         cached.write_text(json.dumps(answers))
     corpus = Corpus(args.corpus)
+    previous = args.out / "curve.csv"
     rows = []
+    if args.append and previous.is_file():  # slices measured by an earlier run of this command
+        import pandas as pd
+
+        rows = pd.read_csv(previous).to_dict("records")
     head = None
     for fraction in [float(f) for f in args.fractions.split(",")]:
         sequences = read_sequences(corpus, fraction)
@@ -142,6 +148,7 @@ def main(argv=None) -> int:
 
     import pandas as pd
 
+    rows.sort(key=lambda r: r["train_answer_tokens"])
     pd.DataFrame(rows).to_csv(args.out / "curve.csv", index=False)
     figure(rows, lm_point).write_html(args.out / "curve.html", include_plotlyjs="cdn")
     summary = {"curve": rows, "previous_draft_lm": lm_point, "corpus": corpus.manifest(),
@@ -157,7 +164,7 @@ def main(argv=None) -> int:
 
         if HEAD_DIR.exists():
             shutil.rmtree(HEAD_DIR)
-        head.save(HEAD_DIR, extra={"training": rows[-1]})
+        head.save(HEAD_DIR, extra={"training": rows[-1]})  # the largest slice: the head trained last
         shutil.copy(args.out / "curve.csv", HEAD_DIR / "curve.csv")
         write_card(HEAD_DIR / "README.md", summary)
         print(f"installed the head in {HEAD_DIR}")
