@@ -118,12 +118,7 @@ def main(argv=None) -> int:
         answers = greedy_answers(pair, heldout_prompts(), args.max_new_tokens)
         cached.write_text(json.dumps(answers))
     corpus = Corpus(args.corpus)
-    previous = args.out / "curve.csv"
     rows = []
-    if args.append and previous.is_file():  # slices measured by an earlier run of this command
-        import pandas as pd
-
-        rows = pd.read_csv(previous).to_dict("records")
     head = None
     for fraction in [float(f) for f in args.fractions.split(",")]:
         sequences = read_sequences(corpus, fraction)
@@ -148,6 +143,10 @@ def main(argv=None) -> int:
 
     import pandas as pd
 
+    previous = args.out / "curve.csv"
+    if args.append and previous.is_file():  # slices measured by an earlier (or a parallel) run
+        mine = {r["fraction"] for r in rows}
+        rows += [r for r in pd.read_csv(previous).to_dict("records") if r["fraction"] not in mine]
     rows.sort(key=lambda r: r["train_answer_tokens"])
     pd.DataFrame(rows).to_csv(args.out / "curve.csv", index=False)
     figure(rows, lm_point).write_html(args.out / "curve.html", include_plotlyjs="cdn")
@@ -165,6 +164,7 @@ def main(argv=None) -> int:
         if HEAD_DIR.exists():
             shutil.rmtree(HEAD_DIR)
         head.save(HEAD_DIR, extra={"training": rows[-1]})  # the largest slice: the head trained last
+        shutil.copy(args.out / "curve.html", HEAD_DIR / "curve.html")
         shutil.copy(args.out / "curve.csv", HEAD_DIR / "curve.csv")
         write_card(HEAD_DIR / "README.md", summary)
         print(f"installed the head in {HEAD_DIR}")
