@@ -110,7 +110,7 @@ def test_the_embedded_pairs_drafts_keep_greedy_outputs_identical_to_ar():
     import specdemo
     from specdemo.training.prompts import heldout_prompts
 
-    for preset in ("embedded", "embedded-lm"):
+    for preset in ("embedded", "embedded-lm", "embedded-head"):
         pair = specdemo.load_pair(preset)
         assert pair.drafter_name
         for prompt in heldout_prompts()[:2]:

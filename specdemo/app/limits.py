@@ -11,8 +11,11 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..models.loading import EMBEDDED, PRESETS
 from ..engine.params import MAX_NEW_TOKENS_LIMIT
+from ..models.embedded import EMBEDDED_HEAD, EMBEDDED_LM
+from ..models.loading import EMBEDDED, PRESETS
+
+OFFLINE_PRESETS = (EMBEDDED, EMBEDDED_LM, EMBEDDED_HEAD)
 
 
 # A public sweep's default caps: grid points besides AR, prompts in all, repeats.
@@ -49,7 +52,8 @@ class Limits:
             public = bool(os.environ.get("SPACE_ID")) or os.environ.get("SPECDEMO_PUBLIC", "") in ("1", "true", "yes")
         if not public:
             return cls(public=False, queue_size=_env_int("SPECDEMO_QUEUE_SIZE", 32))
-        allowed = os.environ.get("SPECDEMO_ALLOWED_PRESETS", EMBEDDED)
+        # The offline pair with each of its drafts, so a visitor can compare them.
+        allowed = os.environ.get("SPECDEMO_ALLOWED_PRESETS", ",".join(OFFLINE_PRESETS))
         names = tuple(n.strip() for n in allowed.split(",") if n.strip())
         unknown = [n for n in names if n not in PRESETS]
         if unknown:

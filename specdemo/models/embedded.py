@@ -35,8 +35,11 @@ HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # Real folders for any ordinary (not zipped) install: they are read by path.
 DRAFT_DIR = Path(str(files(__package__) / "assets" / "smollm2-draft"))
 HEAD_DIR = Path(str(files(__package__) / "assets" / "smollm2-head"))
-# The previous draft, a small standalone LM, stays selectable under this name.
+# The two packaged drafts, each selectable by name; "embedded" means the one with the higher
+# held-out acceptance at the cost budget (the head's model card has the numbers).
 EMBEDDED_LM = "embedded-lm"
+EMBEDDED_HEAD = "embedded-head"
+DEFAULT_DRAFT = EMBEDDED_LM
 
 # Bump when the conversion changes, so stale caches are not reused.
 _CACHE_VERSION = "1"
@@ -189,15 +192,21 @@ def load_embedded_target(device=None, dtype=None):
 
 
 def load_embedded_draft(target=None, kind: str = "embedded", device=None, dtype=None):
-    """The draft packaged for the embedded target, in eval mode.
+    """A draft packaged for the embedded target, in eval mode.
 
-    kind "embedded": the feature-level head in ``assets/smollm2-head`` (bound to `target`, which
-    it reads), or the draft LM where no head is packaged; kind "embedded-lm": the draft LM in
-    ``assets/smollm2-draft``. Defaults to float32 on CPU (checkpoints are stored in half precision).
+    kind "embedded-head": the feature-level head in ``assets/smollm2-head``, bound to `target`
+    (whose states it reads); "embedded-lm": the draft LM in ``assets/smollm2-draft``;
+    "embedded": `DEFAULT_DRAFT`. Defaults to float32 on CPU (checkpoints are stored in half precision).
     """
     device = default_device(device)
     dtype = resolve_dtype(dtype, device)
-    if kind != EMBEDDED_LM and (HEAD_DIR / "feature_head.json").is_file() and target is not None:
+    kind = DEFAULT_DRAFT if kind == "embedded" else kind
+    if kind == EMBEDDED_HEAD:
+        if not (HEAD_DIR / "feature_head.json").is_file():
+            raise ModelLoadError(f"No draft head in {HEAD_DIR}; train one with `python -m specdemo.training.curve "
+                                 "--install`.")
+        if target is None:
+            raise ModelLoadError("the embedded draft head reads the target's states: load it with its target")
         from ..engine.feature_head import FeatureHead
 
         return FeatureHead.load(HEAD_DIR, dtype=dtype, device=device).bind(target)

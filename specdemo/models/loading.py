@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from ..engine.feature_head import FeatureHead, is_feature_head
-from .embedded import EMBEDDED_LM, load_embedded_draft, load_embedded_target
+from .embedded import EMBEDDED_HEAD, EMBEDDED_LM, load_embedded_draft, load_embedded_target
 from .errors import ModelLoadError
 from .tokens import check_token_ids, collect_eos_ids, default_device, encode_chat, resolve_dtype
 
@@ -34,10 +34,12 @@ EMBEDDED = "embedded"
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
-        Preset(EMBEDDED, EMBEDDED, EMBEDDED, "SmolLM2-135M-Instruct (packaged GGUF) + the feature-level draft head "
-               "trained for it; works offline"),
-        Preset(EMBEDDED_LM, EMBEDDED, EMBEDDED_LM, "SmolLM2-135M-Instruct + the previous draft, a 4-layer 8 M-parameter "
-               "LM; works offline"),
+        Preset(EMBEDDED, EMBEDDED, EMBEDDED, "SmolLM2-135M-Instruct (packaged GGUF) + the packaged draft that is "
+               "accepted most often; works offline"),
+        Preset(EMBEDDED_LM, EMBEDDED, EMBEDDED_LM, "SmolLM2-135M-Instruct + the draft LM (4 layers, 8 M parameters); "
+               "works offline"),
+        Preset(EMBEDDED_HEAD, EMBEDDED, EMBEDDED_HEAD, "SmolLM2-135M-Instruct + the feature-level draft head (EAGLE, "
+               "one layer on the target's states); works offline"),
         Preset("smollm2-1.7b", "HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
         Preset("pythia-1.4b", "EleutherAI/pythia-1.4b", "EleutherAI/pythia-70m"),
         Preset("pythia-2.8b", "EleutherAI/pythia-2.8b", "EleutherAI/pythia-70m"),
@@ -159,7 +161,7 @@ def load_pair(
     draft_model = None
     vocab_size = None
     if draft is not None:
-        if draft in (EMBEDDED, EMBEDDED_LM):
+        if draft in (EMBEDDED, EMBEDDED_LM, EMBEDDED_HEAD):
             draft_model = load_embedded_draft(target_model, kind=draft, device=device, dtype=torch_dtype)
         elif is_feature_head(draft):
             draft_model = load_feature_head(draft, target_model, device, torch_dtype)
