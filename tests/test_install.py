@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGED = [
     "specdemo/models/assets/smollm2-draft/config.json",
     "specdemo/models/assets/smollm2-draft/model.safetensors",
+    "specdemo/models/assets/smollm2-head/feature_head.json",
+    "specdemo/models/assets/smollm2-head/feature_head.safetensors",
     "specdemo/bench/suite.jsonl",
     "specdemo/training/data/train_prompts.jsonl",
     "specdemo/training/data/heldout_prompts.jsonl",

@@ -39,7 +39,7 @@ HEAD_DIR = Path(str(files(__package__) / "assets" / "smollm2-head"))
 # held-out acceptance at the cost budget (the head's model card has the numbers).
 EMBEDDED_LM = "embedded-lm"
 EMBEDDED_HEAD = "embedded-head"
-DEFAULT_DRAFT = EMBEDDED_LM
+DEFAULT_DRAFT = EMBEDDED_HEAD
 
 # Bump when the conversion changes, so stale caches are not reused.
 _CACHE_VERSION = "1"
