@@ -118,3 +118,14 @@ def test_results_and_the_benchmark_name_the_drafter(head_pair):
     assert not any(m.startswith("hf-assisted") for m in parse_bench_methods(None, head_pair))
     with pytest.raises(ValueError, match="drafts with a feature head"):
         parse_bench_methods("ar,hf-assisted", head_pair)
+
+
+def test_the_benchmark_runs_a_feature_head_pair_against_transformers(head_pair):
+    from specdemo.bench.benchmark import run_benchmark
+
+    result = run_benchmark(head_pair, [{"prompt": "w5 w6 w7 w8 w9", "category": "chat"}],
+                           "ar,sd,egag,hf-generate", repeats=1, max_new_tokens=8, chat=False, warmup=False)
+    rows = result.rows
+    assert set(rows.method) == {"ar", "sd", "egag", "hf-generate"}
+    assert rows.matches_ar.dropna().all()
+    assert set(rows.loc[rows.method == "sd", "drafter"]) == {head_pair.drafter_name}

@@ -190,7 +190,9 @@ class HFRunner:
             settings.update(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, typical_p=1.0,
                             min_p=None, epsilon_cutoff=0.0, eta_cutoff=0.0)
         self.config = GenerationConfig(**settings)
-        self.draft_config = copy.deepcopy(pair.draft.generation_config) if pair.draft is not None else None
+        # Assisted generation's draft LM (a feature head is no LM and never runs here).
+        draft_config = getattr(pair.draft, "generation_config", None)
+        self.draft_config = copy.deepcopy(draft_config) if draft_config is not None else None
 
     def _config_for(self, method: str, max_new_tokens: int, prompt_length: int = 0):
         config = copy.deepcopy(self.config)
