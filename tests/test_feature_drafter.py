@@ -129,3 +129,14 @@ def test_the_benchmark_runs_a_feature_head_pair_against_transformers(head_pair):
     assert set(rows.method) == {"ar", "sd", "egag", "hf-generate"}
     assert rows.matches_ar.dropna().all()
     assert set(rows.loc[rows.method == "sd", "drafter"]) == {head_pair.drafter_name}
+
+
+def test_a_sweep_counts_what_a_head_and_its_target_are_fed(head_pair):
+    from specdemo.bench.sweep import expand_grid, run_sweep
+
+    result = run_sweep(head_pair, ["w5 w6 w7 w8 w9"], expand_grid(gamma=[2], gamma_max=[3], ema=[0]), repeats=1,
+                       max_new_tokens=10, chat=False, warmup=False)
+    rows = result.rows if hasattr(result.rows, "iterrows") else __import__("pandas").DataFrame(result.rows)
+    sd = rows[rows.method == "sd"].iloc[0]
+    assert sd.matches_ar and sd.target_forwards_per_token > 0 and sd.draft_forwards_per_token > 0
+    assert sd.draft_flops_per_token > 0 and sd.target_flops_per_token > sd.draft_flops_per_token

@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import pandas as pd
 import torch
 
+from ..engine.feature_head import FeatureHead
 from ..engine.methods import METHODS
 from ..engine.params import DecodeParams
 from .runners import run_ours
@@ -201,6 +202,8 @@ def expand_grid(
 def matmul_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(body, head) parameter counts that multiply activations: every weight once, less
     the input embedding (a lookup) unless it is tied to the output head."""
+    if isinstance(model, FeatureHead):  # its own layer, then the target's LM-head rows of its subset
+        return sum(p.numel() for p in model.parameters()), model.config.subset_size * model.config.hidden_size
     params = {p.data_ptr(): p.numel() for p in model.parameters()}
     total = sum(params.values())
     inputs, head = model.get_input_embeddings(), model.get_output_embeddings()
@@ -212,20 +215,37 @@ def matmul_parameters(model: torch.nn.Module) -> tuple[int, int]:
 
 
 class _FedCounter:
-    """Counts the forwards, tokens and asked-for logits that one model is fed, by a hook."""
+    """Counts the forwards, tokens and logit rows that one model is fed, by hooks on its decoder
+    body and its output head (so a forward that calls them directly counts too)."""
 
     def __init__(self, model: torch.nn.Module | None):
-        self.calls: list[tuple[int, int]] = []
+        self.calls: list[list[int]] = []  # [tokens fed, logit rows computed] per forward
         self.body, self.head = matmul_parameters(model) if model is not None else (0, 0)
-        self._handle = (model.register_forward_pre_hook(self._hook, with_kwargs=True)
-                        if model is not None else None)
+        self._handles = []
+        if model is None:
+            return
+        if isinstance(model, FeatureHead):
+            self._handles.append(model.register_forward_pre_hook(self._head_hook, with_kwargs=True))
+            return
+        self._handles.append(model.get_decoder().register_forward_pre_hook(self._body_hook, with_kwargs=True))
+        output = model.get_output_embeddings()
+        if output is not None:
+            self._handles.append(output.register_forward_pre_hook(self._logits_hook))
 
-    def _hook(self, module, args, kwargs):
+    def _body_hook(self, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is not None:
-            tokens = int(ids.shape[-1])
-            keep = kwargs.get("logits_to_keep") or 0
-            self.calls.append((tokens, min(int(keep), tokens) if isinstance(keep, int) and keep > 0 else tokens))
+            self.calls.append([int(ids.shape[-1]), 0])
+
+    def _logits_hook(self, module, args):
+        if self.calls and args:
+            hidden = args[0]
+            self.calls[-1][1] += int(hidden.shape[-2]) if hidden.dim() >= 2 else 1
+
+    def _head_hook(self, module, args, kwargs):
+        features = kwargs.get("features", args[0] if args else None)
+        if features is not None:
+            self.calls.append([int(features.shape[-2]), 1])  # one position's subset logits a step
 
     def decoding(self, prefill_calls: int) -> tuple[int, int, float]:
         """(forwards, tokens fed, FLOPs) after the first prefill_calls calls."""
@@ -235,8 +255,9 @@ class _FedCounter:
         return len(calls), tokens, flops
 
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
 
 # --------------------------------------------------------------------------- the run
