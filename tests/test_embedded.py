@@ -89,7 +89,7 @@ def test_draft_has_the_target_vocab_and_is_accepted_often(target):
     from specdemo.training import train_draft
 
     model, tokenizer, _ = target
-    draft = embedded.load_embedded_draft()
+    draft = embedded.load_embedded_draft(kind="embedded-lm")
     assert draft.config.vocab_size == model.config.vocab_size
     assert draft.dtype == torch.float32
     prompts = train_draft.read_prompts(train_draft.HELDOUT_PROMPTS)[:3]

@@ -41,7 +41,7 @@ from ..models.tokens import collect_eos_ids, default_device, encode_chat
 DATA_DIR = Path(str(files(__package__) / "data"))
 TRAIN_PROMPTS = DATA_DIR / "train_prompts.jsonl"
 HELDOUT_PROMPTS = DATA_DIR / "heldout_prompts.jsonl"
-DEFAULT_OUTPUT = DRAFT_DIR  # inside the package, where load_pair("embedded") reads it
+DEFAULT_OUTPUT = DRAFT_DIR  # inside the package, where load_pair("embedded-lm") reads it
 
 # Defaults that depend on where the script runs. A 2-core CPU cannot generate thousands of
 # answers in an hour, a GPU does it in a minute or two; explicit flags always win.
