@@ -41,15 +41,15 @@ def register(method: Method) -> Method:
 
 register(Method("ar", "AR", False, "the target alone, one token per forward",
                 lambda pair, p: (None, FixedGamma(0))))
-register(Method("sd", "SD", True, "draft model, fixed γ",
+register(Method("sd", "SD", True, "the pair's draft (a model or a feature head), fixed γ",
                 lambda pair, p: (_model_drafter(pair), FixedGamma(p.gamma))))
 register(Method("nasd", "NASD", False, "n-gram table drafts, fixed γ",
                 lambda pair, p: (NgramDrafter(p.ngram_n, p.ngram_storage, p.top_k_filler), FixedGamma(p.gamma))))
-register(Method("egag", "EGAG", True, "draft model, γ from the drafter's entropy",
+register(Method("egag", "EGAG", True, "the pair's draft, γ from the drafter's entropy",
                 lambda pair, p: (_model_drafter(pair), EntropyGamma(p.gamma_min, p.gamma_max, p.ema))))
-register(Method("sd-heuristic", "SD (+2/−1)", True, "draft model, transformers' +2/−1 γ schedule",
+register(Method("sd-heuristic", "SD (+2/−1)", True, "the pair's draft, transformers' +2/−1 γ schedule",
                 lambda pair, p: (_model_drafter(pair), HeuristicGamma(p.gamma))))
-register(Method("sd-confidence", "SD (confidence)", True, "draft model, stop drafting when its top probability < 0.4",
+register(Method("sd-confidence", "SD (confidence)", True, "the pair's draft, stop drafting when its top probability < 0.4",
                 lambda pair, p: (_model_drafter(pair), ConfidenceStop(p.gamma_max))))
 
 DEFAULT_METHODS = ("ar", "sd", "nasd", "egag")
