@@ -13,22 +13,12 @@ from ..bench.report import write_outputs
 from ..bench.roofline import add_roofline, parse_bandwidth
 from ..bench.runners import DEFAULT_BENCH_METHODS, bench_methods, parse_bench_methods
 from ..bench.suite import ALL, DEFAULT_SUITE, load_suite, select_prompts
-from .common import (add_decoding_arguments, add_model_arguments, decode_params, default_chat, engine_options,
-                     pair_from_args)
+from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, decode_params, default_chat,
+                     engine_options, pair_from_args)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    suite = parser.add_argument_group("suite")
-    suite.add_argument("--suite", default=None,
-                       help="JSONL, one {\"prompt\": ..., \"category\": ...} a line (optional \"id\", \"messages\"); "
-                            "default: the 50-prompt suite that ships with specdemo")
-    suite.add_argument("--categories", default=None, help="comma-separated categories to run (default: all of them)")
-    suite.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
-    suite.add_argument("--repeats", type=int, default=3, help="timed runs of every (prompt, method) (default: 3)")
-    suite.add_argument("--no-warmup", dest="warmup", action="store_false",
-                       help="skip the untimed warm-up run of each method (by default each method has one)")
-    suite.add_argument("--threads", type=int, default=None,
-                       help="torch CPU threads (default: torch's choice); 1 is steadier on a busy shared CPU")
+    add_suite_arguments(parser, repeats=3, what="(prompt, method)")
     add_model_arguments(parser)
     add_decoding_arguments(parser, methods_default=DEFAULT_BENCH_METHODS, methods_known=list(bench_methods()))
     bound = parser.add_argument_group("roofline")

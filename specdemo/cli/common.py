@@ -88,3 +88,18 @@ def pair_from_args(args: argparse.Namespace):
     if args.target:
         return load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
     return load_pair(args.pair or EMBEDDED, device=args.device, dtype=args.dtype)
+
+
+def add_suite_arguments(parser: argparse.ArgumentParser, repeats: int, what: str) -> None:
+    """--suite, --categories, --limit, --repeats, --no-warmup and --threads (bench and sweep)."""
+    suite = parser.add_argument_group("suite")
+    suite.add_argument("--suite", default=None,
+                       help="JSONL, one {\"prompt\": ..., \"category\": ...} a line (optional \"id\", \"messages\"); "
+                            "default: the suite that ships with specdemo")
+    suite.add_argument("--categories", default=None, help="comma-separated categories to run (default: all of them)")
+    suite.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
+    suite.add_argument("--repeats", type=int, default=repeats, help=f"runs of every {what} (default: {repeats})")
+    suite.add_argument("--no-warmup", dest="warmup", action="store_false",
+                       help="skip the untimed warm-up run of each method (by default each method has one)")
+    suite.add_argument("--threads", type=int, default=None,
+                       help="torch CPU threads (default: torch's choice); 1 is steadier on a busy shared CPU")

@@ -13,7 +13,8 @@ from ..bench.sweep import (
     DEFAULT_EMAS, DEFAULT_GAMMA_MAXES, DEFAULT_GAMMAS, SWEEP_METHODS, SweepResult, expand_grid, run_sweep,
     write_outputs,
 )
-from .common import add_decoding_arguments, add_model_arguments, decode_params, default_chat, pair_from_args
+from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, decode_params, default_chat,
+                     pair_from_args)
 
 GRID_PARAMS = ("gamma", "gamma_max", "ema", "ngram_n")  # lists here, single values elsewhere
 SHOWN = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s", "acceptance_rate",
@@ -26,17 +27,7 @@ def _csv(values) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    suite = parser.add_argument_group("suite")
-    suite.add_argument("--suite", default=None,
-                       help="JSONL, one {\"prompt\": ..., \"category\": ...} a line (optional \"id\", \"messages\"); "
-                            "default: the suite that ships with specdemo")
-    suite.add_argument("--categories", default=None, help="comma-separated categories to run (default: all of them)")
-    suite.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
-    suite.add_argument("--repeats", type=int, default=2, help="runs of every (prompt, setting) (default: 2)")
-    suite.add_argument("--no-warmup", dest="warmup", action="store_false",
-                       help="skip the untimed warm-up run of each method (by default each method has one)")
-    suite.add_argument("--threads", type=int, default=None,
-                       help="torch CPU threads (default: torch's choice); 1 is steadier on a busy shared CPU")
+    add_suite_arguments(parser, repeats=2, what="(prompt, setting)")
     grid = parser.add_argument_group("grid (comma-separated values; AR always runs)")
     grid.add_argument("--methods", default=None,
                       help=f"which of {', '.join(SWEEP_METHODS)} to sweep (default: each whose grid is given; "
