@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..models.tokens import collect_eos_ids, encode_messages
 from . import prompts as request_source
 
 TOPK = 16
@@ -50,16 +51,8 @@ def default_dir() -> Path:
 
 
 def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def stop_ids(model, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if source is not None:
-            ids.update(source if isinstance(source, (list, tuple)) else [source])
-    return ids
+    """A stored request ({"role", "content"} turns) through the chat template."""
+    return encode_messages(tokenizer, [(m["role"], m["content"]) for m in messages])
 
 
 @dataclass
@@ -281,7 +274,7 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
     """Grow the corpus under `out` until the requests run out, `minutes` pass or `max_shards` exist."""
     deadline = None if minutes is None else time.monotonic() + 60 * minutes
     corpus = Corpus(out)
-    stops = stop_ids(model, tokenizer)
+    stops = collect_eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     extra = []
     if not corpus.requests_path.exists():
