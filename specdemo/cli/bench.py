@@ -14,7 +14,7 @@ from ..bench.roofline import add_roofline, parse_bandwidth
 from ..bench.runners import DEFAULT_BENCH_METHODS, bench_methods, parse_bench_methods
 from ..bench.suite import ALL, DEFAULT_SUITE, load_suite, select_prompts
 from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, decode_params, default_chat,
-                     engine_options, pair_from_args)
+                     engine_options, pair_from_args, progress_bar)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,23 +61,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bench_with(args, params, engine, methods, suite) -> int:
-    from tqdm.auto import tqdm
-
     pair = pair_from_args(args)
-    bar = None if args.quiet else tqdm(total=1, unit="run", dynamic_ncols=True)
-
-    def progress(done: int, total: int, message: str) -> None:
-        if bar is not None:
-            bar.total = total
-            bar.update(done - bar.n)
-            bar.set_postfix_str(message, refresh=False)
-
-    try:
+    with progress_bar(args.quiet) as progress:
         result = run_benchmark(pair, suite, methods, repeats=args.repeats, warmup=args.warmup,
                                progress=progress, decode=params, **engine.as_kwargs())
-    finally:
-        if bar is not None:
-            bar.close()
     roofline_lines = add_roofline(result, pair, args.bandwidth) if args.roofline or args.bandwidth else []
     summary_csv = args.summary_csv
     if args.csv and not summary_csv:

@@ -5,6 +5,7 @@ engine options, the latter two generated from `specdemo.engine.params.SCHEMA` an
 from __future__ import annotations
 
 import argparse
+import contextlib
 from typing import Sequence
 
 from ..engine.methods import DEFAULT_METHODS, METHODS
@@ -103,3 +104,24 @@ def add_suite_arguments(parser: argparse.ArgumentParser, repeats: int, what: str
                        help="skip the untimed warm-up run of each method (by default each method has one)")
     suite.add_argument("--threads", type=int, default=None,
                        help="torch CPU threads (default: torch's choice); 1 is steadier on a busy shared CPU")
+
+
+@contextlib.contextmanager
+def progress_bar(quiet: bool):
+    """A tqdm bar fed by the runners' progress(done, total, message) callback (None when quiet)."""
+    if quiet:
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=1, unit="run", dynamic_ncols=True)
+
+    def progress(done: int, total: int, message: str) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+        bar.set_postfix_str(message, refresh=False)
+
+    try:
+        yield progress
+    finally:
+        bar.close()

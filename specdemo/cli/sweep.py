@@ -14,7 +14,7 @@ from ..bench.sweep import (
     write_outputs,
 )
 from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, decode_params, default_chat,
-                     pair_from_args)
+                     pair_from_args, progress_bar)
 
 GRID_PARAMS = ("gamma", "gamma_max", "ema", "ngram_n")  # lists here, single values elsewhere
 SHOWN = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s", "acceptance_rate",
@@ -73,23 +73,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _sweep_with(args, params, settings, suite) -> int:
-    from tqdm.auto import tqdm
-
     pair = pair_from_args(args)
-    bar = None if args.quiet else tqdm(total=1, unit="run", dynamic_ncols=True)
-
-    def progress(done: int, total: int, message: str) -> None:
-        if bar is not None:
-            bar.total = total
-            bar.update(done - bar.n)
-            bar.set_postfix_str(message, refresh=False)
-
-    try:
+    with progress_bar(args.quiet) as progress:
         result = run_sweep(pair, suite, settings, repeats=args.repeats, warmup=args.warmup, progress=progress,
                            **params.as_dict())
-    finally:
-        if bar is not None:
-            bar.close()
     print_summary(result)
     summary_csv = args.summary_csv
     if args.csv and not summary_csv:
