@@ -82,8 +82,8 @@ def split_by_request(sequences: list[Sequence], validation: float, seed: int):
     return [s for s in sequences if s.request not in held], [s for s in sequences if s.request in held]
 
 
-def batches(sequences: list[Sequence], tokens_per_batch: int, rng: random.Random | None):
-    """Right-padded batches of similar lengths, about `tokens_per_batch` tokens each."""
+def length_groups(sequences: list[Sequence], tokens_per_batch: int) -> list[list[int]]:
+    """Indices of sequences of similar lengths, about `tokens_per_batch` padded tokens a group."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].ids))
     groups, group, width = [], [], 0
     for i in order:
@@ -95,6 +95,12 @@ def batches(sequences: list[Sequence], tokens_per_batch: int, rng: random.Random
         width = width_if
     if group:
         groups.append(group)
+    return groups
+
+
+def batches(sequences: list[Sequence], tokens_per_batch: int, rng: random.Random | None):
+    """Right-padded batches of similar lengths, about `tokens_per_batch` tokens each (shuffled with rng)."""
+    groups = length_groups(sequences, tokens_per_batch)
     if rng is not None:
         rng.shuffle(groups)
     for group in groups:
@@ -183,7 +189,7 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
     lm_head = target.get_output_embeddings().weight.detach()
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
-    steps_per_epoch = sum(1 for _ in batches(train, tokens_per_batch, None))
+    steps_per_epoch = len(length_groups(train, tokens_per_batch))
     total_steps = max(1, int(steps_per_epoch * epochs))
     deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
     train_tokens = sum(int(s.ids.numel() - s.answer_start) for s in train)
