@@ -89,3 +89,15 @@ def test_head_trains_on_the_corpus_and_improves_agreement(tmp_path):
     assert trained[0] > untrained[0]
     head.save(tmp_path / "head", extra={"training": info})
     assert (tmp_path / "head" / "feature_head.json").is_file()
+
+
+def test_workers_split_the_shards_between_them(tmp_path):
+    model, tokenizer = load_tiny(tmp_path)
+    out = tmp_path / "corpus"
+    for worker in (1, 0):
+        corpus_module.build(model, tokenizer, out, prompts=40, self_instruct_count=3, batch=6, derived_per_shard=2,
+                            max_new_tokens=4, max_shards=4, worker=worker, workers=2, log=lambda m: None)
+        written = sorted(p.name for p in corpus_module.Corpus(out).shards())
+        if worker == 1:
+            assert written == ["shard-00001.pt", "shard-00003.pt"]
+    assert written == [f"shard-{i:05d}.pt" for i in range(4)]

@@ -270,8 +270,13 @@ def derived_requests(corpus: Corpus, tokenizer, index: int, lag: int, count: int
 
 def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_count: int = 1500, batch: int = 64,
           derived_per_shard: int = 16, max_new_tokens: int = 128, sample_every: int = 4, max_prompt_tokens: int = 512,
-          minutes: float | None = None, max_shards: int | None = None, seed: int = 0, log=print) -> dict:
-    """Grow the corpus under `out` until the requests run out, `minutes` pass or `max_shards` exist."""
+          minutes: float | None = None, max_shards: int | None = None, seed: int = 0, worker: int = 0,
+          workers: int = 1, log=print) -> dict:
+    """Grow the corpus under `out` until the requests run out, `minutes` pass or `max_shards` exist.
+
+    With `workers` > 1, this process writes only the shards whose index is `worker` modulo
+    `workers`, so several processes (one per core) grow one corpus without writing the same shard.
+    """
     deadline = None if minutes is None else time.monotonic() + 60 * minutes
     corpus = Corpus(out)
     stops = collect_eos_ids(model, tokenizer)
@@ -289,7 +294,7 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
         if deadline is not None and time.monotonic() > deadline:
             log("time is up; run again to go on")
             break
-        if corpus.shard_path(index).exists():
+        if corpus.shard_path(index).exists() or index % workers != worker:
             index += 1
             continue
         started = time.monotonic()
@@ -346,14 +351,18 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1, help="processes growing this corpus together")
+    parser.add_argument("--worker", type=int, default=0, help="this process's index among --workers")
     args = parser.parse_args(argv)
+    if not 0 <= args.worker < args.workers:
+        parser.error("--worker must be in 0 .. --workers - 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_teacher(args.target, args.device, getattr(torch, args.dtype))
     manifest = build(model, tokenizer, args.out, prompts=args.prompts, self_instruct_count=args.self_instruct,
                      batch=args.batch, derived_per_shard=args.derived_per_shard, max_new_tokens=args.max_new_tokens,
                      sample_every=args.sample_every, minutes=args.minutes, max_shards=args.max_shards, seed=args.seed,
-                     log=lambda m: print(m, flush=True))
+                     worker=args.worker, workers=args.workers, log=lambda m: print(m, flush=True))
     print(json.dumps(manifest))
     return 0
 

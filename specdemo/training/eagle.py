@@ -113,6 +113,7 @@ def collate(seqs: list[Sequence]) -> dict:
     features = torch.zeros(len(seqs), width, d)
     next_ids = torch.zeros(len(seqs), width, dtype=torch.long)
     loss_mask = torch.zeros(len(seqs), width, dtype=torch.bool)
+    prompt_mask = torch.zeros(len(seqs), width, dtype=torch.bool)
     for row, s in enumerate(seqs):
         n = len(s.ids) - 1
         features[row, :n] = s.features[:n].float()
@@ -120,12 +121,16 @@ def collate(seqs: list[Sequence]) -> dict:
         # input j predicts f_{j+1}; it must exist (j+1 <= L-2) and predict an answer token
         # (x_{j+2} with j+2 >= answer_start).
         loss_mask[row, max(0, s.answer_start - 2) : n - 1] = True
-    return {"features": features, "next_ids": next_ids, "loss_mask": loss_mask}
+        # The request's own positions: text the target read rather than wrote.
+        prompt_mask[row, : max(0, s.answer_start - 2)] = True
+    return {"features": features, "next_ids": next_ids, "loss_mask": loss_mask, "prompt_mask": prompt_mask}
 
 
 def head_losses(head: FeatureHead, batch: dict, *, noise: float, unroll: int, cls_weight: float,
-                step_weights=(1.0, 0.7)) -> tuple[torch.Tensor, dict]:
+                step_weights=(1.0, 0.7), prompt_loss: bool = False) -> tuple[torch.Tensor, dict]:
     features, next_ids, mask = batch["features"], batch["next_ids"], batch["loss_mask"]
+    if prompt_loss:  # fixed text the target only read still shows how its features move
+        mask = mask | batch["prompt_mask"]
     b, t, _ = features.shape
     positions = torch.arange(1, t + 1)
     targets = features[:, 1:]  # f_{j+1} for inputs j = 0..t-2
@@ -174,7 +179,7 @@ def agreement(head: FeatureHead, sequences: list[Sequence], lm_head: torch.Tenso
 def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, epochs: float = 3.0,
                tokens_per_batch: int = 4096, lr: float = 1e-3, noise: float = 0.05, unroll: int = 2,
                cls_weight: float = 0.1, validation: float = 0.04, seed: int = 0, max_minutes: float | None = None,
-               init: str = "random", log=print) -> tuple[FeatureHead, dict]:
+               init: str = "random", prompt_loss: bool = False, log=print) -> tuple[FeatureHead, dict]:
     torch.manual_seed(seed)
     rng = random.Random(seed)
     train, val = split_by_request(sequences, validation, seed)
@@ -206,7 +211,8 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
             warm = min(1.0, (step + 1) / warmup_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total_steps)))
-            loss, logs = head_losses(head, batch, noise=noise, unroll=unroll, cls_weight=cls_weight)
+            loss, logs = head_losses(head, batch, noise=noise, unroll=unroll, cls_weight=cls_weight,
+                                     prompt_loss=prompt_loss)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -231,6 +237,7 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
             "validation_agreement_step1": best["agreement"][0], "validation_agreement_step2": best["agreement"][-1],
             "best_step": best["step"], "steps": step, "subset_size": subset_size, "epochs": epochs,
             "noise": noise, "unroll": unroll, "cls_weight": cls_weight, "lr": lr, "init": init,
+            "prompt_loss": prompt_loss,
             "tokens_per_batch": tokens_per_batch,
             "train_seconds": round(time.monotonic() - started, 1)}
     return head.eval(), info
@@ -253,6 +260,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cls-weight", type=float, default=0.1, help="weight of the distribution loss")
     parser.add_argument("--init", choices=["target", "random"], default="random",
                         help="start the decoder layer from the target's last layer, or at random")
+    parser.add_argument("--prompt-loss", action="store_true",
+                        help="also learn from the request's positions, not only from the answer's")
     parser.add_argument("--max-minutes", type=float)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--seed", type=int, default=0)
@@ -266,6 +275,7 @@ def main(argv=None) -> int:
     head, info = train_head(target, sequences, subset_size=args.subset, epochs=args.epochs,
                             tokens_per_batch=args.tokens_per_batch, lr=args.lr, noise=args.noise,
                             unroll=args.unroll, cls_weight=args.cls_weight, init=args.init, seed=args.seed,
+                            prompt_loss=args.prompt_loss,
                             max_minutes=args.max_minutes,
                             log=lambda m: print(m, flush=True))
     info["fraction"] = args.fraction
