@@ -63,6 +63,24 @@ def lm_draft_cost(pair_lm, calls: int = 60, context: int = 96) -> float:
     return statistics.median(times["d"]) / statistics.median(times["t"])
 
 
+def extrapolate(rows: list[dict], key: str, goal: float) -> dict | None:
+    """A straight line through (log2 training tokens, rows[key]): its gain per doubling of the
+    data and the training tokens at which it reaches `goal`. None with fewer than two sizes or
+    a line that does not rise. A straight line in log-tokens is the optimistic reading of a
+    curve that usually bends down, so the tokens it names are a lower bound."""
+    import numpy as np
+
+    sizes = sorted({r["train_answer_tokens"] for r in rows})
+    if len(sizes) < 2:
+        return None
+    x = np.log2([r["train_answer_tokens"] for r in rows])
+    slope, intercept = np.polyfit(x, [r[key] for r in rows], 1)
+    if slope <= 0:
+        return None
+    return {"measure": key, "goal": goal, "gain_per_doubling": round(float(slope), 4),
+            "tokens_needed": int(2 ** ((goal - intercept) / slope))}
+
+
 def figure(rows: list[dict], lm_point: dict | None):
     import plotly.graph_objects as go
 
@@ -145,13 +163,15 @@ def main(argv=None) -> int:
 
     previous = args.out / "curve.csv"
     if args.append and previous.is_file():  # slices measured by an earlier (or a parallel) run
-        mine = {r["fraction"] for r in rows}
-        rows += [r for r in pd.read_csv(previous).to_dict("records") if r["fraction"] not in mine]
+        mine = {r["train_answer_tokens"] for r in rows}
+        rows += [r for r in pd.read_csv(previous).to_dict("records") if r["train_answer_tokens"] not in mine]
     rows.sort(key=lambda r: r["train_answer_tokens"])
     pd.DataFrame(rows).to_csv(args.out / "curve.csv", index=False)
     figure(rows, lm_point).write_html(args.out / "curve.html", include_plotlyjs="cdn")
     summary = {"curve": rows, "previous_draft_lm": lm_point, "corpus": corpus.manifest(),
                "held_out_prompts": len(answers), "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
+               "extrapolation": [e for e in (extrapolate(rows, "acceptance", 0.40),
+                                             extrapolate(rows, "tokens_per_round", 2.6)) if e],
                "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
                            "torch": torch.__version__, "python": sys.version.split()[0]},
                "command": "python -m specdemo.training.curve " + " ".join(
