@@ -8,11 +8,11 @@ accept). AR's rounds draft nothing.
 from __future__ import annotations
 
 import random
-import time
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
+from .clock import phase_clock
 from .drafters import Drafter, NgramDrafter, Proposal
 from .lm import CACHE_KINDS, CachedLM, buckets_up_to
 from .methods import get_method
@@ -87,7 +87,7 @@ def _rounds(
     generator.manual_seed(seed)
     eos_ids = pair.eos_ids
     sequence = list(result.prompt_ids)
-    clock = _Clock(device)
+    clock = phase_clock(device)
     # A static cache holds the whole generation; the slack covers padded verification.
     longest_round = max(params.gamma, params.gamma_max) + 1
     max_length = len(sequence) + params.max_new_tokens + longest_round
@@ -112,7 +112,7 @@ def _rounds(
                 target.prefill(sequence[:-1])
                 if drafter is not None:
                     drafter.start(sequence)
-            result.prefill_seconds = clock.lap()
+            (result.prefill_seconds,) = clock.stop(wait=True)
             prefill_forwards = target.forwards
             engine_seconds = result.prefill_seconds
             if compile:
@@ -129,7 +129,7 @@ def _rounds(
                     # Leave room for the target's own token so a round never overshoots.
                     proposal = drafter.propose(sequence, policy, remaining - 1, sampling, generator)
                 drafts, draft_probs = _cut_after_eos(proposal, eos_ids)
-                draft_seconds = clock.lap()
+                clock.lap()
 
                 n_verified = len(drafts) + 1
                 target_logits = target.logits(sequence + drafts, n_verified, n_verified if reads_features else 0)
@@ -149,7 +149,7 @@ def _rounds(
                 elif drafter is not None:
                     drafter.observe(sequence, verified_from, target_logits[: verdict.accepted + 1])
                 policy.update(len(drafts), verdict.accepted)
-                verify_seconds = clock.lap()
+                draft_seconds, verify_seconds = clock.stop()
                 engine_seconds += draft_seconds + verify_seconds
 
                 round_ = Round(
@@ -218,23 +218,3 @@ def token_text(tokenizer, sequence: list[int], position: int, floor: int = 0) ->
         return upto[len(before) :]
     return tokenizer.decode([sequence[position]])
 
-
-class _Clock:
-    """Wall-clock laps that wait for the device, so GPU time is not misattributed."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.t = 0.0
-
-    def _now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def start(self) -> None:
-        self.t = self._now()
-
-    def lap(self) -> float:
-        now = self._now()
-        elapsed, self.t = now - self.t, now
-        return elapsed
