@@ -88,14 +88,12 @@ def test_first_two_tokens_follow_the_target_distribution(small_vocab_pair, metho
 def test_a_biased_correction_token_would_fail_this_test(small_vocab_pair, monkeypatch):
     """Redraw the correction from p instead of the residual (a known NASD bug): the test must notice."""
     import specdemo.engine.decoding as decoding
-    from specdemo.engine.sampling import Verdict, verify
+    from specdemo.engine.sampling import verify_on_device
 
     def biased_verify(target_probs, drafts, draft_probs, config, generator=None):
-        verdict = verify(target_probs, drafts, draft_probs, config, generator)
-        if verdict.accepted < len(drafts):
-            redrawn = torch.multinomial(target_probs[verdict.accepted], 1, generator=generator)
-            return Verdict(verdict.accepted, int(redrawn))
-        return verdict
+        accepted, next_token = verify_on_device(target_probs, drafts, draft_probs, config, generator)
+        redrawn = torch.multinomial(target_probs[accepted], 1, generator=generator)[0]
+        return torch.stack([accepted, torch.where(accepted < len(drafts), redrawn, next_token)])
 
-    monkeypatch.setattr(decoding, "verify", biased_verify)
+    monkeypatch.setattr(decoding, "verify_on_device", biased_verify)
     assert joint_p_value(small_vocab_pair, "nasd", {"temperature": 1.0}) < 1e-3

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 
 from .clock import phase_clock
-from .drafters import Drafter, NgramDrafter, Proposal
+from .drafters import Drafter, NgramDrafter, Proposal, top_ids
 from .lm import CACHE_KINDS, CachedLM, buckets_up_to
 from .methods import get_method
 from .params import DecodeParams, EngineOptions
-from .sampling import probabilities, verify
+from .sampling import probabilities, verify_on_device
 from .tokens import cut_at_eos
 from .trace import GenerationResult, Round, TokenRecord
 
@@ -99,6 +99,7 @@ def _rounds(
         # The drafter feeds one token at a time, and one or two to catch up after a round.
         drafter.use_cache(cache, max_length, compile=compile, buckets=(1, 2))
     reads_features = drafter is not None and getattr(drafter, "reads_target_features", False)
+    target_top_k = getattr(drafter, "target_top_k", 0)
     result.cache = cache
     result.drafter = describe_drafter(pair, drafter, params)
     result.compile_seconds = 0.0  # compile and warm-up, outside every timed phase
@@ -124,38 +125,43 @@ def _rounds(
                 remaining = params.max_new_tokens - len(result.tokens)
                 clock.start()
                 if drafter is None:
-                    proposal = Proposal(0, [], None, [], None)
+                    proposal = Proposal.empty(0, device)
                 else:
                     # Leave room for the target's own token so a round never overshoots.
                     proposal = drafter.propose(sequence, policy, remaining - 1, sampling, generator)
-                drafts, draft_probs = _cut_after_eos(proposal, eos_ids)
                 clock.lap()
 
-                n_verified = len(drafts) + 1
-                target_logits = target.logits(sequence + drafts, n_verified, n_verified if reads_features else 0)
+                # Nothing comes back to the host until the round's one read: the target verifies
+                # every draft from the device, an EOS among them included (cut below).
+                n_verified = len(proposal.tokens) + 1
+                target_logits = target.logits(sequence, n_verified, n_verified if reads_features else 0,
+                                              then=proposal.tokens)
                 target_scores = target_logits if sampling.greedy else probabilities(target_logits, sampling)
-                verdict = verify(
-                    target_scores, torch.tensor(drafts, device=device, dtype=torch.long), draft_probs, sampling, generator
-                )
-                kept = drafts[: verdict.accepted]
-                ended_by_draft_eos = bool(kept) and kept[-1] in eos_ids
-                next_token = None if ended_by_draft_eos else verdict.next_token
-                new_tokens = kept + ([] if next_token is None else [next_token])
+                verdict = verify_on_device(target_scores, proposal.tokens, proposal.draft_probs, sampling, generator)
+                target_top = top_ids(target_logits, target_top_k) if target_top_k else None
+                (accepted, next_token), drafted, entropies, target_top = read_together(
+                    verdict, proposal.tokens, proposal.entropies, target_top)
+                target.note_fed(drafted)
+                drafts, accepted, next_token = _cut_at_eos(drafted, accepted, next_token, eos_ids)
+                new_tokens = drafts[:accepted] + ([] if next_token is None else [next_token])
                 verified_from = len(sequence)
                 sequence.extend(new_tokens)
-                if reads_features:
-                    drafter.observe(sequence, verified_from, target_logits[: verdict.accepted + 1],
-                                    target.hidden[: verdict.accepted + 1])
-                elif drafter is not None:
-                    drafter.observe(sequence, verified_from, target_logits[: verdict.accepted + 1])
-                policy.update(len(drafts), verdict.accepted)
+                if drafter is not None:
+                    seen = accepted + 1  # the positions the target verified that the output keeps
+                    extras = {}
+                    if reads_features:
+                        extras["target_features"] = target.hidden[:seen]
+                    if target_top_k:
+                        extras["target_top"] = target_top[:seen]
+                    drafter.observe(sequence, verified_from, target_logits[:seen], **extras)
+                policy.update(len(drafts), accepted)
                 draft_seconds, verify_seconds = clock.stop()
                 engine_seconds += draft_seconds + verify_seconds
 
                 round_ = Round(
                     index=len(result.rounds), gamma=proposal.gamma, entropy=proposal.round_entropy,
-                    drafted=drafts, accepted=verdict.accepted, next_token=next_token,
-                    draft_entropies=proposal.entropies[: len(drafts)], draft_seconds=draft_seconds,
+                    drafted=drafts, accepted=accepted, next_token=next_token,
+                    draft_entropies=entropies[: len(drafts)], draft_seconds=draft_seconds,
                     verify_seconds=verify_seconds, end_seconds=engine_seconds, new_tokens=new_tokens,
                 )
                 _record(result, round_, pair, sequence)
@@ -179,6 +185,36 @@ def _rounds(
             drafter.close()
 
 
+def read_together(*parts: torch.Tensor | None) -> list[list]:
+    """Device tensors as host lists, like `tolist()`, in one read (one synchronisation on a GPU);
+    [] for None. They travel as float64, which holds token ids (below 2^53) and float32 values
+    exactly; integer tensors come back as ints."""
+    present = [p for p in parts if p is not None]
+    values = torch.cat([p.reshape(-1).double() for p in present]).tolist() if present else []
+    lists = []
+    for part in parts:
+        if part is None:
+            lists.append([])
+            continue
+        chunk, values = values[: part.numel()], values[part.numel() :]
+        if not part.is_floating_point():
+            chunk = [int(v) for v in chunk]
+        for size in reversed(part.shape[1:]):  # back into rows
+            chunk = [chunk[i : i + size] for i in range(0, len(chunk), size)]
+        lists.append(chunk)
+    return lists
+
+
+def _cut_at_eos(drafted: list[int], accepted: int, next_token: int, eos_ids) -> tuple[list[int], int, int | None]:
+    """A verdict over every draft, read as one over the drafts up to the first EOS: those
+    drafts, how many of them the target kept, and its next token (None when a kept EOS
+    ends the output)."""
+    drafts = cut_at_eos(drafted, eos_ids)
+    accepted = min(accepted, len(drafts))
+    ended = accepted > 0 and drafts[accepted - 1] in eos_ids
+    return drafts, accepted, None if ended else next_token
+
+
 def describe_drafter(pair, drafter, params: DecodeParams) -> str:
     """The drafter as the page and the benchmark name it."""
     if drafter is None:
@@ -186,14 +222,6 @@ def describe_drafter(pair, drafter, params: DecodeParams) -> str:
     if isinstance(drafter, NgramDrafter):
         return f"n-gram table (n={params.ngram_n}, {params.ngram_storage})"
     return getattr(pair, "drafter_name", None) or type(drafter).__name__
-
-
-def _cut_after_eos(proposal: Proposal, eos_ids) -> tuple[list[int], torch.Tensor | None]:
-    drafts = cut_at_eos(proposal.tokens, eos_ids)
-    probs = proposal.draft_probs
-    if probs is not None and probs.shape[0] != len(drafts):
-        probs = probs[: len(drafts)]
-    return drafts, probs
 
 
 def _record(result: GenerationResult, round_: Round, pair: ModelPair, sequence: list[int]) -> None:
@@ -217,4 +245,3 @@ def token_text(tokenizer, sequence: list[int], position: int, floor: int = 0) ->
     if upto.startswith(before):
         return upto[len(before) :]
     return tokenizer.decode([sequence[position]])
-

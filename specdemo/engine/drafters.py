@@ -21,13 +21,22 @@ from .sampling import SamplingConfig, normalized_entropy, pick, probabilities
 @dataclass
 class Proposal:
     gamma: int  # the policy's γ for the round (the drafter may propose fewer tokens)
-    tokens: list[int]
-    draft_probs: torch.Tensor | None  # q at each draft position [len(tokens), V]; None = point mass
-    entropies: list[float]  # normalised drafter entropy at each draft position
+    tokens: torch.Tensor  # [k] draft ids on the device; k is known without reading them
+    draft_probs: torch.Tensor | None  # q at each draft position [k, V]; None = point mass
+    entropies: torch.Tensor | None  # [k] normalised drafter entropy at each draft position; None without a q
     round_entropy: float | None  # the entropy the policy set γ from, if any
+
+    @classmethod
+    def empty(cls, gamma: int = 0, device: torch.device | str | None = None,
+              round_entropy: float | None = None) -> "Proposal":
+        return cls(gamma, torch.empty(0, dtype=torch.long, device=device), None, None, round_entropy)
 
 
 class Drafter(Protocol):
+    """Proposals stay on the device: the decode loop reads a round's drafts back together with
+    the target's verdict. A drafter may set `target_top_k` > 0 to be handed, in `observe`, the
+    ids of the target's best tokens at each verified position (read back with the round too)."""
+
     def start(self, prompt_ids: list[int]) -> None: ...
 
     def propose(
@@ -37,7 +46,8 @@ class Drafter(Protocol):
 
     def observe(self, sequence: list[int], verified_from: int, target_logits: torch.Tensor) -> None:
         """The target has verified sequence[verified_from:]; target_logits[i] is its
-        next-token prediction after sequence[:verified_from + i]."""
+        next-token prediction after sequence[:verified_from + i], for i up to the number
+        of drafts it accepted."""
         ...
 
     @property
@@ -49,7 +59,11 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
     """One round of drafting from q at the first position (`probs`): γ from the policy, then up
     to min(γ, limit) picks, each fed back with `advance(token) -> q at the next position`
     (all but the last, unless the policy stops early). Returns the proposal and how many drafts
-    were fed back. One host sync for the whole round: ids and entropies travel together."""
+    were fed back.
+
+    Nothing is read back to the host but what the policy must see while drafting: the first
+    position's entropy when γ depends on it (EGAG), and the entropy and top probability at
+    each later position when the policy may stop early (one read per position)."""
     round_entropy = float(normalized_entropy(probs)) if policy.needs_first_entropy else None
     gamma = policy.round_gamma(round_entropy)
     budget = min(gamma, limit)
@@ -59,8 +73,10 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
     fed = 0
     for i in range(budget):
         entropy = normalized_entropy(probs)
-        if i > 0 and policy.needs_token_stats and not policy.keep_drafting(float(entropy), float(probs.max())):
-            break
+        if i > 0 and policy.needs_token_stats:
+            entropy_now, top_prob = torch.stack([entropy, probs.max()]).tolist()
+            if not policy.keep_drafting(entropy_now, top_prob):
+                break
         token = pick(probs, sampling, generator)
         tokens.append(token)
         dists.append(probs)
@@ -69,17 +85,16 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
             probs = advance(token)
             fed += 1
     if not tokens:
-        return Proposal(gamma, [], None, [], round_entropy), 0
-    packed = torch.stack([torch.stack(tokens).double(), torch.stack(entropies).double()]).tolist()
-    ids = [int(t) for t in packed[0]]
+        return Proposal.empty(gamma, probs.device, round_entropy), 0
     draft_probs = None if sampling.greedy else torch.stack(dists)
-    return Proposal(gamma, ids, draft_probs, packed[1], round_entropy), fed
+    return Proposal(gamma, torch.stack(tokens), draft_probs, torch.stack(entropies), round_entropy), fed
 
 
 class ModelDrafter:
     def __init__(self, model: torch.nn.Module, vocab_size: int | None = None, cache: str = "dynamic",
                  max_length: int | None = None):
         self.lm = CachedLM(model, vocab_size, cache=cache, max_length=max_length)
+        self._fed = 0  # drafts of the last proposal fed back into the cache
 
     def use_cache(self, cache: str, max_length: int | None, compile: bool = False,
                   buckets: tuple[int, ...] = (1,)) -> None:
@@ -100,15 +115,23 @@ class ModelDrafter:
 
     def propose(self, context, policy, limit, sampling, generator) -> Proposal:
         probs = probabilities(self.lm.logits(context, 1)[0], sampling)
-        proposal, fed = draft_round(
+        proposal, self._fed = draft_round(
             probs, policy, limit, sampling, generator,
             advance=lambda token: probabilities(self.lm.feed(token.view(1), 1)[0], sampling),
         )
-        self.lm.note_fed(proposal.tokens[:fed])
         return proposal
 
     def observe(self, sequence, verified_from, target_logits) -> None:
-        pass  # the cache catches up with `sequence` on the next proposal
+        # The cache holds the context, then the drafts fed back, whose ids the host has only
+        # now. Those the target accepted are the cache's to keep; the next proposal rolls back
+        # the rest and catches up with `sequence`.
+        accepted = target_logits.shape[0] - 1
+        self.lm.note_fed(sequence[verified_from : verified_from + min(self._fed, accepted)])
+
+
+def top_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """[n, k]: the ids of the k best tokens at each position of logits [n, V], best first."""
+    return torch.topk(logits, min(k, logits.shape[-1]), dim=-1).indices
 
 
 class NgramTable:
@@ -165,13 +188,21 @@ class NgramTable:
 
 
 class NgramDrafter:
-    """NASD's drafter: an n-gram table grown from the prompt and every verification."""
+    """NASD's drafter: an n-gram table grown from the prompt and every verification.
 
-    def __init__(self, n: int, storage: str = "basic", top_k_filler: int = 3):
+    The table lives on the host; the drafts go to `device` for the target to verify."""
+
+    def __init__(self, n: int, storage: str = "basic", top_k_filler: int = 3,
+                 device: torch.device | str = "cpu"):
         self.table = NgramTable(n, storage)
         self.top_k_filler = top_k_filler
+        self.device = torch.device(device)
 
     forwards = 0
+
+    @property
+    def target_top_k(self) -> int:
+        return self.top_k_filler
 
     def start(self, prompt_ids: list[int]) -> None:
         self.table.add_sequence(prompt_ids)
@@ -179,14 +210,15 @@ class NgramDrafter:
     def propose(self, context, policy, limit, sampling, generator) -> Proposal:
         gamma = policy.round_gamma(None)
         tokens = self.table.draft(context, min(gamma, limit))
-        return Proposal(gamma, tokens, None, [], None)
+        return Proposal(gamma, torch.tensor(tokens, dtype=torch.long, device=self.device), None, None, None)
 
-    def observe(self, sequence, verified_from, target_logits) -> None:
+    def observe(self, sequence, verified_from, target_logits, target_top: list[list[int]] | None = None) -> None:
+        """target_top: the target's best `target_top_k` ids at each verified position, best
+        first, when the decode loop has read them back already; else taken from target_logits."""
         self.table.add_sequence(sequence, start=verified_from)
         if self.top_k_filler <= 0:
             return
-        k = min(self.top_k_filler, target_logits.shape[-1])
-        predictions = torch.topk(target_logits, k, dim=-1).indices.tolist()
+        predictions = target_top if target_top is not None else top_ids(target_logits, self.top_k_filler).tolist()
         window = self.table.n - 1
         for i, tokens in enumerate(predictions):
             end = verified_from + i

@@ -55,7 +55,7 @@ class FeatureDrafter:
         self.cache.rollback(self.committed)
         pending = [f for f in self.pending if f is not None and f.shape[0]]
         if not pending:  # a one-token prompt: no feature to draft from until the target has run
-            return Proposal(0, [], None, [], None)
+            return Proposal.empty(0, self.head.fc.weight.device)
         known = torch.cat(pending) if len(pending) > 1 else pending[0]
         self.pending = []
         n = len(context)

@@ -248,15 +248,22 @@ class CachedLM:
         """Record ids that `feed` appended from a device tensor (read back later in one go)."""
         self.cached_ids.extend(ids)
 
-    def logits(self, sequence: list[int], n_logits: int = 1, n_hidden: int = 0) -> torch.Tensor:
-        """Logits [n_logits, V] at the last n_logits positions of `sequence` (and, with
-        n_hidden, their final hidden states in `self.hidden`)."""
+    def logits(self, sequence: list[int], n_logits: int = 1, n_hidden: int = 0,
+               then: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [n_logits, V] at the last n_logits positions of `sequence` followed by `then`
+        (and, with n_hidden, their final hidden states in `self.hidden`).
+
+        then [k]: ids on the device (a round's drafts), fed without reading them back; pass
+        them to `note_fed` once they are on the host.
+        """
+        k = 0 if then is None else then.shape[0]
         keep = _common_prefix_length(self.cached_ids, sequence)
         # At least n_logits (n_hidden) tokens must go through the model to get their outputs.
-        keep = min(keep, len(sequence) - max(n_logits, n_hidden))
+        keep = min(keep, len(sequence) + k - max(n_logits, n_hidden))
         self.rollback(keep)
         new = sequence[keep:]
-        logits = self.feed(torch.tensor(new, device=self.device), n_logits, n_hidden)
+        ids = torch.tensor(new, dtype=torch.long, device=self.device)
+        logits = self.feed(torch.cat([ids, then]) if k else ids, n_logits, n_hidden)
         self.cached_ids.extend(new)
         return logits
 

@@ -44,7 +44,8 @@ register(Method("ar", "AR", False, "the target alone, one token per forward",
 register(Method("sd", "SD", True, "the pair's draft (a model or a feature head), fixed γ",
                 lambda pair, p: (_model_drafter(pair), FixedGamma(p.gamma))))
 register(Method("nasd", "NASD", False, "n-gram table drafts, fixed γ",
-                lambda pair, p: (NgramDrafter(p.ngram_n, p.ngram_storage, p.top_k_filler), FixedGamma(p.gamma))))
+                lambda pair, p: (NgramDrafter(p.ngram_n, p.ngram_storage, p.top_k_filler, pair.device),
+                                 FixedGamma(p.gamma))))
 register(Method("egag", "EGAG", True, "the pair's draft, γ from the drafter's entropy",
                 lambda pair, p: (_model_drafter(pair), EntropyGamma(p.gamma_min, p.gamma_max, p.ema))))
 register(Method("sd-heuristic", "SD (+2/−1)", True, "the pair's draft, transformers' +2/−1 γ schedule",
