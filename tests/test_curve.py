@@ -17,3 +17,11 @@ def test_no_reading_without_two_sizes_or_without_a_rise():
     assert extrapolate([point(1000, 0.1)], "acceptance", 0.4) is None
     assert extrapolate([point(1000, 0.1), point(1000, 0.2)], "acceptance", 0.4) is None
     assert extrapolate([point(1000, 0.2), point(4000, 0.1)], "acceptance", 0.4) is None
+
+
+def test_a_round_pays_for_its_drafts_and_a_verification_that_costs_more_than_one_forward():
+    from specdemo.training.evaluate import round_speedup
+
+    assert round_speedup(2.0, 0.0, 4, 1.0) == 2.0
+    assert round_speedup(2.6, 0.1, 4, 1.766) == round(2.6 / 2.166, 3)
+    assert round_speedup(1.55, 0.073, 4, 1.66) < 1  # the embedded pair's head on a CPU: SD loses

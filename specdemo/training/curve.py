@@ -24,7 +24,7 @@ import torch
 
 from .corpus import Corpus, default_dir
 from .eagle import read_sequences, train_head
-from .evaluate import greedy_answers, heldout_acceptance, step_cost
+from .evaluate import greedy_answers, heldout_acceptance, round_speedup, step_cost, verification_cost
 from .prompts import heldout_prompts
 
 
@@ -135,6 +135,7 @@ def main(argv=None) -> int:
     else:
         answers = greedy_answers(pair, heldout_prompts(), args.max_new_tokens)
         cached.write_text(json.dumps(answers))
+    verify_cost = verification_cost(pair.target, args.gamma + 1)
     corpus = Corpus(args.corpus)
     rows = []
     head = None
@@ -146,6 +147,8 @@ def main(argv=None) -> int:
         head.save(args.out / f"head-{fraction:g}", extra={"training": {**info, "fraction": fraction}})
         point = {"fraction": fraction, **info, **heldout_acceptance(head, pair.target, answers, args.gamma),
                  **step_cost(head, pair.target)}
+        point["predicted_speedup"] = round_speedup(point["tokens_per_round"], point["cost_ratio"], args.gamma,
+                                                   verify_cost)
         rows.append(point)
         print(json.dumps(point), flush=True)
     lm_cached = args.out / f"previous-draft-{args.max_new_tokens}-{args.gamma}.json"
@@ -157,6 +160,8 @@ def main(argv=None) -> int:
         lm_point["train_answer_tokens"] = json.loads(card_path.read_text()).get("data", {}).get(
             "response_tokens", 0) if card_path.is_file() else 0
         lm_cached.write_text(json.dumps(lm_point))
+    lm_point["predicted_speedup"] = round_speedup(lm_point["tokens_per_round"], lm_point["cost_ratio"], args.gamma,
+                                                  verify_cost)
     print(json.dumps({"previous draft LM": lm_point}), flush=True)
 
     import pandas as pd
@@ -170,6 +175,7 @@ def main(argv=None) -> int:
     figure(rows, lm_point).write_html(args.out / "curve.html", include_plotlyjs="cdn")
     summary = {"curve": rows, "previous_draft_lm": lm_point, "corpus": corpus.manifest(),
                "held_out_prompts": len(answers), "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
+               "verify_cost": verify_cost,
                "extrapolation": [e for e in (extrapolate(rows, "acceptance", 0.40),
                                              extrapolate(rows, "tokens_per_round", 2.6)) if e],
                "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads,

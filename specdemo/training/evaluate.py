@@ -136,6 +136,33 @@ def step_cost(head: FeatureHead, target, context: int = 96, calls: int = 60) -> 
             "draft_macs": head.step_macs()}
 
 
+@torch.inference_mode()
+def verification_cost(target, tokens: int = 5, context: int = 96, calls: int = 40) -> float:
+    """Median seconds of a `tokens`-token target forward ÷ those of a one-token forward, interleaved.
+
+    Leviathan's speedup formula counts a verification as one forward; on a CPU it is not, and
+    a round's real cost is γ draft steps plus this."""
+    from transformers import DynamicCache
+
+    ids = torch.randint(0, target.config.vocab_size, (1, context + tokens), device=target.device)
+    cache = DynamicCache(config=target.config)
+    target(input_ids=ids[:, :context], past_key_values=cache, use_cache=True)
+    timings = {1: [], tokens: []}
+    for _ in range(calls):
+        for width in (1, tokens):
+            start = time.perf_counter()
+            target(input_ids=ids[:, context : context + width], past_key_values=cache, use_cache=True).logits.argmax(-1).tolist()
+            timings[width].append(time.perf_counter() - start)
+            cache.crop(-width)
+    return round(statistics.median(timings[tokens]) / statistics.median(timings[1]), 3)
+
+
+def round_speedup(tokens_per_round: float, cost_ratio: float, gamma: int, verify_cost: float) -> float:
+    """Predicted speedup over AR of fixed-γ rounds: new tokens per round ÷ the round's cost in
+    one-token target forwards (γ draft steps at `cost_ratio` each, one verification)."""
+    return round(tokens_per_round / (gamma * cost_ratio + verify_cost), 3)
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -152,6 +179,9 @@ def main(argv=None) -> int:
     head = FeatureHead.load(args.head).bind(pair.target)
     answers = greedy_answers(pair, heldout_prompts(), args.max_new_tokens)
     report = {**heldout_acceptance(head, pair.target, answers, args.gamma), **step_cost(head, pair.target)}
+    report["verify_cost"] = verification_cost(pair.target, args.gamma + 1)
+    report["predicted_speedup"] = round_speedup(report["tokens_per_round"], report["cost_ratio"], args.gamma,
+                                                report["verify_cost"])
     print(json.dumps(report, indent=1))
     return 0
 
