@@ -7,14 +7,28 @@ from pathlib import Path
 
 def _table(rows: list[dict]) -> str:
     lines = ["| share of the corpus | training answer tokens | requests | held-out acceptance | tokens per round | "
-             "teacher-forced agreement (step 1 / 2) | draft step ÷ target forward |",
-             "|---|---|---|---|---|---|---|"]
+             "teacher-forced agreement (step 1 / 2) | draft step ÷ target forward | predicted SD ÷ AR |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        predicted = r.get("predicted_speedup")
         lines.append(
             f"| {r['fraction']:.0%} | {r['train_answer_tokens']:,} | {r['train_requests']:,} | {r['acceptance']:.3f} | "
             f"{r['tokens_per_round']:.2f} | {r['validation_agreement_step1']:.3f} / {r['validation_agreement_step2']:.3f} | "
-            f"{r['cost_ratio']:.3f} |")
+            f"{r['cost_ratio']:.3f} | {'–' if predicted is None or predicted != predicted else f'{predicted:.2f}×'} |")
     return "\n".join(lines)
+
+
+def _reading(summary: dict) -> str:
+    """What the curve says about the data a goal needs, in words."""
+    parts = []
+    for e in summary.get("extrapolation", []):
+        name = "acceptance" if e["measure"] == "acceptance" else "tokens per round"
+        parts.append(f"{name} grew by {e['gain_per_doubling']:.3f} per doubling of the training tokens and would "
+                     f"reach {e['goal']} at about {e['tokens_needed']:,} tokens")
+    if not parts:
+        return "The curve has too few sizes (or does not rise) to read a trend from."
+    return ("Read as a straight line in log-tokens: " + "; ".join(parts)
+            + ". If the curve bends down, as learning curves usually do, the goal needs more than that.")
 
 
 def write_card(path: Path, summary: dict) -> None:
@@ -56,16 +70,25 @@ the real drafter. Cost: median of interleaved one-token calls on {machine['threa
 
 {_table(rows)}
 
+"Predicted SD ÷ AR" is tokens per round ÷ (γ × draft cost + the cost of a {summary['gamma'] + 1}-token
+verification forward), with that cost measured on the same machine: {summary.get('verify_cost', float('nan')):.2f}
+one-token forwards. Leviathan's formula counts it as one; on this CPU it is not, which is why a draft
+needs far more than one extra token per round before speculative decoding breaks even here.
+
+{_reading(summary)}
+
 The previous draft (a 4-layer, 8 M-parameter LM trained on {lm['train_answer_tokens']:,} tokens), measured the
 same way through the decode loop: acceptance {lm['acceptance']:.3f}, {lm['tokens_per_round']:.2f} tokens per round,
-cost ratio {lm['cost_ratio']:.3f}. It stays selectable as the `embedded-lm` preset.
+cost ratio {lm['cost_ratio']:.3f}{f", predicted SD ÷ AR {lm['predicted_speedup']:.2f}×" if lm.get('predicted_speedup') else ""}. It stays
+selectable as the `embedded-lm` preset.
 
 `curve.csv` beside this file holds the numbers; `curve.html` (written by the command) draws them.
 
 ## Reproduce
 
 ```bash
-python -m specdemo.training.corpus --threads 2            # grows the corpus; stop and rerun at will
+python -m specdemo.training.corpus --threads 1 --workers 2 --worker 0 &   # one process per core;
+python -m specdemo.training.corpus --threads 1 --workers 2 --worker 1     # stop and rerun at will
 {summary['command']}
 ```
 
