@@ -120,11 +120,41 @@ def test_static_path_stops_at_eos_like_dynamic(pair32, method):
         assert runs[1].stop_reason == "eos"
 
 
-@pytest.mark.parametrize("method", ["sd", "nasd", "egag"])
-def test_static_path_samples_the_same_tokens_for_the_same_seed(pair32, method):
-    runs = [specdemo.generate(pair32, PROMPTS[0], method=method, cache=cache, max_new_tokens=24, temperature=1.0,
-                              seed=11) for cache in ("dynamic", "static", "static")]
-    assert runs[0].token_ids == runs[1].token_ids == runs[2].token_ids
+SAMPLINGS = [dict(temperature=1.0), dict(temperature=1.0, top_k=5, top_p=0.9)]
+
+
+def _same_trace(a, b) -> bool:
+    """Same rounds: γ, drafts, verdicts exactly; entropies up to float32 rounding (the two caches
+    sum attention in different orders)."""
+    exact = lambda r: [(x.gamma, x.drafted, x.accepted, x.next_token) for x in r.rounds]
+    entropies = lambda r: [e for x in r.rounds for e in [x.entropy or 0.0, *x.draft_entropies]]
+    return a.token_ids == b.token_ids and exact(a) == exact(b) and entropies(a) == pytest.approx(entropies(b), abs=1e-5)
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t1", "t1-topk-topp"])
+@pytest.mark.parametrize("method", ["sd", "nasd", "egag", "sd-heuristic", "sd-confidence"])
+def test_static_path_samples_the_same_trace_for_the_same_seed(pair32, method, sampling):
+    """Same draws in the same order on both paths: γ, drafts, entropies, verdicts and tokens all agree."""
+    for prompt in PROMPTS:
+        runs = [specdemo.generate(pair32, prompt, method=method, cache=cache, max_new_tokens=24, gamma=3,
+                                  gamma_max=4, seed=11, **sampling) for cache in ("dynamic", "static", "static")]
+        assert _same_trace(runs[0], runs[1]) and _same_trace(runs[1], runs[2]), prompt
+
+
+@pytest.fixture(scope="module")
+def head32(pair32):
+    from tests.test_feature_drafter import with_head
+
+    return with_head(pair32, list(range(0, 64, 2)) + [3, 5, 7, 9])
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t1", "t1-topk-topp"])
+@pytest.mark.parametrize("method", ["sd", "egag"])
+def test_static_path_samples_the_same_trace_with_a_feature_head(head32, method, sampling):
+    for prompt in PROMPTS:
+        runs = [specdemo.generate(head32, prompt, method=method, cache=cache, max_new_tokens=24, gamma=3,
+                                  gamma_max=4, seed=5, **sampling) for cache in ("dynamic", "static")]
+        assert _same_trace(runs[0], runs[1]), prompt
 
 
 def test_compile_needs_the_static_cache(pair32):
@@ -153,9 +183,9 @@ def test_compiled_steps_give_the_same_tokens_and_compile_once(pair32):
 
 
 class _ReadCounter:
-    """Counts reads of tensor values on the host (each is a device sync on a GPU)."""
+    """Counts reads of tensor values on the host (each is a device sync on a GPU), round by round."""
 
-    NAMES = ("tolist", "item", "__bool__", "__int__", "__float__")
+    NAMES = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu")
 
     def __init__(self, monkeypatch):
         self.count = 0
@@ -163,22 +193,67 @@ class _ReadCounter:
             monkeypatch.setattr(torch.Tensor, name, self._counting(getattr(torch.Tensor, name)))
 
     def _counting(self, read):
-        def counted(tensor, *args):
+        def counted(tensor, *args, **kwargs):
             self.count += 1
-            return read(tensor, *args)
+            return read(tensor, *args, **kwargs)
 
         return counted
 
+    def per_round(self, stream) -> list[int]:
+        """Reads between one yielded round and the next (the first round's include the prefill's)."""
+        counts, before = [], self.count
+        for _ in stream:
+            counts.append(self.count - before)
+            before = self.count
+        return counts
 
-@pytest.mark.parametrize("method, reads_per_round", [("ar", 1), ("sd", 2), ("nasd", 2), ("egag", 3)])
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_host_reads_per_round_on_the_static_path(pair32, monkeypatch, method, reads_per_round, temperature):
-    """AR: the next token. SD: the drafts, then the verdict. NASD: the verdict and the target's top-k for
-    its table. EGAG: SD's two plus the entropy that sets γ."""
+
+def _reads_per_round(pair, method, monkeypatch, temperature, prompt=PROMPTS[1]):
     counter = _ReadCounter(monkeypatch)
-    stream = specdemo.iter_generate(pair32, PROMPTS[1], method=method, cache="static", max_new_tokens=30,
-                                    gamma=3, temperature=temperature, seed=2)
-    rounds = 0
-    for result in stream:
-        rounds = len(result.rounds)
-    assert counter.count <= reads_per_round * rounds, (counter.count, rounds)
+    stream = specdemo.iter_generate(pair, prompt, method=method, cache="static", max_new_tokens=30,
+                                    gamma=3, gamma_max=4, temperature=temperature, seed=2)
+    return counter.per_round(stream), stream
+
+
+@pytest.mark.parametrize("method, reads", [("ar", 1), ("sd", 1), ("sd-heuristic", 1), ("nasd", 1), ("egag", 2)])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_host_reads_per_round_on_the_static_path(pair32, monkeypatch, method, reads, temperature):
+    """One read a round brings back drafts, entropies, the verdict (and NASD's view of the target's
+    top-k for its table) together. EGAG reads the entropy that sets γ before it drafts. The prefill
+    reads nothing."""
+    counts, _ = _reads_per_round(pair32, method, monkeypatch, temperature)
+    assert counts == [reads] * len(counts)
+
+
+@pytest.mark.parametrize("method, reads", [("sd", 1), ("egag", 2)])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_host_reads_per_round_with_a_feature_head(head32, monkeypatch, method, reads, temperature):
+    counts, _ = _reads_per_round(head32, method, monkeypatch, temperature, prompt=PROMPTS[2])
+    assert counts == [reads] * len(counts)
+
+
+@pytest.mark.parametrize("pair_name", ["pair32", "head32"])
+def test_confidence_stopping_reads_once_each_time_it_weighs_another_draft(request, monkeypatch, pair_name):
+    """Whether to draft one more token is decided on the host: one read each time (the position's
+    entropy and top probability together), on top of the round's read."""
+    from specdemo.engine.policies import ConfidenceStop
+
+    weighed = []
+    keep_drafting = ConfidenceStop.keep_drafting
+
+    def counting(self, entropy, top_prob):
+        weighed[-1] += 1
+        return keep_drafting(self, entropy, top_prob)
+
+    monkeypatch.setattr(ConfidenceStop, "keep_drafting", counting)
+    counter = _ReadCounter(monkeypatch)
+    stream = specdemo.iter_generate(request.getfixturevalue(pair_name), PROMPTS[2], method="sd-confidence",
+                                    cache="static", max_new_tokens=30, gamma_max=6, seed=2)
+    counts, before = [], 0
+    weighed.append(0)
+    for _ in stream:
+        counts.append(counter.count - before)
+        before = counter.count
+        weighed.append(0)
+    assert counts == [1 + w for w in weighed[:-1]]
+    assert any(weighed), "some round weighed a second draft"
