@@ -9,10 +9,11 @@ import pandas as pd
 import torch
 
 from ..bench.benchmark import BenchResult, run_benchmark
+from ..bench.overhead import OverheadReport, measure_round_overhead, spread_over_categories
 from ..bench.report import write_outputs
 from ..bench.roofline import add_roofline, parse_bandwidth
 from ..bench.runners import DEFAULT_BENCH_METHODS, bench_methods, parse_bench_methods
-from ..bench.suite import ALL, DEFAULT_SUITE, load_suite, select_prompts
+from ..bench.suite import ALL, DEFAULT_SUITE, encode_prompt, load_suite, select_prompts
 from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, decode_params, default_chat,
                      engine_options, pair_from_args, progress_bar)
 
@@ -28,6 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bound.add_argument("--bandwidth", default=None, metavar="B|NAME",
                        help="memory bandwidth in bytes/s (e.g. 3.35e12) or a GPU name (e.g. 'H100 SXM'); implies "
                             "--roofline (default: looked up from the CUDA device's name; none is known for CPUs)")
+    overhead = parser.add_argument_group("round overhead")
+    overhead.add_argument("--round-overhead", action="store_true",
+                          help="measure greedy SD's round time ÷ (γ × one draft step + one verification forward, "
+                               "each timed alone): what the decode loop loses between model calls")
+    overhead.add_argument("--overhead-prompts", type=int, default=4, metavar="N",
+                          help="suite prompts it measures, one category after another (default: 4)")
+    overhead.add_argument("--overhead-csv", default=None, metavar="FILE",
+                          help="write its table, one row per prompt and an 'all' row; implies --round-overhead")
+    overhead.add_argument("--overhead-only", action="store_true",
+                          help="measure the round overhead and skip the method comparison; implies --round-overhead")
     out = parser.add_argument_group("output")
     out.add_argument("--csv", help="one row per (prompt, method, repeat)")
     out.add_argument("--summary-csv", help="one row per (category, method); default: next to --csv as *.summary.csv")
@@ -47,6 +58,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"repeats must be an integer ≥ 1, got {args.repeats}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"threads must be an integer ≥ 1, got {args.threads}")
+    args.round_overhead = args.round_overhead or args.overhead_only or bool(args.overhead_csv)
+    if args.overhead_prompts < 1:
+        raise ValueError(f"overhead-prompts must be an integer ≥ 1, got {args.overhead_prompts}")
+    if args.overhead_only:
+        skipped = [flag for flag, value in (("--csv", args.csv), ("--summary-csv", args.summary_csv),
+                                            ("--report", args.report), ("--roofline", args.roofline),
+                                            ("--bandwidth", args.bandwidth)) if value]
+        if skipped:
+            raise ValueError(f"--overhead-only skips the method comparison, so {', '.join(skipped)} "
+                             "would have nothing to show; drop them or drop --overhead-only")
     methods = parse_bench_methods(args.methods)
     suite = select_prompts(load_suite(args.suite or DEFAULT_SUITE), args.categories, args.limit)
     threads = torch.get_num_threads()
@@ -62,6 +83,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _bench_with(args, params, engine, methods, suite) -> int:
     pair = pair_from_args(args)
+    if args.round_overhead and pair.draft is None:  # refuse before the comparison runs, not after
+        raise ValueError("--round-overhead measures SD rounds and this pair has no draft; pass --draft, or a --pair "
+                         "with a draft model or a feature head")
+    if not args.overhead_only:
+        _compare_methods(args, params, engine, methods, suite, pair)
+    if args.round_overhead:
+        _print_overhead(_measure_overhead(args, params, engine, suite, pair), args.overhead_csv)
+    return 0
+
+
+def _compare_methods(args, params, engine, methods, suite, pair) -> None:
     with progress_bar(args.quiet) as progress:
         result = run_benchmark(pair, suite, methods, repeats=args.repeats, warmup=args.warmup,
                                progress=progress, decode=params, **engine.as_kwargs())
@@ -74,7 +106,27 @@ def _bench_with(args, params, engine, methods, suite) -> int:
         print(line)
     for path in write_outputs(result, args.csv, summary_csv, args.report, args.plotlyjs):
         print(f"wrote {path}")
-    return 0
+
+
+def _measure_overhead(args, params, engine, suite, pair) -> OverheadReport:
+    chosen = spread_over_categories(suite, args.overhead_prompts)
+    prompts = [(item.id, encode_prompt(pair, item, params.chat)) for item in chosen]
+    if not args.quiet:
+        print(f"round overhead: greedy SD at γ={params.gamma} on {len(prompts)} prompt(s), "
+              "then each model call timed alone…", flush=True)
+    return measure_round_overhead(pair, prompts, gamma=params.gamma, max_new_tokens=params.max_new_tokens,
+                                  **engine.as_kwargs())
+
+
+def _print_overhead(report: OverheadReport, csv: str | None) -> None:
+    with pd.option_context("display.max_columns", None, "display.width", 250, "display.float_format",
+                           "{:.4g}".format):
+        print(report.table.to_string(index=False))
+    print(report.summary)
+    if csv:
+        Path(csv).parent.mkdir(parents=True, exist_ok=True)
+        report.table.to_csv(csv, index=False)
+        print(f"wrote {csv}")
 
 
 def _print_summary(result: BenchResult) -> None:
