@@ -115,6 +115,8 @@ def main(argv=None) -> int:
     parser.add_argument("--init", choices=["target", "random"], default="random",
                         help="the decoder layer's start: random (the default: it learned faster on this "
                              "corpus) or the target's last layer")
+    parser.add_argument("--prompt-loss", action="store_true",
+                        help="the head also learns from the requests' positions (see training.eagle)")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--max-minutes", type=float, help="training time cap per slice")
@@ -143,7 +145,8 @@ def main(argv=None) -> int:
         sequences = read_sequences(corpus, fraction)
         head, info = train_head(pair.target, sequences, subset_size=args.subset, epochs=args.epochs,
                                 tokens_per_batch=args.tokens_per_batch, cls_weight=args.cls_weight, init=args.init,
-                                max_minutes=args.max_minutes, log=lambda m: print(m, flush=True))
+                                prompt_loss=args.prompt_loss, max_minutes=args.max_minutes,
+                                log=lambda m: print(m, flush=True))
         head.save(args.out / f"head-{fraction:g}", extra={"training": {**info, "fraction": fraction}})
         point = {"fraction": fraction, **info, **heldout_acceptance(head, pair.target, answers, args.gamma),
                  **step_cost(head, pair.target)}
