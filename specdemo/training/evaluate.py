@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdemo.engine.drafters import NgramTable
 from specdemo.engine.feature_drafter import FeatureDrafter
 from specdemo.engine.feature_head import FeatureHead
 from specdemo.engine.policies import FixedGamma
@@ -75,6 +76,56 @@ def replay_rounds(head: FeatureHead, prompt: list[int], answer: list[int], featu
         drafted += len(proposal.tokens)
         accepted += kept
     return Replay(rounds, drafted, accepted, len(answer))
+
+
+def corpus_table(answers: list[tuple[list[int], list[int]]], n: int) -> NgramTable:
+    """NASD's n-gram table filled with every (request, answer) of a corpus: the answers' n-grams,
+    so a table-drafter can quote what the target wrote for other requests."""
+    table = NgramTable(n)
+    for prefix, answer in answers:
+        table.add_sequence(list(prefix) + list(answer), start=len(prefix))
+    return table
+
+
+def replay_table_rounds(corpus: NgramTable, prompt: list[int], answer: list[int], gamma: int) -> Replay:
+    """Greedy rounds drafted by n-gram tables: the request's and the verified output's own table
+    first (as NASD), the corpus table where that one knows no continuation. Drafting stops when
+    neither does, so a round may draft fewer than γ tokens."""
+    own = NgramTable(corpus.n)
+    own.add_sequence(prompt)
+    sequence = list(prompt)
+    end = len(prompt) + len(answer)
+    rounds = drafted = accepted = 0
+    while len(sequence) < end:
+        window, proposal = list(sequence[-(corpus.n - 1):]), []
+        while len(proposal) < min(gamma, end - len(sequence) - 1):
+            token = own.continuation(window)
+            token = corpus.continuation(window) if token is None else token
+            if token is None:
+                break
+            proposal.append(token)
+            window = (window + [token])[-(corpus.n - 1):]
+        truth = answer[len(sequence) - len(prompt):]
+        kept = 0
+        while kept < len(proposal) and proposal[kept] == truth[kept]:
+            kept += 1
+        verified_from = len(sequence)
+        sequence.extend(truth[: kept + 1])
+        own.add_sequence(sequence, start=verified_from)
+        rounds, drafted, accepted = rounds + 1, drafted + len(proposal), accepted + kept
+    return Replay(rounds, drafted, accepted, len(answer))
+
+
+def table_acceptance(corpus: NgramTable, answers, gamma: int = 4) -> dict:
+    total = Replay(0, 0, 0, 0)
+    for prompt, answer in answers:
+        r = replay_table_rounds(corpus, prompt, answer, gamma)
+        total = Replay(total.rounds + r.rounds, total.drafted + r.drafted, total.accepted + r.accepted,
+                       total.new_tokens + r.new_tokens)
+    return {"prompts": len(answers), "gamma": gamma, "n": corpus.n, "acceptance": round(total.acceptance, 4),
+            "tokens_per_round": round(total.tokens_per_round, 3),
+            "drafted_per_round": round(total.drafted / max(1, total.rounds), 3), "rounds": total.rounds,
+            "new_tokens": total.new_tokens}
 
 
 def greedy_answers(pair, prompts: list[str], max_new_tokens: int) -> list[tuple[list[int], list[int]]]:
@@ -165,19 +216,42 @@ def round_speedup(tokens_per_round: float, cost_ratio: float, gamma: int, verify
 
 def main(argv=None) -> int:
     import argparse
+    from pathlib import Path
 
     from specdemo.models import load_pair
 
+    from .corpus import Corpus, default_dir
+
     parser = argparse.ArgumentParser(prog="python -m specdemo.training.evaluate", description=__doc__.split("\n")[0])
-    parser.add_argument("head", help="a folder written by specdemo.training.eagle")
+    parser.add_argument("head", nargs="?", help="a folder written by specdemo.training.eagle")
+    parser.add_argument("--corpus-table", type=int, metavar="N",
+                        help="measure instead an n-gram table (this n) filled with the corpus's answers")
+    parser.add_argument("--corpus", type=Path, default=default_dir())
+    parser.add_argument("--answers", type=Path,
+                        help="a JSON file of held-out (prompt ids, greedy answer) pairs, as the curve caches them")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    if (args.head is None) == (args.corpus_table is None):
+        parser.error("give a head folder or --corpus-table N")
     torch.set_num_threads(args.threads)
     pair = load_pair("embedded", draft=None)
+    if args.answers:
+        answers = [tuple(a) for a in json.loads(args.answers.read_text())]
+    else:
+        answers = greedy_answers(pair, heldout_prompts(), args.max_new_tokens)
+    if args.corpus_table:
+        corpus = Corpus(args.corpus)
+        pairs = []
+        for path in corpus.shards():
+            shard = corpus.load_shard(path)
+            pairs += zip(shard["prefixes"], shard["answers"])
+        report = {**table_acceptance(corpus_table(pairs, args.corpus_table), answers, args.gamma),
+                  "corpus_answer_tokens": sum(len(a) for _, a in pairs)}
+        print(json.dumps(report, indent=1))
+        return 0
     head = FeatureHead.load(args.head).bind(pair.target)
-    answers = greedy_answers(pair, heldout_prompts(), args.max_new_tokens)
     report = {**heldout_acceptance(head, pair.target, answers, args.gamma), **step_cost(head, pair.target)}
     report["verify_cost"] = verification_cost(pair.target, args.gamma + 1)
     report["predicted_speedup"] = round_speedup(report["tokens_per_round"], report["cost_ratio"], args.gamma,

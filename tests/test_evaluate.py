@@ -1,0 +1,27 @@
+"""Replayed greedy rounds of an n-gram table filled with a corpus's answers."""
+
+from specdemo.training.evaluate import corpus_table, replay_table_rounds, table_acceptance
+
+PROMPT = [1, 2, 3]
+ANSWER = [10, 11, 12, 13, 14, 15, 16, 17, 18]
+
+
+def test_a_corpus_that_holds_the_answer_drafts_it_whole():
+    table = corpus_table([([7, 7], ANSWER)], n=3)
+    replay = replay_table_rounds(table, PROMPT, ANSWER, gamma=4)
+    # The first token has no context in the table; from then on every draft is right.
+    assert replay.new_tokens == len(ANSWER)
+    assert replay.acceptance == 1.0
+    assert replay.rounds == 3  # 1 + (4 + 1) + the last 3 tokens (2 drafts + 1)
+
+
+def test_an_empty_corpus_drafts_only_what_the_prompt_and_output_repeat():
+    replay = replay_table_rounds(corpus_table([], n=3), PROMPT, ANSWER, gamma=4)
+    assert (replay.drafted, replay.accepted, replay.rounds) == (0, 0, len(ANSWER))
+
+
+def test_the_request_and_the_verified_output_come_before_the_corpus():
+    # The corpus says 3 -> 99, the request itself says ... 2, 3 -> 4: the request wins.
+    table = corpus_table([([0], [2, 3, 99])], n=3)
+    report = table_acceptance(table, [([2, 3, 4, 2, 3], [4, 5])], gamma=1)
+    assert report["acceptance"] == 1.0 and report["tokens_per_round"] == 2.0
