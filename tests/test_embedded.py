@@ -139,7 +139,8 @@ def test_the_packaged_head_is_accepted_often_and_costs_under_a_tenth_of_the_targ
     untrained.bind(pair.target)
     fresh = heldout_acceptance(untrained.eval(), pair.target, answers, gamma=4)
     print(trained, fresh)
-    # On these 4 prompts (48 tokens each) the packaged head measures 0.182 (1.67 tokens per round); an untrained head
-    # of the same shape 0.0. The floor sits at about 60% of the trained figure.
-    assert trained["acceptance"] >= 0.11 > fresh["acceptance"]
+    # On these 4 prompts (48 tokens each) the packaged head measures 0.192 (1.73 tokens per round), the head it
+    # replaced 0.182, the draft LM 0.184, an untrained head of the same shape 0.0. A floor between the new head and
+    # the old drafts would sit one accepted token under its figure, so it sits at about 80% of it instead.
+    assert trained["acceptance"] >= 0.15 > fresh["acceptance"]
     assert step_cost(pair.draft, pair.target, calls=30)["draft_macs"] * 10 < 134e6  # a tenth of the target's

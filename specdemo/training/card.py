@@ -23,8 +23,10 @@ def _reading(summary: dict) -> str:
     parts = []
     for e in summary.get("extrapolation", []):
         name = "acceptance" if e["measure"] == "acceptance" else "tokens per round"
+        needed = e["tokens_needed"]
+        size = f"{needed / 1e6:.0f} M" if needed >= 1e6 else f"{needed / 1e3:.0f} k"
         parts.append(f"{name} grew by {e['gain_per_doubling']:.3f} per doubling of the training tokens and would "
-                     f"reach {e['goal']} at about {e['tokens_needed']:,} tokens")
+                     f"reach {e['goal']} at about {size} tokens")
     if not parts:
         return "The curve has too few sizes (or does not rise) to read a trend from."
     return ("Read as a straight line in log-tokens: " + "; ".join(parts)
@@ -61,6 +63,7 @@ arithmetic word problems, code and translation requests, everyday chat, requests
 temperature 1, and follow-up turns and summaries of passages it had written in earlier shards. Three shards
 in four are greedy, one in four sampled at temperature 1. No text from outside the target was used. The
 held-out prompts (`specdemo/training/data/heldout_prompts.jsonl`) and their topics are excluded.
+{summary.get("data_note", "")}
 
 ## Learning curve
 
