@@ -16,6 +16,15 @@ torch.set_num_threads(1)
 from tests.tiny import build_tiny_pair
 
 
+@pytest.fixture
+def one_thread():
+    """One thread for this test (timed or counted runs), the previous count restored after it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
     """A 64-token-vocab Llama target and a smaller draft, saved and loaded back through load_pair."""

@@ -7,9 +7,10 @@ import math
 
 import pandas as pd
 import pytest
-import torch
 
 from specdemo import bench, cli
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Two prompts: one repeats itself (prompt lookup finds matches), one is a multi-turn chat.
 SUITE = [
@@ -19,15 +20,6 @@ SUITE = [
                   {"role": "user", "content": "w11 w12 w13"}]},
 ]
 METHODS = "ar,sd,nasd,hf-generate,hf-assisted,hf-prompt-lookup"
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # A shared CPU runs tiny models far faster on one thread; restore for other tests.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def write_suite(path, items):

@@ -17,16 +17,10 @@ from specdemo.bench.roofline import (
 from specdemo.bench.runners import HFRunner
 from specdemo.engine.params import DecodeParams
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SUITE = [{"prompt": "w5 w6 w7 w8 w9 w10 w5 w6 w7 w8", "category": "summarisation"},
          {"prompt": "w11 w12 w13", "category": "chat"}]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def model_args(pair):

@@ -19,17 +19,11 @@ from specdemo.engine.trace import Round
 from tests.test_bench import model_args, write_suite
 from tests.test_feature_drafter import with_head
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 GAMMA = 3
 PROMPTS = [("repeats", [1, 5, 9, 13, 5, 9, 13, 5]), ("counts", [1, 20, 21, 22, 23])]
 RATIOS = ["round_overhead", "draft_overhead", "verify_overhead"]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -6,24 +6,17 @@ import json
 
 import pandas as pd
 import pytest
-import torch
 
 from specdemo import cli
 from specdemo.bench import sweep
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SUITE = [
     {"prompt": "w5 w6 w7 w8 w9 w10 w5 w6 w7 w8", "category": "summarisation"},
     {"prompt": "w11 w12 w13 w14", "category": "chat"},
     {"prompt": "w30 w31 w32", "category": "code"},
 ]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture
