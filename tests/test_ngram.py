@@ -46,6 +46,15 @@ def test_drafting_chains_continuations_and_stops_when_nothing_matches():
     assert table.draft([42], 4) == []
 
 
+def test_a_fallback_table_continues_where_the_table_knows_nothing():
+    own, corpus = NgramTable(3), NgramTable(3)
+    own.add_sequence([1, 2, 3])
+    corpus.add_sequence([1, 2, 9, 3, 4, 5])
+    assert own.draft([1, 2], 4) == [3]
+    # The table's own continuation wins (2 -> 3, not the corpus's 9); the corpus goes on after it.
+    assert own.draft([1, 2], 4, fallback=corpus) == [3, 4, 5]
+
+
 def test_prompts_shorter_than_the_context_are_fine():
     drafter = NgramDrafter(n=5, storage="basic")
     drafter.start([7])

@@ -175,11 +175,15 @@ class NgramTable:
                     return token
         return None
 
-    def draft(self, context: Sequence[int], max_tokens: int) -> list[int]:
+    def draft(self, context: Sequence[int], max_tokens: int, fallback: "NgramTable | None" = None) -> list[int]:
+        """Follow the continuations from `context`; where this table knows none, `fallback`'s
+        (a table of the same n, e.g. one filled from a corpus) is asked before drafting stops."""
         window = list(context[-(self.n - 1) :]) if self.n > 1 else []
         drafted: list[int] = []
         while len(drafted) < max_tokens:
             token = self.continuation(window)
+            if token is None and fallback is not None:
+                token = fallback.continuation(window)
             if token is None:
                 break
             drafted.append(token)

@@ -40,6 +40,15 @@ class Replay:
     def tokens_per_round(self) -> float:
         return self.new_tokens / self.rounds if self.rounds else 0.0
 
+    def __add__(self, other: "Replay") -> "Replay":
+        return Replay(self.rounds + other.rounds, self.drafted + other.drafted, self.accepted + other.accepted,
+                      self.new_tokens + other.new_tokens)
+
+    def report(self, prompts: int, gamma: int) -> dict:
+        return {"prompts": prompts, "gamma": gamma, "acceptance": round(self.acceptance, 4),
+                "tokens_per_round": round(self.tokens_per_round, 3), "rounds": self.rounds,
+                "new_tokens": self.new_tokens}
+
 
 @torch.inference_mode()
 def target_features(target, ids: list[int]) -> torch.Tensor:
@@ -48,34 +57,46 @@ def target_features(target, ids: list[int]) -> torch.Tensor:
     return hidden.to(torch.float32)
 
 
+def replay_greedy(prompt: list[int], answer: list[int], propose, observe) -> Replay:
+    """Greedy SD rounds over `answer` (the target's own greedy continuation of `prompt`): each
+    round `propose(sequence, limit)` drafts at most `limit` ids, the prefix that matches the
+    answer is kept with the target's next token, and `observe(sequence, verified_from, kept)`
+    tells the drafter what the target verified."""
+    sequence = list(prompt)
+    end = len(prompt) + len(answer)
+    total = Replay(0, 0, 0, len(answer))
+    while len(sequence) < end:
+        # Leave room for the target's own token so a round never overshoots.
+        proposal = propose(sequence, end - len(sequence) - 1)
+        truth = answer[len(sequence) - len(prompt) :]
+        kept = 0
+        while kept < len(proposal) and proposal[kept] == truth[kept]:
+            kept += 1
+        verified_from = len(sequence)
+        sequence.extend(truth[: kept + 1])
+        observe(sequence, verified_from, kept)
+        total = total + Replay(1, len(proposal), kept, 0)
+    return total
+
+
 @torch.inference_mode()
 def replay_rounds(head: FeatureHead, prompt: list[int], answer: list[int], features: torch.Tensor,
                   gamma: int) -> Replay:
-    """Greedy SD rounds over `answer` (the target's own greedy continuation of `prompt`).
+    """Greedy SD rounds of the feature head over `answer`, with the real `FeatureDrafter`.
 
     features [len(prompt) + len(answer), d] from `target_features(prompt + answer)`.
     """
     drafter = FeatureDrafter(head)
-    policy = FixedGamma(gamma)
-    sampling = SamplingConfig(temperature=0.0)
-    sequence = list(prompt)
-    drafter.start(sequence, features[: len(sequence) - 1])
-    end = len(prompt) + len(answer)
-    rounds = drafted = accepted = 0
-    while len(sequence) < end:
-        remaining = end - len(sequence)
-        proposal = drafter.propose(sequence, policy, remaining - 1, sampling, None)
-        truth = answer[len(sequence) - len(prompt) :]
-        kept = 0
-        while kept < len(proposal.tokens) and proposal.tokens[kept] == truth[kept]:
-            kept += 1
-        verified_from = len(sequence)
-        sequence.extend(truth[: kept + 1])
+    policy, sampling = FixedGamma(gamma), SamplingConfig(temperature=0.0)
+    drafter.start(list(prompt), features[: len(prompt) - 1])
+
+    def propose(sequence, limit):
+        return drafter.propose(sequence, policy, limit, sampling, None).tokens.tolist()
+
+    def observe(sequence, verified_from, kept):
         drafter.observe(sequence, verified_from, None, features[verified_from - 1 : verified_from + kept])
-        rounds += 1
-        drafted += len(proposal.tokens)
-        accepted += kept
-    return Replay(rounds, drafted, accepted, len(answer))
+
+    return replay_greedy(prompt, answer, propose, observe)
 
 
 def corpus_table(answers: list[tuple[list[int], list[int]]], n: int) -> NgramTable:
@@ -93,39 +114,16 @@ def replay_table_rounds(corpus: NgramTable, prompt: list[int], answer: list[int]
     neither does, so a round may draft fewer than γ tokens."""
     own = NgramTable(corpus.n)
     own.add_sequence(prompt)
-    sequence = list(prompt)
-    end = len(prompt) + len(answer)
-    rounds = drafted = accepted = 0
-    while len(sequence) < end:
-        window, proposal = list(sequence[-(corpus.n - 1):]), []
-        while len(proposal) < min(gamma, end - len(sequence) - 1):
-            token = own.continuation(window)
-            token = corpus.continuation(window) if token is None else token
-            if token is None:
-                break
-            proposal.append(token)
-            window = (window + [token])[-(corpus.n - 1):]
-        truth = answer[len(sequence) - len(prompt):]
-        kept = 0
-        while kept < len(proposal) and proposal[kept] == truth[kept]:
-            kept += 1
-        verified_from = len(sequence)
-        sequence.extend(truth[: kept + 1])
-        own.add_sequence(sequence, start=verified_from)
-        rounds, drafted, accepted = rounds + 1, drafted + len(proposal), accepted + kept
-    return Replay(rounds, drafted, accepted, len(answer))
+    return replay_greedy(
+        prompt, answer,
+        propose=lambda sequence, limit: own.draft(sequence, min(gamma, limit), fallback=corpus),
+        observe=lambda sequence, verified_from, kept: own.add_sequence(sequence, start=verified_from))
 
 
 def table_acceptance(corpus: NgramTable, answers, gamma: int = 4) -> dict:
-    total = Replay(0, 0, 0, 0)
-    for prompt, answer in answers:
-        r = replay_table_rounds(corpus, prompt, answer, gamma)
-        total = Replay(total.rounds + r.rounds, total.drafted + r.drafted, total.accepted + r.accepted,
-                       total.new_tokens + r.new_tokens)
-    return {"prompts": len(answers), "gamma": gamma, "n": corpus.n, "acceptance": round(total.acceptance, 4),
-            "tokens_per_round": round(total.tokens_per_round, 3),
-            "drafted_per_round": round(total.drafted / max(1, total.rounds), 3), "rounds": total.rounds,
-            "new_tokens": total.new_tokens}
+    total = sum((replay_table_rounds(corpus, prompt, answer, gamma) for prompt, answer in answers), Replay(0, 0, 0, 0))
+    return {**total.report(len(answers), gamma), "n": corpus.n,
+            "drafted_per_round": round(total.drafted / max(1, total.rounds), 3)}
 
 
 def greedy_answers(pair, prompts: list[str], max_new_tokens: int) -> list[tuple[list[int], list[int]]]:
@@ -140,15 +138,9 @@ def greedy_answers(pair, prompts: list[str], max_new_tokens: int) -> list[tuple[
 
 
 def heldout_acceptance(head: FeatureHead, target, answers, gamma: int = 4) -> dict:
-    total = Replay(0, 0, 0, 0)
-    for prompt, answer in answers:
-        features = target_features(target, prompt + answer)
-        r = replay_rounds(head, prompt, answer, features, gamma)
-        total = Replay(total.rounds + r.rounds, total.drafted + r.drafted, total.accepted + r.accepted,
-                       total.new_tokens + r.new_tokens)
-    return {"prompts": len(answers), "gamma": gamma, "acceptance": round(total.acceptance, 4),
-            "tokens_per_round": round(total.tokens_per_round, 3), "rounds": total.rounds,
-            "new_tokens": total.new_tokens}
+    replays = (replay_rounds(head, prompt, answer, target_features(target, prompt + answer), gamma)
+               for prompt, answer in answers)
+    return sum(replays, Replay(0, 0, 0, 0)).report(len(answers), gamma)
 
 
 @torch.inference_mode()
