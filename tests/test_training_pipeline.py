@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -101,3 +102,33 @@ def test_workers_split_the_shards_between_them(tmp_path):
         if worker == 1:
             assert written == ["shard-00001.pt", "shard-00003.pt"]
     assert written == [f"shard-{i:05d}.pt" for i in range(4)]
+
+
+def test_learning_rate_warms_up_then_anneals_to_zero_by_steps():
+    rates = [eagle.learning_rate(1e-3, step, 100, 10) for step in range(101)]
+    assert rates[0] == pytest.approx(1e-4)
+    assert max(rates) == pytest.approx(1e-3, rel=0.03)
+    assert rates[100] == pytest.approx(0.0, abs=1e-12)
+    after_warmup = rates[10:]
+    assert all(a >= b for a, b in zip(after_warmup, after_warmup[1:]))
+
+
+def test_a_time_budget_that_runs_out_first_still_anneals_to_zero():
+    # 10 of 1000 planned steps done, but the whole budget spent: training ends at a zero rate.
+    assert eagle.training_progress(10, 1000, elapsed_share=1.0) == 1.0
+    assert eagle.learning_rate(1e-3, 10, 1000, 5, elapsed_share=1.0) == pytest.approx(0.0, abs=1e-12)
+    halfway = eagle.learning_rate(1e-3, 10, 1000, 5, elapsed_share=0.5)
+    assert halfway == pytest.approx(0.5e-3)
+    # Steps that run out before the clock still decide.
+    assert eagle.training_progress(1000, 1000, elapsed_share=0.2) == 1.0
+
+
+def test_training_under_a_time_budget_stops_and_keeps_a_head(tmp_path):
+    model, tokenizer = load_tiny(tmp_path)
+    out = tmp_path / "corpus"
+    build(model, tokenizer, out, shards=2)
+    sequences = eagle.read_sequences(corpus_module.Corpus(out))
+    head, info = eagle.train_head(model, sequences, subset_size=48, epochs=10_000, tokens_per_batch=256,
+                                  validation=0.2, max_minutes=0.02, log=lambda m: None)
+    assert 0 < info["steps"] < 10_000  # at least one step an epoch was planned: the clock ended it
+    assert head.subset.numel() == 48

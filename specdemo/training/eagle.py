@@ -176,6 +176,21 @@ def agreement(head: FeatureHead, sequences: list[Sequence], lm_head: torch.Tenso
     return [h / max(1, count) for h in hits]
 
 
+def training_progress(step: int, total_steps: int, elapsed_share: float | None = None) -> float:
+    """How far training is, 0 to 1: by steps, or by the time budget where that runs out first."""
+    return max(step / total_steps, elapsed_share or 0.0)
+
+
+def learning_rate(base: float, step: int, total_steps: int, warmup_steps: int,
+                  elapsed_share: float | None = None) -> float:
+    """Linear warm-up, then a cosine that reaches zero when training ends. Under a time budget
+    the cosine follows the clock, so a run cut short by `--max-minutes` still anneals instead of
+    stopping at a high learning rate."""
+    warm = min(1.0, (step + 1) / warmup_steps)
+    progress = min(1.0, training_progress(step, total_steps, elapsed_share))
+    return base * warm * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, epochs: float = 3.0,
                tokens_per_batch: int = 4096, lr: float = 1e-3, noise: float = 0.05, unroll: int = 2,
                cls_weight: float = 0.1, validation: float = 0.04, seed: int = 0, max_minutes: float | None = None,
@@ -196,7 +211,7 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     steps_per_epoch = len(length_groups(train, tokens_per_batch))
     total_steps = max(1, int(steps_per_epoch * epochs))
-    deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
+    budget_seconds = None if max_minutes is None else 60 * max_minutes
     train_tokens = sum(int(s.ids.numel() - s.answer_start) for s in train)
     log(f"train: {len(train)} sequences, {train_tokens} answer tokens; validation: {len(val)} sequences; "
         f"{total_steps} steps")
@@ -208,9 +223,9 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
     done = False
     while not done:
         for batch in batches(train, tokens_per_batch, rng):
-            warm = min(1.0, (step + 1) / warmup_steps)
+            elapsed_share = None if budget_seconds is None else (time.monotonic() - started) / budget_seconds
             for group in optimizer.param_groups:
-                group["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total_steps)))
+                group["lr"] = learning_rate(lr, step, total_steps, warmup_steps, elapsed_share)
             loss, logs = head_losses(head, batch, noise=noise, unroll=unroll, cls_weight=cls_weight,
                                      prompt_loss=prompt_loss)
             optimizer.zero_grad(set_to_none=True)
@@ -218,7 +233,7 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
             step += 1
-            last = step >= total_steps or (deadline is not None and time.monotonic() > deadline)
+            last = training_progress(step, total_steps, elapsed_share) >= 1.0
             if step % evaluate_every == 0 or last:
                 agree = agreement(head, val, lm_head)
                 log(f"step {step}/{total_steps} loss {float(loss.detach()):.3f} {logs} validation agreement "
