@@ -25,3 +25,32 @@ def test_a_round_pays_for_its_drafts_and_a_verification_that_costs_more_than_one
     assert round_speedup(2.0, 0.0, 4, 1.0) == 2.0
     assert round_speedup(2.6, 0.1, 4, 1.766) == round(2.6 / 2.166, 3)
     assert round_speedup(1.55, 0.073, 4, 1.66) < 1  # the embedded pair's head on a CPU: SD loses
+
+
+def card_row(tokens, acceptance, **extra):
+    return {"fraction": 1.0, "train_answer_tokens": tokens, "train_requests": tokens // 100, "epochs": 3.0,
+            "acceptance": acceptance, "tokens_per_round": 1 + 4 * acceptance, "validation_agreement_step1": 0.4,
+            "validation_agreement_step2": 0.3, "cost_ratio": 0.07, "predicted_speedup": 0.8, "subset_size": 8192,
+            "draft_macs": 8.9e6, **extra}
+
+
+def test_the_card_names_the_epochs_each_point_ran_and_where_it_was_trained(tmp_path):
+    from specdemo.training.card import write_card
+
+    rows = [card_row(100_000, 0.15),  # measured before runs recorded the epochs they ran
+            card_row(400_000, 0.20, epochs_run=1.75)]
+    summary = {"curve": rows, "previous_draft_lm": {"train_answer_tokens": 1, "acceptance": 0.1,
+                                                     "tokens_per_round": 1.4, "cost_ratio": 0.1},
+               "corpus": {"distinct_prompts": 4000, "sequences": 4001, "answer_tokens": 410_000},
+               "held_out_prompts": 37, "gamma": 4, "max_new_tokens": 96, "verify_cost": 1.9,
+               "extrapolation": [extrapolate([point(100_000, 0.15), point(400_000, 0.20)], "acceptance", 0.40)],
+               "machine": {"cpu": "x86_64", "cores": 2, "threads": 1, "train_threads": 2, "torch": "2", "python": "3"},
+               "command": "python -m specdemo.training.curve --fractions 1", "notes": "NOTES", "data_note": "TOOK AN HOUR"}
+    card = tmp_path / "README.md"
+    write_card(card, summary)
+    text = card.read_text()
+    assert "| 100,000 | 1,000 | 3 | 0.150 |" in text
+    assert "| 400,000 | 4,000 | 1.75 | 0.200 |" in text
+    assert "NOTES" in text and "TOOK AN HOUR" in text
+    assert "2-core x86_64, costs on 1 thread, trained on 2 threads" in text
+    assert "per doubling" in text and "nan" not in text.lower()

@@ -6,13 +6,16 @@ from pathlib import Path
 
 
 def _table(rows: list[dict]) -> str:
-    lines = ["| share of the corpus | training answer tokens | requests | held-out acceptance | tokens per round | "
+    lines = ["| training answer tokens | requests | epochs | held-out acceptance | tokens per round | "
              "teacher-forced agreement (step 1 / 2) | draft step ÷ target forward | predicted SD ÷ AR |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         predicted = r.get("predicted_speedup")
+        epochs = r.get("epochs_run")
+        if epochs is None or epochs != epochs:  # points measured before runs recorded the epochs they ran
+            epochs = r["epochs"]
         lines.append(
-            f"| {r['fraction']:.0%} | {r['train_answer_tokens']:,} | {r['train_requests']:,} | {r['acceptance']:.3f} | "
+            f"| {r['train_answer_tokens']:,} | {r['train_requests']:,} | {epochs:g} | {r['acceptance']:.3f} | "
             f"{r['tokens_per_round']:.2f} | {r['validation_agreement_step1']:.3f} / {r['validation_agreement_step2']:.3f} | "
             f"{r['cost_ratio']:.3f} | {'–' if predicted is None or predicted != predicted else f'{predicted:.2f}×'} |")
     return "\n".join(lines)
@@ -31,6 +34,15 @@ def _reading(summary: dict) -> str:
         return "The curve has too few sizes (or does not rise) to read a trend from."
     return ("Read as a straight line in log-tokens: " + "; ".join(parts)
             + ". If the curve bends down, as learning curves usually do, the goal needs more than that.")
+
+
+def _hardware(machine: dict) -> str:
+    cores = f"{machine['cores']}-core " if machine.get("cores") else ""
+    threads = machine.get("threads", 1)
+    trained = machine.get("train_threads", threads)
+    training = f", trained on {trained} threads" if trained != threads else ""
+    return (f"{cores}{machine['cpu']}, costs on {threads} thread{'s' if threads != 1 else ''}{training}, "
+            f"torch {machine['torch']}, Python {machine['python']}")
 
 
 def write_card(path: Path, summary: dict) -> None:
@@ -95,6 +107,6 @@ python -m specdemo.training.corpus --threads 1 --workers 2 --worker 1     # stop
 {summary['command']}
 ```
 
-Hardware: {machine['cpu']}, torch {machine['torch']}, Python {machine['python']}.
+Hardware: {_hardware(machine)}.
 """
     Path(path).write_text(text)

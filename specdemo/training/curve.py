@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import sys
@@ -120,8 +121,10 @@ def main(argv=None) -> int:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--max-minutes", type=float, help="training time cap per slice")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="threads for the cost measurements (the budget is one)")
+    parser.add_argument("--train-threads", type=int, help="threads while training (default: --threads)")
     parser.add_argument("--notes", default="", help="a paragraph for the model card (e.g. an ablation's outcome)")
+    parser.add_argument("--data-note", default="", help="a sentence for the card's data section (how long it took)")
     parser.add_argument("--append", action="store_true", help="keep the slices already in OUT/curve.csv")
     parser.add_argument("--install", action="store_true", help="put the last head into the package, with its card")
     args = parser.parse_args(argv)
@@ -143,10 +146,12 @@ def main(argv=None) -> int:
     head = None
     for fraction in [float(f) for f in args.fractions.split(",")]:
         sequences = read_sequences(corpus, fraction)
+        torch.set_num_threads(args.train_threads or args.threads)
         head, info = train_head(pair.target, sequences, subset_size=args.subset, epochs=args.epochs,
                                 tokens_per_batch=args.tokens_per_batch, cls_weight=args.cls_weight, init=args.init,
                                 prompt_loss=args.prompt_loss, max_minutes=args.max_minutes,
                                 log=lambda m: print(m, flush=True))
+        torch.set_num_threads(args.threads)
         head.save(args.out / f"head-{fraction:g}", extra={"training": {**info, "fraction": fraction}})
         point = {"fraction": fraction, **info, **heldout_acceptance(head, pair.target, answers, args.gamma),
                  **step_cost(head, pair.target)}
@@ -181,11 +186,12 @@ def main(argv=None) -> int:
                "verify_cost": verify_cost,
                "extrapolation": [e for e in (extrapolate(rows, "acceptance", 0.40),
                                              extrapolate(rows, "tokens_per_round", 2.6)) if e],
-               "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
+               "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                           "threads": args.threads, "train_threads": args.train_threads or args.threads,
                            "torch": torch.__version__, "python": sys.version.split()[0]},
                "command": "python -m specdemo.training.curve " + " ".join(
-                   a for a in (argv or sys.argv[1:]) if a != args.notes and a != "--notes"),
-               "notes": args.notes}
+                   a for a in (argv or sys.argv[1:]) if a not in {"--notes", args.notes, "--data-note", args.data_note}),
+               "notes": args.notes, "data_note": args.data_note}
     (args.out / "curve.json").write_text(json.dumps(summary, indent=1))
     if args.install and head is not None:
         from .card import write_card

@@ -251,6 +251,7 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
             "train_requests": len({s.request for s in train}), "validation_sequences": len(val),
             "validation_agreement_step1": best["agreement"][0], "validation_agreement_step2": best["agreement"][-1],
             "best_step": best["step"], "steps": step, "subset_size": subset_size, "epochs": epochs,
+            "epochs_run": round(step / steps_per_epoch, 2),
             "noise": noise, "unroll": unroll, "cls_weight": cls_weight, "lr": lr, "init": init,
             "prompt_loss": prompt_loss,
             "tokens_per_batch": tokens_per_batch,
