@@ -73,3 +73,22 @@ def test_a_span_with_no_read_back_waits_when_asked():
     _keep_the_gpu_busy()
     (prefill,) = clock.stop(wait=True)
     assert prefill >= 0.04
+
+
+def test_interleaved_medians_take_turns_skip_the_warmup_and_run_between_untimed():
+    from specdemo.engine.clock import interleaved_medians
+
+    order: list[str] = []
+    medians = interleaved_medians({"draft": lambda: order.append("draft"), "verify": lambda: order.append("verify")},
+                                  repeats=3, warmup=2, between=lambda: order.append("rollback"))
+    assert order == ["draft", "verify", "rollback"] * 5
+    assert set(medians) == {"draft", "verify"}
+    assert all(seconds >= 0 for seconds in medians.values())
+
+
+def test_interleaved_medians_are_medians_of_the_timed_turns(monkeypatch):
+    from specdemo.engine import clock
+
+    ticks = iter([0.0, 1.0, 10.0, 12.0, 20.0, 29.0])  # turn lengths 1, 2, 9: median 2
+    monkeypatch.setattr(clock.time, "perf_counter", lambda: next(ticks))
+    assert clock.interleaved_medians({"call": lambda: None}, repeats=3) == {"call": 2.0}

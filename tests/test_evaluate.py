@@ -25,3 +25,12 @@ def test_the_request_and_the_verified_output_come_before_the_corpus():
     table = corpus_table([([0], [2, 3, 99])], n=3)
     report = table_acceptance(table, [([2, 3, 4, 2, 3], [4, 5])], gamma=1)
     assert report["acceptance"] == 1.0 and report["tokens_per_round"] == 2.0
+
+
+def test_verification_and_draft_lm_costs_are_measured_relative_to_one_target_forward(tiny_pair):
+    from specdemo.training.curve import lm_draft_cost
+    from specdemo.training.evaluate import verification_cost
+
+    ratio = verification_cost(tiny_pair.target, tokens=5, context=16, calls=5)
+    assert ratio > 0 and ratio == round(ratio, 3)
+    assert lm_draft_cost(tiny_pair, calls=5, context=16) > 0

@@ -18,14 +18,14 @@ May import ``engine`` and ``models`` and pandas.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
+from ..engine.clock import interleaved_medians
 from ..engine.decoding import generate
 from ..engine.feature_drafter import FeatureDrafter
 from ..engine.feature_head import FeatureHead
@@ -135,21 +135,6 @@ def describe(table: pd.DataFrame, gamma: int, where: str) -> str:
 # ---------------------------------------------------------------------------------------
 # Timing each model call alone.
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _seconds(call: Callable[[], object], device: torch.device) -> float:
-    # Outside the decode loop a synchronisation costs nothing we measure: it makes the clock
-    # read the device's time for this one call, not the time to queue it.
-    _synchronize(device)
-    start = time.perf_counter()
-    call()
-    _synchronize(device)
-    return time.perf_counter() - start
-
-
 def _draft_lm_step(pair, context: list[int], cache: str, max_length: int, compile: bool):
     """One drafted token of a draft LM, as `ModelDrafter` makes it: a one-token forward with
     its KV cache, q, and the pick. Returns (step, close)."""
@@ -210,14 +195,9 @@ def isolated_costs(pair, context: list[int], gamma: int, cache: str = "dynamic",
         def verify_forward():
             return target.logits(context, gamma + 1, n_hidden, then=drafts)
 
-        timings: dict[str, list[float]] = {"draft": [], "verify": []}
-        for call in range(warmup + calls):
-            for name, fn in (("draft", draft_step), ("verify", verify_forward)):
-                seconds = _seconds(fn, device)
-                if call >= warmup:
-                    timings[name].append(seconds)
-            target.rollback(len(context) - 1)
-        return StepCosts(statistics.median(timings["draft"]), statistics.median(timings["verify"]))
+        medians = interleaved_medians({"draft": draft_step, "verify": verify_forward}, calls, warmup=warmup,
+                                      between=lambda: target.rollback(len(context) - 1), device=device)
+        return StepCosts(medians["draft"], medians["verify"])
     finally:
         target.close()
         if close_draft is not None:

@@ -17,9 +17,13 @@ when they are done: timing adds no synchronisation.
 
 from __future__ import annotations
 
+import statistics
 import time
+from typing import Callable, Hashable, Mapping, TypeVar
 
 import torch
+
+K = TypeVar("K", bound=Hashable)
 
 
 class WallClock:
@@ -83,3 +87,29 @@ class EventClock:
 def phase_clock(device: torch.device) -> WallClock | EventClock:
     """The clock for a generation on `device`."""
     return EventClock(device) if device.type == "cuda" else WallClock()
+
+
+def _synchronize(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def interleaved_medians(calls: Mapping[K, Callable[[], object]], repeats: int, *, warmup: int = 0,
+                        between: Callable[[], object] | None = None,
+                        device: torch.device | None = None) -> dict[K, float]:
+    """Median seconds of each call timed alone. The calls take turns, `repeats` times after
+    `warmup` untimed turns, so a machine that others share slows them alike and their ratio
+    holds. `between` runs after each turn, untimed (a cache rollback). On a GPU the device is
+    synchronised around each call: these are costs of single calls, not of a decode loop."""
+    timings: dict[K, list[float]] = {name: [] for name in calls}
+    for turn in range(warmup + repeats):
+        for name, call in calls.items():
+            _synchronize(device)
+            start = time.perf_counter()
+            call()
+            _synchronize(device)
+            if turn >= warmup:
+                timings[name].append(time.perf_counter() - start)
+        if between is not None:
+            between()
+    return {name: statistics.median(seconds) for name, seconds in timings.items()}

@@ -18,7 +18,6 @@ import os
 import platform
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -45,23 +44,22 @@ def lm_draft_point(pair_lm, answers, gamma: int) -> dict:
 
 
 def lm_draft_cost(pair_lm, calls: int = 60, context: int = 96) -> float:
+    from specdemo.engine.clock import interleaved_medians
     from specdemo.engine.lm import CachedLM
 
     ids = torch.randint(0, pair_lm.target.config.vocab_size, (context,)).tolist()
     target, draft = CachedLM(pair_lm.target), CachedLM(pair_lm.draft)
-    times = {"t": [], "d": []}
+    def step(lm):
+        def call():
+            lm.logits(ids + [5], 1).argmax().item()
+            lm.rollback(context)
+        return call
+
     with torch.inference_mode():
         target.prefill(ids)
         draft.prefill(ids)
-        for _ in range(calls):
-            for key, lm in (("t", target), ("d", draft)):
-                start = time.perf_counter()
-                lm.logits(ids + [5], 1).argmax().item()
-                times[key].append(time.perf_counter() - start)
-                lm.rollback(context)
-    import statistics
-
-    return statistics.median(times["d"]) / statistics.median(times["t"])
+        medians = interleaved_medians({"target": step(target), "draft": step(draft)}, calls)
+    return medians["draft"] / medians["target"]
 
 
 def extrapolate(rows: list[dict], key: str, goal: float) -> dict | None:

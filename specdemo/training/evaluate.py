@@ -10,12 +10,11 @@ tokens, and keeps the prefix that matches the answer. `replay_rounds` does this 
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
+from specdemo.engine.clock import interleaved_medians
 from specdemo.engine.drafters import NgramTable
 from specdemo.engine.feature_drafter import FeatureDrafter
 from specdemo.engine.feature_head import FeatureHead
@@ -167,13 +166,8 @@ def step_cost(head: FeatureHead, target, context: int = 96, calls: int = 60) -> 
         target(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True).logits.argmax().item()
         cache.crop(-1)
 
-    timings = {"draft": [], "target": []}
-    for _ in range(calls):  # interleaved, so both see the same machine
-        for name, fn in (("draft", draft_step), ("target", target_step)):
-            start = time.perf_counter()
-            fn()
-            timings[name].append(time.perf_counter() - start)
-    draft, target_time = statistics.median(timings["draft"]), statistics.median(timings["target"])
+    medians = interleaved_medians({"draft": draft_step, "target": target_step}, calls, device=device)
+    draft, target_time = medians["draft"], medians["target"]
     return {"draft_step_ms": round(1000 * draft, 3), "target_forward_ms": round(1000 * target_time, 3),
             "cost_ratio": round(draft / target_time, 4), "threads": torch.get_num_threads(),
             "draft_macs": head.step_macs()}
@@ -190,14 +184,15 @@ def verification_cost(target, tokens: int = 5, context: int = 96, calls: int = 4
     ids = torch.randint(0, target.config.vocab_size, (1, context + tokens), device=target.device)
     cache = DynamicCache(config=target.config)
     target(input_ids=ids[:, :context], past_key_values=cache, use_cache=True)
-    timings = {1: [], tokens: []}
-    for _ in range(calls):
-        for width in (1, tokens):
-            start = time.perf_counter()
-            target(input_ids=ids[:, context : context + width], past_key_values=cache, use_cache=True).logits.argmax(-1).tolist()
-            timings[width].append(time.perf_counter() - start)
+    def forward(width: int):
+        def call():
+            target(input_ids=ids[:, context : context + width], past_key_values=cache,
+                   use_cache=True).logits.argmax(-1).tolist()
             cache.crop(-width)
-    return round(statistics.median(timings[tokens]) / statistics.median(timings[1]), 3)
+        return call
+
+    medians = interleaved_medians({1: forward(1), tokens: forward(tokens)}, calls, device=target.device)
+    return round(medians[tokens] / medians[1], 3)
 
 
 def round_speedup(tokens_per_round: float, cost_ratio: float, gamma: int, verify_cost: float) -> float:
