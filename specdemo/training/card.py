@@ -102,8 +102,8 @@ selectable as the `embedded-lm` preset.
 ## Reproduce
 
 ```bash
-python -m specdemo.training.corpus --threads 1 --workers 2 --worker 0 &   # one process per core;
-python -m specdemo.training.corpus --threads 1 --workers 2 --worker 1     # stop and rerun at will
+python -m specdemo.training.corpus --threads 1 --self-instruct 600 --workers 2 --worker 0 &   # one process per core;
+python -m specdemo.training.corpus --threads 1 --self-instruct 600 --workers 2 --worker 1     # stop and rerun at will
 {summary['command']}
 ```
 
