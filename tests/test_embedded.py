@@ -139,8 +139,8 @@ def test_the_packaged_head_is_accepted_often_and_costs_under_a_tenth_of_the_targ
     untrained.bind(pair.target)
     fresh = heldout_acceptance(untrained.eval(), pair.target, answers, gamma=4)
     print(trained, fresh)
-    # On these 4 prompts (48 tokens each) the packaged head measures 0.192 (1.73 tokens per round), the head it
-    # replaced 0.182, the draft LM 0.184, an untrained head of the same shape 0.0. A floor between the new head and
-    # the old drafts would sit one accepted token under its figure, so it sits at about 80% of it instead.
-    assert trained["acceptance"] >= 0.15 > fresh["acceptance"]
+    # On these 4 prompts (48 tokens each) the packaged head measures 0.261 (1.99 tokens per round from about 360
+    # drafts); the head it replaced 0.192, the draft LM 0.184, an untrained head of the same shape 0.0. The floor
+    # sits between: about 15 accepted tokens under the packaged head, about 10 over the drafts before it.
+    assert trained["acceptance"] >= 0.22 > fresh["acceptance"]
     assert step_cost(pair.draft, pair.target, calls=30)["draft_macs"] * 10 < 134e6  # a tenth of the target's
