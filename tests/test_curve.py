@@ -52,5 +52,5 @@ def test_the_card_names_the_epochs_each_point_ran_and_where_it_was_trained(tmp_p
     assert "| 100,000 | 1,000 | 3 | 0.150 |" in text
     assert "| 400,000 | 4,000 | 1.75 | 0.200 |" in text
     assert "NOTES" in text and "TOOK AN HOUR" in text
-    assert "2-core x86_64, costs on 1 thread, trained on 2 threads" in text
+    assert "2-core x86_64, costs on 1 thread, the last slice trained on 2 threads" in text
     assert "per doubling" in text and "nan" not in text.lower()

@@ -40,7 +40,7 @@ def _hardware(machine: dict) -> str:
     cores = f"{machine['cores']}-core " if machine.get("cores") else ""
     threads = machine.get("threads", 1)
     trained = machine.get("train_threads", threads)
-    training = f", trained on {trained} threads" if trained != threads else ""
+    training = f", the last slice trained on {trained} threads" if trained != threads else ""
     return (f"{cores}{machine['cpu']}, costs on {threads} thread{'s' if threads != 1 else ''}{training}, "
             f"torch {machine['torch']}, Python {machine['python']}")
 
