@@ -49,6 +49,7 @@ def lm_draft_cost(pair_lm, calls: int = 60, context: int = 96) -> float:
 
     ids = torch.randint(0, pair_lm.target.config.vocab_size, (context,)).tolist()
     target, draft = CachedLM(pair_lm.target), CachedLM(pair_lm.draft)
+
     def step(lm):
         def call():
             lm.logits(ids + [5], 1).argmax().item()

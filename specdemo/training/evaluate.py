@@ -184,6 +184,7 @@ def verification_cost(target, tokens: int = 5, context: int = 96, calls: int = 4
     ids = torch.randint(0, target.config.vocab_size, (1, context + tokens), device=target.device)
     cache = DynamicCache(config=target.config)
     target(input_ids=ids[:, :context], past_key_values=cache, use_cache=True)
+
     def forward(width: int):
         def call():
             target(input_ids=ids[:, context : context + width], past_key_values=cache,
