@@ -54,3 +54,30 @@ def test_the_card_names_the_epochs_each_point_ran_and_where_it_was_trained(tmp_p
     assert "NOTES" in text and "TOOK AN HOUR" in text
     assert "2-core x86_64, costs on 1 thread, the last slice trained on 2 threads" in text
     assert "per doubling" in text and "nan" not in text.lower()
+
+
+def test_other_candidates_are_tabled_beside_the_head_and_named_by_what_they_keep(tmp_path):
+    from specdemo.training.card import write_card
+    from specdemo.training.curve import candidate_name, figure
+
+    carved = {"keep": [0, 29], "train_answer_tokens": 48_371, "acceptance": 0.084, "tokens_per_round": 1.33,
+              "validation_agreement": 0.271, "cost_ratio": 0.075, "predicted_speedup": 0.6}
+    carved["name"] = candidate_name(carved)
+    assert carved["name"] == "carved draft (target layers 0, 29)"
+    summary = {"curve": [card_row(48_371, 0.101)], "candidates": [carved],
+               "previous_draft_lm": {"train_answer_tokens": 1, "acceptance": 0.1, "tokens_per_round": 1.4,
+                                     "cost_ratio": 0.1},
+               "corpus": {"distinct_prompts": 500, "sequences": 500, "answer_tokens": 50_000},
+               "held_out_prompts": 37, "gamma": 4, "max_new_tokens": 96, "verify_cost": 1.9, "extrapolation": [],
+               "machine": {"cpu": "x86_64", "threads": 1, "torch": "2", "python": "3"}, "command": "curve"}
+    write_card(tmp_path / "README.md", summary)
+    assert "| carved draft (target layers 0, 29) | 48,371 | 0.084 | 1.33 | 0.271 | 0.075 | 0.60× |" in (
+        tmp_path / "README.md").read_text()
+    names = [trace.name for trace in figure(summary["curve"], None, [carved]).data]
+    assert "carved draft (target layers 0, 29): acceptance" in names
+
+
+def test_a_card_without_candidates_has_no_candidate_table(tmp_path):
+    from specdemo.training.card import _candidates
+
+    assert _candidates({"candidates": []}) == "" and _candidates({}) == ""

@@ -21,6 +21,22 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _candidates(summary: dict) -> str:
+    """Other drafts measured on the same held-out answers, as a table (nothing if none)."""
+    points = summary.get("candidates") or []
+    if not points:
+        return ""
+    lines = ["Other candidates, measured on the same held-out answers and the same cost clock:", "",
+             "| candidate | training answer tokens | held-out acceptance | tokens per round | "
+             "teacher-forced agreement | draft step ÷ target forward | predicted SD ÷ AR |",
+             "|---|---|---|---|---|---|---|"]
+    for c in points:
+        lines.append(f"| {c['name']} | {c['train_answer_tokens']:,} | {c['acceptance']:.3f} | "
+                     f"{c['tokens_per_round']:.2f} | {c['validation_agreement']:.3f} | {c['cost_ratio']:.3f} | "
+                     f"{c['predicted_speedup']:.2f}× |")
+    return "\n".join(lines) + "\n"
+
+
 def _reading(summary: dict) -> str:
     """What the curve says about the data a goal needs, in words."""
     parts = []
@@ -97,6 +113,7 @@ same way through the decode loop: acceptance {lm['acceptance']:.3f}, {lm['tokens
 cost ratio {lm['cost_ratio']:.3f}{f", predicted SD ÷ AR {lm['predicted_speedup']:.2f}×" if lm.get('predicted_speedup') else ""}. It stays
 selectable as the `embedded-lm` preset.
 
+{_candidates(summary)}
 `curve.csv` beside this file holds the numbers; `curve.html` (written by the command) draws them.
 
 ## Reproduce

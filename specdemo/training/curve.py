@@ -81,7 +81,13 @@ def extrapolate(rows: list[dict], key: str, goal: float) -> dict | None:
             "tokens_needed": int(2 ** ((goal - intercept) / slope))}
 
 
-def figure(rows: list[dict], lm_point: dict | None):
+def candidate_name(point: dict) -> str:
+    if point.get("keep") is not None:
+        return f"carved draft (target layers {', '.join(str(k) for k in point['keep'])})"
+    return point.get("name", "candidate")
+
+
+def figure(rows: list[dict], lm_point: dict | None, candidates: list[dict] = ()):
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -92,6 +98,9 @@ def figure(rows: list[dict], lm_point: dict | None):
     if lm_point:
         fig.add_trace(go.Scatter(x=[lm_point["train_answer_tokens"]], y=[lm_point["acceptance"]], mode="markers",
                                  marker=dict(symbol="x", size=12), name="previous draft LM: acceptance"))
+    for c in candidates:
+        fig.add_trace(go.Scatter(x=[c["train_answer_tokens"]], y=[c["acceptance"]], mode="markers",
+                                 marker=dict(symbol="diamond", size=11), name=f"{candidate_name(c)}: acceptance"))
     fig.add_hline(y=0.40, line_dash="dash", annotation_text="target acceptance 0.40")
     fig.update_layout(title="Held-out greedy acceptance at γ = 4 against training tokens",
                       xaxis_title="training answer tokens", yaxis_title="acceptance (accepted ÷ drafted)",
@@ -125,6 +134,9 @@ def main(argv=None) -> int:
     parser.add_argument("--notes", default="", help="a paragraph for the model card (e.g. an ablation's outcome)")
     parser.add_argument("--data-note", default="", help="a sentence for the card's data section (how long it took)")
     parser.add_argument("--append", action="store_true", help="keep the slices already in OUT/curve.csv")
+    parser.add_argument("--candidate", type=Path, action="append", default=[],
+                        help="a point of another draft measured on the same held-out answers (e.g. carve.py's "
+                             "carved.json), drawn and tabled beside the head; repeatable")
     parser.add_argument("--install", action="store_true", help="put the last head into the package, with its card")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -179,8 +191,12 @@ def main(argv=None) -> int:
         rows += [r for r in pd.read_csv(previous).to_dict("records") if r["train_answer_tokens"] not in mine]
     rows.sort(key=lambda r: r["train_answer_tokens"])
     pd.DataFrame(rows).to_csv(args.out / "curve.csv", index=False)
-    figure(rows, lm_point).write_html(args.out / "curve.html", include_plotlyjs="cdn")
-    summary = {"curve": rows, "previous_draft_lm": lm_point, "corpus": corpus.manifest(),
+    candidates = [json.loads(path.read_text()) for path in args.candidate]
+    for c in candidates:
+        c["name"] = candidate_name(c)
+        c["predicted_speedup"] = round_speedup(c["tokens_per_round"], c["cost_ratio"], args.gamma, verify_cost)
+    figure(rows, lm_point, candidates).write_html(args.out / "curve.html", include_plotlyjs="cdn")
+    summary = {"curve": rows, "previous_draft_lm": lm_point, "candidates": candidates, "corpus": corpus.manifest(),
                "held_out_prompts": len(answers), "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
                "verify_cost": verify_cost,
                "extrapolation": [e for e in (extrapolate(rows, "acceptance", 0.40),
@@ -189,7 +205,9 @@ def main(argv=None) -> int:
                            "threads": args.threads, "train_threads": args.train_threads or args.threads,
                            "torch": torch.__version__, "python": sys.version.split()[0]},
                "command": "python -m specdemo.training.curve " + " ".join(
-                   a for a in (argv or sys.argv[1:]) if a not in {"--notes", args.notes, "--data-note", args.data_note}),
+                   a for a in (argv or sys.argv[1:])
+                   if a not in {"--notes", args.notes, "--data-note", args.data_note, "--candidate"}
+                   and a not in {str(c) for c in args.candidate}),
                "notes": args.notes, "data_note": args.data_note}
     (args.out / "curve.json").write_text(json.dumps(summary, indent=1))
     if args.install and head is not None:
