@@ -92,6 +92,25 @@ def test_head_trains_on_the_corpus_and_improves_agreement(tmp_path):
     assert (tmp_path / "head" / "feature_head.json").is_file()
 
 
+def test_asking_for_more_requests_grows_the_plan_at_its_end_and_keeps_what_was_answered(tmp_path):
+    model, tokenizer = load_tiny(tmp_path)
+    out = tmp_path / "corpus"
+    build(model, tokenizer, out, shards=2)
+    corpus = corpus_module.Corpus(out)
+    plan = corpus_module._read_jsonl(corpus.requests_path)
+    assert corpus_module.requests_for(corpus, 40, [], 0) == plan  # the same ask adds nothing
+    grown = corpus_module.requests_for(corpus, 400, [], 0)
+    assert grown[: len(plan)] == plan and len(grown) > len(plan)
+    keys = [str(r["messages"]).lower() for r in grown]
+    assert len(set(keys)) == len(keys)
+    assert corpus_module._read_jsonl(corpus.requests_path) == grown
+    shard = corpus.load_shard(0)
+    corpus_module.build(model, tokenizer, out, prompts=400, self_instruct_count=3, batch=6, derived_per_shard=2,
+                        max_new_tokens=4, max_shards=3, log=lambda m: None)
+    assert corpus.load_shard(0)["messages"] == shard["messages"]
+    assert len(corpus.shards()) == 3
+
+
 def test_workers_split_the_shards_between_them(tmp_path):
     model, tokenizer = load_tiny(tmp_path)
     out = tmp_path / "corpus"

@@ -14,6 +14,8 @@ Pipeline, every stage resumable (stop it at any time, run it again and it goes o
    so no second pass is needed.
 
 A shard is one `torch.save` file, written atomically; `manifest.json` counts what exists.
+The request plan only grows: a larger `--prompts` or `--self-instruct` than it holds appends the
+new requests at its end, so a corpus whose requests are all answered can go on.
 """
 
 from __future__ import annotations
@@ -229,19 +231,26 @@ def self_instruct(model, tokenizer, corpus: Corpus, count: int, *, batch: int, s
 
 
 def requests_for(corpus: Corpus, count: int, extra: list[dict], seed: int) -> list[dict]:
-    """The fixed, shuffled request list; written once so a resumed run answers the same list."""
-    if corpus.requests_path.exists():
-        return _read_jsonl(corpus.requests_path)
-    requests = request_source.build_prompts(count, seed) + extra
-    seen, unique = set(), []
-    for r in requests:
-        key = json.dumps(r["messages"]).lower()
-        if key not in seen:
-            seen.add(key)
-            unique.append(r)
-    random.Random(seed).shuffle(unique)
-    _append_jsonl(corpus.requests_path, unique)
-    return unique
+    """The shuffled request list. It is written once, so a resumed run answers the same list, and
+    only ever grows: asking for more requests than it holds appends the new ones at its end, so
+    the shards already written keep the requests they answered. A lock keeps workers that grow
+    it at the same time from appending the same requests twice."""
+    import fcntl
+
+    corpus.root.mkdir(parents=True, exist_ok=True)
+    with open(corpus.root / ".requests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        plan = _read_jsonl(corpus.requests_path)
+        seen = {json.dumps(r["messages"]).lower() for r in plan}
+        fresh = []
+        for r in request_source.build_prompts(count, seed) + extra:
+            key = json.dumps(r["messages"]).lower()
+            if key not in seen:
+                seen.add(key)
+                fresh.append(r)
+        random.Random(seed + len(plan)).shuffle(fresh)
+        _append_jsonl(corpus.requests_path, fresh)
+    return plan + fresh
 
 
 def derived_requests(corpus: Corpus, tokenizer, index: int, lag: int, count: int, seed: int,
@@ -281,10 +290,11 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
     corpus = Corpus(out)
     stops = collect_eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    extra = []
-    if not corpus.requests_path.exists():
+    if worker == 0:  # the target writes what is still missing of its requests; a resumed run finds them
         extra = self_instruct(model, tokenizer, corpus, self_instruct_count, batch=batch, seed=seed,
                               stops=stops, pad_id=pad_id, log=log)
+    else:  # the other workers take the requests worker 0 has written so far rather than write the same ones
+        extra = _read_jsonl(corpus.self_instruct_path)[:self_instruct_count]
     requests = requests_for(corpus, prompts, extra, seed)
     base_per_shard = max(1, batch - derived_per_shard)
     index = 0
@@ -339,7 +349,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdemo.training.corpus", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=default_dir(), help="corpus directory (resumed if it exists)")
     parser.add_argument("--target", help="a save_pretrained folder; default: the embedded SmolLM2 target")
-    parser.add_argument("--prompts", type=int, default=6000, help="written requests to draw")
+    parser.add_argument("--prompts", type=int, default=6000, help="written requests to draw (more than the plan holds appends new ones)")
     parser.add_argument("--self-instruct", type=int, default=1500, help="requests the target writes itself")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--derived-per-shard", type=int, default=16, help="follow-ups and summaries per shard")
