@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import random
 import time
 from pathlib import Path
@@ -44,7 +43,6 @@ class CarvedDraft(nn.Module):
         config.num_hidden_layers = len(keep)
         if getattr(config, "layer_types", None):
             config.layer_types = [config.layer_types[i] for i in keep]
-        self.keep = list(keep)
         self.model = type(target.get_decoder())(config)
         source = target.get_decoder()
         for mine, index in zip(self.model.layers, keep):

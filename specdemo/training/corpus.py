@@ -235,11 +235,15 @@ def requests_for(corpus: Corpus, count: int, extra: list[dict], seed: int) -> li
     only ever grows: asking for more requests than it holds appends the new ones at its end, so
     the shards already written keep the requests they answered. A lock keeps workers that grow
     it at the same time from appending the same requests twice."""
-    import fcntl
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock, so grow the plan from one process there
+        fcntl = None
 
     corpus.root.mkdir(parents=True, exist_ok=True)
     with open(corpus.root / ".requests.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
         plan = _read_jsonl(corpus.requests_path)
         seen = {json.dumps(r["messages"]).lower() for r in plan}
         fresh = []

@@ -205,9 +205,7 @@ def main(argv=None) -> int:
                            "threads": args.threads, "train_threads": args.train_threads or args.threads,
                            "torch": torch.__version__, "python": sys.version.split()[0]},
                "command": "python -m specdemo.training.curve " + " ".join(
-                   a for a in (argv or sys.argv[1:])
-                   if a not in {"--notes", args.notes, "--data-note", args.data_note, "--candidate"}
-                   and a not in {str(c) for c in args.candidate}),
+                   a for a in (argv or sys.argv[1:]) if a not in {"--notes", args.notes, "--data-note", args.data_note}),
                "notes": args.notes, "data_note": args.data_note}
     (args.out / "curve.json").write_text(json.dumps(summary, indent=1))
     if args.install and head is not None:
