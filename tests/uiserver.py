@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -46,12 +47,16 @@ def serve(root: Path, presets=None, loader=tiny_loader, defaults=None, **options
 
 
 @contextmanager
-def counting_target_forwards(demo) -> Iterator[list[int]]:
-    """calls[0] counts the forwards of the served pairs' targets while the block runs."""
+def counting_target_forwards(demo, pause_s: float = 0.0) -> Iterator[list[int]]:
+    """calls[0] counts the forwards of the served pairs' targets while the block runs.
+
+    pause_s slows every forward down, so a run lasts long enough to be interrupted on any machine."""
     calls = [0]
 
     def count(*_):
         calls[0] += 1
+        if pause_s:
+            time.sleep(pause_s)
 
     handles = [pair.target.register_forward_hook(count) for pair in demo.specdemo_cache._pairs.values()]
     try:
