@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from specdemo.engine.feature_head import FeatureHead
+
 from .corpus import Corpus, default_dir
 from .eagle import read_sequences, train_head
 from .evaluate import greedy_answers, heldout_acceptance, round_speedup, step_cost, verification_cost
@@ -109,7 +111,6 @@ def figure(rows: list[dict], lm_point: dict | None, candidates: list[dict] = ())
 
 
 def main(argv=None) -> int:
-    from specdemo.engine.feature_head import FeatureHead  # noqa: F401  (the head class saved below)
     from specdemo.models import load_pair
     from specdemo.models.embedded import HEAD_DIR
 
@@ -137,6 +138,12 @@ def main(argv=None) -> int:
     parser.add_argument("--candidate", type=Path, action="append", default=[],
                         help="a point of another draft measured on the same held-out answers (e.g. carve.py's "
                              "carved.json), drawn and tabled beside the head; repeatable")
+    parser.add_argument("--passages", type=Path,
+                        help="a text corpus (python -m specdemo.training.passages) added whole to every slice's training")
+    parser.add_argument("--start-from", type=Path, help="continue this head (its folder) instead of starting anew")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--max-steps", type=int, help="stop each slice's training after this many steps")
+    parser.add_argument("--label", help="name the points of this run (as a --candidate of another curve)")
     parser.add_argument("--install", action="store_true", help="put the last head into the package, with its card")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -155,19 +162,24 @@ def main(argv=None) -> int:
     corpus = Corpus(args.corpus)
     rows = []
     head = None
+    passages = read_sequences(Corpus(args.passages), read=True) if args.passages else []
+    start_from = FeatureHead.load(args.start_from) if args.start_from else None
     for fraction in [float(f) for f in args.fractions.split(",")]:
         sequences = read_sequences(corpus, fraction)
         torch.set_num_threads(args.train_threads or args.threads)
         head, info = train_head(pair.target, sequences, subset_size=args.subset, epochs=args.epochs,
-                                tokens_per_batch=args.tokens_per_batch, cls_weight=args.cls_weight, init=args.init,
-                                prompt_loss=args.prompt_loss, max_minutes=args.max_minutes,
-                                log=lambda m: print(m, flush=True))
+                                tokens_per_batch=args.tokens_per_batch, cls_weight=args.cls_weight, init=args.init, lr=args.lr,
+                                prompt_loss=args.prompt_loss, max_minutes=args.max_minutes, passages=passages,
+                                start_from=start_from, max_steps=args.max_steps, log=lambda m: print(m, flush=True))
         torch.set_num_threads(args.threads)
         head.save(args.out / f"head-{fraction:g}", extra={"training": {**info, "fraction": fraction}})
         point = {"fraction": fraction, **info, **heldout_acceptance(head, pair.target, answers, args.gamma),
                  **step_cost(head, pair.target)}
         point["predicted_speedup"] = round_speedup(point["tokens_per_round"], point["cost_ratio"], args.gamma,
                                                    verify_cost)
+        if args.label:
+            point["name"] = args.label
+        (args.out / f"head-{fraction:g}" / "point.json").write_text(json.dumps(point, indent=1))
         rows.append(point)
         print(json.dumps(point), flush=True)
     lm_cached = args.out / f"previous-draft-{args.max_new_tokens}-{args.gamma}.json"

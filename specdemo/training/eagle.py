@@ -38,10 +38,12 @@ class Sequence:
     features: torch.Tensor  # [L - 1, d] float16
     answer_start: int
     request: str
+    read: bool = False  # a passage the target read (passages.py), not an answer it wrote
 
 
-def read_sequences(corpus: Corpus, fraction: float = 1.0, max_len: int = 448) -> list[Sequence]:
-    """Every stored sequence of the first `fraction` of the shards (shards are in request order)."""
+def read_sequences(corpus: Corpus, fraction: float = 1.0, max_len: int = 448, read: bool = False) -> list[Sequence]:
+    """Every stored sequence of the first `fraction` of the shards (shards are in request order);
+    `read` marks them as passages of a text corpus."""
     paths = corpus.shards()
     paths = paths[: max(1, math.ceil(len(paths) * fraction))]
     out = []
@@ -58,7 +60,7 @@ def read_sequences(corpus: Corpus, fraction: float = 1.0, max_len: int = 448) ->
                 if cut >= start - 1:
                     continue
                 ids, feats, start = ids[cut:], feats[cut:], start - cut
-            out.append(Sequence(ids, feats, start, json.dumps(messages)))
+            out.append(Sequence(ids, feats, start, json.dumps(messages), read))
     return out
 
 
@@ -194,26 +196,41 @@ def learning_rate(base: float, step: int, total_steps: int, warmup_steps: int,
 def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, epochs: float = 3.0,
                tokens_per_batch: int = 4096, lr: float = 1e-3, noise: float = 0.05, unroll: int = 2,
                cls_weight: float = 0.1, validation: float = 0.04, seed: int = 0, max_minutes: float | None = None,
-               init: str = "random", prompt_loss: bool = False, log=print) -> tuple[FeatureHead, dict]:
+               init: str = "random", prompt_loss: bool = False, passages: list[Sequence] = (),
+               start_from: FeatureHead | None = None, max_steps: int | None = None,
+               log=print) -> tuple[FeatureHead, dict]:
+    """Train a head on `sequences` (answers; a share of their requests validates) plus `passages`
+    (read text: training only, and left out of the vocabulary subset, which answers choose).
+    `start_from` continues an existing head (its subset kept) instead of starting anew."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     train, val = split_by_request(sequences, validation, seed)
-    specials = [t for t in [target.config.bos_token_id, target.config.eos_token_id,
-                            getattr(target.config, "pad_token_id", None)] if t is not None]
-    subset = frequent_tokens(train, subset_size, target.config.vocab_size, specials)
-    head = FeatureHead(HeadConfig.for_target(target.config, subset_size))
-    head.subset.copy_(subset)
-    if init == "target":
-        head.init_from_target(target)
+    if start_from is not None:
+        head = FeatureHead(start_from.config)
+        head.load_state_dict(start_from.state_dict())
+        subset_size = int(head.subset.numel())
+    else:
+        specials = [t for t in [target.config.bos_token_id, target.config.eos_token_id,
+                                getattr(target.config, "pad_token_id", None)] if t is not None]
+        subset = frequent_tokens(train, subset_size, target.config.vocab_size, specials)
+        head = FeatureHead(HeadConfig.for_target(target.config, subset_size))
+        head.subset.copy_(subset)
+        if init == "target":
+            head.init_from_target(target)
     head.bind(target)
+    passage_tokens = sum(int(s.ids.numel() - s.answer_start) for s in passages)
+    train = train + list(passages)
     lm_head = target.get_output_embeddings().weight.detach()
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     steps_per_epoch = len(length_groups(train, tokens_per_batch))
     total_steps = max(1, int(steps_per_epoch * epochs))
+    if max_steps is not None:
+        total_steps = min(total_steps, max_steps)
     budget_seconds = None if max_minutes is None else 60 * max_minutes
-    train_tokens = sum(int(s.ids.numel() - s.answer_start) for s in train)
-    log(f"train: {len(train)} sequences, {train_tokens} answer tokens; validation: {len(val)} sequences; "
+    train_tokens = sum(int(s.ids.numel() - s.answer_start) for s in train) - passage_tokens
+    log(f"train: {len(train)} sequences, {train_tokens} answer tokens, {passage_tokens} passage tokens; "
+        f"validation: {len(val)} sequences; "
         f"{total_steps} steps")
     best = {"agreement": [-1.0], "step": 0}
     best_state = None
@@ -248,7 +265,9 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
         head.load_state_dict(best_state)
     head.bind(target)
     info = {"train_sequences": len(train), "train_answer_tokens": train_tokens,
-            "train_requests": len({s.request for s in train}), "validation_sequences": len(val),
+            "train_requests": len({s.request for s in train if not s.read}), "validation_sequences": len(val),
+            "passage_tokens": passage_tokens, "passages": len(passages),
+            "continued": start_from is not None,
             "validation_agreement_step1": best["agreement"][0], "validation_agreement_step2": best["agreement"][-1],
             "best_step": best["step"], "steps": step, "subset_size": subset_size, "epochs": epochs,
             "epochs_run": round(step / steps_per_epoch, 2),
