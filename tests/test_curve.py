@@ -81,3 +81,31 @@ def test_a_card_without_candidates_has_no_candidate_table(tmp_path):
     from specdemo.training.card import _candidates
 
     assert _candidates({"candidates": []}) == "" and _candidates({}) == ""
+
+
+def test_the_card_says_what_outside_text_the_head_read_and_under_which_licences(tmp_path):
+    from specdemo.training.card import write_card
+
+    base = {"curve": [card_row(48_371, 0.101)],
+            "previous_draft_lm": {"train_answer_tokens": 1, "acceptance": 0.1, "tokens_per_round": 1.4,
+                                  "cost_ratio": 0.1},
+            "corpus": {"distinct_prompts": 500, "sequences": 500, "answer_tokens": 50_000},
+            "held_out_prompts": 37, "gamma": 4, "max_new_tokens": 96, "verify_cost": 1.9, "extrapolation": [],
+            "machine": {"cpu": "x86_64", "threads": 1, "torch": "2", "python": "3"}, "command": "curve"}
+    write_card(tmp_path / "answers-only.md", base)
+    answers_only = (tmp_path / "answers-only.md").read_text()
+    assert "No text from outside the target was used." in answers_only
+    assert "specdemo.training.passages" not in answers_only
+
+    # A point continued from another head on answers and passages, tabled as a candidate.
+    continued = {**card_row(48_371, 0.12), "name": "head continued on answers + passages"}
+    read = {**base, "candidates": [{**continued, "predicted_speedup": 0.9}],
+            "passages": {"shards": 3, "sequences": 170, "answer_tokens": 40_000, "distinct_prompts": 170,
+                         "sources": {"python stdlib": "PSF-2.0", "plotly": "MIT"}}}
+    write_card(tmp_path / "read.md", read)
+    text = (tmp_path / "read.md").read_text()
+    assert "40,000 tokens of 170 passages" in text
+    assert "plotly (MIT), python stdlib (PSF-2.0)" in text
+    assert "No text from outside" not in text
+    assert "python -m specdemo.training.passages" in text
+    assert "| head continued on answers + passages | 48,371 | 0.120 | 1.48 | 0.400 |" in text

@@ -32,7 +32,7 @@ def _candidates(summary: dict) -> str:
              "|---|---|---|---|---|---|---|"]
     for c in points:
         lines.append(f"| {c['name']} | {c['train_answer_tokens']:,} | {c['acceptance']:.3f} | "
-                     f"{c['tokens_per_round']:.2f} | {c['validation_agreement']:.3f} | {c['cost_ratio']:.3f} | "
+                     f"{c['tokens_per_round']:.2f} | {c.get('validation_agreement', c.get('validation_agreement_step1')):.3f} | {c['cost_ratio']:.3f} | "
                      f"{c['predicted_speedup']:.2f}× |")
     return "\n".join(lines) + "\n"
 
@@ -59,6 +59,18 @@ def _hardware(machine: dict) -> str:
     training = f", the last slice trained on {trained} threads" if trained != threads else ""
     return (f"{cores}{machine['cpu']}, costs on {threads} thread{'s' if threads != 1 else ''}{training}, "
             f"torch {machine['torch']}, Python {machine['python']}")
+
+
+def _read_text(summary: dict) -> str:
+    """What outside text the head read besides the answers (passages.py), and under which licences."""
+    passages = summary.get("passages")
+    if not passages:
+        return "No text from outside the target was used."
+    sources = ", ".join(f"{name} ({licence})" for name, licence in sorted(passages.get("sources", {}).items()))
+    return (f"Besides the answers, the head trained on {passages['answer_tokens']:,} tokens of {passages['sequences']:,} "
+            f"passages that the target read rather than wrote (`python -m specdemo.training.passages`): "
+            f"docstrings and help topics, each set as the assistant's turn of a request about its subject. "
+            f"Sources and the licences their metadata declares: {sources}.")
 
 
 def write_card(path: Path, summary: dict) -> None:
@@ -89,7 +101,7 @@ The target's own answers, written by `python -m specdemo.training.corpus` on a 2
 answer tokens) — templated requests over ~200 topics (explanations, lists, questions, writing, comparisons),
 arithmetic word problems, code and translation requests, everyday chat, requests the target wrote itself at
 temperature 1, and follow-up turns and summaries of passages it had written in earlier shards. Three shards
-in four are greedy, one in four sampled at temperature 1. No text from outside the target was used. The
+in four are greedy, one in four sampled at temperature 1. {_read_text(summary)} The
 held-out prompts (`specdemo/training/data/heldout_prompts.jsonl`) and their topics are excluded.
 {summary.get("data_note", "")}
 
@@ -121,7 +133,7 @@ selectable as the `embedded-lm` preset.
 ```bash
 python -m specdemo.training.corpus --threads 1 --self-instruct 600 --workers 2 --worker 0 &   # one process per core;
 python -m specdemo.training.corpus --threads 1 --self-instruct 600 --workers 2 --worker 1     # stop and rerun at will
-{summary['command']}
+{"python -m specdemo.training.passages --threads 2 --minutes 38   # the read text (resumable too)" + chr(10) if summary.get("passages") else ""}{summary['command']}
 ```
 
 Hardware: {_hardware(machine)}.

@@ -219,6 +219,11 @@ def main(argv=None) -> int:
                "command": "python -m specdemo.training.curve " + " ".join(
                    a for a in (argv or sys.argv[1:]) if a not in {"--notes", args.notes, "--data-note", args.data_note}),
                "notes": args.notes, "data_note": args.data_note}
+    if args.passages:
+        text_corpus = Corpus(args.passages)
+        sources = text_corpus.root / "sources.json"
+        summary["passages"] = {**text_corpus.manifest(),
+                               "sources": json.loads(sources.read_text()) if sources.is_file() else {}}
     (args.out / "curve.json").write_text(json.dumps(summary, indent=1))
     if args.install and head is not None:
         from .card import write_card
