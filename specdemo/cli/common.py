@@ -13,7 +13,7 @@ from ..engine.params import ENGINE_SCHEMA, SCHEMA, DecodeParams, EngineOptions, 
 from ..models.loading import EMBEDDED, PRESETS, load_pair
 
 # What the command line says instead of the schema's default, where its default differs.
-_CLI_DEFAULT_NOTE = {"chat": "on for the embedded pair, off otherwise", "seed": "random"}
+_CLI_DEFAULT_NOTE = {"chat": "on for the embedded pairs, off otherwise", "seed": "random"}
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,8 +81,12 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
 
 
 def default_chat(args: argparse.Namespace) -> bool:
-    """Chat is on by default for the embedded (instruct) pair."""
-    return not args.target and (args.pair or EMBEDDED) == EMBEDDED
+    """Chat is on by default for every preset whose target is the embedded (instruct) model: without
+    its template, SmolLM2-Instruct often ends a bare question at once."""
+    if args.target:
+        return False
+    preset = PRESETS.get(args.pair or EMBEDDED)
+    return preset is not None and preset.target == EMBEDDED
 
 
 def pair_from_args(args: argparse.Namespace):
