@@ -126,11 +126,12 @@ def test_closing_the_tab_stops_the_run(long_run_server):
         assert forwards[0] >= 10, "the run never started"
         page.close()
         closed_at = forwards[0]
-        stopped_at = forwards_settle(forwards, quiet_s=1.0, within_s=15.0)
-        time.sleep(1.0)
+        # Quiet for 3 s is 75 forwards that did not happen: stopped, not a scheduling pause.
+        stopped_at = forwards_settle(forwards, quiet_s=3.0, within_s=40.0)
+        time.sleep(2.0)
         assert forwards[0] == stopped_at, "decoding went on after the tab was closed"
         assert stopped_at < 480, "the run went to its end"
-        assert stopped_at - closed_at < 200, "decoding ran on long after the tab was closed"
+        assert stopped_at - closed_at < 300, "decoding ran on long after the tab was closed"
 
 
 def test_benchmark_tab_runs_a_category_and_shows_its_results(page_url):
