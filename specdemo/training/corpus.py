@@ -172,6 +172,12 @@ class Corpus:
         return {"shards": len(self.shards()), "sequences": sequences, "answer_tokens": tokens,
                 "distinct_prompts": len(prompts)}
 
+    def write_manifest(self) -> dict:
+        """Count what exists and keep the count beside the shards (`manifest.json`)."""
+        manifest = self.manifest()
+        (self.root / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        return manifest
+
 
 def _save_atomic(obj, path: Path) -> None:
     partial = path.with_suffix(".partial")
@@ -344,9 +350,7 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
         log(f"shard {index}: {len(chosen)} answers, {made} tokens, T={temperature}, "
             f"{made / (time.monotonic() - started):.0f} tokens/s")
         index += 1
-    manifest = corpus.manifest()
-    (corpus.root / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    return manifest
+    return corpus.write_manifest()
 
 
 def main(argv=None) -> int:

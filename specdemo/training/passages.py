@@ -245,9 +245,7 @@ def build(model, tokenizer, out: Path, *, sources=gather, passages_per_shard: in
         _save_atomic(shard, corpus.shard_path(index))
         read = sum(len(answers[i]) for i in keep)
         log(f"shard {index}: {len(keep)} passages, {read} tokens, {read / (time.monotonic() - started):.0f} tokens/s")
-    manifest = corpus.manifest()
-    (corpus.root / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    return manifest
+    return corpus.write_manifest()
 
 
 def main(argv=None) -> int:
