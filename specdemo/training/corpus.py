@@ -35,6 +35,7 @@ from ..models.tokens import collect_eos_ids, encode_messages
 from . import prompts as request_source
 
 TOPK = 16
+DONE_CHECK_EVERY = 8
 SAMPLE_CANDIDATES = 64
 SELF_INSTRUCT_KINDS = [
     "a question", "a request for advice", "a how-to question", "a request to explain something",
@@ -86,7 +87,10 @@ def answer_batch(model, prefixes: list[list[int]], *, max_new_tokens: int, stops
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     out = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
     hidden = out.last_hidden_state
-    step_features = [hidden.float().cpu()]
+    # Everything a step makes stays on the model's device until the batch ends, and whether every
+    # row has stopped is read back only every few steps: on a GPU a read-back per step would keep
+    # the host from queueing the next step while the device works.
+    step_features = [hidden.float()]
     cache = out.past_key_values
     stop_tensor = torch.tensor(sorted(stops), device=device)
     done = torch.zeros(rows, dtype=torch.bool, device=device)
@@ -95,8 +99,8 @@ def answer_batch(model, prefixes: list[list[int]], *, max_new_tokens: int, stops
     for step in range(max_new_tokens):
         logp = F.log_softmax(head(last).float(), dim=-1)
         values, indices = logp.topk(max(topk, SAMPLE_CANDIDATES), dim=-1)
-        top_v.append(values[:, :topk].half().cpu())
-        top_i.append(indices[:, :topk].int().cpu())
+        top_v.append(values[:, :topk].half())
+        top_i.append(indices[:, :topk].int())
         if temperature > 0:
             # Sampling among the most likely candidates: the tail left out holds a negligible
             # share of the mass, and a multinomial over the full vocabulary costs a forward.
@@ -105,9 +109,9 @@ def answer_batch(model, prefixes: list[list[int]], *, max_new_tokens: int, stops
         else:
             nxt = indices[:, 0]
         nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-        tokens.append(nxt.cpu())
+        tokens.append(nxt)
         done |= torch.isin(nxt, stop_tensor)
-        if bool(done.all()) or step + 1 == max_new_tokens:
+        if step + 1 == max_new_tokens or (step % DONE_CHECK_EVERY == DONE_CHECK_EVERY - 1 and bool(done.all())):
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         positions = positions[:, -1:] + 1
@@ -115,9 +119,10 @@ def answer_batch(model, prefixes: list[list[int]], *, max_new_tokens: int, stops
                    past_key_values=cache, use_cache=True)
         cache = out.past_key_values
         last = out.last_hidden_state[:, -1]
-        step_features.append(out.last_hidden_state.float().cpu())
-    generated = torch.stack(tokens, 1)
-    features = torch.cat(step_features, 1)  # [rows, width + steps - 1, d]
+        step_features.append(out.last_hidden_state.float())
+    generated = torch.stack(tokens, 1).cpu()
+    features = torch.cat(step_features, 1).cpu()  # [rows, width + steps - 1, d]
+    top_i, top_v = torch.stack(top_i, 1).cpu(), torch.stack(top_v, 1).cpu()
     answers = []
     for row, prefix in enumerate(prefixes):
         answer = generated[row].tolist()
@@ -130,8 +135,8 @@ def answer_batch(model, prefixes: list[list[int]], *, max_new_tokens: int, stops
         answers.append(Answer(
             answer,
             features[row, start : start + fed].half().clone(),
-            torch.stack(top_i, 1)[row, : len(answer)].clone(),
-            torch.stack(top_v, 1)[row, : len(answer)].clone(),
+            top_i[row, : len(answer)].clone(),
+            top_v[row, : len(answer)].clone(),
         ))
     return answers
 
@@ -219,7 +224,7 @@ def self_instruct(model, tokenizer, corpus: Corpus, count: int, *, batch: int, s
                 "subject. Reply with the new request only."
             )
         prefixes = [encode_chat(tokenizer, [{"role": "user", "content": a}]) for a in asks]
-        generator = torch.Generator().manual_seed(seed + round_index)
+        generator = torch.Generator(device=model.device).manual_seed(seed + round_index)
         answers = answer_batch(model, prefixes, max_new_tokens=48, stops=stops, pad_id=pad_id,
                                temperature=1.0, topk=1, generator=generator)
         fresh = []
@@ -324,7 +329,8 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
         keep = [i for i, p in enumerate(prefixes) if len(p) <= max_prompt_tokens]
         chosen, prefixes = [chosen[i] for i in keep], [prefixes[i] for i in keep]
         temperature = 1.0 if sample_every and index % sample_every == sample_every - 1 else 0.0
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
+        # On the model's device: a CUDA multinomial takes only a CUDA generator.
+        generator = torch.Generator(device=model.device).manual_seed(seed * 1_000_003 + index)
         # Similar lengths together: less padding in the batch.
         order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
         answers: list[Answer | None] = [None] * len(prefixes)

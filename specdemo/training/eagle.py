@@ -100,13 +100,15 @@ def length_groups(sequences: list[Sequence], tokens_per_batch: int) -> list[list
     return groups
 
 
-def batches(sequences: list[Sequence], tokens_per_batch: int, rng: random.Random | None):
-    """Right-padded batches of similar lengths, about `tokens_per_batch` tokens each (shuffled with rng)."""
+def batches(sequences: list[Sequence], tokens_per_batch: int, rng: random.Random | None, device=None):
+    """Right-padded batches of similar lengths, about `tokens_per_batch` tokens each (shuffled with
+    rng), on `device` (the CPU by default)."""
     groups = length_groups(sequences, tokens_per_batch)
     if rng is not None:
         rng.shuffle(groups)
     for group in groups:
-        yield collate([sequences[i] for i in group])
+        batch = collate([sequences[i] for i in group])
+        yield batch if device is None else {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def collate(seqs: list[Sequence]) -> dict:
@@ -134,7 +136,7 @@ def head_losses(head: FeatureHead, batch: dict, *, noise: float, unroll: int, cl
     if prompt_loss:  # fixed text the target only read still shows how its features move
         mask = mask | batch["prompt_mask"]
     b, t, _ = features.shape
-    positions = torch.arange(1, t + 1)
+    positions = torch.arange(1, t + 1, device=features.device)
     targets = features[:, 1:]  # f_{j+1} for inputs j = 0..t-2
     with torch.no_grad():
         target_logp = F.log_softmax(head.subset_logits(targets), dim=-1)
@@ -161,10 +163,10 @@ def agreement(head: FeatureHead, sequences: list[Sequence], lm_head: torch.Tenso
     """Teacher-forced top-1 agreement with the target's greedy token, per draft step."""
     head.eval()
     hits, count = [0] * steps, 0
-    for batch in batches(sequences, tokens_per_batch, None):
+    for batch in batches(sequences, tokens_per_batch, None, device=lm_head.device):
         features, next_ids, mask = batch["features"], batch["next_ids"], batch["loss_mask"]
         t = features.shape[1]
-        positions = torch.arange(1, t + 1)
+        positions = torch.arange(1, t + 1, device=features.device)
         m = mask[:, : t - 1]
         truth = (features[:, 1:][m] @ lm_head.t()).argmax(-1)
         inputs = features
@@ -217,6 +219,9 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
         head.subset.copy_(subset)
         if init == "target":
             head.init_from_target(target)
+    # The head trains where the target is (the stored features come to it a batch at a time).
+    device = target.get_output_embeddings().weight.device
+    head.to(device)
     head.bind(target)
     passage_tokens = sum(int(s.ids.numel() - s.answer_start) for s in passages)
     train = train + list(passages)
@@ -239,7 +244,7 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
     warmup_steps = max(1, min(50, total_steps // 10))
     done = False
     while not done:
-        for batch in batches(train, tokens_per_batch, rng):
+        for batch in batches(train, tokens_per_batch, rng, device=device):
             elapsed_share = None if budget_seconds is None else (time.monotonic() - started) / budget_seconds
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(lr, step, total_steps, warmup_steps, elapsed_share)
@@ -282,7 +287,8 @@ def main(argv=None) -> int:
     from .corpus import load_teacher
 
     parser = argparse.ArgumentParser(prog="python -m specdemo.training.eagle", description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", type=Path, default=default_dir())
+    parser.add_argument("--corpus", type=Path, nargs="+", default=[default_dir()],
+                        help="one or more corpus directories (e.g. one per process that grew them)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--target", help="a save_pretrained folder; default: the embedded SmolLM2 target")
     parser.add_argument("--fraction", type=float, default=1.0, help="train on this share of the shards")
@@ -300,19 +306,22 @@ def main(argv=None) -> int:
     parser.add_argument("--max-minutes", type=float)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="where the head trains (e.g. cuda)")
+    parser.add_argument("--start-from", type=Path, help="continue this head (its folder) instead of starting anew")
+    parser.add_argument("--max-steps", type=int, help="stop training after this many steps")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    target, _ = load_teacher(args.target, "cpu", torch.float32)
+    target, _ = load_teacher(args.target, args.device, torch.float32)
     for p in target.parameters():
         p.requires_grad_(False)
-    sequences = read_sequences(Corpus(args.corpus), args.fraction)
+    sequences = [s for folder in args.corpus for s in read_sequences(Corpus(folder), args.fraction)]
     head, info = train_head(target, sequences, subset_size=args.subset, epochs=args.epochs,
                             tokens_per_batch=args.tokens_per_batch, lr=args.lr, noise=args.noise,
                             unroll=args.unroll, cls_weight=args.cls_weight, init=args.init, seed=args.seed,
-                            prompt_loss=args.prompt_loss,
-                            max_minutes=args.max_minutes,
-                            log=lambda m: print(m, flush=True))
+                            prompt_loss=args.prompt_loss, max_minutes=args.max_minutes,
+                            start_from=FeatureHead.load(args.start_from) if args.start_from else None,
+                            max_steps=args.max_steps, log=lambda m: print(m, flush=True))
     info["fraction"] = args.fraction
     head.save(args.out, extra={"training": info})
     print(json.dumps(info))
