@@ -257,3 +257,20 @@ def test_confidence_stopping_reads_once_each_time_it_weighs_another_draft(reques
         weighed.append(0)
     assert counts == [1 + w for w in weighed[:-1]]
     assert any(weighed), "some round weighed a second draft"
+
+
+def test_a_pooled_cache_filled_under_inference_mode_is_reset_for_the_next_generation(pair32):
+    """Generations run under inference mode, so the cache they hand back to the pool holds
+    inference tensors; the next generation must still be able to reset it."""
+    first = CachedLM(pair32.target, pair32.vocab_size, cache="static", max_length=40, compile=True)
+    with torch.inference_mode():
+        first.prefill(list(range(3, 12)))
+        for layer in first.cache.layers:
+            # On a GPU the layer's first forward moves its length to the device, which under
+            # inference mode makes an inference tensor; on the CPU the move is a no-op.
+            layer.cumulative_length = layer.cumulative_length.clone()
+    pooled = first.cache
+    first.close()
+    second = CachedLM(pair32.target, pair32.vocab_size, cache="static", max_length=40, compile=True)
+    assert second.cache is pooled
+    assert all(int(layer.cumulative_length) == 0 for layer in second.cache.layers)

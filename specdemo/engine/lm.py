@@ -155,9 +155,12 @@ class CachedLM:
         del self.cached_ids[length:]
 
     def _set_length(self, length: int) -> None:
-        # In place: the length tensors keep their addresses (a captured graph reads them).
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(length)
+        # In place: the length tensors keep their addresses (a captured graph reads them). Under
+        # inference mode, because a cache that a generation initialised on a GPU holds inference
+        # tensors, and only inference mode may write to those.
+        with torch.inference_mode():
+            for layer in self.cache.layers:
+                layer.cumulative_length.fill_(length)
 
     def close(self) -> None:
         """Let go of the cache now (a compiled one goes back to the model's pool)."""
