@@ -151,3 +151,18 @@ def test_training_under_a_time_budget_stops_and_keeps_a_head(tmp_path):
                                   validation=0.2, max_minutes=0.02, log=lambda m: None)
     assert 0 < info["steps"] < 10_000  # at least one step an epoch was planned: the clock ended it
     assert head.subset.numel() == 48
+
+
+def test_the_time_budget_also_bounds_the_requests_the_target_writes(tmp_path):
+    """`minutes` covers every stage: a budget spent before the first request is written leaves
+    neither requests nor shards, and the next run starts them."""
+    model, tokenizer = load_tiny(tmp_path)
+    out = tmp_path / "corpus"
+    said = []
+    spent = corpus_module.build(model, tokenizer, out, prompts=40, self_instruct_count=50, batch=6,
+                                max_new_tokens=8, minutes=0.0, log=said.append)
+    corpus = corpus_module.Corpus(out)
+    assert spent["shards"] == 0 and not corpus_module._read_jsonl(corpus.self_instruct_path)
+    assert not [m for m in said if m.startswith("self-instruct:")]  # not one batch of requests was asked for
+    resumed = build(model, tokenizer, out, shards=1)
+    assert resumed["shards"] == 1

@@ -203,8 +203,9 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def self_instruct(model, tokenizer, corpus: Corpus, count: int, *, batch: int, seed: int, stops: set[int],
-                  pad_id: int, log=print) -> list[dict]:
-    """Requests the target writes itself, appended batch by batch so a stop loses one batch."""
+                  pad_id: int, deadline: float | None = None, log=print) -> list[dict]:
+    """Requests the target writes itself, appended batch by batch so a stop loses one batch. Stops
+    at `deadline` (a `time.monotonic()` value) too; a later run writes the rest."""
     found = _read_jsonl(corpus.self_instruct_path)
     seen = {r["messages"][0]["content"].lower() for r in found}
     seen |= {p.lower() for p in request_source.heldout_prompts()}
@@ -212,6 +213,9 @@ def self_instruct(model, tokenizer, corpus: Corpus, count: int, *, batch: int, s
     round_index = len(found) // max(1, batch) + 1000
     attempts = 0
     while len(found) < count and attempts < 4 * count // max(1, batch) + 4:
+        if deadline is not None and time.monotonic() > deadline:
+            log("time is up while the target writes requests; run again to go on")
+            break
         attempts += 1
         rng = random.Random(seed * 7919 + round_index)
         round_index += 1
@@ -307,7 +311,7 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if worker == 0:  # the target writes what is still missing of its requests; a resumed run finds them
         extra = self_instruct(model, tokenizer, corpus, self_instruct_count, batch=batch, seed=seed,
-                              stops=stops, pad_id=pad_id, log=log)
+                              stops=stops, pad_id=pad_id, deadline=deadline, log=log)
     else:  # the other workers take the requests worker 0 has written so far rather than write the same ones
         extra = _read_jsonl(corpus.self_instruct_path)[:self_instruct_count]
     requests = requests_for(corpus, prompts, extra, seed)
