@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,3 +65,34 @@ def counting_target_forwards(demo, pause_s: float = 0.0) -> Iterator[list[int]]:
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextmanager
+def watching_decodes() -> Iterator[tuple[list[bool], threading.Event]]:
+    """Watches every decode the page starts: `ended` gets one entry as each stops (True if it ran to
+    its end, False if it was closed before), and `stopped` is set at the first stop."""
+    from specdemo.app import handlers
+
+    original = handlers.iter_generate
+    ended: list[bool] = []
+    stopped = threading.Event()
+
+    def watched(*args, **kwargs):
+        rounds = original(*args, **kwargs)
+
+        def relay():
+            finished = False
+            try:
+                yield from rounds
+                finished = True
+            finally:  # closing this generator closes the decode's too
+                ended.append(finished)
+                stopped.set()
+
+        return relay()
+
+    handlers.iter_generate = watched
+    try:
+        yield ended, stopped
+    finally:
+        handlers.iter_generate = original
