@@ -139,9 +139,9 @@ def test_the_packaged_head_is_accepted_often_and_costs_under_a_tenth_of_the_targ
     untrained.bind(pair.target)
     fresh = heldout_acceptance(untrained.eval(), pair.target, answers, gamma=4)
     print(trained, fresh)
-    # On these 4 prompts (48 tokens each) the packaged head measures 0.273 (2.03 tokens per round from about 370
-    # drafts), the head trained on 582 k tokens 0.261, the one on 165 k 0.192, the draft LM 0.184 and an untrained
-    # head of the same shape 0.0. The floor sits about 15 accepted tokens under the packaged head and about 10
-    # over the 165 k head and the LM; the last two heads are too close (about 4 tokens) to put a floor between.
-    assert trained["acceptance"] >= 0.22 > fresh["acceptance"]
+    # On these 4 prompts (48 tokens each) the packaged head measures 0.302 (2.15 tokens per round from about 350
+    # drafts), the head shipped before it 0.298, the head trained on 582 k tokens 0.261, the one on 165 k 0.192, the
+    # draft LM 0.184 and an untrained head of the same shape 0.0. The floor sits about 11 accepted tokens under the
+    # packaged head and over every older draft but the last, which is too close (about 1 token) to put a floor between.
+    assert trained["acceptance"] >= 0.27 > fresh["acceptance"]
     assert step_cost(pair.draft, pair.target, calls=30)["draft_macs"] * 10 < 134e6  # a tenth of the target's
