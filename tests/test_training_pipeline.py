@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -166,3 +168,27 @@ def test_the_time_budget_also_bounds_the_requests_the_target_writes(tmp_path):
     assert not [m for m in said if m.startswith("self-instruct:")]  # not one batch of requests was asked for
     resumed = build(model, tokenizer, out, shards=1)
     assert resumed["shards"] == 1
+
+
+def test_the_head_command_reads_several_corpora_and_continues_a_head(tmp_path):
+    """As on a GPU, where one process per seed writes its own corpus and the head reads them all."""
+    model, tokenizer = load_tiny(tmp_path)
+    folders = [tmp_path / "corpus-1", tmp_path / "corpus-2"]
+    for seed, folder in enumerate(folders, start=1):
+        corpus_module.build(model, tokenizer, folder, prompts=40, self_instruct_count=0, batch=6, derived_per_shard=2,
+                            max_new_tokens=8, max_shards=2, seed=seed, log=lambda m: None)
+    sequences = sum(len(eagle.read_sequences(corpus_module.Corpus(f))) for f in folders)
+    common = ["--corpus", *map(str, folders), "--target", str(tmp_path / "target"), "--tokens-per-batch", "256",
+              "--device", "cpu"]
+    eagle.main([*common, "--out", str(tmp_path / "first"), "--subset", "48", "--epochs", "1"])
+    first = eagle.FeatureHead.load(tmp_path / "first")
+    info = json.loads((tmp_path / "first" / "feature_head.json").read_text())["training"]
+    assert info["train_sequences"] + info["validation_sequences"] == sequences
+    assert not info["continued"]
+
+    eagle.main([*common, "--out", str(tmp_path / "second"), "--start-from", str(tmp_path / "first"), "--max-steps", "2"])
+    second = eagle.FeatureHead.load(tmp_path / "second")
+    info = json.loads((tmp_path / "second" / "feature_head.json").read_text())["training"]
+    assert info["continued"] and info["steps"] == 2
+    assert torch.equal(second.subset, first.subset)  # a continued head keeps its vocabulary
+    assert not torch.equal(second.fc.weight, first.fc.weight)
