@@ -94,19 +94,33 @@ def test_run_renders_panels_charts_and_table(page_url, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def long_run_server(tmp_path_factory):
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+@pytest.fixture(scope="module")
+def long_run_server(tmp_path_factory, monkeypatch_module):
+    # Heartbeats every half second, so a closed tab is noticed within the run even when its
+    # stream never opened (the page's default is Gradio's 15 s).
+    monkeypatch_module.setenv("GRADIO_HEARTBEAT_INTERVAL", "0.5")
     with serve(tmp_path_factory.mktemp("browser-long"), defaults={"max_new_tokens": 480, "methods": ["ar"]}) as (url, demo):
         preset = demo.specdemo_presets["tiny"]
         demo.specdemo_cache.get(preset.target, preset.draft)  # loaded now, so its forwards can be counted
         yield url, demo
 
 
-def test_closing_the_tab_stops_the_run(long_run_server):
+@pytest.mark.parametrize("stream", ["open", "never opened"])
+def test_closing_the_tab_stops_the_run(long_run_server, stream):
+    """Whether the closed tab's result stream notices (the usual way) or no stream was ever open to
+    notice (a tab closed right after Run, on a loaded machine), the session's heartbeat does."""
     url, demo = long_run_server
     # 40 ms a forward makes the 480-token run last ~20 s, far longer than the server needs to
-    # notice the closed stream even on a loaded machine.
+    # notice the closed tab even on a loaded machine.
     with opened_page(url) as page, counting_target_forwards(demo, pause_s=0.04) as forwards, \
             watching_decodes() as (ended, stopped):
+        if stream == "never opened":
+            page.route("**/queue/data*", lambda route: route.abort())
         page.locator("#sd-run").click(timeout=60_000)
         deadline = time.time() + 120  # a loaded machine starts the run late; a late start is not the subject
         while forwards[0] < 10 and time.time() < deadline:

@@ -257,3 +257,17 @@ def test_the_page_never_enables_remote_code(tmp_path):
     with pytest.raises(ValueError):
         demo.specdemo_cache.get("t", None)
     assert seen and all("trust_remote_code" not in kwargs for kwargs in seen)
+
+
+def test_a_closed_tab_is_remembered_only_while_its_run_lasts():
+    from specdemo.app.ui import RunningSessions
+
+    runs = RunningSessions()
+    runs.closed("idle")  # a tab without a run: nothing to stop, nothing kept
+    assert runs.wanted("idle") and not runs._closed
+    runs.started("a")
+    runs.started("b")
+    runs.closed("a")
+    assert not runs.wanted("a") and runs.wanted("b")
+    runs.finished("a")
+    assert runs.wanted("a") and not runs._closed and set(runs._runs) == {"b"}

@@ -10,9 +10,11 @@ and CSS, which Gradio 6 takes at launch time.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import threading
 from typing import Any, Mapping
 
 import gradio as gr
@@ -204,6 +206,8 @@ def build_demo(
         # -- the streaming run ---------------------------------------------------------
         def run(form: dict, request: gr.Request):
             """Decode with each method in turn, yielding after every round."""
+            session = request.session_hash if request is not None else None
+            runs.started(session)
             try:
                 try:
                     req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
@@ -211,9 +215,13 @@ def build_demo(
                 except ValueError as error:
                     yield components(RunUpdate(status=f"⚠️ {error}", warning=str(error)))
                     return
-                for update in handlers.stream_run(req, load, limits, gpu):
-                    yield components(update)
+                with contextlib.closing(handlers.stream_run(req, load, limits, gpu)) as updates:
+                    for update in updates:
+                        if not runs.wanted(session):
+                            return  # the tab is gone; closing the stream stops the decode
+                        yield components(update)
             finally:  # also when Stop or a closed tab ends the stream
+                runs.finished(session)
                 forget_replaced_components(demo, request)
 
         form_before, form_after = ("prompt", "preset", "methods"), ("target", "draft", *ENGINE_NAMES)
@@ -251,8 +259,46 @@ def build_demo(
             concurrency_id=GPU_QUEUE,
         )
 
+        runs = RunningSessions()
+        # A closed tab's stream usually ends its run, but a tab closed before that stream opened
+        # leaves nothing to notice it; the session's own heartbeat does, and fires `unload`.
+        def tab_closed(request: gr.Request):
+            runs.closed(request.session_hash if request is not None else None)
+
+        demo.unload(tab_closed)
+
     demo.queue(default_concurrency_limit=1, max_size=limits.queue_size)
     return demo
+
+
+class RunningSessions:
+    """The visitors with a run in progress, and which of them have closed their tab since."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._runs: dict[str | None, int] = {}
+        self._closed: set[str | None] = set()
+
+    def started(self, session: str | None) -> None:
+        with self._lock:
+            self._runs[session] = self._runs.get(session, 0) + 1
+
+    def closed(self, session: str | None) -> None:
+        with self._lock:
+            if session in self._runs:  # only sessions with a run are remembered, so none piles up
+                self._closed.add(session)
+
+    def wanted(self, session: str | None) -> bool:
+        return session not in self._closed
+
+    def finished(self, session: str | None) -> None:
+        with self._lock:
+            left = self._runs.get(session, 1) - 1
+            if left > 0:
+                self._runs[session] = left
+            else:
+                self._runs.pop(session, None)
+                self._closed.discard(session)
 
 
 def forget_replaced_components(demo: gr.Blocks, request: gr.Request | None) -> None:
