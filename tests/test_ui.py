@@ -271,3 +271,27 @@ def test_a_closed_tab_is_remembered_only_while_its_run_lasts():
     assert not runs.wanted("a") and runs.wanted("b")
     runs.finished("a")
     assert runs.wanted("a") and not runs._closed and set(runs._runs) == {"b"}
+
+
+def test_a_run_followed_for_a_closed_tab_stops_and_is_closed_and_tidied():
+    from types import SimpleNamespace
+
+    from specdemo.app.ui import RunningSessions
+
+    tidied, closed = [], []
+
+    def updates():
+        try:
+            yield from range(100)
+        finally:
+            closed.append(True)
+
+    runs = RunningSessions(tidy=tidied.append)
+    request = SimpleNamespace(session_hash="a")
+    relayed = []
+    for update in runs.follow(request, updates()):
+        relayed.append(update)
+        if update == 2:
+            runs.closed("a")  # the page's unload, from the session's heartbeat
+    assert relayed == [0, 1, 2] and closed == [True] and tidied == [request]
+    assert runs.wanted("a") and not runs._runs  # nothing kept once the run is over

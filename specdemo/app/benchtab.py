@@ -110,13 +110,14 @@ def build_tab(
     gpu: Callable[[Callable], Callable],
     export: Callable[[], Any],
     queue_id: str,
-    tidy: Callable[[gr.Request], None] = lambda request: None,
+    follow: Callable[[gr.Request, Iterator], Iterator] = lambda request, updates: updates,
 ) -> None:
     """Lay the tab out inside the current Blocks and wire its events.
 
     load(target, draft) returns a cached pair; gpu decorates the GPU work (ZeroGPU);
     export() gives a fresh folder for this run's files; queue_id is the concurrency group
-    the page's other decoding events share; tidy(request) cleans the visitor's session after a run.
+    the page's other decoding events share; follow(request, updates) relays a run's updates,
+    stopping it when the visitor's tab closes and tidying the visitor's session after it.
     """
     gr.Markdown(
         "Runs the project's prompt suite (chat, translation, summarisation, RAG, maths, code) through each "
@@ -159,11 +160,8 @@ def build_tab(
 
     def run(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
             ngram_n_, seed_, request: gr.Request, progress=gr.Progress()):
-        try:
-            yield from benchmark(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen,
-                                 temperature_, gamma_, ngram_n_, seed_, progress)
-        finally:  # also when Stop or a closed tab ends the stream
-            tidy(request)
+        yield from follow(request, benchmark(preset_name, category_name, prompts_per_category, repeats_, tokens,
+                                             chosen, temperature_, gamma_, ngram_n_, seed_, progress))
 
     def benchmark(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
                   ngram_n_, seed_, progress):

@@ -9,6 +9,7 @@ The sweep itself is `bench.sweep`, the same code the command line runs.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from dataclasses import dataclass
@@ -231,7 +232,7 @@ def build_tab(
     gpu: Callable[[Callable], Callable],
     export: Callable[[], Path],
     queue_id: str,
-    tidy: Callable[[gr.Request], None] = lambda request: None,
+    follow: Callable[[gr.Request, Iterator], Iterator] = lambda request, updates: updates,
 ) -> None:
     """Lay the tab out inside the current Blocks and wire its events (arguments as `benchtab.build_tab`)."""
     initial = default_form(limits)
@@ -302,22 +303,23 @@ def build_tab(
                 *(figures.get(name, keep) for name in CHARTS), *files)
 
     def run(form: dict, request: gr.Request, progress: gr.Progress):
+        yield from follow(request, sweep_updates(form, progress))
+
+    def sweep_updates(form: dict, progress: gr.Progress):
         try:
-            try:
-                req = make_sweep_request(form, presets, limits)
-            except ValueError as error:
-                raise gr.Error(str(error), print_exception=False) from None
-            cleared = [gr.update(value=None, interactive=False)] * 3
-            yield ("Loading the model pair …", "", None, *[None] * len(CHARTS), *cleared)
-            try:
-                for update in stream_sweep(req, load, export, gpu):
+            req = make_sweep_request(form, presets, limits)
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        cleared = [gr.update(value=None, interactive=False)] * 3
+        yield ("Loading the model pair …", "", None, *[None] * len(CHARTS), *cleared)
+        try:
+            with contextlib.closing(stream_sweep(req, load, export, gpu)) as updates:
+                for update in updates:
                     if update.total:
                         progress((update.done, update.total), desc=update.message)
                     yield components(update)
-            except ValueError as error:
-                raise gr.Error(str(error), print_exception=False) from None
-        finally:  # also when Stop or a closed tab ends the stream
-            tidy(request)
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from None
 
     def sweep_api(form: dict, request: gr.Request):
         """Run a sweep to the end; returns the summary table, the rows CSV and the verdict."""

@@ -15,7 +15,7 @@ import functools
 import logging
 import os
 import threading
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import gradio as gr
 
@@ -167,15 +167,22 @@ def build_demo(
                 api_texts = gr.JSON(label="texts")
                 compare_btn = gr.Button("compare")
 
+        runs = RunningSessions(tidy=functools.partial(forget_replaced_components, demo))
+
+        # A closed tab's stream usually ends its run, but a tab closed before that stream opened
+        # leaves nothing to notice it; the session's own heartbeat does, and fires `unload`.
+        def tab_closed(request: gr.Request):
+            runs.closed(_session(request))
+
+        demo.unload(tab_closed)
+
         with gr.Tab("Benchmark", elem_id="sd-benchmark-tab"):
             benchtab.build_tab(presets, default_preset, lambda t, d: cache.get(t, d, device=device, dtype=dtype),
-                               limits, gpu, export_dir, GPU_QUEUE,
-                               tidy=functools.partial(forget_replaced_components, demo))
+                               limits, gpu, export_dir, GPU_QUEUE, follow=runs.follow)
 
         with gr.Tab("Sweep", elem_id="sd-sweep-tab"):
             sweeptab.build_tab(presets, default_preset, lambda t, d: cache.get(t, d, device=device, dtype=dtype),
-                               limits, gpu, export_dir, GPU_QUEUE,
-                               tidy=functools.partial(forget_replaced_components, demo))
+                               limits, gpu, export_dir, GPU_QUEUE, follow=runs.follow)
 
         charts = [gamma_plot, entropy_plot, accepted_plot, race_plot]
         chart_names = list(viz.all_figures([]))
@@ -206,23 +213,18 @@ def build_demo(
         # -- the streaming run ---------------------------------------------------------
         def run(form: dict, request: gr.Request):
             """Decode with each method in turn, yielding after every round."""
-            session = request.session_hash if request is not None else None
-            runs.started(session)
+            yield from runs.follow(request, decode(form))
+
+        def decode(form: dict):
             try:
-                try:
-                    req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
-                                       presets, limits, methods=form["methods"] or [])
-                except ValueError as error:
-                    yield components(RunUpdate(status=f"⚠️ {error}", warning=str(error)))
-                    return
-                with contextlib.closing(handlers.stream_run(req, load, limits, gpu)) as updates:
-                    for update in updates:
-                        if not runs.wanted(session):
-                            return  # the tab is gone; closing the stream stops the decode
-                        yield components(update)
-            finally:  # also when Stop or a closed tab ends the stream
-                runs.finished(session)
-                forget_replaced_components(demo, request)
+                req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
+                                   presets, limits, methods=form["methods"] or [])
+            except ValueError as error:
+                yield components(RunUpdate(status=f"⚠️ {error}", warning=str(error)))
+                return
+            with contextlib.closing(handlers.stream_run(req, load, limits, gpu)) as updates:
+                for update in updates:
+                    yield components(update)
 
         form_before, form_after = ("prompt", "preset", "methods"), ("target", "draft", *ENGINE_NAMES)
         run_outputs = [status, *panels, *charts, table, why, summary_file, rounds_file]
@@ -259,25 +261,38 @@ def build_demo(
             concurrency_id=GPU_QUEUE,
         )
 
-        runs = RunningSessions()
-        # A closed tab's stream usually ends its run, but a tab closed before that stream opened
-        # leaves nothing to notice it; the session's own heartbeat does, and fires `unload`.
-        def tab_closed(request: gr.Request):
-            runs.closed(request.session_hash if request is not None else None)
-
-        demo.unload(tab_closed)
-
     demo.queue(default_concurrency_limit=1, max_size=limits.queue_size)
     return demo
 
 
-class RunningSessions:
-    """The visitors with a run in progress, and which of them have closed their tab since."""
+def _session(request: gr.Request | None) -> str | None:
+    return request.session_hash if request is not None else None
 
-    def __init__(self):
+
+class RunningSessions:
+    """The visitors with a run in progress, and which of them have closed their tab since.
+    Every streaming event of the page runs through `follow`."""
+
+    def __init__(self, tidy: Callable[[gr.Request | None], None] = lambda request: None):
+        self._tidy = tidy
         self._lock = threading.Lock()
         self._runs: dict[str | None, int] = {}
         self._closed: set[str | None] = set()
+
+    def follow(self, request: gr.Request | None, updates: Iterator) -> Iterator:
+        """Relay a run's updates until they end or its visitor's tab closes; then close the run
+        (which stops its decoding) and tidy the visitor's session, also after Stop."""
+        session = _session(request)
+        self.started(session)
+        try:
+            with contextlib.closing(updates):
+                for update in updates:
+                    if not self.wanted(session):
+                        return
+                    yield update
+        finally:
+            self.finished(session)
+            self._tidy(request)
 
     def started(self, session: str | None) -> None:
         with self._lock:
