@@ -74,7 +74,7 @@ def test_save_and_load_keep_weights_and_subset_but_not_the_targets_rows(tmp_path
     from safetensors.torch import load_file
 
     stored = load_file(str(tmp_path / "feature_head.safetensors"))
-    assert not any("embed" in k or "head_rows" in k for k in stored)
+    assert not any("embed" in k or "head_columns" in k for k in stored)
     loaded = FeatureHead.load(tmp_path, dtype=torch.float64).bind(target)
     assert torch.equal(loaded.subset, head.subset)
     features = torch.randn(1, 5, 32, dtype=torch.float64)

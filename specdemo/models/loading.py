@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from ..engine.feature_head import FeatureHead, is_feature_head
+from ..engine.few_rows import use_few_row_products
 from .embedded import EMBEDDED_HEAD, EMBEDDED_LM, load_embedded_draft, load_embedded_target
 from .errors import ModelLoadError
 from .tokens import check_token_ids, collect_eos_ids, default_device, encode_chat, resolve_dtype
@@ -170,6 +171,10 @@ def load_pair(
             draft_model = load_model(draft, device, torch_dtype, trust_remote_code)
         if not isinstance(draft_model, FeatureHead):  # a head predicts over the target's own vocabulary
             vocab_size = shared_vocab_size(target_model, draft_model, tokenizer, target, draft)
+    if torch.device(device).type == "cpu":
+        for model in (target_model, draft_model):
+            if model is not None:
+                use_few_row_products(model)
     return ModelPair(target_model, tokenizer, draft_model, name=name, target_ref=target, draft_ref=draft,
                      vocab_size=vocab_size)
 

@@ -1,0 +1,83 @@
+"""specdemo.engine.few_rows: verification's few-row products, computed in another order, give
+linear's results, and a pair loaded on the CPU uses them in every model it holds."""
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import specdemo
+from specdemo.engine.few_rows import FEW_ROWS, SWITCH, FewRowLinear, use_few_row_products
+from tests.tiny import build_tiny_pair
+
+
+def _switched_copy(layer: nn.Linear) -> nn.Linear:
+    copy = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, dtype=layer.weight.dtype)
+    copy.load_state_dict(layer.state_dict())
+    use_few_row_products(copy)
+    return copy
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 2, 3, FEW_ROWS, FEW_ROWS + 1, 40])
+def test_products_equal_linears_for_any_number_of_rows(rows, bias):
+    torch.manual_seed(rows)
+    plain = nn.Linear(24, 56, bias=bias, dtype=torch.float64)
+    switched = _switched_copy(plain)
+    assert type(switched) is FewRowLinear
+    for shape in [(rows, 24), (1, rows, 24)]:
+        x = torch.randn(shape, dtype=torch.float64)
+        out = switched(x)
+        assert out.shape == (*shape[:-1], 56) and out.is_contiguous()
+        torch.testing.assert_close(out, plain(x), rtol=1e-12, atol=1e-12)
+
+
+def test_float32_products_agree_to_rounding():
+    torch.manual_seed(0)
+    plain = nn.Linear(576, 1536, bias=False)
+    switched = _switched_copy(plain)
+    x = torch.randn(1, 5, 576)
+    torch.testing.assert_close(switched(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+def test_switching_keeps_parameters_tied_weights_and_state():
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config).eval()
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    linears = sum(type(m) is nn.Linear for m in model.modules())
+
+    assert use_few_row_products(model) == linears > 0
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[name], before[name]) for name in before)
+
+
+def test_a_pair_loaded_on_the_cpu_uses_them_in_target_and_draft(tmp_path):
+    pair = build_tiny_pair(tmp_path)
+    for model in (pair.target, pair.draft):
+        kinds = {type(m) for m in model.modules() if isinstance(m, nn.Linear)}
+        assert kinds == {FewRowLinear}
+
+
+def test_the_switch_turns_them_off(tmp_path, monkeypatch):
+    build_tiny_pair(tmp_path)
+    monkeypatch.setenv(SWITCH, "0")
+    pair = specdemo.load_pair(str(tmp_path / "target"), str(tmp_path / "draft"), device="cpu", dtype="float64")
+    assert not any(isinstance(m, FewRowLinear) for m in pair.target.modules())
+    assert not any(isinstance(m, FewRowLinear) for m in pair.draft.modules())
+
+
+def test_greedy_decoding_is_unchanged_by_them(tmp_path, monkeypatch):
+    """Verification (several rows) now runs the switched products, AR (one row) does not:
+    greedy SD still returns AR's tokens, and the same tokens as with the products off."""
+    switched = build_tiny_pair(tmp_path, dtype="float32")
+    monkeypatch.setenv(SWITCH, "0")
+    plain = specdemo.load_pair(str(tmp_path / "target"), str(tmp_path / "draft"), device="cpu", dtype="float32")
+    prompt = "w5 w9 w11 w7"
+    ar = specdemo.generate(plain, prompt, "ar", max_new_tokens=40, chat=False).token_ids
+    for method in ("sd", "egag"):
+        assert specdemo.generate(switched, prompt, method, max_new_tokens=40, chat=False, gamma=4).token_ids == ar
+        assert specdemo.generate(plain, prompt, method, max_new_tokens=40, chat=False, gamma=4).token_ids == ar
