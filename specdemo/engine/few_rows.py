@@ -4,8 +4,8 @@ A verification forward pushes γ + 1 positions (a few rows) through every weight
 On x86 CPUs torch's `linear` hands such a product to a general matrix kernel that, for two to
 six rows, costs nearly twice the one-row product (measured with the embedded target's shapes
 on an AVX2 machine: 5 rows 67 ms against 34 ms for one, over its 30 layers). The same product
-written the other way round, W·xᵀ, streams each weight row once and costs 55 ms; for the
-49,152-row LM head it halves the time (24 → 14 ms).
+written the other way round, W·xᵀ, streams each weight row once and costs 55 ms (and four
+rows 44 ms); for the 49,152-row LM head it halves the time (24 → 14 ms).
 
 `use_few_row_products(model)` switches a model's linear layers to that order for 2..FEW_ROWS
 rows and leaves every other product as it was: one row (AR's step, where `linear` is already
@@ -29,6 +29,9 @@ from torch import nn
 
 # Above this many rows the general kernel is as fast or faster (measured: even at 6, ahead at 8+).
 FEW_ROWS = 6
+# Three rows cost more than four (the kernel works four columns at a time): 56 against 44 ms
+# over the target's layers. Five cost less than six, so only three is padded.
+PADDED_ROWS = {3: 4}
 SWITCH = "SPECDEMO_FEW_ROW_PRODUCTS"
 
 
@@ -39,7 +42,12 @@ class FewRowLinear(nn.Linear):
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if not 2 <= rows <= FEW_ROWS or x.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)
-        product = torch.mm(self.weight, x.reshape(rows, -1).t()).t()
+        flat = x.reshape(rows, -1)
+        padded = PADDED_ROWS.get(rows, rows)
+        if padded > rows:
+            flat = F.pad(flat, (0, 0, 0, padded - rows))
+        # The rows' transposed view, not a transposed copy: the kernel is fast for that layout only.
+        product = torch.mm(self.weight, flat.t())[:, :rows].t()
         if self.bias is not None:
             product = product + self.bias
         # Contiguous: callers `view` the output into heads.
