@@ -54,8 +54,8 @@ def test_bench_command_end_to_end(tiny_pair, tmp_path, capsys):
     assert rows[rows.method == "ar"].order.nunique() > 1
 
     assisted = rows[rows.method == "hf-assisted"]
-    assert (assisted.mean_gamma == 4).all()  # the default γ, constant
-    assert (assisted.drafted <= 4 * assisted.rounds).all() and (assisted.drafted > 0).all()
+    assert (assisted.mean_gamma == 3).all()  # the default γ, constant
+    assert (assisted.drafted <= 3 * assisted.rounds).all() and (assisted.drafted > 0).all()
     assert assisted.acceptance_rate.between(0, 1).all()
 
     summary = pd.read_csv(tmp_path / "out" / "rows.summary.csv")

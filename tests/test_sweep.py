@@ -34,13 +34,13 @@ def test_grid_expands_every_method_and_leaves_other_settings_empty():
     assert sd.params() == {"gamma": 1}
     assert egag.values() == {"gamma": None, "gamma_max": 4, "ema": 0.0, "ngram_n": None}
     assert egag.params() == {"gamma_max": 4, "ema": 0.0, "gamma_min": 1}
-    assert nasd.values() == {"gamma": 4, "gamma_max": None, "ema": None, "ngram_n": 3}
+    assert nasd.values() == {"gamma": 3, "gamma_max": None, "ema": None, "ngram_n": 3}  # the default γ
     assert len({s.key for s in settings}) == len(settings)
 
 
 def test_grid_takes_strings_picks_methods_and_drops_duplicates():
     settings = expand_grid(gamma="1,2,2", gamma_max="4", ema="0.5", ngram_n="3", methods="sd,nasd")
-    assert [s.key for s in settings] == ["ar", "sd:gamma=1", "sd:gamma=2", "nasd:gamma=4,ngram_n=3"]
+    assert [s.key for s in settings] == ["ar", "sd:gamma=1", "sd:gamma=2", "nasd:gamma=3,ngram_n=3"]
     # NASD runs only when asked for.
     assert {s.method for s in expand_grid()} == {"ar", "sd", "egag"}
     assert len(expand_grid()) == 1 + 6 + 4 * 3

@@ -47,7 +47,7 @@ def test_sweep_command_end_to_end(tiny_pair, suite, tmp_path, capsys):
     # AR + 2 SD + 2 EGAG + 1 NASD settings, on 2 prompts, twice.
     assert len(rows) == 6 * 2 * 2
     assert sorted(rows.setting.unique()) == sorted(["ar", "sd:gamma=1", "sd:gamma=3", "egag:gamma_max=4,ema=0",
-                                                    "egag:gamma_max=4,ema=0.9", "nasd:gamma=4,ngram_n=2"])
+                                                    "egag:gamma_max=4,ema=0.9", "nasd:gamma=3,ngram_n=2"])
     assert set(rows.category) == {"summarisation", "chat"}
     assert rows.loc[rows.method != "ar", "matches_ar"].astype(bool).all()  # greedy is lossless
     assert rows.loc[rows.method == "sd", "gamma_max"].isna().all()  # settings that do not apply are empty

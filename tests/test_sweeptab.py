@@ -41,7 +41,7 @@ def test_a_form_becomes_a_validated_request():
     # A grid of a method not chosen is not read; NASD takes the shared γ.
     req = sweeptab.make_sweep_request(form(methods=["nasd"], gamma="junk", gamma_max="", ema="x"), PRESETS,
                                       Limits(), SUITE)
-    assert [s.key for s in req.settings] == ["ar", "nasd:gamma=4,ngram_n=2", "nasd:gamma=4,ngram_n=3"]
+    assert [s.key for s in req.settings] == ["ar", "nasd:gamma=3,ngram_n=2", "nasd:gamma=3,ngram_n=3"]
 
 
 @pytest.mark.parametrize("changes, message", [

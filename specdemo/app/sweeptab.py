@@ -45,7 +45,7 @@ def _csv(values: Sequence[float]) -> str:
 def default_form(limits: Limits) -> dict[str, Any]:
     """The tab's initial values: the sweep's default grid, or a smaller one within a public deployment's caps."""
     capped = limits.sweep_caps()["settings"] is not None
-    grid = ({"gamma": "1,2,4,6", "gamma_max": "4,6", "ema": "0.9"} if capped else
+    grid = ({"gamma": "1,2,3,4", "gamma_max": "3,4", "ema": "0.9"} if capped else
             {"gamma": _csv(sweep.DEFAULT_GAMMAS), "gamma_max": _csv(sweep.DEFAULT_GAMMA_MAXES),
              "ema": _csv(sweep.DEFAULT_EMAS)})
     return {"methods": ["sd", "egag"], **grid, "ngram_n": _csv(sweep.DEFAULT_NGRAM_NS),

@@ -52,7 +52,7 @@ import torch
 
 from ..engine.feature_head import FeatureHead
 from ..engine.methods import METHODS
-from ..engine.params import DecodeParams
+from ..engine.params import PARAMS, DecodeParams
 from .runners import run_ours
 from .statistics import _geomean, leviathan_speedup
 from .suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, select_prompts
@@ -158,7 +158,7 @@ def expand_grid(
     methods: str | Sequence[str] | None = None,
     *,
     gamma_min: int = 1,
-    nasd_gamma: int = 4,
+    nasd_gamma: int = PARAMS["gamma"].default,
 ) -> list[Setting]:
     """AR, then SD at each γ, EGAG at each (γ_max, EMA) with γ_min fixed, NASD at each n
     (with γ = nasd_gamma). Values may be lists or comma-separated strings ("1,2,4").

@@ -9,6 +9,7 @@ import pandas as pd
 import torch
 
 from ..bench.suite import DEFAULT_SUITE, load_suite, select_prompts
+from ..engine.params import PARAMS
 from ..bench.sweep import (
     DEFAULT_EMAS, DEFAULT_GAMMA_MAXES, DEFAULT_GAMMAS, SWEEP_METHODS, SweepResult, expand_grid, run_sweep,
     write_outputs,
@@ -37,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help=f"EGAG: largest γ (default: {_csv(DEFAULT_GAMMA_MAXES)})")
     grid.add_argument("--ema", default=_csv(DEFAULT_EMAS), help=f"EGAG: entropy EMA β (default: {_csv(DEFAULT_EMAS)})")
     grid.add_argument("--ngram-n", dest="ngram_n", default=None, help="NASD: n of the n-gram table (default: no NASD)")
-    grid.add_argument("--nasd-gamma", type=int, default=4, help="NASD: γ at every n (default: 4)")
+    grid.add_argument("--nasd-gamma", type=int, default=PARAMS["gamma"].default,
+                      help=f"NASD: γ at every n (default: {PARAMS['gamma'].default})")
     add_model_arguments(parser)
     # The shared decoding flags, as compare takes them, less the ones swept above (γ_min stays: EGAG's floor).
     add_decoding_arguments(parser, methods=False, exclude=GRID_PARAMS)
