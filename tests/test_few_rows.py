@@ -81,3 +81,10 @@ def test_greedy_decoding_is_unchanged_by_them(tmp_path, monkeypatch):
     for method in ("sd", "egag"):
         assert specdemo.generate(switched, prompt, method, max_new_tokens=40, chat=False, gamma=4).token_ids == ar
         assert specdemo.generate(plain, prompt, method, max_new_tokens=40, chat=False, gamma=4).token_ids == ar
+
+
+def test_the_default_draft_lengths_verify_on_the_few_row_products():
+    from specdemo.engine.params import PARAMS
+
+    for name in ("gamma", "gamma_max"):
+        assert 2 <= PARAMS[name].default + 1 <= FEW_ROWS
