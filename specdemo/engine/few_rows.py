@@ -29,8 +29,8 @@ from torch import nn
 
 # Above this many rows the general kernel is as fast or faster (measured: even at 6, ahead at 8+).
 FEW_ROWS = 6
-# Three rows cost more than four (the kernel works four columns at a time): 56 against 44 ms
-# over the target's layers. Five cost less than six, so only three is padded.
+# Measured on the same machine, three rows cost more than four (56 against 44 ms over the
+# target's layers); five cost less than six. So only three is padded.
 PADDED_ROWS = {3: 4}
 SWITCH = "SPECDEMO_FEW_ROW_PRODUCTS"
 
