@@ -9,11 +9,11 @@ import pandas as pd
 import torch
 
 from ..bench.suite import DEFAULT_SUITE, load_suite, select_prompts
-from ..engine.params import PARAMS
 from ..bench.sweep import (
     DEFAULT_EMAS, DEFAULT_GAMMA_MAXES, DEFAULT_GAMMAS, SWEEP_METHODS, SweepResult, expand_grid, run_sweep,
     write_outputs,
 )
+from ..engine.params import PARAMS
 from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, decode_params, default_chat,
                      pair_from_args, progress_bar)
 
