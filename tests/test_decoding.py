@@ -28,10 +28,10 @@ def test_greedy_output_is_exactly_ars(tiny_pair, prompt, method, cache):
     reference = _ar(tiny_pair, prompt, max_new_tokens=48, cache=cache).token_ids
     rejected = 0
     for gamma in (1, 3, 6):
-        for n in (2, 4):
+        for n, copy_n in ((2, 2), (4, 4), (3, 0)):
             result = specdemo.generate(tiny_pair, prompt, method=method, max_new_tokens=48, gamma=gamma,
-                                       gamma_max=gamma + 1, ngram_n=n, cache=cache)
-            assert result.token_ids == reference, (method, gamma, n)
+                                       gamma_max=gamma + 1, ngram_n=n, copy_n=copy_n, cache=cache)
+            assert result.token_ids == reference, (method, gamma, n, copy_n)
             rejected += sum(len(r.rejected) for r in result.rounds)
     if method != "nasd" and prompt != PROMPTS[1]:  # after "w9" the draft happens to agree all along
         assert rejected, "the comparison covers rounds that refused drafts"
@@ -132,7 +132,7 @@ def fed_lengths(model):
 
 def test_caches_are_reused_not_refilled(tiny_pair):
     with fed_lengths(tiny_pair.target) as target_fed, fed_lengths(tiny_pair.draft) as draft_fed:
-        result = specdemo.generate(tiny_pair, PROMPTS[0], method="sd", max_new_tokens=40, gamma=4)
+        result = specdemo.generate(tiny_pair, PROMPTS[0], method="sd", max_new_tokens=40, gamma=4, copy_n=0)
     prompt = len(result.prompt_ids)
     # The target: the prompt once, then per round exactly its drafts plus the one token it has not seen.
     assert target_fed == [prompt - 1] + [len(r.drafted) + 1 for r in result.rounds]
@@ -143,6 +143,18 @@ def test_caches_are_reused_not_refilled(tiny_pair):
     # The counts in the trace are the models' own forward counters, not the loop's rounds.
     assert result.stats["target_forwards"] == len(target_fed) - 1 == len(result.rounds)
     assert result.stats["draft_forwards"] == len(draft_fed)
+
+
+def test_after_copied_rounds_the_draft_catches_up_on_what_it_has_not_seen(tiny_pair):
+    with fed_lengths(tiny_pair.draft) as draft_fed:
+        result = specdemo.generate(tiny_pair, PROMPTS[2], method="sd", max_new_tokens=40, gamma=4, copy_n=2)
+    copied = [r for r in result.rounds if r.source == "copy"]
+    assert copied and len(copied) < len(result.rounds)
+    prompt = len(result.prompt_ids)
+    drafted_by_model = sum(len(r.drafted) for r in result.rounds if r.source == "draft")
+    # Each output token once, and the model's own drafts: never the context again.
+    assert draft_fed[0] == prompt - 1
+    assert sum(draft_fed) <= prompt + len(result.tokens) + drafted_by_model
 
 
 @pytest.mark.parametrize("method", ["ar", "sd", "nasd", "egag"])

@@ -72,7 +72,7 @@ def test_the_head_reads_the_targets_own_states_from_the_verification_forward(hea
 def test_a_head_draft_only_tokens_of_its_subset(head_pair):
     subset = set(head_pair.draft.subset.tolist())
     result = specdemo.generate(head_pair, PROMPTS[2], method="sd", max_new_tokens=30, gamma=4, temperature=1.0,
-                               seed=3)
+                               seed=3, copy_n=0)
     assert all(t in subset for r in result.rounds for t in r.drafted)
 
 
@@ -85,25 +85,30 @@ def small_vocab_head_pair(tmp_path_factory):
 
 
 @pytest.mark.parametrize("method,sampling", [
-    ("sd", dict(temperature=1.0)),
-    ("egag", dict(temperature=1.0, top_k=3)),
-    ("sd", dict(temperature=0.8, top_p=0.8)),
+    ("sd", dict(temperature=1.0, copy_n=0)),
+    ("egag", dict(temperature=1.0, top_k=3, copy_n=0)),
+    ("sd", dict(temperature=0.8, top_p=0.8, copy_n=0)),
+    ("sd", dict(temperature=1.0, top_k=4, copy_n=3)),  # copied rounds, then the head's (zero outside its subset)
 ])
 def test_sampling_with_a_subset_head_draws_from_the_target(small_vocab_head_pair, method, sampling):
     assert joint_p_value(small_vocab_head_pair, method, sampling) > 1e-3
 
 
-def test_replayed_rounds_count_what_the_decode_loop_counts(head_pair):
+@pytest.mark.parametrize("copy_n", [0, 2])
+def test_replayed_rounds_count_what_the_decode_loop_counts(head_pair, copy_n):
     from specdemo.training.evaluate import replay_rounds, target_features
 
+    copied = 0
     for prompt in PROMPTS[:3]:
         ar = specdemo.generate(head_pair, prompt, method="ar", max_new_tokens=30)
-        sd = specdemo.generate(head_pair, prompt, method="sd", max_new_tokens=30, gamma=4)
+        sd = specdemo.generate(head_pair, prompt, method="sd", max_new_tokens=30, gamma=4, copy_n=copy_n)
         answer = ar.token_ids
         features = target_features(head_pair.target, list(ar.prompt_ids) + answer)
-        replay = replay_rounds(head_pair.draft, list(ar.prompt_ids), answer, features, gamma=4)
-        assert (replay.rounds, replay.drafted, replay.accepted) == (
-            len(sd.rounds), sd.stats["drafted"], sd.stats["accepted"])
+        replay = replay_rounds(head_pair.draft, list(ar.prompt_ids), answer, features, gamma=4, copy_n=copy_n)
+        assert (replay.rounds, replay.drafted, replay.accepted, replay.copied) == (
+            len(sd.rounds), sd.stats["drafted"], sd.stats["accepted"], sd.stats["copied_rounds"])
+        copied += replay.copied
+    assert bool(copied) == bool(copy_n)
 
 
 def test_results_and_the_benchmark_name_the_drafter(head_pair):
@@ -128,7 +133,7 @@ def test_the_benchmark_runs_a_feature_head_pair_against_transformers(head_pair):
     rows = result.rows
     assert set(rows.method) == {"ar", "sd", "egag", "hf-generate"}
     assert rows.matches_ar.dropna().all()
-    assert set(rows.loc[rows.method == "sd", "drafter"]) == {head_pair.drafter_name}
+    assert set(rows.loc[rows.method == "sd", "drafter"]) == {f"{head_pair.drafter_name} + context copy (n=4)"}
 
 
 def test_a_sweep_counts_what_a_head_and_its_target_are_fed(head_pair):

@@ -38,20 +38,25 @@ def exact_joint(pair, config: SamplingConfig) -> torch.Tensor:
     return joint
 
 
+# copy_n=0: the draft model drafts every round. Otherwise the prompt repeats itself, so the
+# first round is copied from the context (a point mass) and the draft model drafts later ones.
 CASES = [
-    ("sd", dict(temperature=1.0)),
+    ("sd", dict(temperature=1.0, copy_n=0)),
     ("nasd", dict(temperature=1.0)),
-    ("egag", dict(temperature=1.0)),
-    ("sd", dict(temperature=1.0, top_k=3)),
+    ("egag", dict(temperature=1.0, copy_n=0)),
+    ("sd", dict(temperature=1.0, top_k=3, copy_n=0)),
     ("nasd", dict(temperature=0.8, top_p=0.8)),
-    ("egag", dict(temperature=1.3, top_k=5, top_p=0.9)),
+    ("egag", dict(temperature=1.3, top_k=5, top_p=0.9, copy_n=0)),
+    ("sd", dict(temperature=1.0, copy_n=4)),
+    ("egag", dict(temperature=0.9, top_k=4, top_p=0.9, copy_n=2)),
 ]
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
 
 
 def joint_p_value(pair, method, sampling, samples=SAMPLES, cache="dynamic"):
     """χ² p-value of the observed (t1, t2) frequencies against the exact joint of the target."""
     counts = torch.zeros(8, 8)
-    drafted = accepted = 0
+    drafted = accepted = copied = 0
     for seed in range(samples):
         result = specdemo.generate(pair, PROMPT, method=method, max_new_tokens=3, gamma=2, gamma_min=2,
                                    gamma_max=3, ngram_n=3, seed=seed, cache=cache, **sampling)
@@ -59,10 +64,13 @@ def joint_p_value(pair, method, sampling, samples=SAMPLES, cache="dynamic"):
         counts[t1, t2] += 1
         drafted += result.stats["drafted"]
         accepted += result.stats["accepted"]
+        copied += result.stats["copied_rounds"]
     # The test means something only if drafts were both kept and refused.
     assert 0 < accepted < drafted
+    assert bool(copied) == bool(sampling.get("copy_n")), "copied rounds exactly when copying is on"
 
-    expected = exact_joint(pair, SamplingConfig(**{"top_k": 0, "top_p": 1.0, **sampling})).flatten() * samples
+    config = SamplingConfig(**{"top_k": 0, "top_p": 1.0, **{k: v for k, v in sampling.items() if k in SAMPLING_FIELDS}})
+    expected = exact_joint(pair, config).flatten() * samples
     observed = counts.flatten()
     if observed[expected == 0].sum() > 0:
         return 0.0  # emitted a pair the target gives probability 0

@@ -130,6 +130,8 @@ def _fmt_entropy(value: float | None) -> str:
 def _round_title(r: Round, what: str, entropy: float | None) -> str:
     drafted = len(r.drafted)
     accepted = f"{r.accepted}/{drafted} drafts accepted" if drafted else "nothing drafted"
+    if r.source == "copy":
+        accepted += " (copied from the context)"
     return f"round {r.index} · γ={r.gamma} · drafter entropy {_fmt_entropy(entropy)} · {accepted} · {what}"
 
 

@@ -17,13 +17,13 @@ from ..engine.trace import GenerationResult
 
 SUMMARY_COLUMNS = [
     "method", "label", "drafter", "new_tokens", "seconds", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
-    "mean_accepted_tokens", "target_forwards", "draft_forwards", "target_forwards_per_token", "mean_gamma",
+    "mean_accepted_tokens", "copied_rounds", "target_forwards", "draft_forwards", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "mean_entropy", "matches_ar", "perplexity", "stop_reason", "temperature", "seed",
     "cache", "compile_seconds",
 ]
 
 ROUND_COLUMNS = [
-    "method", "round", "gamma", "entropy", "n_drafted", "accepted", "n_rejected", "drafted_ids", "rejected_ids",
+    "method", "round", "source", "gamma", "entropy", "n_drafted", "accepted", "n_rejected", "drafted_ids", "rejected_ids",
     "next_token", "next_origin", "new_tokens", "draft_entropies", "draft_seconds", "verify_seconds", "end_seconds",
 ]
 
@@ -61,6 +61,7 @@ def rounds_frame(results: Iterable[GenerationResult]) -> pd.DataFrame:
             rows.append({
                 "method": result.method,
                 "round": r.index,
+                "source": r.source,
                 "gamma": r.gamma,
                 "entropy": r.entropy if r.entropy is not None else math.nan,
                 "n_drafted": len(r.drafted),

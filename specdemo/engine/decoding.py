@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 
 from .clock import phase_clock
+from .context_copy import CopyFirstDrafter
 from .drafters import Drafter, NgramDrafter, Proposal, top_ids
 from .lm import CACHE_KINDS, CachedLM, buckets_up_to
 from .methods import get_method
@@ -163,6 +164,7 @@ def _rounds(
                     drafted=drafts, accepted=accepted, next_token=next_token,
                     draft_entropies=entropies[: len(drafts)], draft_seconds=draft_seconds,
                     verify_seconds=verify_seconds, end_seconds=engine_seconds, new_tokens=new_tokens,
+                    source=proposal.source if drafts else "",
                 )
                 _record(result, round_, pair, sequence)
                 result.seconds = engine_seconds
@@ -221,6 +223,8 @@ def describe_drafter(pair, drafter, params: DecodeParams) -> str:
         return "none"
     if isinstance(drafter, NgramDrafter):
         return f"n-gram table (n={params.ngram_n}, {params.ngram_storage})"
+    if isinstance(drafter, CopyFirstDrafter):
+        return f"{describe_drafter(pair, drafter.inner, params)} + context copy (n={drafter.table.n})"
     return getattr(pair, "drafter_name", None) or type(drafter).__name__
 
 

@@ -25,6 +25,7 @@ class Proposal:
     draft_probs: torch.Tensor | None  # q at each draft position [k, V]; None = point mass
     entropies: torch.Tensor | None  # [k] normalised drafter entropy at each draft position; None without a q
     round_entropy: float | None  # the entropy the policy set γ from, if any
+    source: str = "draft"  # what drafted the round: "draft" (the drafter itself) or "copy" (the context)
 
     @classmethod
     def empty(cls, gamma: int = 0, device: torch.device | str | None = None,
@@ -127,6 +128,7 @@ class ModelDrafter:
         # the rest and catches up with `sequence`.
         accepted = target_logits.shape[0] - 1
         self.lm.note_fed(sequence[verified_from : verified_from + min(self._fed, accepted)])
+        self._fed = 0  # a round this drafter sits out (another drafted it) fed nothing
 
 
 def top_ids(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from .context_copy import CopyFirstDrafter
 from .drafters import Drafter, ModelDrafter, NgramDrafter
 from .feature_drafter import FeatureDrafter
 from .feature_head import FeatureHead
@@ -24,11 +25,11 @@ class Method:
     build: Callable[["object", DecodeParams], tuple[Drafter | None, object]]
 
 
-def _model_drafter(pair) -> ModelDrafter | FeatureDrafter:
-    """The pair's draft as a drafter: a feature-level head reads the target, a model runs alone."""
-    if isinstance(pair.draft, FeatureHead):
-        return FeatureDrafter(pair.draft)
-    return ModelDrafter(pair.draft, pair.vocab_size)
+def _model_drafter(pair, params: DecodeParams) -> Drafter:
+    """The pair's draft as a drafter: a feature-level head reads the target, a model runs alone;
+    with copy_n, rounds where the context repeats itself are copied instead."""
+    drafter = FeatureDrafter(pair.draft) if isinstance(pair.draft, FeatureHead) else ModelDrafter(pair.draft, pair.vocab_size)
+    return CopyFirstDrafter(drafter, params.copy_n, pair.device) if params.copy_n else drafter
 
 
 METHODS: dict[str, Method] = {}
@@ -42,16 +43,16 @@ def register(method: Method) -> Method:
 register(Method("ar", "AR", False, "the target alone, one token per forward",
                 lambda pair, p: (None, FixedGamma(0))))
 register(Method("sd", "SD", True, "the pair's draft (a model or a feature head), fixed γ",
-                lambda pair, p: (_model_drafter(pair), FixedGamma(p.gamma))))
+                lambda pair, p: (_model_drafter(pair, p), FixedGamma(p.gamma))))
 register(Method("nasd", "NASD", False, "n-gram table drafts, fixed γ",
                 lambda pair, p: (NgramDrafter(p.ngram_n, p.ngram_storage, p.top_k_filler, pair.device),
                                  FixedGamma(p.gamma))))
 register(Method("egag", "EGAG", True, "the pair's draft, γ from the drafter's entropy",
-                lambda pair, p: (_model_drafter(pair), EntropyGamma(p.gamma_min, p.gamma_max, p.ema))))
+                lambda pair, p: (_model_drafter(pair, p), EntropyGamma(p.gamma_min, p.gamma_max, p.ema))))
 register(Method("sd-heuristic", "SD (+2/−1)", True, "the pair's draft, transformers' +2/−1 γ schedule",
-                lambda pair, p: (_model_drafter(pair), HeuristicGamma(p.gamma))))
+                lambda pair, p: (_model_drafter(pair, p), HeuristicGamma(p.gamma))))
 register(Method("sd-confidence", "SD (confidence)", True, "the pair's draft, stop drafting when its top probability < 0.4",
-                lambda pair, p: (_model_drafter(pair), ConfidenceStop(p.gamma_max))))
+                lambda pair, p: (_model_drafter(pair, p), ConfidenceStop(p.gamma_max))))
 
 DEFAULT_METHODS = ("ar", "sd", "nasd", "egag")
 

@@ -78,6 +78,7 @@ class Param:
 
 
 _GAMMA = dict(low=1, high=64, allowed="an integer from 1 to 64")
+_COPYING = ("sd", "egag", "sd-heuristic", "sd-confidence")  # the methods that draft with the pair's draft
 
 SCHEMA: tuple[Param, ...] = (
     Param("max_new_tokens", int, 128, "stop after this many new tokens", "Max new tokens",
@@ -102,6 +103,9 @@ SCHEMA: tuple[Param, ...] = (
           choices=NGRAM_STORAGES),
     Param("top_k_filler", int, 3, "target top-k predictions added to the table per verified position",
           "NASD: top-k filler from the target", methods=("nasd",), low=0, high=64),
+    Param("copy_n", int, 4, "copy from the context when its last n−1 tokens occurred before (0 = off)",
+          "SD / EGAG: copy from the context (n; 0 = off)", methods=_COPYING, low=0, high=16,
+          allowed="0 (off) or an integer from 2 to 16"),
     Param("chat", bool, False, "wrap the prompt in the chat template (instruct models)", "Chat template"),
 )
 PARAMS: dict[str, Param] = {p.name: p for p in SCHEMA}
@@ -123,6 +127,7 @@ class DecodeParams:
     ngram_n: int = PARAMS["ngram_n"].default
     ngram_storage: str = PARAMS["ngram_storage"].default
     top_k_filler: int = PARAMS["top_k_filler"].default
+    copy_n: int = PARAMS["copy_n"].default
     chat: bool = PARAMS["chat"].default
 
     @classmethod
@@ -152,6 +157,8 @@ class DecodeParams:
             spec.check(getattr(self, spec.name))
         if self.gamma_min > self.gamma_max:
             raise ValueError(f"gamma_min ({self.gamma_min}) must not exceed gamma_max ({self.gamma_max})")
+        if self.copy_n == 1:
+            raise ValueError(f"copy_n must be {PARAMS['copy_n'].allowed}, got 1 (a context needs a token or more)")
 
     @property
     def sampling(self) -> SamplingConfig:

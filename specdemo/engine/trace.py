@@ -39,6 +39,7 @@ class Round:
     verify_seconds: float
     end_seconds: float  # since the generation started, prefill included
     new_tokens: list[int] = field(default_factory=list)  # what the round added to the output
+    source: str = ""  # what drafted: "draft" (the drafter), "copy" (copied from the context), "" (nothing)
 
     @property
     def rejected(self) -> list[int]:
@@ -101,6 +102,7 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "target_forwards": result.target_forwards,
         "draft_forwards": result.draft_forwards,
         "target_forwards_per_token": result.target_forwards / new_tokens if new_tokens else math.nan,
+        "copied_rounds": sum(1 for r in rounds if r.source == "copy"),
         "mean_gamma": sum(r.gamma for r in drafting_rounds) / len(drafting_rounds) if drafting_rounds else 0.0,
         "mean_drafted": drafted / len(rounds) if rounds else math.nan,
         "mean_entropy": sum(token_entropies) / len(token_entropies) if token_entropies else math.nan,

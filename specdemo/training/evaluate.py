@@ -10,11 +10,12 @@ tokens, and keeps the prefix that matches the answer. `replay_rounds` does this 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from specdemo.engine.clock import interleaved_medians
+from specdemo.engine.context_copy import COPY, CopyFirstDrafter
 from specdemo.engine.drafters import NgramTable
 from specdemo.engine.feature_drafter import FeatureDrafter
 from specdemo.engine.feature_head import FeatureHead
@@ -30,6 +31,7 @@ class Replay:
     drafted: int
     accepted: int
     new_tokens: int
+    copied: int = 0  # rounds copied from the context instead of drafted (copy_n)
 
     @property
     def acceptance(self) -> float:
@@ -41,12 +43,12 @@ class Replay:
 
     def __add__(self, other: "Replay") -> "Replay":
         return Replay(self.rounds + other.rounds, self.drafted + other.drafted, self.accepted + other.accepted,
-                      self.new_tokens + other.new_tokens)
+                      self.new_tokens + other.new_tokens, self.copied + other.copied)
 
     def report(self, prompts: int, gamma: int) -> dict:
         return {"prompts": prompts, "gamma": gamma, "acceptance": round(self.acceptance, 4),
                 "tokens_per_round": round(self.tokens_per_round, 3), "rounds": self.rounds,
-                "new_tokens": self.new_tokens}
+                "copied_rounds": self.copied, "new_tokens": self.new_tokens}
 
 
 @torch.inference_mode()
@@ -80,22 +82,30 @@ def replay_greedy(prompt: list[int], answer: list[int], propose, observe) -> Rep
 
 @torch.inference_mode()
 def replay_rounds(head: FeatureHead, prompt: list[int], answer: list[int], features: torch.Tensor,
-                  gamma: int) -> Replay:
-    """Greedy SD rounds of the feature head over `answer`, with the real `FeatureDrafter`.
+                  gamma: int, copy_n: int = 0) -> Replay:
+    """Greedy SD rounds of the feature head over `answer`, with the real `FeatureDrafter`
+    (inside a `CopyFirstDrafter` when copy_n, as the decode loop builds it).
 
     features [len(prompt) + len(answer), d] from `target_features(prompt + answer)`.
     """
     drafter = FeatureDrafter(head)
+    if copy_n:
+        drafter = CopyFirstDrafter(drafter, copy_n)
     policy, sampling = FixedGamma(gamma), SamplingConfig(temperature=0.0)
     drafter.start(list(prompt), features[: len(prompt) - 1])
+    copied = 0
 
     def propose(sequence, limit):
-        return drafter.propose(sequence, policy, limit, sampling, None).tokens.tolist()
+        nonlocal copied
+        proposal = drafter.propose(sequence, policy, limit, sampling, None)
+        copied += proposal.source == COPY
+        return proposal.tokens.tolist()
 
     def observe(sequence, verified_from, kept):
-        drafter.observe(sequence, verified_from, None, features[verified_from - 1 : verified_from + kept])
+        drafter.observe(sequence, verified_from, None,
+                        target_features=features[verified_from - 1 : verified_from + kept])
 
-    return replay_greedy(prompt, answer, propose, observe)
+    return replace(replay_greedy(prompt, answer, propose, observe), copied=copied)
 
 
 def corpus_table(answers: list[tuple[list[int], list[int]]], n: int) -> NgramTable:
@@ -136,8 +146,8 @@ def greedy_answers(pair, prompts: list[str], max_new_tokens: int) -> list[tuple[
     return out
 
 
-def heldout_acceptance(head: FeatureHead, target, answers, gamma: int = 4) -> dict:
-    replays = (replay_rounds(head, prompt, answer, target_features(target, prompt + answer), gamma)
+def heldout_acceptance(head: FeatureHead, target, answers, gamma: int = 4, copy_n: int = 0) -> dict:
+    replays = (replay_rounds(head, prompt, answer, target_features(target, prompt + answer), gamma, copy_n)
                for prompt, answer in answers)
     return sum(replays, Replay(0, 0, 0, 0)).report(len(answers), gamma)
 
@@ -196,10 +206,12 @@ def verification_cost(target, tokens: int = 5, context: int = 96, calls: int = 4
     return round(medians[tokens] / medians[1], 3)
 
 
-def round_speedup(tokens_per_round: float, cost_ratio: float, gamma: int, verify_cost: float) -> float:
+def round_speedup(tokens_per_round: float, cost_ratio: float, gamma: int, verify_cost: float,
+                  drafted_share: float = 1.0) -> float:
     """Predicted speedup over AR of fixed-γ rounds: new tokens per round ÷ the round's cost in
-    one-token target forwards (γ draft steps at `cost_ratio` each, one verification)."""
-    return round(tokens_per_round / (gamma * cost_ratio + verify_cost), 3)
+    one-token target forwards (γ draft steps at `cost_ratio` each in the `drafted_share` of
+    rounds the head drafts, not copies; one verification)."""
+    return round(tokens_per_round / (gamma * cost_ratio * drafted_share + verify_cost), 3)
 
 
 def main(argv=None) -> int:
@@ -218,6 +230,8 @@ def main(argv=None) -> int:
     parser.add_argument("--answers", type=Path,
                         help="a JSON file of held-out (prompt ids, greedy answer) pairs, as the curve caches them")
     parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--copy-n", type=int, default=0,
+                        help="copy from the context first, as SD's copy_n does (0 = the head alone)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -240,10 +254,12 @@ def main(argv=None) -> int:
         print(json.dumps(report, indent=1))
         return 0
     head = FeatureHead.load(args.head).bind(pair.target)
-    report = {**heldout_acceptance(head, pair.target, answers, args.gamma), **step_cost(head, pair.target)}
+    report = {**heldout_acceptance(head, pair.target, answers, args.gamma, args.copy_n), "copy_n": args.copy_n,
+              **step_cost(head, pair.target)}
     report["verify_cost"] = verification_cost(pair.target, args.gamma + 1)
+    drafted_share = 1.0 - report["copied_rounds"] / max(1, report["rounds"])
     report["predicted_speedup"] = round_speedup(report["tokens_per_round"], report["cost_ratio"], args.gamma,
-                                                report["verify_cost"])
+                                                report["verify_cost"], drafted_share)
     print(json.dumps(report, indent=1))
     return 0
 

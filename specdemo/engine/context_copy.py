@@ -1,0 +1,71 @@
+"""Copy first, draft otherwise: a drafter around the pair's draft.
+
+Answers often repeat their request or themselves: a name, a passage a question is about, a
+sentence being translated, a line of code. When the last n − 1 tokens of the context occurred
+before (in the prompt or in the verified output), the round copies what followed them; other
+rounds go to the wrapped drafter (a draft model or a feature head). Copied drafts are point
+masses, like NASD's, so SD's acceptance rule stays exact under sampling: a copied token is kept
+with the target's probability of it, and a rejection samples from the target with it removed.
+
+Unlike NASD's table, this one holds only what the text itself contains (no target top-k
+filler) and matches the full n − 1 tokens, so it speaks only when the text repeats itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .drafters import NgramTable, Proposal
+
+COPY = "copy"  # Proposal.source of a copied round
+
+
+class CopyFirstDrafter:
+    """`inner` drafts every round the context's table cannot continue. It sees every
+    verification (`observe`), also after copied rounds, so its state follows the output."""
+
+    def __init__(self, inner, n: int, device: torch.device | str = "cpu"):
+        if n < 2:
+            raise ValueError(f"copy_n must be at least 2 (a context of one token or more), got {n}")
+        self.inner = inner
+        self.table = NgramTable(n, storage="onelevel")
+        self.device = torch.device(device)
+        self.reads_target_features = getattr(inner, "reads_target_features", False)
+        self.target_top_k = getattr(inner, "target_top_k", 0)
+
+    @property
+    def forwards(self) -> int:
+        return self.inner.forwards
+
+    def start(self, prompt_ids: list[int], *features) -> None:
+        self.table.add_sequence(prompt_ids)
+        self.inner.start(prompt_ids, *features)
+
+    def propose(self, context, policy, limit, sampling, generator) -> Proposal:
+        window = context[-(self.table.n - 1) :]
+        if limit > 0 and len(window) == self.table.n - 1 and self.table.continuation(window) is not None:
+            # A point mass has zero entropy: a policy that reads it (EGAG) drafts its longest γ.
+            entropy = 0.0 if policy.needs_first_entropy else None
+            gamma = policy.round_gamma(entropy)
+            tokens = torch.tensor(self.table.draft(context, min(gamma, limit)), dtype=torch.long, device=self.device)
+            # The trace gives each copied token its q's entropy, zero, beside the drafter's own.
+            zeros = torch.zeros(len(tokens), device=self.device)
+            return Proposal(gamma, tokens, None, zeros, entropy, source=COPY)
+        return self.inner.propose(context, policy, limit, sampling, generator)
+
+    def observe(self, sequence, verified_from, target_logits, **extras) -> None:
+        self.table.add_sequence(sequence, start=verified_from)
+        self.inner.observe(sequence, verified_from, target_logits, **extras)
+
+    def use_cache(self, *args, **kwargs) -> None:
+        if hasattr(self.inner, "use_cache"):
+            self.inner.use_cache(*args, **kwargs)
+
+    @property
+    def lm(self):
+        """The wrapped draft model's cached LM, where there is one (compile warm-up reads it)."""
+        return self.inner.lm
+
+    def close(self) -> None:
+        if hasattr(self.inner, "close"):
+            self.inner.close()
