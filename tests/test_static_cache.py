@@ -202,17 +202,20 @@ class _ReadCounter:
     def per_round(self, stream) -> list[int]:
         """Reads between one yielded round and the next (the first round's include the prefill's)."""
         counts, before = [], self.count
-        for _ in stream:
+        for self.result in stream:
             counts.append(self.count - before)
             before = self.count
         return counts
 
 
 def _reads_per_round(pair, method, monkeypatch, temperature, prompt=PROMPTS[1]):
+    """Reads per round, and what each round expects beyond the one: a copied round reads no
+    entropy (its point mass has none to weigh)."""
     counter = _ReadCounter(monkeypatch)
     stream = specdemo.iter_generate(pair, prompt, method=method, cache="static", max_new_tokens=30,
                                     gamma=3, gamma_max=4, temperature=temperature, seed=2)
-    return counter.per_round(stream), stream
+    counts = counter.per_round(stream)
+    return counts, [r.source == "copy" for r in counter.result.rounds]
 
 
 @pytest.mark.parametrize("method, reads", [("ar", 1), ("sd", 1), ("sd-heuristic", 1), ("nasd", 1), ("egag", 2)])
@@ -221,15 +224,15 @@ def test_host_reads_per_round_on_the_static_path(pair32, monkeypatch, method, re
     """One read a round brings back drafts, entropies, the verdict (and NASD's view of the target's
     top-k for its table) together. EGAG reads the entropy that sets γ before it drafts. The prefill
     reads nothing."""
-    counts, _ = _reads_per_round(pair32, method, monkeypatch, temperature)
-    assert counts == [reads] * len(counts)
+    counts, copied = _reads_per_round(pair32, method, monkeypatch, temperature)
+    assert counts == [1 if was_copied else reads for was_copied in copied]
 
 
 @pytest.mark.parametrize("method, reads", [("sd", 1), ("egag", 2)])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_host_reads_per_round_with_a_feature_head(head32, monkeypatch, method, reads, temperature):
-    counts, _ = _reads_per_round(head32, method, monkeypatch, temperature, prompt=PROMPTS[2])
-    assert counts == [reads] * len(counts)
+    counts, copied = _reads_per_round(head32, method, monkeypatch, temperature, prompt=PROMPTS[2])
+    assert counts == [1 if was_copied else reads for was_copied in copied]
 
 
 @pytest.mark.parametrize("pair_name", ["pair32", "head32"])

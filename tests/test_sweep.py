@@ -146,9 +146,11 @@ def test_counts_and_flop_estimates_follow_the_trace(result, tiny_pair):
     # AR drafts nothing; NASD drafts from a table: no draft-model FLOPs; SD and EGAG run the draft.
     assert (rows[rows.method.isin(["ar", "nasd"])].draft_flops_per_token == 0).all()
     assert (rows[rows.method.isin(["sd", "egag"])].draft_flops_per_token > 0).all()
-    # SD at γ = 1: one draft forward a round (the drafter's prefill is not counted).
+    # SD at γ = 1: one draft forward a round the draft drafted, none a round copied from the context
+    # (the drafter's prefill is not counted).
     sd1 = rows[rows.setting == "sd:gamma=1"]
-    assert (sd1.draft_forwards_per_token * sd1.new_tokens).round().astype(int).tolist() == sd1.rounds.tolist()
+    assert (sd1.draft_forwards_per_token * sd1.new_tokens).round().astype(int).tolist() == \
+        (sd1.rounds - sd1.copied_rounds).tolist()
     assert (rows[rows.setting == "sd:gamma=3"].mean_gamma == 3).all()
 
 

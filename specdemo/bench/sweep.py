@@ -70,8 +70,8 @@ ROW_COLUMNS = [
     "draft_forwards_per_token", "draft_flops_per_token", "target_flops_per_token", "predicted_speedup", "matches_ar",
     # beyond the required columns
     "setting", "label", "category", "prompt_index", "order", "seed", "prompt_tokens", "new_tokens", "seconds",
-    "rounds", "drafted", "accepted", "rejected_rounds", "alpha", "cost_ratio", "draft_seconds", "verify_seconds",
-    "stop_reason",
+    "rounds", "copied_rounds", "drafted", "accepted", "rejected_rounds", "alpha", "cost_ratio", "draft_seconds",
+    "verify_seconds", "stop_reason",
 ]
 # Metrics of the summary, each with a *_std beside it; how one repeat's value is taken over its prompts.
 _SUMMARY_METRICS = {
@@ -444,7 +444,7 @@ def _group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
             "matches_ar": (run.token_ids == ar.token_ids) if greedy and ar is not None else None,
             "setting": setting.key, "label": setting.label, "category": item.category, "prompt_index": index,
             "order": position, "seed": seed, "prompt_tokens": len(ids), "new_tokens": new, "seconds": run.seconds,
-            "rounds": stats["rounds"], "drafted": drafted, "accepted": accepted, "rejected_rounds": rejected_rounds,
+            "rounds": stats["rounds"], "copied_rounds": stats["copied_rounds"], "drafted": drafted, "accepted": accepted, "rejected_rounds": rejected_rounds,
             "alpha": alpha, "cost_ratio": cost, "draft_seconds": stats["draft_seconds"],
             "verify_seconds": stats["verify_seconds"], "stop_reason": stats["stop_reason"],
         }
