@@ -61,6 +61,14 @@ def test_hover_title_names_round_gamma_entropy_and_accepted():
     assert "round 1 · γ=2" in html and "2/2 drafts accepted" in html
 
 
+def test_hover_title_says_when_a_round_was_copied_from_the_context():
+    result = synthetic()
+    result.rounds[1].source = "copy"
+    html = viz.render_tokens(result)
+    assert "round 1 · γ=2 · drafter entropy 0.10 · 2/2 drafts accepted (copied from the context) · accepted draft 1" in html
+    assert "round 0 · γ=3 · drafter entropy 0.20 · 1/3 drafts accepted · accepted draft 1" in html
+
+
 def test_rejected_drafts_are_struck_by_the_css():
     rules = [rule for rule in viz.TOKEN_CSS.split("}") if rule.strip().startswith(".sd-tok.sd-rejected{")]
     assert any("line-through" in rule for rule in rules)
