@@ -88,7 +88,8 @@ def build_demo(
         gr.Markdown(
             "# Speculative decoding playground\n"
             "One target model, four ways to decode it: **AR** (the target alone), **SD** (a small draft model "
-            "proposes γ tokens, the target checks them in one forward), **NASD** (drafts from an n-gram table, "
+            "proposes γ tokens, the target checks them in one forward; where the text repeats itself, the round "
+            "copies from it instead), **NASD** (drafts from an n-gram table, "
             "no draft model) and **EGAG** (SD with γ set each round by the drafter's entropy). "
             "All are lossless: greedy runs give AR's text exactly. Watch them decode round by round, then read "
             "why each was fast or slow.",

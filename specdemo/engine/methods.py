@@ -42,7 +42,7 @@ def register(method: Method) -> Method:
 
 register(Method("ar", "AR", False, "the target alone, one token per forward",
                 lambda pair, p: (None, FixedGamma(0))))
-register(Method("sd", "SD", True, "the pair's draft (a model or a feature head), fixed γ",
+register(Method("sd", "SD", True, "the pair's draft (a model or a feature head) or a copy from the context, fixed γ",
                 lambda pair, p: (_model_drafter(pair, p), FixedGamma(p.gamma))))
 register(Method("nasd", "NASD", False, "n-gram table drafts, fixed γ",
                 lambda pair, p: (NgramDrafter(p.ngram_n, p.ngram_storage, p.top_k_filler, pair.device),
