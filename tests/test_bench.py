@@ -67,6 +67,11 @@ def test_bench_command_end_to_end(tiny_pair, tmp_path, capsys):
     assert everything.exact_match_pct.eq(100).all()
     assert math.isfinite(everything.loc["sd", "predicted_speedup"])
     assert math.isfinite(everything.loc["sd", "cost_ratio"])
+    # SD copies the rounds where the repeating prompt continues itself; the peers never count as copying.
+    sd = rows[rows.method == "sd"]
+    assert (sd.copied_rounds <= sd.rounds).all() and sd.copied_rounds.sum() > 0
+    assert everything.loc["sd", "copied_share"] == pytest.approx(sd.copied_rounds.sum() / sd.rounds.sum())
+    assert everything.loc["ar", "copied_share"] == 0 and math.isnan(everything.loc["hf-generate", "copied_share"])
 
     page = report.read_text(encoding="utf-8")
     for name in ("speedup_vs_ar", "speedup_vs_hf", "tokens_per_s", "acceptance", "predicted_vs_measured"):

@@ -24,7 +24,7 @@ from .tables import target_perplexity
 
 ROW_COLUMNS = [
     "repeat", "prompt_index", "prompt_id", "category", "method", "label", "drafter", "order", "seed", "prompt_tokens",
-    "new_tokens", "seconds", "tokens_per_s", "engine_seconds", "ttft_s", "prefill_s", "rounds", "drafted",
+    "new_tokens", "seconds", "tokens_per_s", "engine_seconds", "ttft_s", "prefill_s", "rounds", "copied_rounds", "drafted",
     "accepted", "rejected_rounds", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards",
     "draft_forwards", "target_forwards_per_token", "mean_gamma", "mean_drafted", "mean_entropy",
     "draft_seconds", "verify_seconds", "matches_ar", "perplexity", "stop_reason", "cache", "compile_seconds",

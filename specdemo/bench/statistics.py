@@ -54,7 +54,7 @@ SUMMARY_COLUMNS = [
     "category", "method", "label", "prompts", "runs", "errors", "new_tokens_mean", "tokens_per_s_mean",
     "tokens_per_s_std", "speedup_vs_ar", "speedup_vs_ar_std", "speedup_vs_hf", "speedup_vs_hf_std",
     "speedup_vs_hf_static", "speedup_vs_hf_static_std", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma",
-    "mean_drafted", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
+    "mean_drafted", "copied_share", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
     "predicted_speedup_v", "cache", "compile_seconds",
 ]
 
@@ -134,6 +134,9 @@ def summarize(rows: pd.DataFrame, gamma: int | None = None) -> pd.DataFrame:
                 "target_forwards_per_token": _ratio(mine.target_forwards.sum(), mine.new_tokens.sum()),
                 "mean_gamma": mine.mean_gamma.mean(),
                 "mean_drafted": _ratio(drafted, mine.rounds.sum()),
+                # Rounds copied from the context (copy_n) of all rounds; transformers' peers never copy in this sense.
+                "copied_share": (_ratio(mine.copied_rounds.sum(), mine.rounds.sum())
+                                 if mine.copied_rounds.notna().any() else math.nan),
                 "exact_match_pct": 100.0 * matches.astype(bool).mean() if len(matches) else math.nan,
                 "perplexity": mine.perplexity.mean() if mine.perplexity.notna().any() else math.nan,
                 "cost_ratio": math.nan, "verify_cost_ratio": math.nan, "predicted_speedup": math.nan,
