@@ -140,6 +140,16 @@ def test_table_puts_ar_first_and_spells_out_quality(results, tiny_pair):
         assert f"**{label}**" in why
 
 
+def test_the_explanation_counts_copied_rounds(tiny_pair):
+    prompt = "w10 w20 w30 w10 w20 w30 w10 w20"
+    runs = [specdemo.generate(tiny_pair, prompt, m, max_new_tokens=24, copy_n=3) for m in ("ar", "sd")]
+    copied, rounds = runs[1].stats["copied_rounds"], len(runs[1].rounds)
+    assert copied > 0
+    why = viz.explain(tabulate(tiny_pair, runs).summary)
+    assert f"{copied} of its {rounds} rounds were copied from the context" in why
+    assert why.count("copied") == 1  # AR copies nothing and says nothing about it
+
+
 def test_sampled_quality_is_perplexity(tiny_pair):
     runs = [specdemo.generate(tiny_pair, "w3 w4", m, max_new_tokens=8, temperature=0.8, seed=1) for m in ("ar", "sd")]
     table = viz.display_table(tabulate(tiny_pair, runs).summary)

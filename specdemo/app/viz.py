@@ -446,6 +446,9 @@ def explain(summary: pd.DataFrame) -> str:
             )
             if row["draft_forwards"]:
                 reason += f"; the drafter ran {int(row['draft_forwards'])} forwards on top"
+            copied = row.get("copied_rounds")
+            if copied and not _isnan(copied):
+                reason += f"; {int(copied)} of its {int(row['target_forwards'])} rounds were copied from the context"
         lines.append(f"- **{label}**: {verdict}{reason}.")
     return "\n".join(lines)
 
