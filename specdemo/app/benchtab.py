@@ -22,8 +22,8 @@ from ..models.loading import ModelPair, Preset
 # The columns a reader compares first; the CSV download keeps all of them.
 TABLE_COLUMNS = [
     "category", "label", "runs", "tokens_per_s_mean", "tokens_per_s_std", "speedup_vs_ar", "speedup_vs_hf",
-    "acceptance_rate", "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma", "exact_match_pct",
-    "perplexity", "predicted_speedup", "errors",
+    "acceptance_rate", "mean_accepted_tokens", "copied_share", "target_forwards_per_token", "mean_gamma",
+    "exact_match_pct", "perplexity", "predicted_speedup", "errors",
 ]
 CHARTS = ("speedup_vs_ar", "speedup_vs_hf", "acceptance_by_category", "predicted_vs_measured")
 # A public deployment shares one machine among visitors: keep a benchmark to minutes.
