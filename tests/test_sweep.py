@@ -29,12 +29,13 @@ def test_grid_expands_every_method_and_leaves_other_settings_empty():
     assert [s.gamma for s in settings if s.method == "sd"] == [1, 2, 3]
     assert [(s.gamma_max, s.ema) for s in settings if s.method == "egag"] == [(4, 0.0), (4, 0.9), (6, 0.0), (6, 0.9)]
     ar, sd, egag, nasd = settings[0], settings[1], settings[4], settings[-1]
-    assert ar.values() == {"gamma": None, "gamma_max": None, "ema": None, "ngram_n": None} and ar.params() == {}
-    assert sd.values() == {"gamma": 1, "gamma_max": None, "ema": None, "ngram_n": None}
-    assert sd.params() == {"gamma": 1}
-    assert egag.values() == {"gamma": None, "gamma_max": 4, "ema": 0.0, "ngram_n": None}
+    empty = {"gamma": None, "gamma_max": None, "ema": None, "ngram_n": None, "copy_n": None}
+    assert ar.values() == empty and ar.params() == {}
+    assert sd.values() == {**empty, "gamma": 1}
+    assert sd.params() == {"gamma": 1}  # copy_n left at the parameter's default
+    assert egag.values() == {**empty, "gamma_max": 4, "ema": 0.0}
     assert egag.params() == {"gamma_max": 4, "ema": 0.0, "gamma_min": 1}
-    assert nasd.values() == {"gamma": 3, "gamma_max": None, "ema": None, "ngram_n": 3}  # the default γ
+    assert nasd.values() == {**empty, "gamma": 3, "ngram_n": 3}  # the default γ
     assert len({s.key for s in settings}) == len(settings)
 
 
@@ -45,6 +46,34 @@ def test_grid_takes_strings_picks_methods_and_drops_duplicates():
     assert {s.method for s in expand_grid()} == {"ar", "sd", "egag"}
     assert len(expand_grid()) == 1 + 6 + 4 * 3
     assert [s.method for s in expand_grid(gamma=[2], methods=["sd"])] == ["ar", "sd"]
+
+
+def test_copy_n_values_repeat_sd_and_egag_settings_but_not_nasds():
+    settings = expand_grid(gamma=[2, 3], gamma_max=[4], ema=[0.9], ngram_n=[3], copy_n="0,4")
+    assert [s.label for s in settings] == [
+        "AR", "SD γ=2, no copy", "SD γ=3, no copy", "SD γ=2, copy n=4", "SD γ=3, copy n=4",
+        "EGAG γmax/EMA 4/0.9, no copy", "EGAG γmax/EMA 4/0.9, copy n=4", "NASD n=3 (γ=3)"]
+    assert settings[1].params() == {"gamma": 2, "copy_n": 0} and settings[1].key == "sd:gamma=2,copy_n=0"
+    assert "copy_n" not in settings[-1].params()
+    with pytest.raises(ValueError, match=r"SD γ=2, copy n=1: copy_n must be 0 \(off\)"):
+        expand_grid(gamma=[2], methods="sd", copy_n=[1])
+
+
+def test_a_sweep_over_copy_n_draws_a_line_per_value_and_names_it_in_the_verdict():
+    rows = []
+    for copy_n, speeds in ((0, (1.0, 1.1)), (4, (1.3, 1.2))):
+        for gamma, speed in zip((2, 3), speeds):
+            setting = sweep.Setting("sd", gamma=gamma, copy_n=copy_n)
+            rows.append({"method": "sd", **setting.values(), "setting": setting.key, "label": setting.label,
+                         "prompt_id": "p", "repeat": 0, "speedup_vs_ar": speed, "new_tokens": 10, "seconds": 1.0,
+                         "rounds": 5, "drafted": 8, "accepted": 4, "rejected_rounds": 3})
+    summary = sweep.summarize_sweep(rows)
+    figure = sweep.speedup_figure(summary)
+    assert [trace.name for trace in figure.data] == ["SD (fixed γ, no copy)", "SD (fixed γ, copy n=4)"]
+    assert list(figure.data[1].y) == pytest.approx([1.3, 1.2])
+    assert sweep.verdict(summary).startswith("The best fixed γ (γ = 2, copy n=4) reached 1.30× AR")
+    assert [t.name for t in sweep.acceptance_figure(summary).data][:2] == ["SD (fixed γ, no copy)",
+                                                                           "SD (fixed γ, copy n=4)"]
 
 
 @pytest.mark.parametrize("kwargs, message", [

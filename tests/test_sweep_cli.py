@@ -62,6 +62,7 @@ def test_sweep_command_end_to_end(tiny_pair, suite, tmp_path, capsys):
     (["--gamma", "0"], "gamma must be an integer from 1 to 64"),
     (["--methods", "sd,eagle"], "unknown 'eagle'"),
     (["--ema", "1"], "ema must be a number in [0, 1)"),
+    (["--copy-n", "0,1"], "copy_n must be 0 (off) or an integer from 2 to 16"),
     (["--repeats", "0"], "repeats must be an integer ≥ 1"),
     (["--categories", "poetry"], "no prompts in category 'poetry'"),
     (["--temperature", "-1"], "temperature must be a number ≥ 0"),

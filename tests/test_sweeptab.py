@@ -42,6 +42,9 @@ def test_a_form_becomes_a_validated_request():
     req = sweeptab.make_sweep_request(form(methods=["nasd"], gamma="junk", gamma_max="", ema="x"), PRESETS,
                                       Limits(), SUITE)
     assert [s.key for s in req.settings] == ["ar", "nasd:gamma=3,ngram_n=2", "nasd:gamma=3,ngram_n=3"]
+    # copy_n values repeat SD's and EGAG's points; empty leaves the default.
+    req = sweeptab.make_sweep_request(form(methods=["sd"], gamma="3", copy_n="0, 4"), PRESETS, Limits(), SUITE)
+    assert [s.key for s in req.settings] == ["ar", "sd:gamma=3,copy_n=0", "sd:gamma=3,copy_n=4"]
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -49,6 +52,7 @@ def test_a_form_becomes_a_validated_request():
     ({"gamma": "1,two"}, "gamma: 'two' is not a number"),
     ({"gamma": "0"}, "gamma must be an integer from 1 to 64"),
     ({"ema": "1.5"}, "ema must be a number in [0, 1)"),
+    ({"copy_n": "1"}, "copy_n must be 0 (off) or an integer from 2 to 16"),
     ({"categories": []}, "categories: choose at least one"),
     ({"categories": ["poetry"]}, "no prompts in category 'poetry'"),
     ({"repeats": 1.5}, "repeats must be a whole number"),

@@ -62,14 +62,14 @@ DEFAULT_GAMMAS = (1, 2, 3, 4, 6, 8)
 DEFAULT_GAMMA_MAXES = (2, 4, 6, 8)
 DEFAULT_EMAS = (0.0, 0.5, 0.9)
 DEFAULT_NGRAM_NS = (2, 3, 4)
-SETTING_COLUMNS = ["gamma", "gamma_max", "ema", "ngram_n"]
+SETTING_COLUMNS = ["gamma", "gamma_max", "ema", "ngram_n", "copy_n"]
 
 ROW_COLUMNS = [
     "method", "gamma", "gamma_max", "ema", "ngram_n", "prompt_id", "repeat", "tokens_per_s", "speedup_vs_ar",
     "acceptance_rate", "mean_accepted_tokens", "mean_gamma", "wasted_drafts_per_token", "target_forwards_per_token",
     "draft_forwards_per_token", "draft_flops_per_token", "target_flops_per_token", "predicted_speedup", "matches_ar",
     # beyond the required columns
-    "setting", "label", "category", "prompt_index", "order", "seed", "prompt_tokens", "new_tokens", "seconds",
+    "copy_n", "setting", "label", "category", "prompt_index", "order", "seed", "prompt_tokens", "new_tokens", "seconds",
     "rounds", "copied_rounds", "drafted", "accepted", "rejected_rounds", "alpha", "cost_ratio", "draft_seconds",
     "verify_seconds", "stop_reason",
 ]
@@ -105,6 +105,7 @@ class Setting:
     gamma_max: int | None = None
     ema: float | None = None
     ngram_n: int | None = None
+    copy_n: int | None = None  # SD and EGAG: None leaves the parameter's default
     gamma_min: int | None = None  # EGAG's floor, fixed over the grid
 
     @property
@@ -116,9 +117,9 @@ class Setting:
     @property
     def label(self) -> str:
         if self.method == "sd":
-            return f"SD γ={self.gamma}"
+            return f"SD γ={self.gamma}{copy_phrase(self.copy_n, ', ')}"
         if self.method == "egag":
-            return f"EGAG γmax/EMA {self.gamma_max}/{_fmt(self.ema)}"
+            return f"EGAG γmax/EMA {self.gamma_max}/{_fmt(self.ema)}{copy_phrase(self.copy_n, ', ')}"
         if self.method == "nasd":
             return f"NASD n={self.ngram_n} (γ={self.gamma})"
         return METHODS[self.method].label if self.method in METHODS else self.method
@@ -134,6 +135,13 @@ class Setting:
 
 
 AR = Setting("ar")
+
+
+def copy_phrase(copy_n: Any, before: str = "") -> str:
+    """How a setting copies from the context, for labels: "" when the sweep leaves copy_n at its default."""
+    if copy_n is None or pd.isna(copy_n):
+        return ""
+    return f"{before}no copy" if int(copy_n) == 0 else f"{before}copy n={int(copy_n)}"
 
 
 def _values(name: str, values: Iterable | str | None) -> list:
@@ -156,12 +164,15 @@ def expand_grid(
     ema: Iterable[float] | str | None = DEFAULT_EMAS,
     ngram_n: Iterable[int] | str | None = None,
     methods: str | Sequence[str] | None = None,
+    copy_n: Iterable[int] | str | None = None,
     *,
     gamma_min: int = 1,
     nasd_gamma: int = PARAMS["gamma"].default,
 ) -> list[Setting]:
     """AR, then SD at each γ, EGAG at each (γ_max, EMA) with γ_min fixed, NASD at each n
-    (with γ = nasd_gamma). Values may be lists or comma-separated strings ("1,2,4").
+    (with γ = nasd_gamma). Values may be lists or comma-separated strings ("1,2,4"). With
+    copy_n values, SD's and EGAG's settings are repeated for each (0 = no copying); without,
+    they copy as the parameter's default says.
 
     methods picks among sd, egag and nasd (AR always runs); by default every method
     whose grid is given (NASD only when ngram_n is). Every setting is validated here, so
@@ -182,11 +193,13 @@ def expand_grid(
         empty = [f"{m} needs {missing[m][0]}" for m in chosen if not missing[m][1]]
         if empty:
             raise ValueError("sweep grid: " + "; ".join(empty))
+    copies = _values("copy_n", copy_n) or [None]
     settings = [AR]
     if "sd" in chosen:
-        settings += [Setting("sd", gamma=g) for g in gammas]
+        settings += [Setting("sd", gamma=g, copy_n=c) for c in copies for g in gammas]
     if "egag" in chosen:
-        settings += [Setting("egag", gamma_max=g, ema=e, gamma_min=gamma_min) for g in maxes for e in emas]
+        settings += [Setting("egag", gamma_max=g, ema=e, gamma_min=gamma_min, copy_n=c)
+                     for c in copies for g in maxes for e in emas]
     if "nasd" in chosen:
         settings += [Setting("nasd", gamma=nasd_gamma, ngram_n=n) for n in ns]
     for setting in settings:
@@ -501,7 +514,7 @@ def rows_frame(rows: Sequence[dict]) -> pd.DataFrame:
 
 
 def _typed_settings(frame: pd.DataFrame) -> pd.DataFrame:
-    for name in ("gamma", "gamma_max", "ngram_n"):
+    for name in ("gamma", "gamma_max", "ngram_n", "copy_n"):
         frame[name] = pd.to_numeric(frame[name]).astype("Int64")
     frame["ema"] = pd.to_numeric(frame["ema"]).astype(float)
     return frame
@@ -574,16 +587,18 @@ def verdict(summary: pd.DataFrame) -> str:
     egag, sd, nasd = _best(summary, "egag"), _best(summary, "sd"), _best(summary, "nasd")
     sentences = []
     if egag is not None:
-        text = (f"EGAG (γ_max {_fmt(egag.gamma_max)}, EMA {_fmt(egag.ema)}) reached "
+        text = (f"EGAG (γ_max {_fmt(egag.gamma_max)}, EMA {_fmt(egag.ema)}{copy_phrase(egag.copy_n, ', ')}) reached "
                 f"{egag.speedup_vs_ar:.2f}× AR")
         if sd is not None:
-            text += f" against {sd.speedup_vs_ar:.2f}× for the best fixed γ (γ = {_fmt(sd.gamma)})"
+            text += (f" against {sd.speedup_vs_ar:.2f}× for the best fixed γ "
+                     f"(γ = {_fmt(sd.gamma)}{copy_phrase(sd.copy_n, ', ')})")
         text += f"; its mean γ was {egag.mean_gamma:.1f}"
         if sd is None:
             text += " (no fixed-γ SD in this sweep)"
         sentences.append(text + ".")
     elif sd is not None:
-        sentences.append(f"The best fixed γ (γ = {_fmt(sd.gamma)}) reached {sd.speedup_vs_ar:.2f}× AR "
+        sentences.append(f"The best fixed γ (γ = {_fmt(sd.gamma)}{copy_phrase(sd.copy_n, ', ')}) reached "
+                         f"{sd.speedup_vs_ar:.2f}× AR "
                          "(no EGAG in this sweep).")
     if nasd is not None:
         sentences.append(f"The best NASD (n = {_fmt(nasd.ngram_n)}) reached {nasd.speedup_vs_ar:.2f}× AR.")
@@ -605,7 +620,17 @@ def _errors(part: pd.DataFrame, column: str) -> dict:
 
 
 def _egag_text(part: pd.DataFrame) -> list[str]:
-    return [f"{_fmt(g)}/{_fmt(e)}" for g, e in zip(part.gamma_max, part.ema)]
+    return [f"{_fmt(g)}/{_fmt(e)}{copy_phrase(c, ' ')}" for g, e, c in zip(part.gamma_max, part.ema, part.copy_n)]
+
+
+def _sd_lines(summary: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """SD's settings as lines over γ: one, or one per copy_n value when the sweep varies it."""
+    sd = summary[summary.method == "sd"].sort_values("gamma")
+    if sd.empty:
+        return []
+    if sd.copy_n.isna().all():
+        return [("SD (fixed γ)", sd)]
+    return [(f"SD (fixed γ, {copy_phrase(value)})", part) for value, part in sd.groupby("copy_n", sort=False)]
 
 
 def speedup_figure(summary: pd.DataFrame):
@@ -613,11 +638,10 @@ def speedup_figure(summary: pd.DataFrame):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    sd = summary[summary.method == "sd"].sort_values("gamma")
-    if not sd.empty:
-        fig.add_scatter(name="SD (fixed γ)", x=sd.gamma, y=sd.speedup_vs_ar, mode="lines+markers",
+    for name, sd in _sd_lines(summary):
+        fig.add_scatter(name=name, x=sd.gamma, y=sd.speedup_vs_ar, mode="lines+markers",
                         error_y=_errors(sd, "speedup_vs_ar"),
-                        hovertemplate="γ=%{x}: %{y:.2f}× AR<extra>SD</extra>")
+                        hovertemplate="γ=%{x}: %{y:.2f}× AR<extra>" + name + "</extra>")
     egag = summary[summary.method == "egag"]
     if not egag.empty:
         fig.add_scatter(name="EGAG (γmax/EMA)", x=egag.mean_gamma, y=egag.speedup_vs_ar, mode="markers+text",
@@ -639,13 +663,13 @@ def acceptance_figure(summary: pd.DataFrame):
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance rate", "tokens per round"))
-    sd = summary[summary.method == "sd"].sort_values("gamma")
+    lines = _sd_lines(summary)
     egag = summary[summary.method == "egag"]
     for col, metric in ((1, "acceptance_rate"), (2, "mean_accepted_tokens")):
-        if not sd.empty:
-            fig.add_trace(go.Scatter(name="SD (fixed γ)", x=sd.gamma, y=sd[metric], mode="lines+markers",
-                                     error_y=_errors(sd, metric), legendgroup="sd", showlegend=col == 1,
-                                     line_color="#1f77b4"), row=1, col=col)
+        for index, (name, sd) in enumerate(lines):
+            fig.add_trace(go.Scatter(name=name, x=sd.gamma, y=sd[metric], mode="lines+markers",
+                                     error_y=_errors(sd, metric), legendgroup=name, showlegend=col == 1,
+                                     line_color="#1f77b4" if index == 0 else None), row=1, col=col)
         if not egag.empty:
             fig.add_trace(go.Scatter(name="EGAG (γmax/EMA)", x=egag.mean_gamma, y=egag[metric], mode="markers+text",
                                      text=_egag_text(egag), textposition="top center", legendgroup="egag",
