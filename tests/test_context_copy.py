@@ -5,11 +5,12 @@ import pytest
 import torch
 
 import specdemo
-from specdemo.engine.context_copy import COPY, CopyFirstDrafter
+from specdemo.engine.context_copy import CopyFirstDrafter
 from specdemo.engine.drafters import Proposal
 from specdemo.engine.params import DecodeParams
 from specdemo.engine.policies import EntropyGamma, FixedGamma
 from specdemo.engine.sampling import SamplingConfig
+from specdemo.engine.trace import COPIED
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -41,7 +42,7 @@ def test_a_repeated_context_is_copied_as_a_point_mass_with_zero_entropy():
     proposal = drafter.propose(prompt, FixedGamma(3), limit=10, sampling=GREEDY, generator=None)
     # [5, 6] occurred before, followed by 7, 8, then 5: the copy follows that span.
     assert proposal.tokens.tolist() == [7, 8, 5]
-    assert proposal.source == COPY and proposal.draft_probs is None
+    assert proposal.source == COPIED and proposal.draft_probs is None
     assert proposal.entropies.tolist() == [0.0, 0.0, 0.0]
     assert inner.asked == []
 
@@ -72,7 +73,7 @@ def test_the_wrapped_drafter_sees_every_verification_and_the_table_learns_the_ou
     assert inner.observed == [([1, 2, 3, 4, 9], 3, {"target_features": "f"})]
     # [3, 4] → 9 came from the output: the next time the context ends in [3, 4], 9 is copied.
     proposal = drafter.propose([1, 2, 3, 4, 9, 3, 4], FixedGamma(1), limit=5, sampling=GREEDY, generator=None)
-    assert proposal.tokens.tolist() == [9] and proposal.source == COPY
+    assert proposal.tokens.tolist() == [9] and proposal.source == COPIED
 
 
 def test_egag_drafts_its_longest_gamma_from_a_copy_whose_entropy_is_zero():
@@ -97,7 +98,7 @@ def test_copying_is_traced_round_by_round(tiny_pair):
     prompt = "w10 w20 w30 w10 w20 w30 w10 w20"
     result = specdemo.generate(tiny_pair, prompt, method="sd", max_new_tokens=30, gamma=3, copy_n=3)
     sources = {r.source for r in result.rounds}
-    assert COPY in sources and result.stats["copied_rounds"] == sum(r.source == COPY for r in result.rounds)
+    assert COPIED in sources and result.stats["copied_rounds"] == sum(r.source == COPIED for r in result.rounds)
     assert result.drafter.endswith("+ context copy (n=3)")
     plain = specdemo.generate(tiny_pair, prompt, method="sd", max_new_tokens=30, gamma=3, copy_n=0)
     assert plain.stats["copied_rounds"] == 0 and "copy" not in plain.drafter

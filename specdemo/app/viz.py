@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..engine.methods import METHODS
-from ..engine.trace import ACCEPTED, BONUS, CORRECTED, REJECTED, TARGET, GenerationResult, Round
+from ..engine.trace import ACCEPTED, BONUS, COPIED, CORRECTED, REJECTED, TARGET, GenerationResult, Round
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def _fmt_entropy(value: float | None) -> str:
 def _round_title(r: Round, what: str, entropy: float | None) -> str:
     drafted = len(r.drafted)
     accepted = f"{r.accepted}/{drafted} drafts accepted" if drafted else "nothing drafted"
-    if r.source == "copy":
+    if r.source == COPIED:
         accepted += " (copied from the context)"
     return f"round {r.index} · γ={r.gamma} · drafter entropy {_fmt_entropy(entropy)} · {accepted} · {what}"
 

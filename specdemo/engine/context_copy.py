@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 
 from .drafters import NgramTable, Proposal
-
-COPY = "copy"  # Proposal.source of a copied round
+from .trace import COPIED
 
 
 class CopyFirstDrafter:
@@ -42,15 +41,15 @@ class CopyFirstDrafter:
         self.inner.start(prompt_ids, *features)
 
     def propose(self, context, policy, limit, sampling, generator) -> Proposal:
-        window = context[-(self.table.n - 1) :]
-        if limit > 0 and len(window) == self.table.n - 1 and self.table.continuation(window) is not None:
+        # The table holds contexts of exactly n − 1 tokens, so a shorter context never matches.
+        if limit > 0 and self.table.continuation(context[-(self.table.n - 1) :]) is not None:
             # A point mass has zero entropy: a policy that reads it (EGAG) drafts its longest γ.
             entropy = 0.0 if policy.needs_first_entropy else None
             gamma = policy.round_gamma(entropy)
             tokens = torch.tensor(self.table.draft(context, min(gamma, limit)), dtype=torch.long, device=self.device)
             # The trace gives each copied token its q's entropy, zero, beside the drafter's own.
             zeros = torch.zeros(len(tokens), device=self.device)
-            return Proposal(gamma, tokens, None, zeros, entropy, source=COPY)
+            return Proposal(gamma, tokens, None, zeros, entropy, source=COPIED)
         return self.inner.propose(context, policy, limit, sampling, generator)
 
     def observe(self, sequence, verified_from, target_logits, **extras) -> None:

@@ -16,6 +16,7 @@ import torch
 from .lm import CachedLM
 from .policies import FixedGamma
 from .sampling import SamplingConfig, normalized_entropy, pick, probabilities
+from .trace import DRAFTED
 
 
 @dataclass
@@ -25,7 +26,7 @@ class Proposal:
     draft_probs: torch.Tensor | None  # q at each draft position [k, V]; None = point mass
     entropies: torch.Tensor | None  # [k] normalised drafter entropy at each draft position; None without a q
     round_entropy: float | None  # the entropy the policy set γ from, if any
-    source: str = "draft"  # what drafted the round: "draft" (the drafter itself) or "copy" (the context)
+    source: str = DRAFTED  # what drafted the round: DRAFTED or COPIED (trace.py)
 
     @classmethod
     def empty(cls, gamma: int = 0, device: torch.device | str | None = None,

@@ -17,6 +17,10 @@ TARGET = "target"  # the target's token in a round that drafted nothing (AR, NAS
 REJECTED = "rejected"  # a draft the target refused (in rounds, never in the output)
 ORIGINS = (ACCEPTED, CORRECTED, BONUS, TARGET)
 
+# What drafted a round.
+DRAFTED = "draft"  # the drafter itself (a draft model, a feature head, NASD's table)
+COPIED = "copy"  # copied from the context (copy_n)
+
 
 @dataclass
 class TokenRecord:
@@ -39,7 +43,7 @@ class Round:
     verify_seconds: float
     end_seconds: float  # since the generation started, prefill included
     new_tokens: list[int] = field(default_factory=list)  # what the round added to the output
-    source: str = ""  # what drafted: "draft" (the drafter), "copy" (copied from the context), "" (nothing)
+    source: str = ""  # DRAFTED, COPIED, or "" for a round that drafted nothing
 
     @property
     def rejected(self) -> list[int]:
@@ -102,7 +106,7 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "target_forwards": result.target_forwards,
         "draft_forwards": result.draft_forwards,
         "target_forwards_per_token": result.target_forwards / new_tokens if new_tokens else math.nan,
-        "copied_rounds": sum(1 for r in rounds if r.source == "copy"),
+        "copied_rounds": sum(1 for r in rounds if r.source == COPIED),
         "mean_gamma": sum(r.gamma for r in drafting_rounds) / len(drafting_rounds) if drafting_rounds else 0.0,
         "mean_drafted": drafted / len(rounds) if rounds else math.nan,
         "mean_entropy": sum(token_entropies) / len(token_entropies) if token_entropies else math.nan,

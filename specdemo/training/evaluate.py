@@ -15,12 +15,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from specdemo.engine.clock import interleaved_medians
-from specdemo.engine.context_copy import COPY, CopyFirstDrafter
+from specdemo.engine.context_copy import CopyFirstDrafter
 from specdemo.engine.drafters import NgramTable
 from specdemo.engine.feature_drafter import FeatureDrafter
 from specdemo.engine.feature_head import FeatureHead
 from specdemo.engine.policies import FixedGamma
 from specdemo.engine.sampling import SamplingConfig
+from specdemo.engine.trace import COPIED
 
 from .prompts import heldout_prompts
 
@@ -98,7 +99,7 @@ def replay_rounds(head: FeatureHead, prompt: list[int], answer: list[int], featu
     def propose(sequence, limit):
         nonlocal copied
         proposal = drafter.propose(sequence, policy, limit, sampling, None)
-        copied += proposal.source == COPY
+        copied += proposal.source == COPIED
         return proposal.tokens.tolist()
 
     def observe(sequence, verified_from, kept):
