@@ -18,9 +18,9 @@ from .drafters import Drafter, NgramDrafter, Proposal, top_ids
 from .lm import CACHE_KINDS, CachedLM, buckets_up_to
 from .methods import get_method
 from .params import DecodeParams, EngineOptions
-from .sampling import probabilities, verify_on_device
+from .sampling import decision_values, probabilities, verify_on_device
 from .tokens import cut_at_eos
-from .trace import GenerationResult, Round, TokenRecord
+from .trace import DraftDecision, GenerationResult, Round, TokenRecord
 
 if TYPE_CHECKING:  # the engine never imports the model layer at run time
     from ..models.loading import ModelPair
@@ -139,9 +139,12 @@ def _rounds(
                                               then=proposal.tokens)
                 target_scores = target_logits if sampling.greedy else probabilities(target_logits, sampling)
                 verdict = verify_on_device(target_scores, proposal.tokens, proposal.draft_probs, sampling, generator)
+                # p, q and the acceptance probability of every draft travel back with the verdict.
+                values, next_p = decision_values(target_scores, proposal.tokens, proposal.q_of_drafts, verdict,
+                                                 sampling)
                 target_top = top_ids(target_logits, target_top_k) if target_top_k else None
-                (accepted, next_token), drafted, entropies, target_top = read_together(
-                    verdict, proposal.tokens, proposal.entropies, target_top)
+                (accepted, next_token), drafted, entropies, target_top, values, (next_p,) = read_together(
+                    verdict, proposal.tokens, proposal.entropies, target_top, values, next_p)
                 target.note_fed(drafted)
                 drafts, accepted, next_token = _cut_at_eos(drafted, accepted, next_token, eos_ids)
                 new_tokens = drafts[:accepted] + ([] if next_token is None else [next_token])
@@ -165,6 +168,9 @@ def _rounds(
                     draft_entropies=entropies[: len(drafts)], draft_seconds=draft_seconds,
                     verify_seconds=verify_seconds, end_seconds=engine_seconds, new_tokens=new_tokens,
                     source=proposal.source if drafts else "",
+                    decisions=draft_decisions(drafts, accepted, next_token, values, next_p,
+                                              point_mass=proposal.q_of_drafts is None),
+                    next_p=next_p if next_token is not None else None,
                 )
                 _record(result, round_, pair, sequence)
                 result.seconds = engine_seconds
@@ -215,6 +221,22 @@ def _cut_at_eos(drafted: list[int], accepted: int, next_token: int, eos_ids) -> 
     accepted = min(accepted, len(drafts))
     ended = accepted > 0 and drafts[accepted - 1] in eos_ids
     return drafts, accepted, None if ended else next_token
+
+
+def draft_decisions(drafts: list[int], accepted: int, next_token: int | None, values: list[list[float]],
+                    next_p: float, point_mass: bool) -> list[DraftDecision]:
+    """One `DraftDecision` per kept draft (after the EOS cut) from `decision_values`' rows; the
+    first rejected draft carries the target's replacement for it."""
+    decisions = []
+    for i, token in enumerate(drafts):
+        p, q, accept_prob = values[i]
+        rejected_here = i == accepted and next_token is not None
+        decisions.append(DraftDecision(
+            token=token, q=q, p=p, accept_prob=accept_prob, accepted=i < accepted, decided=i <= accepted,
+            point_mass=point_mass, correction=next_token if rejected_here else None,
+            correction_p=next_p if rejected_here else None,
+        ))
+    return decisions
 
 
 def describe_drafter(pair, drafter, params: DecodeParams) -> str:

@@ -27,6 +27,9 @@ class Proposal:
     entropies: torch.Tensor | None  # [k] normalised drafter entropy at each draft position; None without a q
     round_entropy: float | None  # the entropy the policy set γ from, if any
     source: str = DRAFTED  # what drafted the round: DRAFTED or COPIED (trace.py)
+    # [k] q(x) of each draft after the sampling filters (the plain softmax when greedy), kept for
+    # the trace; None for a drafter without a q (a point mass: n-gram tables, copies).
+    q_of_drafts: torch.Tensor | None = None
 
     @classmethod
     def empty(cls, gamma: int = 0, device: torch.device | str | None = None,
@@ -72,6 +75,7 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
     tokens: list[torch.Tensor] = []
     dists: list[torch.Tensor] = []
     entropies: list[torch.Tensor] = []
+    chosen_q: list[torch.Tensor] = []
     fed = 0
     for i in range(budget):
         entropy = normalized_entropy(probs)
@@ -83,13 +87,16 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
         tokens.append(token)
         dists.append(probs)
         entropies.append(entropy)
+        chosen_q.append(probs[token])
         if i + 1 < budget:
             probs = advance(token)
             fed += 1
     if not tokens:
         return Proposal.empty(gamma, probs.device, round_entropy), 0
     draft_probs = None if sampling.greedy else torch.stack(dists)
-    return Proposal(gamma, torch.stack(tokens), draft_probs, torch.stack(entropies), round_entropy), fed
+    proposal = Proposal(gamma, torch.stack(tokens), draft_probs, torch.stack(entropies), round_entropy,
+                        q_of_drafts=torch.stack(chosen_q))
+    return proposal, fed
 
 
 class ModelDrafter:

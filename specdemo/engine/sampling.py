@@ -142,3 +142,38 @@ def verify_on_device(
     next_token = torch.multinomial(dist, 1, generator=generator)[0]
     return torch.stack([accepted, next_token])
 
+
+
+def decision_values(
+    target_scores: torch.Tensor,
+    drafts: torch.Tensor,
+    q_of_drafts: torch.Tensor | None,
+    verdict: torch.Tensor,
+    config: SamplingConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What decided each draft, on the device beside the verdict (nothing is read back here).
+
+    target_scores: what `verify_on_device` was given, [k+1, V]: logits when greedy, p otherwise.
+    q_of_drafts: [k] q(x) of each draft after the sampling filters; None for a point mass (q = 1).
+    verdict: `verify_on_device`'s (accepted, next token).
+
+    Returns ([k, 3] rows of (p(x), q(x), acceptance probability), [1] p of the next token at
+    the position it follows). Sampling: the acceptance probability is min(1, p(x)/q(x)).
+    Greedy: p is the plain softmax of the target's logits, and the acceptance "probability"
+    is 1 where x is the target's argmax and 0 elsewhere, the rule greedy verification applies.
+    """
+    k = drafts.shape[0]
+    positions = torch.arange(k, device=drafts.device)
+    if config.greedy:
+        log_normaliser = torch.logsumexp(target_scores.float(), dim=-1)  # softmax only where it is read
+        p_of_drafts = torch.exp(target_scores[positions, drafts].float() - log_normaliser[:k])
+        accept = (target_scores[:k].argmax(-1) == drafts).float()
+        next_p = torch.exp(target_scores[verdict[0], verdict[1]].float() - log_normaliser[verdict[0]])
+    else:
+        p_of_drafts = target_scores[positions, drafts].float()
+        next_p = target_scores[verdict[0], verdict[1]].float()
+    q = torch.ones_like(p_of_drafts) if q_of_drafts is None else q_of_drafts.float()
+    if not config.greedy:
+        # A draft was picked from q, so q(x) > 0; the clamp only guards rounding.
+        accept = torch.clamp(p_of_drafts / q.clamp_min(1e-30), max=1.0)
+    return torch.stack([p_of_drafts, q, accept], dim=-1), next_p.view(1)

@@ -30,6 +30,29 @@ class TokenRecord:
     round: int
 
 
+@dataclass(frozen=True)
+class DraftDecision:
+    """What decided one drafted token: q(x) and p(x) after the sampling filters, and the
+    probability that the target kept it. A tree of drafts can give its nodes the same fields.
+
+    accept_prob is min(1, p/q) when sampling; when greedy it is 1 if the token is the target's
+    argmax and 0 otherwise. A point mass (an n-gram or a copied draft) has q = 1, so it is kept
+    with probability p. `decided` is False for drafts after the round's first rejection: the
+    target computed their p, but nothing was decided about them.
+    """
+
+    token: int
+    q: float
+    p: float
+    accept_prob: float
+    accepted: bool
+    decided: bool = True
+    point_mass: bool = False
+    # On the rejected draft only: the token the target put in its place, and its p.
+    correction: int | None = None
+    correction_p: float | None = None
+
+
 @dataclass
 class Round:
     index: int
@@ -44,6 +67,8 @@ class Round:
     end_seconds: float  # since the generation started, prefill included
     new_tokens: list[int] = field(default_factory=list)  # what the round added to the output
     source: str = ""  # DRAFTED, COPIED, or "" for a round that drafted nothing
+    decisions: list[DraftDecision] = field(default_factory=list)  # one per drafted token, in order
+    next_p: float | None = None  # the target's p of next_token where it follows (filters applied)
 
     @property
     def rejected(self) -> list[int]:
