@@ -1,4 +1,4 @@
-"""Traces → DataFrames: the comparison table and the per-round trace.
+"""Traces → DataFrames: the comparison table, the per-round trace and the per-token decisions.
 
 The CLI, the page and the benchmark write these same columns to CSV.
 """
@@ -14,17 +14,25 @@ import torch
 from ..engine.methods import METHODS
 from ..engine.sampling import probabilities
 from ..engine.trace import GenerationResult
+from .acceptance import entropy_auc
 
 SUMMARY_COLUMNS = [
     "method", "label", "drafter", "new_tokens", "seconds", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
     "mean_accepted_tokens", "copied_rounds", "target_forwards", "draft_forwards", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "mean_entropy", "matches_ar", "perplexity", "stop_reason", "temperature", "seed",
-    "cache", "compile_seconds",
+    "cache", "compile_seconds", "alpha", "rounds", "draft_seconds", "verify_seconds", "entropy_auc", "entropy_auc_n",
 ]
 
 ROUND_COLUMNS = [
     "method", "round", "source", "gamma", "entropy", "n_drafted", "accepted", "n_rejected", "drafted_ids", "rejected_ids",
     "next_token", "next_origin", "new_tokens", "draft_entropies", "draft_seconds", "verify_seconds", "end_seconds",
+]
+
+# One row per drafted token: what decided it (see `DraftDecision`). `decided` is False after the
+# round's first rejection; `point_mass` marks drafts without a q (n-gram tables, copies: q = 1).
+TOKEN_COLUMNS = [
+    "method", "round", "position", "token", "q", "p", "accept_prob", "accepted", "decided", "point_mass",
+    "entropy", "source", "correction", "correction_p",
 ]
 
 
@@ -50,6 +58,7 @@ def summary_frame(
         row["perplexity"] = (perplexities or {}).get(result.method, math.nan)
         row["temperature"] = result.params.get("temperature")
         row["seed"] = result.params.get("seed")
+        row["entropy_auc"], row["entropy_auc_n"] = entropy_auc(tokens_frame([result]))
         rows.append(row)
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
@@ -78,6 +87,25 @@ def rounds_frame(results: Iterable[GenerationResult]) -> pd.DataFrame:
                 "end_seconds": r.end_seconds,
             })
     return pd.DataFrame(rows, columns=ROUND_COLUMNS)
+
+
+def tokens_frame(results: Iterable[GenerationResult]) -> pd.DataFrame:
+    """One row per drafted token of every round (position 1 is the round's first draft).
+    A point mass's entropy is 0 where its drafter gave one (copies) and NaN otherwise (n-gram)."""
+    rows = []
+    for result in results:
+        for r in result.rounds:
+            for i, d in enumerate(r.decisions):
+                rows.append({
+                    "method": result.method, "round": r.index, "position": i + 1, "token": d.token,
+                    "q": d.q, "p": d.p, "accept_prob": d.accept_prob, "accepted": d.accepted,
+                    "decided": d.decided, "point_mass": d.point_mass,
+                    "entropy": r.draft_entropies[i] if i < len(r.draft_entropies) else math.nan,
+                    "source": r.source,
+                    "correction": d.correction if d.correction is not None else -1,
+                    "correction_p": d.correction_p if d.correction_p is not None else math.nan,
+                })
+    return pd.DataFrame(rows, columns=TOKEN_COLUMNS)
 
 
 def target_perplexity(pair, result: GenerationResult) -> float:

@@ -113,6 +113,7 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
     new_tokens = len(result.tokens)
     drafted = sum(len(r.drafted) for r in rounds)
     accepted = sum(r.accepted for r in rounds)
+    rejected_rounds = sum(1 for r in rounds if r.accepted < len(r.drafted))
     drafting_rounds = [r for r in rounds if r.gamma > 0]
     token_entropies = [e for r in rounds for e in r.draft_entropies]
     seconds = result.seconds
@@ -127,6 +128,9 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "drafted": drafted,
         "accepted": accepted,
         "acceptance_rate": accepted / drafted if drafted else math.nan,
+        # Leviathan's α: each round is a run of kept drafts ended by one rejection, or by none.
+        "alpha": accepted / (accepted + rejected_rounds) if accepted + rejected_rounds else math.nan,
+        "rejected_rounds": rejected_rounds,
         "mean_accepted_tokens": sum(len(r.new_tokens) for r in rounds) / len(rounds) if rounds else math.nan,
         "target_forwards": result.target_forwards,
         "draft_forwards": result.draft_forwards,

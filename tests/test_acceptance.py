@@ -1,0 +1,102 @@
+"""specdemo.bench.acceptance and tables.tokens_frame: what the entropy and position charts and the
+break-even line are computed from."""
+
+import math
+
+import pandas as pd
+import pytest
+
+import specdemo
+from specdemo.bench import acceptance
+from specdemo.bench.tables import TOKEN_COLUMNS, summary_frame, tokens_frame
+from specdemo.engine.trace import DraftDecision, GenerationResult, Round
+
+
+def _round(index, entropies, accepted, point_mass=False):
+    drafted = list(range(10, 10 + len(entropies)))
+    decisions = [DraftDecision(t, 0.5, 0.5, 1.0 if i < accepted else 0.0, i < accepted, i <= accepted, point_mass)
+                 for i, t in enumerate(drafted)]
+    return Round(index, len(drafted), None, drafted, accepted, 7, list(entropies), 0.0, 0.0, 0.0,
+                 new_tokens=drafted[:accepted] + [7], decisions=decisions)
+
+
+def _result(method, rounds):
+    return GenerationResult(method, {}, [1, 2], rounds=rounds)
+
+
+def test_auc_is_one_when_every_kept_draft_was_more_confident_than_every_refused_one():
+    rounds = [_round(0, [0.1, 0.2, 0.9], 2), _round(1, [0.15, 0.8], 1), _round(2, [0.7, 0.05], 0)]
+    auc, n = acceptance.entropy_auc(tokens_frame([_result("sd", rounds)]))
+    # Judged: 0.1, 0.2, 0.15 kept; 0.9, 0.8, 0.7 refused. 0.05 came after a rejection: not judged.
+    assert (auc, n) == (1.0, 6)
+
+
+def test_auc_counts_ordered_pairs_and_ties_half():
+    # kept 0.2, 0.5; refused 0.5, 0.3, 0.1. Pairs where the kept draft is the more confident:
+    # 0.2 beats 0.5 and 0.3 (2), 0.5 ties 0.5 (½) → 2.5 of 6.
+    rounds = [_round(0, [0.2, 0.5], 1), _round(1, [0.5, 0.3], 1), _round(2, [0.1], 0)]
+    tokens = tokens_frame([_result("sd", rounds)])
+    auc, n = acceptance.entropy_auc(tokens)
+    assert n == 5 and auc == pytest.approx(2.5 / 6)
+
+
+def test_auc_leaves_out_point_masses_and_is_nan_without_both_outcomes():
+    rounds = [_round(0, [0.0, 0.0], 1, point_mass=True), _round(1, [0.3], 1)]
+    auc, n = acceptance.entropy_auc(tokens_frame([_result("nasd", rounds)]))
+    assert n == 1 and math.isnan(auc)
+    assert "all kept, or all refused" in acceptance.describe_auc(auc, n)
+    assert acceptance.describe_auc(0.7123, 2310) == "entropy ranks acceptances with AUC 0.71 (n = 2,310)"
+
+
+def test_entropy_bins_count_rate_and_wilson_band():
+    rounds = [_round(i, [0.05], 1 if i < 3 else 0) for i in range(4)] + [_round(9, [0.95], 0)]
+    bins = acceptance.entropy_bins(tokens_frame([_result("sd", rounds)]), bins=10)
+    assert list(bins.columns) == acceptance.ENTROPY_BIN_COLUMNS
+    low, high = bins.iloc[0], bins.iloc[1]
+    assert (low["count"], low.accepted, low.rate, low.entropy_low) == (4, 3, 0.75, 0.0)
+    assert (high["count"], high.rate, high.entropy_high) == (1, 0.0, 1.0)
+    # Wilson 95 % for 3/4, by its closed form.
+    z, n, p = 1.959963984540054, 4, 0.75
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    assert (low.rate_low, low.rate_high) == (pytest.approx(centre - half), pytest.approx(centre + half))
+
+
+def test_position_acceptance_is_per_round_that_drafted_that_far():
+    rounds = [_round(0, [0.1, 0.1, 0.1], 3), _round(1, [0.1, 0.1, 0.1], 1), _round(2, [0.1], 0)]
+    table = acceptance.position_acceptance(tokens_frame([_result("sd", rounds), _result("ar", [])]))
+    assert table.position.tolist() == [1, 2, 3]
+    assert table.drafted.tolist() == [3, 2, 2] and table.accepted.tolist() == [2, 1, 1]
+    assert table.rate.tolist() == pytest.approx([2 / 3, 0.5, 0.5])
+
+
+def test_break_even_prices_a_round_in_ar_steps():
+    even = acceptance.BreakEven.measure(draft_seconds=4.0, verify_seconds=6.0, rounds=10, drafted=40,
+                                        new_tokens=25, alpha=0.5, ar_step_seconds=0.5)
+    # c = 4 / 40 / 0.5 = 0.2 per draft, v = 6 / 10 / 0.5 = 1.2 per round, γ = 4 → 0.8 + 1.2 = 2.0 steps.
+    assert (even.draft_cost, even.verify_cost, even.gamma) == pytest.approx((0.2, 1.2, 4.0))
+    assert even.needed == pytest.approx(2.0) and even.obtained == 2.5 and even.beats_ar
+    assert even.predicted_speedup() == pytest.approx((1 - 0.5 ** 5) / 0.5 / 2.0)
+    assert even.predicted_speedup(1.0) == pytest.approx(5 / 2.0)
+    assert "needs 2.00 tokens per round" in even.sentence() and "got 2.50" in even.sentence()
+    assert acceptance.BreakEven.measure(draft_seconds=1, verify_seconds=1, rounds=3, drafted=0, new_tokens=3,
+                                        alpha=math.nan, ar_step_seconds=0.1) is None
+
+
+def test_tokens_frame_has_a_row_per_drafted_token_of_a_real_run(tiny_pair):
+    results = [specdemo.generate(tiny_pair, "w5 w6 w7 w8", method=m, max_new_tokens=20, gamma=3, copy_n=0)
+               for m in ("ar", "sd", "nasd")]
+    tokens = tokens_frame(results)
+    assert list(tokens.columns) == TOKEN_COLUMNS
+    for result in results:
+        mine = tokens[tokens.method == result.method]
+        assert len(mine) == sum(len(r.drafted) for r in result.rounds)
+        assert mine.accepted.sum() == sum(r.accepted for r in result.rounds)
+        per_round = mine.groupby("round").position.max()
+        assert per_round.to_dict() == {r.index: len(r.drafted) for r in result.rounds if r.drafted}
+    sd = tokens[tokens.method == "sd"]
+    assert sd.entropy.notna().all() and not sd.point_mass.any()
+    assert tokens[tokens.method == "nasd"].point_mass.all()
+    summary = summary_frame(results).set_index("method")
+    auc, n = acceptance.entropy_auc(sd)
+    assert summary.loc["sd", "entropy_auc_n"] == n == sd.decided.sum()
+    assert summary.loc["nasd", "entropy_auc_n"] == 0
