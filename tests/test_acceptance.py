@@ -78,6 +78,9 @@ def test_break_even_prices_a_round_in_ar_steps():
     assert even.predicted_speedup() == pytest.approx((1 - 0.5 ** 5) / 0.5 / 2.0)
     assert even.predicted_speedup(1.0) == pytest.approx(5 / 2.0)
     assert "needs 2.00 tokens per round" in even.sentence() and "got 2.50" in even.sentence()
+    # Where the predicted curve crosses AR: expected tokens (1 − α⁵)/(1 − α) = 2.
+    assert even.predicted_speedup(even.alpha_needed) == pytest.approx(1.0)
+    assert f"α ≥ {even.alpha_needed:.2f}" in even.sentence()
     assert acceptance.BreakEven.measure(draft_seconds=1, verify_seconds=1, rounds=3, drafted=0, new_tokens=3,
                                         alpha=math.nan, ar_step_seconds=0.1) is None
 
@@ -100,3 +103,30 @@ def test_tokens_frame_has_a_row_per_drafted_token_of_a_real_run(tiny_pair):
     auc, n = acceptance.entropy_auc(sd)
     assert summary.loc["sd", "entropy_auc_n"] == n == sd.decided.sum()
     assert summary.loc["nasd", "entropy_auc_n"] == 0
+
+
+def test_benchmark_keeps_each_drafted_token_and_its_report_draws_why(tiny_pair, tmp_path):
+    from specdemo import bench
+
+    suite = [{"prompt": "w5 w6 w7 w8", "category": "chat"}]
+    result = bench.run_benchmark(tiny_pair, suite, ["ar", "sd", "nasd"], repeats=1, warmup=False, max_new_tokens=12,
+                                 gamma=3, copy_n=0)
+    tokens = result.tokens
+    assert list(tokens.columns) == bench.benchmark.TOKEN_COLUMNS
+    assert set(tokens.method) == {"sd", "nasd"} and (tokens.category == "chat").all()
+    for method in ("sd", "nasd"):
+        row = result.rows[result.rows.method == method].iloc[0]
+        assert (tokens.method == method).sum() == row.drafted
+        assert tokens[tokens.method == method].accepted.sum() == row.accepted
+    overall = result.summary[result.summary.category == bench.ALL].set_index("method")
+    sd_tokens = tokens[tokens.method == "sd"]
+    assert overall.loc["sd", "entropy_auc_n"] == sd_tokens.decided.sum() > 0
+    assert overall.loc["sd", "break_even_tokens"] > 0 and overall.loc["ar", "break_even_tokens"] != overall.loc["ar", "break_even_tokens"]
+    assert {"entropy_acceptance", "position_acceptance", "break_even"} <= set(result.figures)
+    csv = tmp_path / "rows.csv"
+    written = bench.write_outputs(result, csv=csv, report=tmp_path / "report.html", plotlyjs="cdn")
+    assert tmp_path / "rows.tokens.csv" in written
+    again = bench.load_result(csv)
+    assert len(again.tokens) == len(tokens)
+    page = (tmp_path / "report.html").read_text()
+    assert "fig-entropy_acceptance" in page and "fig-position_acceptance" in page and "fig-break_even" in page

@@ -139,12 +139,15 @@ def export_dir(root: Path = EXPORT_ROOT, ttl_s: float = EXPORT_TTL_S) -> Path:
     return Path(tempfile.mkdtemp(prefix="run-", dir=root))
 
 
-def write_csvs(summary: pd.DataFrame, rounds: pd.DataFrame) -> tuple[str, str]:
+def write_csvs(summary: pd.DataFrame, rounds: pd.DataFrame, tokens: pd.DataFrame) -> tuple[str, str, str]:
+    """The comparison, per-round and per-token CSVs in a fresh export folder."""
     folder = export_dir()
-    summary_path, rounds_path = folder / "specdemo-summary.csv", folder / "specdemo-rounds.csv"
-    summary.to_csv(summary_path, index=False)
-    rounds.to_csv(rounds_path, index=False)
-    return str(summary_path), str(rounds_path)
+    paths = []
+    for name, frame in (("summary", summary), ("rounds", rounds), ("tokens", tokens)):
+        path = folder / f"specdemo-{name}.csv"
+        frame.to_csv(path, index=False)
+        paths.append(str(path))
+    return tuple(paths)
 
 
 # ---------------------------------------------------------------------------------------
@@ -231,7 +234,7 @@ class RunUpdate:
     figures: dict[str, Any] | None = None  # viz.all_figures, by name
     table: pd.DataFrame | None = None  # viz.display_table of the summary so far
     why: str | None = None  # viz.explain of the summary so far
-    files: tuple[str | None, str | None] | None = None  # (summary CSV, rounds CSV); (None, None) clears
+    files: tuple[str | None, ...] | None = None  # (summary, rounds, tokens CSV); all None clears
     warning: str | None = None  # a message worth a toast as well as the status line
     results: list[GenerationResult] | None = None  # the finished methods so far (when one finishes)
 
@@ -248,7 +251,7 @@ def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: L
     yield RunUpdate(
         status=f"Loading **{request.target}**" + (f" + **{request.draft}**" if request.draft else "") + " …",
         shown=len(names), panels={k: viz.render_panel(name, state="waiting") for k, name in enumerate(names)},
-        figures=viz.all_figures([]), table=viz.display_table(summary_frame([])), why="", files=(None, None),
+        figures=viz.all_figures([]), table=viz.display_table(summary_frame([])), why="", files=(None, None, None),
     )
     try:
         pair = load(request)
@@ -318,7 +321,7 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
         yield RunUpdate(status="⚠️ nothing ran: " + "; ".join(errors))
         return
     comparison = tabulate(pair, results)
-    files = write_csvs(comparison.summary, comparison.rounds)
+    files = write_csvs(comparison.summary, comparison.rounds, comparison.tokens)
     elapsed = time.perf_counter() - started
     done = f"Done in {elapsed:.1f} s{request.note}. Hover a token for its round; download the numbers below."
     if errors:
@@ -337,6 +340,7 @@ class CompareOutcome:
     summary_csv: str
     rounds_csv: str
     texts: dict[str, str]  # method → output text
+    tokens_csv: str  # one row per drafted token: what decided it
 
 
 def compare(request: Request, load: Callable[[Request], ModelPair], limits: Limits | None = None,
@@ -346,6 +350,6 @@ def compare(request: Request, load: Callable[[Request], ModelPair], limits: Limi
     fit_chat(request, pair)
     comparison = gpu(run_comparison)(pair, request.prompt, request.methods, limits=limits, decode=request.params,
                                      **request.engine.as_kwargs())
-    summary_path, rounds_path = write_csvs(comparison.summary, comparison.rounds)
+    summary_path, rounds_path, tokens_path = write_csvs(comparison.summary, comparison.rounds, comparison.tokens)
     return CompareOutcome(viz.records(comparison.summary), summary_path, rounds_path,
-                          {r.method: r.text for r in comparison.results})
+                          {r.method: r.text for r in comparison.results}, tokens_path)

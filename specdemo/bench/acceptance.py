@@ -150,6 +150,17 @@ class BreakEven:
     def beats_ar(self) -> bool:
         return self.obtained > self.needed
 
+    @property
+    def alpha_needed(self) -> float:
+        """The α at which the predicted speedup reaches 1 (NaN if even α = 1 falls short)."""
+        if expected_tokens(1.0, self.gamma) <= self.needed:
+            return math.nan
+        low, high = 0.0, 1.0
+        for _ in range(40):  # bisection: the expected tokens grow with α
+            mid = (low + high) / 2
+            low, high = (mid, high) if expected_tokens(mid, self.gamma) < self.needed else (low, mid)
+        return (low + high) / 2
+
     def predicted_speedup(self, alpha: float | None = None) -> float:
         a = self.alpha if alpha is None else alpha
         return expected_tokens(a, self.gamma) / self.needed if self.needed > 0 else math.nan
@@ -166,7 +177,10 @@ class BreakEven:
                    gamma=drafted / rounds, obtained=new_tokens / rounds, alpha=alpha)
 
     def sentence(self) -> str:
-        verdict = "so it beats AR" if self.beats_ar else "so it cannot beat AR"
+        """e.g. 'break-even: a round costs 4.0 × 0.20 (drafting, c) + 1.20 (verification, v) = 2.00
+        AR steps, so it needs 2.00 tokens per round (α ≥ 0.52) to match AR; it got 2.50'."""
+        alpha = self.alpha_needed
+        reach = f" (α ≥ {alpha:.2f})" if alpha == alpha else " (more than γ̄ + 1: no α reaches it)"
         return (f"break-even: a round costs {self.gamma:.1f} × {self.draft_cost:.2f} (drafting, c) + "
                 f"{self.verify_cost:.2f} (verification, v) = {self.needed:.2f} AR steps, so it needs "
-                f"{self.needed:.2f} tokens per round to match AR; it got {self.obtained:.2f}, {verdict}")
+                f"{self.needed:.2f} tokens per round{reach} to match AR; it got {self.obtained:.2f}")

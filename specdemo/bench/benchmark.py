@@ -20,6 +20,7 @@ from ..engine.params import DecodeParams, EngineOptions
 from .runners import HF_METHODS, HFRunner, Run, bench_methods, parse_bench_methods, result_for_perplexity, run_ours
 from .statistics import summarize
 from .suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, select_prompts
+from . import tables
 from .tables import target_perplexity
 
 ROW_COLUMNS = [
@@ -31,6 +32,8 @@ ROW_COLUMNS = [
     "error", "output_ids", "text",
 ]
 ROUND_COLUMNS = ["category", "method", "drafted", "accepted", "count"]
+# One row per drafted token of our methods' runs (transformers' peers do not say what decided theirs).
+TOKEN_COLUMNS = ["repeat", "prompt_index", "category", *tables.TOKEN_COLUMNS]
 
 Progress = Callable[[int, int, str], None]
 
@@ -41,12 +44,14 @@ class BenchResult:
     summary: pd.DataFrame  # one row per (category, method) plus category "all", SUMMARY_COLUMNS
     rounds: pd.DataFrame  # rounds counted by (category, method, drafted, accepted), ROUND_COLUMNS
     meta: dict[str, Any] = field(default_factory=dict)
+    tokens: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=TOKEN_COLUMNS))  # TOKEN_COLUMNS
     _figures: dict | None = field(default=None, repr=False)
 
     @property
     def figures(self) -> dict[str, Any]:
         """Plotly figures by name: speedup_vs_ar, speedup_vs_hf, tokens_per_s, acceptance,
-        acceptance_by_category, predicted_vs_measured."""
+        acceptance_by_category, predicted_vs_measured, entropy_acceptance, position_acceptance,
+        break_even."""
         if self._figures is None:
             from .report import make_figures  # the report draws the result; imported on first use
 
@@ -120,6 +125,7 @@ def run_benchmark(
 
     rows: list[dict] = []
     round_counts: dict[tuple[str, str, int, int], int] = {}
+    token_frames: list[pd.DataFrame] = []
     for repeat in range(repeats):
         for index, (item, ids) in enumerate(zip(prompts, encoded)):
             shift = (repeat + index) % len(names)
@@ -147,13 +153,19 @@ def run_benchmark(
                     for drafted, accepted in result.rounds:
                         key = (item.category, method, drafted, accepted)
                         round_counts[key] = round_counts.get(key, 0) + 1
+                    if result.result is not None and result.result.rounds:
+                        decided = tables.tokens_frame([result.result])
+                        if not decided.empty:
+                            token_frames.append(decided.assign(repeat=repeat, prompt_index=index,
+                                                               category=item.category)[TOKEN_COLUMNS])
                 rows.append(row)
 
     frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
     rounds = pd.DataFrame([(*k, v) for k, v in round_counts.items()], columns=ROUND_COLUMNS)
     meta = _meta(pair, decode, names, prompts, repeats, warmup)
     meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, warmup_compile_seconds=warmup_compile)
-    return BenchResult(frame, summarize(frame, decode.gamma), rounds, meta)
+    tokens = pd.concat(token_frames, ignore_index=True) if token_frames else pd.DataFrame(columns=TOKEN_COLUMNS)
+    return BenchResult(frame, summarize(frame, decode.gamma, tokens), rounds, meta, tokens)
 
 
 def _fill_row(row: dict, run: Run, pair, decode: DecodeParams, prompt_ids, reference: Run | None, greedy: bool):

@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..engine.decoding import generate
 from ..engine.params import DecodeParams
-from .tables import rounds_frame, summary_frame, target_perplexity
+from .tables import rounds_frame, summary_frame, target_perplexity, tokens_frame
 from ..engine.trace import GenerationResult
 
 
@@ -18,13 +18,14 @@ class Comparison:
     results: list[GenerationResult]
     summary: pd.DataFrame
     rounds: pd.DataFrame
+    tokens: pd.DataFrame  # one row per drafted token (tables.TOKEN_COLUMNS)
 
 
 def tabulate(pair, results: Sequence[GenerationResult]) -> Comparison:
-    """Summary and per-round tables; sampled runs are scored by the target's perplexity."""
+    """Summary, per-round and per-token tables; sampled runs are scored by the target's perplexity."""
     sampled = [r for r in results if r.params.get("temperature", 0.0) > 0]
     perplexities = {r.method: target_perplexity(pair, r) for r in sampled}
-    return Comparison(list(results), summary_frame(results, perplexities), rounds_frame(results))
+    return Comparison(list(results), summary_frame(results, perplexities), rounds_frame(results), tokens_frame(results))
 
 
 def run_comparison(pair, prompt, methods: Sequence[str], limits=None, decode: DecodeParams | None = None, *,

@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from . import statistics
-from .benchmark import ROUND_COLUMNS, BenchResult
+from . import acceptance, acceptance_charts, statistics
+from .benchmark import ROUND_COLUMNS, TOKEN_COLUMNS, BenchResult
 from .roofline import ROOFLINE_COLUMNS
 from .runners import bench_methods
 from .statistics import summarize
@@ -98,7 +98,23 @@ def make_figures(result: BenchResult) -> dict[str, Any]:
     fig.update_layout(title="Leviathan predicted vs measured speedup over AR", xaxis_title="predicted (× AR)",
                       yaxis_title="measured (× AR)", legend_title="method", template="plotly_white")
     figures["predicted_vs_measured"] = fig
+    figures.update(why_figures(result.tokens, statistics.break_evens(result.rows, summary)))
     return figures
+
+
+def why_figures(tokens: pd.DataFrame, evens: dict) -> dict[str, Any]:
+    """Acceptance against entropy and by draft position (from a per-token frame) and the
+    break-even chart: the figures the benchmark and the sweep reports share with the page."""
+    label = lambda method: bench_methods().get(method, method)  # noqa: E731
+    aucs = {method: acceptance.entropy_auc(part) for method, part in tokens.groupby("method", sort=False)}
+    aucs = {m: v for m, v in aucs.items() if v[1]}
+    return {
+        "entropy_acceptance": acceptance_charts.entropy_acceptance_figure(acceptance.entropy_bins(tokens), aucs,
+                                                                          label=label),
+        "position_acceptance": acceptance_charts.position_acceptance_figure(acceptance.position_acceptance(tokens),
+                                                                            label=label),
+        "break_even": acceptance_charts.break_even_figure(evens, label=label),
+    }
 
 
 _REPORT_SECTIONS = [
@@ -108,6 +124,9 @@ _REPORT_SECTIONS = [
     ("acceptance", "Acceptance distribution"),
     ("acceptance_by_category", "Acceptance by category"),
     ("predicted_vs_measured", "Predicted vs measured speedup"),
+    ("entropy_acceptance", "Does the drafter's entropy predict acceptance?"),
+    ("position_acceptance", "Acceptance by draft position"),
+    ("break_even", "Break-even: what acceptance beats AR at the measured costs"),
 ]
 
 
@@ -176,14 +195,20 @@ pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px
 
 
 def write_outputs(result: BenchResult, csv: str | Path | None = None, summary_csv: str | Path | None = None,
-                  report: str | Path | None = None, plotlyjs: str = "inline") -> list[Path]:
-    """The rows CSV (plus, beside it, *.rounds.csv and *.meta.json so `load_result` can
-    rebuild the report), the summary CSV and the HTML report; each only if a path is given."""
+                  report: str | Path | None = None, plotlyjs: str = "inline",
+                  tokens_csv: str | Path | None = None) -> list[Path]:
+    """The rows CSV (plus, beside it, *.rounds.csv, *.tokens.csv and *.meta.json so `load_result`
+    can rebuild the report), the summary CSV, the per-token CSV (at tokens_csv, else beside the
+    rows) and the HTML report; each only if a path is given."""
     written = []
     extras = []
     if csv:
         stem = str(Path(csv).with_suffix(""))
         extras = [(stem + ".rounds.csv", result.rounds)]
+        if not tokens_csv:
+            extras.append((stem + ".tokens.csv", result.tokens))
+    if tokens_csv:
+        extras.append((tokens_csv, result.tokens))
     for target, frame in ((csv, result.rows), (summary_csv, result.summary), *extras):
         if target:
             Path(target).parent.mkdir(parents=True, exist_ok=True)
@@ -209,4 +234,6 @@ def load_result(csv: str | Path) -> BenchResult:
     rounds = pd.read_csv(rounds_path) if rounds_path.is_file() else pd.DataFrame(columns=ROUND_COLUMNS)
     meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
     gamma = meta.get("params", {}).get("gamma")
-    return BenchResult(rows, summarize(rows, gamma), rounds, meta)
+    tokens_path = Path(stem + ".tokens.csv")
+    tokens = pd.read_csv(tokens_path) if tokens_path.is_file() else pd.DataFrame(columns=TOKEN_COLUMNS)
+    return BenchResult(rows, summarize(rows, gamma, tokens), rounds, meta, tokens)

@@ -36,6 +36,13 @@ Definitions used in the tables (written into the report too):
                   (1 − α^(γ+1)) / ((1 − α)(γc + v)), v = time of one verification forward
                   (γ+1 tokens) / one AR step (`verify_cost_ratio`). Leviathan assume v = 1,
                   which holds on a memory-bound GPU and not on a compute-bound CPU.
+  break_even_tokens  the tokens per round a drafting method of ours needs to match AR: its
+                  round's cost in AR steps, γ̄c' + v', with c' its drafting seconds per drafted
+                  token and v' its verification seconds per round, each ÷ one AR step
+                  (acceptance.BreakEven); compare with mean_accepted_tokens, what it got.
+  entropy_auc     how well the drafter's entropy ranks acceptances: the area under the ROC
+                  curve of −entropy as a predictor that a judged draft is kept (0.5: not at
+                  all), over entropy_auc_n drafts (acceptance.entropy_auc).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import math
 
 import pandas as pd
 
+from .acceptance import BreakEven, entropy_auc
 from .runners import bench_methods
 from .suite import ALL
 
@@ -55,7 +63,7 @@ SUMMARY_COLUMNS = [
     "tokens_per_s_std", "speedup_vs_ar", "speedup_vs_ar_std", "speedup_vs_hf", "speedup_vs_hf_std",
     "speedup_vs_hf_static", "speedup_vs_hf_static_std", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "copied_share", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
-    "predicted_speedup_v", "cache", "compile_seconds",
+    "predicted_speedup_v", "break_even_tokens", "entropy_auc", "entropy_auc_n", "cache", "compile_seconds",
 ]
 
 
@@ -96,8 +104,37 @@ def leviathan_speedup(alpha: float, gamma: float, cost_ratio: float, verify_cost
     return tokens / (gamma * cost_ratio + verify_cost)
 
 
-def summarize(rows: pd.DataFrame, gamma: int | None = None) -> pd.DataFrame:
-    """One row per (category, method), plus every method over category 'all'."""
+def break_even(runs: pd.DataFrame, ar_step_seconds: float) -> BreakEven | None:
+    """One method's break-even over its runs (ours only: transformers' do not time their phases)."""
+    drafted = runs.drafted.sum() if "drafted" in runs else 0
+    if runs.empty or not drafted or "draft_seconds" not in runs or runs.draft_seconds.isna().all():
+        return None
+    accepted, rejected = runs.accepted.sum(), runs.rejected_rounds.sum()
+    return BreakEven.measure(
+        draft_seconds=float(runs.draft_seconds.sum()), verify_seconds=float(runs.verify_seconds.sum()),
+        rounds=int(runs.rounds.sum()), drafted=int(drafted), new_tokens=int(runs.new_tokens.sum()),
+        alpha=_ratio(accepted, accepted + rejected), ar_step_seconds=ar_step_seconds)
+
+
+def break_evens(rows: pd.DataFrame, summary: pd.DataFrame) -> dict[str, tuple[BreakEven, float]]:
+    """Over all categories: each drafting method's break-even and its measured speedup vs AR."""
+    ok = rows[rows.error.fillna("") == ""] if "error" in rows else rows
+    ar = ok[ok.method == "ar"]
+    if ar.empty:
+        return {}
+    ar_step = _ratio(ar.verify_seconds.sum(), ar.target_forwards.sum())
+    overall = summary[summary.category == ALL].set_index("method")
+    out = {}
+    for method in dict.fromkeys(ok.method):
+        even = break_even(ok[ok.method == method], ar_step)
+        if even is not None and method in overall.index:
+            out[method] = (even, float(overall.loc[method, "speedup_vs_ar"]))
+    return out
+
+
+def summarize(rows: pd.DataFrame, gamma: int | None = None, tokens: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (category, method), plus every method over category 'all'; `tokens` (the
+    benchmark's per-token frame) gives the entropy AUC."""
     ok = rows[rows.error.fillna("") == ""] if "error" in rows else rows
     methods = list(dict.fromkeys(rows.method))
     categories = list(dict.fromkeys(rows.category)) + [ALL]
@@ -140,10 +177,16 @@ def summarize(rows: pd.DataFrame, gamma: int | None = None) -> pd.DataFrame:
                 "exact_match_pct": 100.0 * matches.astype(bool).mean() if len(matches) else math.nan,
                 "perplexity": mine.perplexity.mean() if mine.perplexity.notna().any() else math.nan,
                 "cost_ratio": math.nan, "verify_cost_ratio": math.nan, "predicted_speedup": math.nan,
-                "predicted_speedup_v": math.nan,
+                "predicted_speedup_v": math.nan, "break_even_tokens": math.nan,
+                "entropy_auc": math.nan, "entropy_auc_n": 0,
                 "cache": ",".join(dict.fromkeys(everything.cache.dropna().astype(str))) if "cache" in everything else "",
                 "compile_seconds": mine.compile_seconds.mean() if "compile_seconds" in mine else math.nan,
             }
+            if tokens is not None and not tokens.empty:
+                drafts = tokens[(tokens.method == method) & ((tokens.category == category) if category != ALL else True)]
+                row["entropy_auc"], row["entropy_auc_n"] = entropy_auc(drafts)
+            even = break_even(mine, ar_step)
+            row["break_even_tokens"] = even.needed if even is not None else math.nan
             if method in _PREDICTABLE and not mine.empty:
                 if method == "nasd":
                     slots = (mine.rounds * mine.mean_gamma).sum()

@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--csv", help="one row per (prompt, method, repeat)")
     out.add_argument("--summary-csv", help="one row per (category, method); default: next to --csv as *.summary.csv")
+    out.add_argument("--tokens-csv", help="one row per drafted token of our methods (p, q, acceptance probability, "
+                                          "accepted, drafter entropy); default: next to --csv as *.tokens.csv")
     out.add_argument("--report", help="HTML report with the figures")
     out.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
                      help="embed plotly.js in the report (offline) or link it from a CDN (default: inline)")
@@ -63,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"overhead-prompts must be an integer ≥ 1, got {args.overhead_prompts}")
     if args.overhead_only:
         skipped = [flag for flag, value in (("--csv", args.csv), ("--summary-csv", args.summary_csv),
-                                            ("--report", args.report), ("--roofline", args.roofline),
+                                            ("--report", args.report), ("--tokens-csv", args.tokens_csv),
+                                            ("--roofline", args.roofline),
                                             ("--bandwidth", args.bandwidth)) if value]
         if skipped:
             raise ValueError(f"--overhead-only skips the method comparison, so {', '.join(skipped)} "
@@ -104,7 +107,8 @@ def _compare_methods(args, params, engine, methods, suite, pair) -> None:
     _print_summary(result)
     for line in roofline_lines:
         print(line)
-    for path in write_outputs(result, args.csv, summary_csv, args.report, args.plotlyjs):
+    for path in write_outputs(result, args.csv, summary_csv, args.report, args.plotlyjs,
+                              tokens_csv=args.tokens_csv):
         print(f"wrote {path}")
 
 

@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--csv", help="write the comparison table (one row per method) here")
     out.add_argument("--trace-csv", help="write the per-round trace (one row per round per method) here")
+    out.add_argument("--tokens-csv", help="write one row per drafted token (p, q, acceptance probability, "
+                                          "accepted, drafter entropy) per method here")
     out.add_argument("--show-text", action="store_true", help="print each method's output text")
 
 
@@ -49,4 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace_csv:
         rounds.to_csv(args.trace_csv, index=False)
         print(f"wrote {args.trace_csv}")
+    if args.tokens_csv:
+        comparison.tokens.to_csv(args.tokens_csv, index=False)
+        print(f"wrote {args.tokens_csv}")
     return 0
