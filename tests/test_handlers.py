@@ -10,6 +10,7 @@ import pytest
 from specdemo.app import forms, handlers
 from specdemo.app.handlers import Request, RunUpdate, make_request
 from specdemo.app.limits import Limits
+from specdemo.bench.tables import TOKEN_COLUMNS
 from specdemo.engine.params import PARAMS, SCHEMA, DecodeParams
 from specdemo.models.loading import Preset
 
@@ -50,7 +51,7 @@ def test_stream_run_yields_loading_rounds_and_the_final_comparison(tiny_pair):
     assert loaded == [("target-folder", "draft-folder")]
     # The first update clears the page: three slots shown, waiting, empty charts and no files.
     assert first.status.startswith("Loading **target-folder** + **draft-folder**")
-    assert first.shown == 3 and sorted(first.panels) == [0, 1, 2] and first.files == (None, None)
+    assert first.shown == 3 and sorted(first.panels) == [0, 1, 2] and first.files == (None, None, None)
     # Slots follow the page's order, AR first; every round updates its method's slot.
     rounds = [u for u in updates[1:-1] if u.panels]
     slots = [next(iter(u.panels)) for u in rounds]
@@ -62,11 +63,15 @@ def test_stream_run_yields_loading_rounds_and_the_final_comparison(tiny_pair):
     assert [r.method for r in updates[-1].results] == ["ar", "sd", "egag"]
     assert sum(u.figures is not None for u in updates[1:]) >= 3
     assert set(last.figures) == set(handlers.viz.all_figures([]))
-    summary_csv, rounds_csv = last.files
+    summary_csv, rounds_csv, tokens_csv = last.files
     summary = pd.read_csv(summary_csv)
     assert list(summary.method) == ["ar", "sd", "egag"]
     assert summary.loc[summary.method != "ar", "matches_ar"].all()  # greedy: lossless
     assert last.status.startswith("Done in") and len(pd.read_csv(rounds_csv))
+    # One row per drafted token: as many as the methods drafted, with the trace's columns.
+    tokens = pd.read_csv(tokens_csv)
+    assert list(tokens.columns) == TOKEN_COLUMNS
+    assert len(tokens) == sum(len(r.drafted) for result in last.results for r in result.rounds)
 
 
 def test_closing_the_stream_ends_the_method_in_flight(tiny_pair):
@@ -100,6 +105,8 @@ def test_compare_returns_the_table_files_and_texts(tiny_pair):
     assert list(outcome.table.method) == ["ar", "nasd"]
     assert set(outcome.texts) == {"ar", "nasd"} and len(set(outcome.texts.values())) == 1
     assert list(pd.read_csv(outcome.summary_csv).method) == ["ar", "nasd"]
+    tokens = pd.read_csv(outcome.tokens_csv)
+    assert set(tokens.method) == {"nasd"} and tokens.point_mass.all() and (tokens.q == 1.0).all()
 
 
 def test_endpoints_take_the_schemas_parameters_in_order():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -10,7 +11,7 @@ import pytest
 import specdemo
 from specdemo.app import viz
 from specdemo.bench.compare import tabulate
-from specdemo.engine.trace import GenerationResult, Round, TokenRecord
+from specdemo.engine.trace import COPIED, DraftDecision, GenerationResult, Round, TokenRecord
 
 
 def synthetic() -> GenerationResult:
@@ -85,7 +86,7 @@ def test_real_traces_render_with_decoded_rejected_drafts(results, tiny_pair):
     assert any(r.rejected for r in sd.rounds), "the tiny draft should miss sometimes"
     html = viz.render_panel("sd", sd, tiny_pair.tokenizer)
     assert 'data-method="sd"' in html and "done" in html
-    assert "sd-rejected" in html and "#" not in html.split("sd-text")[1]  # decoded, not ids
+    assert "sd-rejected" in html and not re.search(r"#\d", html.split("sd-text")[1])  # decoded, not ids
     ar_html = viz.render_tokens(results[0], tiny_pair.tokenizer)
     assert "sd-target" in ar_html and "sd-accepted" not in ar_html and "sd-rejected" not in ar_html
     # The cache gives the same text as decoding afresh, and a second render from it the same again.
@@ -167,3 +168,53 @@ def test_records_and_method_order():
     assert viz.method_order(["egag", "nasd", "ar", "sd"]) == ["ar", "sd", "nasd", "egag"]
     assert viz.method_color("ar") != viz.method_color("sd")
     assert viz.method_color("someone-elses") in viz.FALLBACK_COLORS
+
+
+def test_a_drafts_tooltip_says_what_decided_it():
+    kept = DraftDecision(5, q=0.81, p=0.64, accept_prob=0.79, accepted=True)
+    assert viz.decision_text(kept, greedy=False) == "q 0.81 → p 0.64, kept with probability 0.79"
+    refused = DraftDecision(6, q=0.55, p=0.02, accept_prob=0.04, accepted=False, correction=9, correction_p=0.71)
+    assert (viz.decision_text(refused, greedy=False, correction_text="the")
+            == "q 0.55, p 0.02 → kept with probability 0.04; the target chose 'the' (p 0.71)")
+    copied = DraftDecision(7, q=1.0, p=0.3, accept_prob=0.3, accepted=True, point_mass=True)
+    assert viz.decision_text(copied, greedy=False, source=COPIED).startswith(
+        "q 1 (a point mass: copied from the context) → p 0.30")
+    assert "n-gram" in viz.decision_text(copied, greedy=False)
+    greedy_refused = DraftDecision(6, q=0.55, p=0.02, accept_prob=0.0, accepted=False, correction=9, correction_p=0.71)
+    assert viz.decision_text(greedy_refused, greedy=True, correction_text="the") == (
+        "q 0.55, p 0.02 → not the target's top token; the target chose 'the' (p 0.71)")
+    later = DraftDecision(8, q=0.4, p=0.1, accept_prob=0.25, accepted=False, decided=False)
+    assert "not judged" in viz.decision_text(later, greedy=False)
+
+
+def test_rejected_tokens_of_a_sampled_run_show_p_q_and_the_targets_choice(tiny_pair):
+    result = specdemo.generate(tiny_pair, "w3 w4 w5 w6 w7", "sd", max_new_tokens=24, seed=1, temperature=1.0,
+                               copy_n=0)
+    html = viz.render_tokens(result, tiny_pair.tokenizer)
+    titles = re.findall(r'class="sd-tok sd-rejected" title="([^"]*)"', html)
+    assert titles and any(re.search(r"q [\d.e-]+, p [\d.e-]+ → kept with probability [\d.e-]+; the target chose "
+                                    r"&#x27; ?w\d+&#x27; \(p [\d.e-]+\)", t) for t in titles)
+    kept = re.findall(r'class="sd-tok sd-accepted" title="([^"]*)"', html)
+    assert kept and all(re.search(r"q [\d.e-]+ → p [\d.e-]+, kept with probability", t) for t in kept)
+
+
+def test_the_reading_under_the_table_gives_auc_and_break_even(results, tiny_pair):
+    summary = tabulate(tiny_pair, results).summary
+    reading = viz.explain(summary)
+    sd_line = next(line for line in reading.splitlines() if line.startswith("- **SD**"))
+    assert "entropy ranks acceptances with AUC" in sd_line or "entropy cannot rank" in sd_line
+    assert "tokens per round" in sd_line and "to match AR; it got" in sd_line
+    assert "break-even" not in next(line for line in reading.splitlines() if line.startswith("- **AR**"))
+    evens = viz.break_evens(summary)
+    assert set(evens) == {"sd", "nasd", "egag"}
+    figure = viz.break_even_figure(results)
+    assert {"SD predicted", "SD this run", "AR"} <= {t.name for t in figure.data}
+
+
+def test_acceptance_figures_have_a_line_per_drafting_method(results):
+    positions = viz.position_acceptance_figure(results)
+    assert [t.name for t in positions.data] == ["SD", "NASD", "EGAG"]
+    entropy = viz.entropy_acceptance_figure(results)
+    lines = [t for t in entropy.data if t.mode == "lines+markers"]
+    # NASD drafts point masses: no entropy of its own to plot.
+    assert [t.name.split(" (")[0] for t in lines] == ["SD", "EGAG"] and "AUC" in lines[0].name

@@ -15,8 +15,11 @@ from typing import Iterable, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..bench import acceptance, acceptance_charts
+from ..bench.tables import summary_frame, tokens_frame
 from ..engine.methods import METHODS
-from ..engine.trace import ACCEPTED, BONUS, COPIED, CORRECTED, REJECTED, TARGET, GenerationResult, Round
+from ..engine.trace import (ACCEPTED, BONUS, COPIED, CORRECTED, REJECTED, TARGET, DraftDecision, GenerationResult,
+                            Round)
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ def legend_html() -> str:
             f'<span class="sd-legend-item" title="{html.escape(style.meaning)}">'
             f'<span class="{TOKEN_CLASS} sd-{origin}">{html.escape(style.label)}</span></span>'
         )
-    note = '<span class="sd-legend-note">hover a token: its round, γ, drafter entropy, drafts accepted</span>'
+    note = ('<span class="sd-legend-note">hover a token: its round, γ, drafter entropy, drafts accepted, and what '
+            'decided a draft: its q (drafter) and p (target) and the probability it was kept</span>')
     return f'<div class="sd-legend">{"".join(items)}{note}</div>'
 
 
@@ -133,6 +137,33 @@ def _round_title(r: Round, what: str, entropy: float | None) -> str:
     if r.source == COPIED:
         accepted += " (copied from the context)"
     return f"round {r.index} · γ={r.gamma} · drafter entropy {_fmt_entropy(entropy)} · {accepted} · {what}"
+
+
+def _prob(value: float) -> str:
+    return f"{value:.2f}" if value >= 0.005 or value == 0 else f"{value:.0e}"
+
+
+def decision_text(decision: DraftDecision, greedy: bool, source: str = "", correction_text: str | None = None) -> str:
+    """What decided a drafted token, as its tooltip says it: "q 0.81 → p 0.64, kept with
+    probability 0.79"; a refused one adds the target's choice: "…; the target chose 'the' (p 0.71)"."""
+    if decision.point_mass:
+        what = "copied from the context" if source == COPIED else "the n-gram table's draft"
+        q = f"q 1 (a point mass: {what})"
+    else:
+        q = f"q {_prob(decision.q)}"
+    if not decision.decided:
+        return f"{q}, p {_prob(decision.p)} → not judged: an earlier draft was refused"
+    if greedy:
+        rule = "the target's top token, so kept" if decision.accept_prob >= 1.0 else "not the target's top token"
+    else:
+        rule = f"kept with probability {_prob(decision.accept_prob)}"
+    if decision.accepted:
+        return f"{q} → p {_prob(decision.p)}, {rule}"
+    text = f"{q}, p {_prob(decision.p)} → {rule}"
+    if decision.correction is not None:
+        chosen = repr(correction_text) if correction_text is not None else f"#{decision.correction}"
+        text += f"; the target chose {chosen} (p {_prob(decision.correction_p)})"
+    return text
 
 
 def rejected_texts(result: GenerationResult, r: Round, output_before: Sequence[int], tokenizer=None) -> list[str]:
@@ -160,10 +191,17 @@ def render_tokens(result: GenerationResult, tokenizer=None, cache: dict | None =
     parts: list[str] = []
     position = 0
     ids = result.token_ids
+    greedy = result.params.get("temperature", 0.0) == 0.0
     for r in result.rounds:
         count = len(r.new_tokens)
         records = result.tokens[position : position + count]
         entropies = list(r.draft_entropies)
+
+        def why(k: int, correction_text: str | None = None) -> str:
+            if k >= len(r.decisions):
+                return ""
+            return "\n" + decision_text(r.decisions[k], greedy, r.source, correction_text)
+
         for i, record in enumerate(records):
             is_next = r.next_token is not None and i == count - 1
             if is_next and r.rejected:
@@ -177,13 +215,15 @@ def render_tokens(result: GenerationResult, tokenizer=None, cache: dict | None =
                     k = r.accepted + j
                     entropy = entropies[k] if k < len(entropies) else None
                     title = _round_title(r, f"rejected draft {k + 1} (not in the output)", entropy)
-                    parts.append(_token_span(text, REJECTED, title))
+                    parts.append(_token_span(text, REJECTED, title + why(k, record.text if j == 0 else None)))
             if record.origin == ACCEPTED:
                 entropy = entropies[i] if i < len(entropies) else None
-                what = f"accepted draft {i + 1}"
+                what = f"accepted draft {i + 1}" + why(i)
             else:
                 entropy = r.entropy
                 what = ORIGIN_STYLES.get(record.origin, ORIGIN_STYLES[TARGET]).label + " (target)"
+                if is_next and r.next_p is not None:
+                    what += f"\nthe target's p {_prob(r.next_p)}"
             parts.append(_token_span(record.text, record.origin, _round_title(r, what, entropy)))
         position += count
     return "".join(parts)
@@ -358,7 +398,50 @@ def _dash(method: str) -> str:
     return "dash" if method == "nasd" else "solid"
 
 
-FIGURES = {"gamma": gamma_figure, "entropy": entropy_figure, "accepted": accepted_figure, "race": race_figure}
+def entropy_acceptance_figure(results: Sequence[GenerationResult]) -> go.Figure:
+    """Acceptance against the drafter's entropy, binned, with a 95 % band; AUC per method."""
+    tokens = tokens_frame(results)
+    aucs = {m: acceptance.entropy_auc(part) for m, part in tokens.groupby("method", sort=False)} if len(tokens) else {}
+    return acceptance_charts.entropy_acceptance_figure(
+        acceptance.entropy_bins(tokens), {m: v for m, v in aucs.items() if v[1]}, label=method_label,
+        color=method_color)
+
+
+def position_acceptance_figure(results: Sequence[GenerationResult]) -> go.Figure:
+    """Acceptance at draft position 1 … γ_max, one line per method."""
+    positions = acceptance.position_acceptance(tokens_frame(results))
+    return acceptance_charts.position_acceptance_figure(positions, label=method_label, color=method_color)
+
+
+def break_evens(summary: pd.DataFrame) -> dict[str, tuple[acceptance.BreakEven, float]]:
+    """Each drafting method's break-even (its phases priced in AR's steps from the same run) and
+    its measured speedup; empty without an AR run to price them by."""
+    ar = summary[summary.method == "ar"]
+    if ar.empty or not ar.iloc[0]["rounds"]:
+        return {}
+    ar_step = ar.iloc[0]["verify_seconds"] / ar.iloc[0]["rounds"]
+    out = {}
+    for _, row in summary.iterrows():
+        if row["method"] == "ar" or not row["rounds"] or _isnan(row["mean_drafted"]):
+            continue
+        even = acceptance.BreakEven.measure(
+            draft_seconds=row["draft_seconds"], verify_seconds=row["verify_seconds"], rounds=int(row["rounds"]),
+            drafted=round(row["mean_drafted"] * row["rounds"]), new_tokens=int(row["new_tokens"]),
+            alpha=row["alpha"], ar_step_seconds=ar_step)
+        if even is not None:
+            out[row["method"]] = (even, row["speedup_vs_ar"])
+    return out
+
+
+def break_even_figure(results: Sequence[GenerationResult]) -> go.Figure:
+    """Predicted speedup against α at each drafting method's measured costs, with the run's point."""
+    return acceptance_charts.break_even_figure(break_evens(summary_frame(results)), label=method_label,
+                                               color=method_color)
+
+
+FIGURES = {"gamma": gamma_figure, "entropy": entropy_figure, "accepted": accepted_figure, "race": race_figure,
+           "entropy_acceptance": entropy_acceptance_figure, "position_acceptance": position_acceptance_figure,
+           "break_even": break_even_figure}
 
 
 def all_figures(results: Sequence[GenerationResult]) -> dict[str, go.Figure]:
@@ -424,6 +507,7 @@ def explain(summary: pd.DataFrame) -> str:
     if summary.empty:
         return ""
     lines = []
+    evens = break_evens(summary) if "rounds" in summary else {}
     for _, row in summary.iterrows():
         label = row["label"]
         if row["method"] == "ar":
@@ -449,6 +533,11 @@ def explain(summary: pd.DataFrame) -> str:
             copied = row.get("copied_rounds")
             if copied and not _isnan(copied):
                 reason += f"; {int(copied)} of its {int(row['target_forwards'])} rounds were copied from the context"
+            if row.get("entropy_auc_n"):
+                reason += "; " + acceptance.describe_auc(row["entropy_auc"], int(row["entropy_auc_n"]))
+        even = evens.get(row["method"])
+        if even is not None:
+            reason += f". {even[0].sentence()[0].upper()}{even[0].sentence()[1:]}"
         lines.append(f"- **{label}**: {verdict}{reason}.")
     return "\n".join(lines)
 

@@ -114,7 +114,8 @@ def break_even_figure(evens: Mapping[str, tuple[BreakEven, float]], label: Namer
                 hovertemplate=("α %{x:.2f}, measured %{y:.2f}× AR<br>%{customdata[0]:.2f} tokens per round, "
                                "%{customdata[1]:.2f} needed<extra>" + label(method) + "</extra>"),
             ))
-    traces.append(dict(type="scatter", x=[0, 1], y=[1, 1], mode="lines", name="AR", hoverinfo="skip",
-                       line=dict(color="#64748b", dash="dot", width=1)))
+    if traces:
+        traces.append(dict(type="scatter", x=[0, 1], y=[1, 1], mode="lines", name="AR", hoverinfo="skip",
+                           line=dict(color="#64748b", dash="dot", width=1)))
     return _figure(traces, "Break-even: predicted speedup against acceptance α", "acceptance α (per draft)",
                    "speedup over AR", xaxis=dict(range=[0, 1]), yaxis=dict(rangemode="tozero"))
