@@ -130,3 +130,10 @@ def test_benchmark_keeps_each_drafted_token_and_its_report_draws_why(tiny_pair, 
     assert len(again.tokens) == len(tokens)
     page = (tmp_path / "report.html").read_text()
     assert "fig-entropy_acceptance" in page and "fig-position_acceptance" in page and "fig-break_even" in page
+
+
+def test_break_even_below_one_step_is_reached_at_any_acceptance():
+    cheap = acceptance.BreakEven(draft_cost=0.0, verify_cost=0.9, gamma=2.0, obtained=1.1, alpha=0.05)
+    assert cheap.alpha_needed == 0.0 and "at any α" in cheap.sentence()
+    dear = acceptance.BreakEven(draft_cost=1.0, verify_cost=1.0, gamma=2.0, obtained=1.1, alpha=0.05)
+    assert math.isnan(dear.alpha_needed) and "no α reaches it" in dear.sentence() and not dear.beats_ar

@@ -205,7 +205,7 @@ def test_the_reading_under_the_table_gives_auc_and_break_even(results, tiny_pair
     assert "entropy ranks acceptances with AUC" in sd_line or "entropy cannot rank" in sd_line
     assert "tokens per round" in sd_line and "to match AR; it got" in sd_line
     assert "break-even" not in next(line for line in reading.splitlines() if line.startswith("- **AR**"))
-    evens = viz.break_evens(summary)
+    evens = viz.acceptance.comparison_break_evens(summary)
     assert set(evens) == {"sd", "nasd", "egag"}
     figure = viz.break_even_figure(results)
     assert {"SD predicted", "SD this run", "AR"} <= {t.name for t in figure.data}

@@ -413,29 +413,9 @@ def position_acceptance_figure(results: Sequence[GenerationResult]) -> go.Figure
     return acceptance_charts.position_acceptance_figure(positions, label=method_label, color=method_color)
 
 
-def break_evens(summary: pd.DataFrame) -> dict[str, tuple[acceptance.BreakEven, float]]:
-    """Each drafting method's break-even (its phases priced in AR's steps from the same run) and
-    its measured speedup; empty without an AR run to price them by."""
-    ar = summary[summary.method == "ar"]
-    if ar.empty or not ar.iloc[0]["rounds"]:
-        return {}
-    ar_step = ar.iloc[0]["verify_seconds"] / ar.iloc[0]["rounds"]
-    out = {}
-    for _, row in summary.iterrows():
-        if row["method"] == "ar" or not row["rounds"] or _isnan(row["mean_drafted"]):
-            continue
-        even = acceptance.BreakEven.measure(
-            draft_seconds=row["draft_seconds"], verify_seconds=row["verify_seconds"], rounds=int(row["rounds"]),
-            drafted=round(row["mean_drafted"] * row["rounds"]), new_tokens=int(row["new_tokens"]),
-            alpha=row["alpha"], ar_step_seconds=ar_step)
-        if even is not None:
-            out[row["method"]] = (even, row["speedup_vs_ar"])
-    return out
-
-
 def break_even_figure(results: Sequence[GenerationResult]) -> go.Figure:
     """Predicted speedup against α at each drafting method's measured costs, with the run's point."""
-    return acceptance_charts.break_even_figure(break_evens(summary_frame(results)), label=method_label,
+    return acceptance_charts.break_even_figure(acceptance.comparison_break_evens(summary_frame(results)), label=method_label,
                                                color=method_color)
 
 
@@ -507,7 +487,7 @@ def explain(summary: pd.DataFrame) -> str:
     if summary.empty:
         return ""
     lines = []
-    evens = break_evens(summary) if "rounds" in summary else {}
+    evens = acceptance.comparison_break_evens(summary) if "rounds" in summary else {}
     for _, row in summary.iterrows():
         label = row["label"]
         if row["method"] == "ar":

@@ -153,6 +153,8 @@ class BreakEven:
     @property
     def alpha_needed(self) -> float:
         """The α at which the predicted speedup reaches 1 (NaN if even α = 1 falls short)."""
+        if self.needed <= 1.0:  # a round yields one token even when every draft is refused
+            return 0.0
         if expected_tokens(1.0, self.gamma) <= self.needed:
             return math.nan
         low, high = 0.0, 1.0
@@ -180,7 +182,29 @@ class BreakEven:
         """e.g. 'break-even: a round costs 4.0 × 0.20 (drafting, c) + 1.20 (verification, v) = 2.00
         AR steps, so it needs 2.00 tokens per round (α ≥ 0.52) to match AR; it got 2.50'."""
         alpha = self.alpha_needed
-        reach = f" (α ≥ {alpha:.2f})" if alpha == alpha else " (more than γ̄ + 1: no α reaches it)"
+        reach = (" (more than γ̄ + 1: no α reaches it)" if alpha != alpha else
+                 " (at any α: a round costs less than an AR step)" if alpha == 0.0 else f" (α ≥ {alpha:.2f})")
         return (f"break-even: a round costs {self.gamma:.1f} × {self.draft_cost:.2f} (drafting, c) + "
                 f"{self.verify_cost:.2f} (verification, v) = {self.needed:.2f} AR steps, so it needs "
                 f"{self.needed:.2f} tokens per round{reach} to match AR; it got {self.obtained:.2f}")
+
+
+def comparison_break_evens(summary: pd.DataFrame) -> dict[str, tuple[BreakEven, float]]:
+    """From a one-prompt comparison's summary (`tables.summary_frame`): each drafting method's
+    break-even, its phases priced in AR's steps from the same run, and its measured speedup;
+    empty without an AR run to price them by."""
+    ar = summary[summary.method == "ar"]
+    if ar.empty or not ar.iloc[0]["rounds"]:
+        return {}
+    ar_step = ar.iloc[0]["verify_seconds"] / ar.iloc[0]["rounds"]
+    out = {}
+    for _, row in summary.iterrows():
+        if row["method"] == "ar" or not row["rounds"] or pd.isna(row["mean_drafted"]):
+            continue
+        even = BreakEven.measure(
+            draft_seconds=row["draft_seconds"], verify_seconds=row["verify_seconds"], rounds=int(row["rounds"]),
+            drafted=round(row["mean_drafted"] * row["rounds"]), new_tokens=int(row["new_tokens"]),
+            alpha=row["alpha"], ar_step_seconds=ar_step)
+        if even is not None:
+            out[row["method"]] = (even, row["speedup_vs_ar"])
+    return out

@@ -6,6 +6,7 @@ import argparse
 
 import pandas as pd
 
+from ..bench.acceptance import comparison_break_evens, describe_auc
 from ..bench.compare import run_comparison
 from ..engine.methods import parse_methods
 from .common import (add_decoding_arguments, add_model_arguments, decode_params, default_chat, engine_options,
@@ -42,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
                  "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma", "matches_ar", "perplexity", "cache",
                  "compile_seconds"]
         print(summary[shown].to_string(index=False))
+    for line in why_lines(summary):
+        print(line)
     if args.show_text:
         for result in comparison.results:
             print(f"\n--- {result.method} ---\n{result.text}")
@@ -55,3 +58,18 @@ def run(args: argparse.Namespace) -> int:
         comparison.tokens.to_csv(args.tokens_csv, index=False)
         print(f"wrote {args.tokens_csv}")
     return 0
+
+
+def why_lines(summary: pd.DataFrame) -> list[str]:
+    """Per drafting method: how well its drafter's entropy ranked acceptances, and its break-even."""
+    evens = comparison_break_evens(summary)
+    lines = []
+    for _, row in summary.iterrows():
+        parts = []
+        if row["entropy_auc_n"]:
+            parts.append(describe_auc(row["entropy_auc"], int(row["entropy_auc_n"])))
+        if row["method"] in evens:
+            parts.append(evens[row["method"]][0].sentence())
+        if parts:
+            lines.append(f"{row['label']}: " + "; ".join(parts))
+    return lines
