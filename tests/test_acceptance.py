@@ -122,7 +122,7 @@ def test_benchmark_keeps_each_drafted_token_and_its_report_draws_why(tiny_pair, 
     sd_tokens = tokens[tokens.method == "sd"]
     assert overall.loc["sd", "entropy_auc_n"] == sd_tokens.decided.sum() > 0
     assert overall.loc["sd", "break_even_tokens"] > 0 and overall.loc["ar", "break_even_tokens"] != overall.loc["ar", "break_even_tokens"]
-    assert {"entropy_acceptance", "position_acceptance", "break_even"} <= set(result.figures)
+    assert {"entropy_acceptance", "position_acceptance", "break_even"} <= set(bench.make_figures(result))
     csv = tmp_path / "rows.csv"
     written = bench.write_outputs(result, csv=csv, report=tmp_path / "report.html", plotlyjs="cdn")
     assert tmp_path / "rows.tokens.csv" in written
