@@ -137,3 +137,24 @@ def test_break_even_below_one_step_is_reached_at_any_acceptance():
     assert cheap.alpha_needed == 0.0 and "at any α" in cheap.sentence()
     dear = acceptance.BreakEven(draft_cost=1.0, verify_cost=1.0, gamma=2.0, obtained=1.1, alpha=0.05)
     assert math.isnan(dear.alpha_needed) and "no α reaches it" in dear.sentence() and not dear.beats_ar
+
+
+def test_a_sweep_keeps_each_drafted_token_and_names_the_auc_beside_egag(tiny_pair, tmp_path):
+    from specdemo.bench import sweep
+
+    settings = sweep.expand_grid(gamma=[2], gamma_max=[3], ema=[0.0], ngram_n=[3], copy_n=[0])
+    result = sweep.run_sweep(tiny_pair, ["w5 w6 w7 w8", "w9 w10 w11"], settings, repeats=1, warmup=False,
+                             max_new_tokens=12)
+    tokens = result.tokens
+    assert list(tokens.columns) == sweep.runner.TOKEN_COLUMNS
+    for key, part in result.rows.groupby("setting"):
+        assert (tokens.setting == key).sum() == part.drafted.sum()
+    auc, n = acceptance.entropy_auc(tokens[tokens.method.isin(["sd", "egag"])])
+    assert n > 0 and acceptance.describe_auc(auc, n) in result.verdict
+    assert result.verdict.index("EGAG") < result.verdict.index("entropy")
+    written = sweep.write_outputs(result, report=tmp_path / "r.html", tokens_csv=tmp_path / "tokens.csv",
+                                  plotlyjs="cdn")
+    assert len(pd.read_csv(tmp_path / "tokens.csv")) == len(tokens) and len(written) == 2
+    page = (tmp_path / "r.html").read_text()
+    assert all(f'id="fig-{name}"' in page for name in ("entropy_acceptance", "position_acceptance", "break_even"))
+    assert set(result.why_figures()) == {"entropy_acceptance", "position_acceptance", "break_even"}

@@ -16,7 +16,7 @@ import torch  # noqa: E402
 from specdemo.app import ui  # noqa: E402
 from specdemo.app.limits import Limits  # noqa: E402
 from specdemo.models.loading import Preset  # noqa: E402
-from specdemo.bench.tables import ROUND_COLUMNS, SUMMARY_COLUMNS  # noqa: E402
+from specdemo.bench.tables import ROUND_COLUMNS, SUMMARY_COLUMNS, TOKEN_COLUMNS  # noqa: E402
 from tests.tiny import write_model, write_tokenizer  # noqa: E402
 from tests.uiserver import TINY, counting_target_forwards, serve, tiny_presets  # noqa: E402
 
@@ -41,7 +41,7 @@ def compare(client, **kwargs):
 
 
 def test_compare_gives_a_row_per_method_and_the_cli_csvs(client):
-    summary, summary_csv, rounds_csv, texts = compare(client, methods="ar,sd,nasd,egag")
+    summary, summary_csv, rounds_csv, texts, tokens_csv = compare(client, methods="ar,sd,nasd,egag")
     assert summary["headers"] == SUMMARY_COLUMNS
     rows = [dict(zip(summary["headers"], row)) for row in summary["data"]]
     assert [r["method"] for r in rows] == ["ar", "sd", "nasd", "egag"]
@@ -56,6 +56,10 @@ def test_compare_gives_a_row_per_method_and_the_cli_csvs(client):
     assert list(trace.columns) == ROUND_COLUMNS
     assert set(trace["method"]) == {"ar", "sd", "nasd", "egag"}
     assert len(set(texts.values())) == 1 and texts["ar"].strip()
+    tokens = pd.read_csv(tokens_csv)
+    assert list(tokens.columns) == TOKEN_COLUMNS
+    drafted = trace.groupby("method").n_drafted.sum()
+    assert tokens.groupby("method").size().to_dict() == drafted[drafted > 0].to_dict()
 
 
 def test_compare_takes_a_list_and_scores_sampled_runs(client):

@@ -32,7 +32,7 @@ def request(k: int) -> dict:
 
 def outcome(result) -> tuple:
     """What must not depend on who else was served: texts and every round's tokens and γ."""
-    _, _, rounds_csv, texts = result
+    _, _, rounds_csv, texts, _ = result
     rounds = pd.read_csv(rounds_csv)
     rounds = rounds[[c for c in rounds.columns if not c.endswith("seconds")]]
     return texts, rounds.to_csv(index=False)

@@ -7,6 +7,7 @@ adds a progress bar, the summary table, the report's charts and the CSV/HTML dow
 
 from __future__ import annotations
 
+import html
 import queue
 import threading
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import pandas as pd
 
 from .. import bench
 from ..engine.params import PARAMS
+from ..models.loading import Preset
 from .forms import param_control
 from .limits import Limits
 from .page import TabContext, wire_stop
@@ -28,7 +30,9 @@ TABLE_COLUMNS = [
     "acceptance_rate", "mean_accepted_tokens", "copied_share", "target_forwards_per_token", "mean_gamma",
     "exact_match_pct", "perplexity", "predicted_speedup", "errors",
 ]
-CHARTS = ("speedup_vs_ar", "speedup_vs_hf", "acceptance_by_category", "predicted_vs_measured")
+CHARTS = ("speedup_vs_ar", "speedup_vs_hf", "acceptance_by_category", "predicted_vs_measured",
+          "entropy_acceptance", "position_acceptance", "break_even")  # in rows of two
+PLACEHOLDER = "*Run the benchmark to fill these charts and the table.*"
 # A public deployment shares one machine among visitors: keep a benchmark to minutes.
 PUBLIC_MAX_PROMPTS = 2
 PUBLIC_MAX_REPEATS = 1
@@ -143,9 +147,13 @@ def _inputs(ctx: TabContext) -> list[Any]:
         prompts = gr.Number(value=1, precision=0, label="Prompts per category")
         repeats = gr.Number(value=1, precision=0, label="Repeats")
         max_new_tokens = gr.Number(value=min(64, ctx.limits.max_new_tokens), precision=0, label="Max new tokens")
+    value, note = method_choices(ctx.presets[ctx.default_preset])
     with gr.Row():
-        methods = gr.CheckboxGroup(label="Methods", value=list(bench.DEFAULT_BENCH_METHODS),
+        methods = gr.CheckboxGroup(label="Methods", value=value, elem_id="bench-methods",
                                    choices=[(label, name) for name, label in bench.bench_methods().items()])
+    methods_note = gr.HTML(note, elem_id="bench-methods-note")
+    preset.change(_offer_methods(ctx), inputs=[preset, methods], outputs=[methods, methods_note], queue=False,
+                  api_visibility="private")
     with gr.Row():
         # The schema's controls (ranges, help); labels name the transformers peers that also read them.
         temperature = param_control(PARAMS["temperature"], PARAMS["temperature"].default)
@@ -156,19 +164,55 @@ def _inputs(ctx: TabContext) -> list[Any]:
     return [preset, category, prompts, repeats, max_new_tokens, methods, temperature, gamma, ngram_n, seed]
 
 
+def method_choices(preset: Preset, checked: list[str] | None = None) -> tuple[list[str], str]:
+    """The Methods box for a pair: which methods are checked (`checked`, by default the benchmark's
+    defaults, less those the pair cannot run) and the note that greys those out, with the reason.
+
+    Every method stays a choice, so the /benchmark endpoint accepts any pair's methods; the
+    server refuses one the pair cannot run with its reason (`bench.parse_bench_methods`)."""
+    missing = bench.unavailable_bench_methods(preset.draft_kind)
+    wanted = checked if checked is not None else bench.DEFAULT_BENCH_METHODS
+    return [n for n in wanted if n not in missing], methods_note(missing)
+
+
+def methods_note(missing: dict[str, str]) -> str:
+    """HTML: a rule that greys out and locks the methods this pair cannot run, and one line why."""
+    if not missing:
+        return ""
+    selector = ", ".join(f'#bench-methods label:has(input[name="{name}"])' for name in missing)
+    style = f"<style>{selector}{{opacity:.45;pointer-events:none;text-decoration:line-through;}}</style>"
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in missing.items():
+        by_reason.setdefault(reason, []).append(bench.bench_methods()[name])
+    lines = " ".join(f"{html.escape(', '.join(labels))}: {html.escape(reason)}." for reason, labels in by_reason.items())
+    return f'{style}<span class="bench-methods-note">Not for this pair — {lines}</span>'
+
+
+def _offer_methods(ctx: TabContext):
+    def offer(preset_name: str, checked: list[str] | None):
+        if preset_name not in ctx.presets:
+            return gr.skip(), gr.skip()
+        value, note = method_choices(ctx.presets[preset_name], list(checked or []))
+        return value, note
+    return offer
+
+
 def _outputs() -> list[Any]:
-    """status, the summary table, the charts (`CHARTS` order), then the three downloads."""
+    """status, the summary table, the charts (`CHARTS` order), the three downloads, then the
+    placeholder and the results column it stands in for until a run finishes."""
     status = gr.Markdown("", elem_id="bench-status")
-    summary_table = gr.Dataframe(interactive=False, show_label=False, elem_id="bench-table", wrap=True)
-    with gr.Row(equal_height=True):
-        plots = [gr.Plot(show_label=False) for _ in CHARTS[:2]]
-    with gr.Row(equal_height=True):
-        plots += [gr.Plot(show_label=False) for _ in CHARTS[2:]]
+    placeholder = gr.Markdown(PLACEHOLDER, elem_id="bench-placeholder")
+    with gr.Column(visible=False, elem_id="bench-results") as results:
+        summary_table = gr.Dataframe(interactive=False, show_label=False, elem_id="bench-table", wrap=True)
+        plots = []
+        for i in range(0, len(CHARTS), 2):
+            with gr.Row(equal_height=True):
+                plots += [gr.Plot(show_label=False, elem_id=f"bench-chart-{name}") for name in CHARTS[i : i + 2]]
     with gr.Row():
         files = [gr.DownloadButton("Runs (CSV)", interactive=False, elem_id="bench-rows-csv"),
                  gr.DownloadButton("Summary (CSV)", interactive=False, elem_id="bench-summary-csv"),
                  gr.DownloadButton("Report (HTML)", interactive=False, elem_id="bench-report")]
-    return [status, summary_table, *plots, *files]
+    return [status, summary_table, *plots, *files, placeholder, results]
 
 
 @dataclass(frozen=True)
@@ -225,4 +269,5 @@ def finished(result: bench.BenchResult, folder: Path) -> tuple:
     message = (f"Done: {runs} runs on {result.meta.get('prompts')} prompts, {result.meta.get('device')} "
                f"({result.meta.get('device_name')})." + (f" ⚠️ {failed} runs failed (see the CSV)." if failed else ""))
     return (message, table(result.summary), *(figures[name] for name in CHARTS),
-            *(gr.update(value=str(path), interactive=True) for path in paths))
+            *(gr.update(value=str(path), interactive=True) for path in paths),
+            gr.update(visible=False), gr.update(visible=True))

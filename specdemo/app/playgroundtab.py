@@ -29,7 +29,12 @@ log = logging.getLogger(__name__)
 
 # The endpoints' own inputs around the schema's parameters, in the API's order.
 FORM_BEFORE, FORM_AFTER = ("prompt", "preset", "methods"), ("target", "draft", *ENGINE_NAMES)
-CHARTS = tuple(viz.FIGURES)  # two rows of two
+CHARTS = tuple(viz.FIGURES)
+# Where each chart sits: how the methods ran (two rows of two), why drafts were kept, and the
+# break-even beside the reading under the table.
+RUN_CHARTS = ("gamma", "entropy", "accepted", "race")
+WHY_CHARTS = ("entropy_acceptance", "position_acceptance")
+TABLE_CHARTS = ("break_even",)
 
 
 @dataclass
@@ -58,9 +63,14 @@ class Outputs:
     why: gr.Markdown
     summary_file: gr.DownloadButton
     rounds_file: gr.DownloadButton
+    tokens_file: gr.DownloadButton
+
+    @property
+    def files(self) -> tuple[gr.DownloadButton, ...]:
+        return self.summary_file, self.rounds_file, self.tokens_file
 
     def all(self) -> list[Any]:
-        return [self.status, *self.panels, *self.charts, self.table, self.why, self.summary_file, self.rounds_file]
+        return [self.status, *self.panels, *self.charts, self.table, self.why, *self.files]
 
     def apply(self, update: RunUpdate) -> dict:
         """A handler's RunUpdate mapped onto these components (the ones it leaves as None stay)."""
@@ -81,7 +91,7 @@ class Outputs:
         if update.why is not None:
             out[self.why] = update.why
         if update.files is not None:
-            for button, path in zip((self.summary_file, self.rounds_file), update.files):
+            for button, path in zip(self.files, update.files):
                 out[button] = gr.update(value=path, interactive=path is not None)
         return out
 
@@ -149,20 +159,30 @@ def _outputs(initial: Mapping[str, Any]) -> Outputs:
                     visible=k < len(shown), css_template=viz.TOKEN_CSS, elem_classes=["sd-slot"])
             for k, name in enumerate(shown + [m for m in METHODS if m not in shown])
         ][:len(METHODS)]
-    gr.Markdown("### How each method ran", elem_classes=["sd-section"])
     empty = viz.all_figures([])
-    with gr.Row(equal_height=True):
-        charts = [gr.Plot(empty[name], show_label=False, elem_classes=["sd-chart"]) for name in CHARTS[:2]]
-    with gr.Row(equal_height=True):
-        charts += [gr.Plot(empty[name], show_label=False, elem_classes=["sd-chart"]) for name in CHARTS[2:]]
+    plots: dict[str, gr.Plot] = {}
+
+    def chart_rows(names: tuple[str, ...]) -> None:
+        for i in range(0, len(names), 2):
+            with gr.Row(equal_height=True):
+                plots.update({name: gr.Plot(empty[name], show_label=False, elem_classes=["sd-chart"],
+                                            elem_id=f"sd-chart-{name}") for name in names[i : i + 2]})
+
+    gr.Markdown("### How each method ran", elem_classes=["sd-section"])
+    chart_rows(RUN_CHARTS)
+    gr.Markdown("### Why drafts were kept", elem_classes=["sd-section"])
+    chart_rows(WHY_CHARTS)
     gr.Markdown("### Comparison", elem_classes=["sd-section"])
     table = gr.Dataframe(viz.display_table(summary_frame([])), interactive=False, show_label=False,
                          elem_id="sd-table", wrap=True)
     why = gr.Markdown("")
+    chart_rows(TABLE_CHARTS)
     with gr.Row():
         summary_file = gr.DownloadButton("Comparison table (CSV)", interactive=False, elem_id="sd-summary-csv")
         rounds_file = gr.DownloadButton("Per-round trace (CSV)", interactive=False, elem_id="sd-rounds-csv")
-    return Outputs(status, panels, charts, table, why, summary_file, rounds_file)
+        tokens_file = gr.DownloadButton("Per-token decisions (CSV)", interactive=False, elem_id="sd-tokens-csv")
+    charts = [plots[name] for name in CHARTS]
+    return Outputs(status, panels, charts, table, why, summary_file, rounds_file, tokens_file)
 
 
 # --------------------------------------------------------------------------- events
@@ -204,12 +224,12 @@ def _wire_compare(ctx: TabContext, inputs: Inputs) -> None:
     with gr.Column(visible=False):
         api_methods = gr.JSON(list(DEFAULT_METHODS), label="methods")
         api_outputs = [gr.Dataframe(label="summary"), gr.File(label="summary_csv"), gr.File(label="rounds_csv"),
-                       gr.JSON(label="texts")]
+                       gr.JSON(label="texts"), gr.File(label="tokens_csv")]
         compare_btn = gr.Button("compare")
 
     def compare(form: dict, request: gr.Request):
         """Run the methods one after another; returns the summary table, the summary and
-        per-round CSVs (the CLI's columns) and each method's output text."""
+        per-round CSVs (the CLI's columns), each method's output text and the per-token CSV."""
         try:
             req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
                                ctx.presets, ctx.limits, methods=form["methods"])
@@ -219,7 +239,7 @@ def _wire_compare(ctx: TabContext, inputs: Inputs) -> None:
         except Exception as error:
             log.exception("comparison failed")
             raise gr.Error(handlers.readable_failure(error), print_exception=False) from None
-        return outcome.table, outcome.summary_csv, outcome.rounds_csv, outcome.texts
+        return outcome.table, outcome.summary_csv, outcome.rounds_csv, outcome.texts, outcome.tokens_csv
 
     compare_btn.click(forms.endpoint(compare, FORM_BEFORE, FORM_AFTER, name="compare"),
                       inputs=inputs.event_inputs(api_methods), outputs=api_outputs, api_name="compare",

@@ -36,7 +36,8 @@ DEFAULT_CATEGORIES = ("chat", "code")
 TABLE_COLUMNS = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s", "acceptance_rate",
                  "mean_accepted_tokens", "mean_gamma", "wasted_drafts_per_token", "target_forwards_per_token",
                  "draft_flops_per_token", "target_flops_per_token", "predicted_speedup", "exact_match_pct"]
-CHARTS = tuple(sweep.FIGURES)
+CHARTS = tuple(sweep.FIGURES)  # in rows of two
+PLACEHOLDER = "*Run the sweep to fill these charts and the table.*"
 
 
 def _csv(values: Sequence[float]) -> str:
@@ -203,7 +204,8 @@ def stream_sweep(request: SweepRequest, load: Callable[[str, str | None], ModelP
             update.verdict = sweep.verdict(summary)
         yield update
     result = sweep.sweep_result(pair, rows, request.settings, repeats=request.repeats, warmup=warmup,
-                                stopped=bool(event and event.stopped), **request.params.as_dict())
+                                stopped=bool(event and event.stopped), tokens=event.tokens if event else None,
+                                **request.params.as_dict())
     folder = export()
     files = SweepFiles(str(folder / "sweep.csv"), str(folder / "sweep.summary.csv"), str(folder / "sweep-report.html"))
     sweep.write_outputs(result, files.rows_csv, files.summary_csv, files.report)
@@ -288,20 +290,24 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
 
 
 def _outputs() -> list[Any]:
-    """status, verdict, the summary table, the charts (`CHARTS` order), then the three downloads."""
+    """status, verdict, the summary table, the charts (`CHARTS` order), the three downloads, then
+    the placeholder and the results column it stands in for until a sweep starts."""
     status = gr.Markdown("", elem_id="sweep-status")
     verdict = gr.Markdown("", elem_id="sweep-verdict")
+    placeholder = gr.Markdown(PLACEHOLDER, elem_id="sweep-placeholder")
     chart_id = "sweep-{}-chart".format
-    with gr.Row(equal_height=True):
-        plots = [gr.Plot(show_label=False, elem_id=chart_id(name.replace("_", "-"))) for name in CHARTS[:2]]
-    with gr.Row(equal_height=True):
-        plots += [gr.Plot(show_label=False, elem_id=chart_id(name.replace("_", "-"))) for name in CHARTS[2:]]
-    summary_table = gr.Dataframe(interactive=False, show_label=False, elem_id="sweep-table", wrap=True)
+    with gr.Column(visible=False, elem_id="sweep-results") as results:
+        plots = []
+        for i in range(0, len(CHARTS), 2):
+            with gr.Row(equal_height=True):
+                plots += [gr.Plot(show_label=False, elem_id=chart_id(name.replace("_", "-")))
+                          for name in CHARTS[i : i + 2]]
+        summary_table = gr.Dataframe(interactive=False, show_label=False, elem_id="sweep-table", wrap=True)
     with gr.Row():
         files = [gr.DownloadButton("Runs (CSV)", interactive=False, elem_id="sweep-rows-csv"),
                  gr.DownloadButton("Summary (CSV)", interactive=False, elem_id="sweep-summary-csv"),
                  gr.DownloadButton("Report (HTML)", interactive=False, elem_id="sweep-report")]
-    return [status, verdict, summary_table, *plots, *files]
+    return [status, verdict, summary_table, *plots, *files, placeholder, results]
 
 
 def page_values(update: SweepUpdate) -> tuple:
@@ -318,7 +324,7 @@ def page_values(update: SweepUpdate) -> tuple:
              if update.files else [keep] * 3)
     return (shown, update.verdict if update.verdict is not None else keep,
             update.table if update.table is not None else keep,
-            *(figures.get(name, keep) for name in CHARTS), *files)
+            *(figures.get(name, keep) for name in CHARTS), *files, keep, keep)
 
 
 def _wire_page(ctx: TabContext, form: SweepForm, run_btn: Any, stop_btn: Any, outputs: list[Any]) -> None:
@@ -332,7 +338,8 @@ def _wire_page(ctx: TabContext, form: SweepForm, run_btn: Any, stop_btn: Any, ou
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
         cleared = [gr.update(value=None, interactive=False)] * 3
-        yield ("Loading the model pair …", "", None, *[None] * len(CHARTS), *cleared)
+        shown = gr.update(visible=False), gr.update(visible=True)  # the placeholder gives way to the results
+        yield ("Loading the model pair …", "", None, *[None] * len(CHARTS), *cleared, *shown)
         try:
             with contextlib.closing(stream_sweep(req, ctx.load, ctx.export, ctx.gpu)) as updates:
                 for update in updates:

@@ -2,7 +2,8 @@
 transformers' peers (``runners``), a benchmark run (``benchmark``), statistics over its rows
 (``statistics``), the Plotly figures and HTML report of a result (``report``, which reads
 ``benchmark``; never the other way), per-prompt comparison
-tables (``tables``, ``compare``), sweeps over γ, γ_max, EMA and n (the ``sweep`` package)
+tables (``tables``, ``compare``), why drafts were kept (``acceptance``, drawn by ``acceptance_charts``),
+sweeps over γ, γ_max, EMA and n (the ``sweep`` package)
 and offline random-weight pairs (``synthetic``).
 
 May import ``engine`` and ``models``, pandas and plotly; never gradio, the page or the
@@ -11,13 +12,13 @@ command line. The names below are the benchmark's public API.
 
 from .benchmark import ROUND_COLUMNS, ROW_COLUMNS, BenchResult, Progress, run_benchmark
 from .report import load_result, make_figures, report_html, write_outputs
-from .runners import DEFAULT_BENCH_METHODS, HF_METHODS, bench_methods, parse_bench_methods
+from .runners import DEFAULT_BENCH_METHODS, HF_METHODS, bench_methods, parse_bench_methods, unavailable_bench_methods
 from .statistics import SUMMARY_COLUMNS, leviathan_speedup, summarize
 from .suite import ALL, DEFAULT_SUITE, SUITE_CATEGORIES, SuiteError, SuitePrompt, encode_prompt, load_suite, select_prompts
 
 __all__ = [
     "ALL", "DEFAULT_BENCH_METHODS", "DEFAULT_SUITE", "HF_METHODS", "ROUND_COLUMNS", "ROW_COLUMNS", "SUITE_CATEGORIES",
     "SUMMARY_COLUMNS", "BenchResult", "Progress", "SuiteError", "SuitePrompt", "bench_methods", "encode_prompt",
-    "leviathan_speedup", "load_result", "load_suite", "make_figures", "parse_bench_methods", "report_html",
+    "leviathan_speedup", "load_result", "load_suite", "make_figures", "parse_bench_methods", "unavailable_bench_methods", "report_html",
     "run_benchmark", "select_prompts", "summarize", "write_outputs",
 ]

@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 import pandas as pd
 import plotly.graph_objects as go
 
-from .acceptance import BreakEven, describe_auc
+from .acceptance import BreakEven, describe_auc, entropy_auc, entropy_bins, position_acceptance
 
 Namer = Callable[[str], str]
 PALETTE = ("#7c3aed", "#0e7490", "#db2777", "#4338ca", "#a16207", "#0f766e", "#be123c", "#1d4ed8")
@@ -119,3 +119,18 @@ def break_even_figure(evens: Mapping[str, tuple[BreakEven, float]], label: Namer
                            line=dict(color="#64748b", dash="dot", width=1)))
     return _figure(traces, "Break-even: predicted speedup against acceptance α", "acceptance α (per draft)",
                    "speedup over AR", xaxis=dict(range=[0, 1]), yaxis=dict(rangemode="tozero"))
+
+
+def why_figures(tokens: pd.DataFrame, evens: Mapping[str, tuple[BreakEven, float]], label: Namer = str,
+                color: Namer | None = None, key: str = "method") -> dict[str, go.Figure]:
+    """The three figures from a per-token frame and measured break-evens, by name:
+    entropy_acceptance, position_acceptance, break_even. `key` names the column a line is
+    drawn per (a sweep draws one per setting)."""
+    tokens = tokens.assign(method=tokens[key]) if key != "method" and not tokens.empty else tokens
+    aucs = {m: entropy_auc(part) for m, part in tokens.groupby("method", sort=False)} if len(tokens) else {}
+    aucs = {m: v for m, v in aucs.items() if v[1]}
+    return {
+        "entropy_acceptance": entropy_acceptance_figure(entropy_bins(tokens), aucs, label=label, color=color),
+        "position_acceptance": position_acceptance_figure(position_acceptance(tokens), label=label, color=color),
+        "break_even": break_even_figure(evens, label=label, color=color),
+    }

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import acceptance, acceptance_charts, statistics
+from . import acceptance_charts, statistics
 from .benchmark import ROUND_COLUMNS, TOKEN_COLUMNS, BenchResult
 from .roofline import ROOFLINE_COLUMNS
 from .runners import bench_methods
@@ -98,23 +98,9 @@ def make_figures(result: BenchResult) -> dict[str, Any]:
     fig.update_layout(title="Leviathan predicted vs measured speedup over AR", xaxis_title="predicted (× AR)",
                       yaxis_title="measured (× AR)", legend_title="method", template="plotly_white")
     figures["predicted_vs_measured"] = fig
-    figures.update(why_figures(result.tokens, statistics.break_evens(result.rows, summary)))
+    figures.update(acceptance_charts.why_figures(result.tokens, statistics.break_evens(result.rows, summary),
+                                                 label=lambda method: bench_methods().get(method, method)))
     return figures
-
-
-def why_figures(tokens: pd.DataFrame, evens: dict) -> dict[str, Any]:
-    """Acceptance against entropy and by draft position (from a per-token frame) and the
-    break-even chart: the figures the benchmark and the sweep reports share with the page."""
-    label = lambda method: bench_methods().get(method, method)  # noqa: E731
-    aucs = {method: acceptance.entropy_auc(part) for method, part in tokens.groupby("method", sort=False)}
-    aucs = {m: v for m, v in aucs.items() if v[1]}
-    return {
-        "entropy_acceptance": acceptance_charts.entropy_acceptance_figure(acceptance.entropy_bins(tokens), aucs,
-                                                                          label=label),
-        "position_acceptance": acceptance_charts.position_acceptance_figure(acceptance.position_acceptance(tokens),
-                                                                            label=label),
-        "break_even": acceptance_charts.break_even_figure(evens, label=label),
-    }
 
 
 _REPORT_SECTIONS = [

@@ -38,6 +38,19 @@ def bench_methods() -> dict[str, str]:
     return {**{name: m.label for name, m in METHODS.items()}, **{n: label for n, (label, _) in HF_METHODS.items()}}
 
 
+def unavailable_bench_methods(draft_kind: str | None) -> dict[str, str]:
+    """The methods a pair cannot run, by what it drafts with ("feature-head", "model" or None),
+    each with the one-line reason a page shows."""
+    if draft_kind is None:
+        return {n: "needs a draft, and this pair has none" for n in bench_methods()
+                if (n in METHODS and METHODS[n].needs_draft) or n.startswith("hf-assisted")}
+    if draft_kind == "feature-head":
+        # transformers' assisted generation runs a whole draft LM; a head that reads the target is not one.
+        return {n: "runs a draft language model, and this pair drafts with a feature head (the embedded-lm "
+                   "pair has one)" for n in HF_METHODS if n.startswith("hf-assisted")}
+    return {}
+
+
 def parse_bench_methods(value: str | Sequence[str] | None, pair=None) -> list[str]:
     if value is None:
         names = list(DEFAULT_BENCH_METHODS)

@@ -49,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--csv", help="one row per (method, setting, prompt, repeat)")
     out.add_argument("--summary-csv", help="one row per (method, setting); default: next to --csv as *.summary.csv")
+    out.add_argument("--tokens-csv", help="one row per drafted token (setting, p, q, acceptance probability, "
+                                          "accepted, drafter entropy)")
     out.add_argument("--report", help="HTML report: verdict, summary and charts")
     out.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
                      help="embed plotly.js in the report (offline) or link it from a CDN (default: inline)")
@@ -86,7 +88,7 @@ def _sweep_with(args, params, settings, suite) -> int:
     summary_csv = args.summary_csv
     if args.csv and not summary_csv:
         summary_csv = str(Path(args.csv).with_suffix("")) + ".summary.csv"
-    for path in write_outputs(result, args.csv, summary_csv, args.report, args.plotlyjs):
+    for path in write_outputs(result, args.csv, summary_csv, args.report, args.plotlyjs, tokens_csv=args.tokens_csv):
         print(f"wrote {path}")
     if args.chart_png:
         from ..bench.chartpng import save_chart_png

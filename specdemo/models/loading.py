@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from ..engine.feature_head import FeatureHead, is_feature_head
 from ..engine.few_rows import use_few_row_products
-from .embedded import EMBEDDED_HEAD, EMBEDDED_LM, load_embedded_draft, load_embedded_target
+from .embedded import DEFAULT_DRAFT, EMBEDDED_HEAD, EMBEDDED_LM, load_embedded_draft, load_embedded_target
 from .errors import ModelLoadError
 from .tokens import check_token_ids, collect_eos_ids, default_device, encode_chat, resolve_dtype
 
@@ -28,6 +28,21 @@ class Preset:
     target: str
     draft: str | None
     note: str = ""
+
+    @property
+    def draft_kind(self) -> str | None:
+        """What the pair will draft with, known before loading it (as `ModelPair.draft_kind`)."""
+        return draft_kind_of(self.draft)
+
+
+def draft_kind_of(draft: str | None) -> str | None:
+    """"feature-head", "model" or None for a draft reference, without loading it: the embedded
+    default and head, and a folder holding a feature head, are feature heads."""
+    if draft is None:
+        return None
+    if draft == EMBEDDED:
+        draft = DEFAULT_DRAFT
+    return "feature-head" if draft == EMBEDDED_HEAD or is_feature_head(draft) else "model"
 
 
 EMBEDDED = "embedded"

@@ -17,14 +17,22 @@ _SHOWN = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s",
           "target_flops_per_token", "cost_ratio", "predicted_speedup", "exact_match_pct"]
 
 
+WHY_TITLES = {
+    "entropy_acceptance": "Does the drafter's entropy predict acceptance? (SD and EGAG runs)",
+    "position_acceptance": "Acceptance by draft position",
+    "break_even": "Break-even of each method's fastest setting: predicted speedup against acceptance",
+}
+
+
 def report_html(result: SweepResult, path: str | Path | None = None, plotlyjs: str = "inline") -> str:
     """One HTML page: the verdict, the summary table, the figures and the definitions."""
     if plotlyjs not in ("inline", "cdn"):
         raise ValueError(f"plotlyjs must be 'inline' or 'cdn', got {plotlyjs!r}")
     summary, meta = result.summary, result.meta
-    figures = sweep_figures(summary)
+    figures = {**sweep_figures(summary), **result.why_figures()}
+    titles = {**{name: title for name, (title, _) in FIGURES.items()}, **WHY_TITLES}
     parts = []
-    for i, (name, (title, _)) in enumerate(FIGURES.items()):
+    for i, (name, title) in enumerate(titles.items()):
         include = (True if plotlyjs == "inline" else "cdn") if i == 0 else False
         parts.append(f"<h2>{html.escape(title)}</h2>\n"
                      + figures[name].to_html(full_html=False, include_plotlyjs=include, div_id=f"fig-{name}"))
@@ -63,11 +71,16 @@ pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px
 
 
 def write_outputs(result: SweepResult, csv: str | Path | None = None, summary_csv: str | Path | None = None,
-                  report: str | Path | None = None, plotlyjs: str = "inline") -> list[Path]:
-    """The rows CSV, the summary CSV and the HTML report, each only if its path is given.
-    Settings that do not apply to a method are empty cells."""
+                  report: str | Path | None = None, plotlyjs: str = "inline",
+                  tokens_csv: str | Path | None = None) -> list[Path]:
+    """The rows CSV, the summary CSV, the per-token CSV (one row per drafted token) and the
+    HTML report, each only if its path is given. Settings that do not apply to a method are
+    empty cells."""
     written = []
-    for target, frame in ((csv, result.rows), (summary_csv, result.summary)):
+    tokens = result.tokens if tokens_csv and result.tokens is not None else None
+    for target, frame in ((csv, result.rows), (summary_csv, result.summary), (tokens_csv, tokens)):
+        if frame is None:
+            continue
         if target:
             Path(target).parent.mkdir(parents=True, exist_ok=True)
             frame.to_csv(target, index=False)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ...engine.methods import METHODS
 from ...engine.params import DecodeParams
 from ..runners import run_ours
+from ..tables import tokens_frame
 from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, select_prompts
 from .flops import FedCounter
 from .grid import AR, Setting
@@ -33,6 +34,7 @@ class SweepEvent:
     message: str
     rows: list[dict]  # every finished row so far (grows in place)
     new_rows: list[dict] = field(default_factory=list)  # the rows this event added
+    tokens: list[dict] = field(default_factory=list)  # one per drafted token so far, TOKEN_COLUMNS (grows in place)
     finished: bool = False
     stopped: bool = False  # should_stop() ended the sweep early
 
@@ -102,6 +104,7 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
     warm = list({s.method: s for s in reversed(runs)}.values())[::-1] if warmup else []  # one per method
     total = len(warm) + len(items) * len(runs) * repeats
     rows: list[dict] = []
+    tokens: list[dict] = []
     done = 0
     target = FedCounter(pair.target)
     draft = FedCounter(pair.draft if pair.draft is not pair.target else None)
@@ -110,9 +113,9 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
             run_ours(pair, setting.method, encoded[0], {**shared, **setting.params(),
                                                          "max_new_tokens": min(8, base.max_new_tokens)}, base_seed)
             done += 1
-            yield SweepEvent(done, total, f"warm-up {setting.label}", rows)
+            yield SweepEvent(done, total, f"warm-up {setting.label}", rows, tokens=tokens)
             if should_stop and should_stop():
-                yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True)
+                yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True, tokens=tokens)
                 return
         for repeat in range(repeats):
             for index, (item, ids) in enumerate(zip(items, encoded)):
@@ -133,17 +136,33 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
                     ranked = sorted(group, key=lambda g: runs.index(g[0]))  # rows in grid order
                     new = group_rows(item, index, repeat, seed, ids, ranked, greedy) if last else []
                     rows.extend(new)
+                    if last:
+                        tokens.extend(_token_rows(ranked, item, repeat))
                     message = f"{item.id} {setting.label} (repeat {repeat + 1}/{repeats})"
-                    yield SweepEvent(done, total, message, rows, new)
+                    yield SweepEvent(done, total, message, rows, new, tokens=tokens)
                     if stop:
                         break
                 if stop:
-                    yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True)
+                    yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True, tokens=tokens)
                     return
-        yield SweepEvent(done, total, "done", rows, finished=True)
+        yield SweepEvent(done, total, "done", rows, finished=True, tokens=tokens)
     finally:
         target.close()
         draft.close()
+
+
+TOKEN_COLUMNS = ["setting", "label", "prompt_id", "repeat", *tokens_frame([]).columns]
+
+
+def _token_rows(group, item, repeat) -> list[dict]:
+    """The drafted tokens of one (prompt, repeat)'s runs, each marked with its setting."""
+    out = []
+    for setting, _, run, _, _ in group:
+        if run.result is not None and run.result.rounds:
+            frame = tokens_frame([run.result])
+            frame = frame.assign(setting=setting.key, label=setting.label, prompt_id=item.id, repeat=repeat)
+            out += frame[TOKEN_COLUMNS].to_dict("records")
+    return out
 
 
 def run_sweep(
@@ -168,4 +187,5 @@ def run_sweep(
         if progress is not None:
             progress(event.done, event.total, event.message)
     assert event is not None
-    return sweep_result(pair, event.rows, runs, repeats=repeats, warmup=warmup, stopped=event.stopped, **params)
+    return sweep_result(pair, event.rows, runs, repeats=repeats, warmup=warmup, stopped=event.stopped,
+                        tokens=event.tokens, **params)

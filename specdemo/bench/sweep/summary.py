@@ -17,7 +17,10 @@ import pandas as pd
 import torch
 
 from ...engine.params import DecodeParams
-from ..statistics import _geomean
+from ...engine.methods import METHODS
+from ..acceptance import describe_auc, entropy_auc
+from ..acceptance_charts import why_figures
+from ..statistics import _geomean, break_even
 from .charts import sweep_figures
 from .flops import matmul_parameters
 from .grid import AR, SETTING_COLUMNS, Setting, copy_phrase, fmt
@@ -42,6 +45,7 @@ class SweepResult:
     settings: list[Setting]
     meta: dict[str, Any] = field(default_factory=dict)
     stopped: bool = False
+    tokens: pd.DataFrame | None = None  # one row per drafted token (runner.TOKEN_COLUMNS); None if not kept
     _summary: pd.DataFrame | None = field(default=None, repr=False)
 
     @property
@@ -52,21 +56,28 @@ class SweepResult:
 
     @property
     def verdict(self) -> str:
-        return verdict(self.summary)
+        return verdict(self.summary, self.tokens)
 
     @property
     def figures(self) -> dict[str, Any]:
         return sweep_figures(self.summary)
 
+    def why_figures(self) -> dict[str, Any]:
+        """Acceptance against entropy and by draft position per method, and the break-even of
+        each method's fastest setting (see `bench.acceptance`)."""
+        tokens = self.tokens if self.tokens is not None else pd.DataFrame(columns=["method"])
+        return why_figures(tokens, best_break_evens(self.rows, self.summary),
+                           label=lambda key: METHODS[key].label if key in METHODS else key)
+
 
 def sweep_result(pair, rows: Sequence[dict], settings: Sequence[Setting], *, repeats: int, warmup: bool = True,
-                 stopped: bool = False, **params: Any) -> SweepResult:
+                 stopped: bool = False, tokens: Sequence[dict] | None = None, **params: Any) -> SweepResult:
     """The SweepResult of rows from `iter_sweep` (for callers that stream the events
     themselves), with the run's metadata: the pair, the device, the versions, the params."""
     runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != "ar"]
     frame = rows_frame(rows)
     meta = sweep_meta(pair, DecodeParams.from_values(**params), runs, frame, repeats, warmup)
-    return SweepResult(frame, runs, meta, stopped)
+    return SweepResult(frame, runs, meta, stopped, pd.DataFrame(list(tokens)) if tokens is not None else None)
 
 
 def sweep_meta(pair, decode: DecodeParams, runs, frame, repeats, warmup) -> dict[str, Any]:
@@ -129,8 +140,31 @@ def _best(summary: pd.DataFrame, method: str) -> pd.Series | None:
     return None if part.empty else part.loc[part.speedup_vs_ar.idxmax()]
 
 
-def verdict(summary: pd.DataFrame) -> str:
-    """One sentence (two at most) from the numbers: the best EGAG against the best fixed γ."""
+def best_break_evens(rows: pd.DataFrame, summary: pd.DataFrame) -> dict[str, tuple]:
+    """Each drafting method's fastest setting: its break-even over its runs and its speedup."""
+    ar = rows[rows.method == "ar"]
+    ar_step = ratio(ar.verify_seconds.sum(), ar.rounds.sum()) if not ar.empty else math.nan
+    out = {}
+    for method in ("sd", "egag", "nasd"):
+        best = _best(summary, method)
+        even = break_even(rows[rows.setting == best.setting], ar_step) if best is not None else None
+        if even is not None:
+            out[method] = (even, float(best.speedup_vs_ar))
+    return out
+
+
+def entropy_clause(tokens: pd.DataFrame | None) -> str:
+    """How well the drafter's entropy ranked acceptances over the SD and EGAG runs, EGAG's premise."""
+    if tokens is None or tokens.empty:
+        return ""
+    drafted = tokens[tokens.method.isin(["sd", "egag"])]
+    auc, n = entropy_auc(drafted)
+    return describe_auc(auc, n) if n else ""
+
+
+def verdict(summary: pd.DataFrame, tokens: pd.DataFrame | None = None) -> str:
+    """One sentence (two at most) from the numbers: the best EGAG against the best fixed γ, and
+    how well the drafter's entropy ranked acceptances (`tokens`, the sweep's drafted tokens)."""
     egag, sd, nasd = _best(summary, "egag"), _best(summary, "sd"), _best(summary, "nasd")
     sentences = []
     if egag is not None:
@@ -142,6 +176,9 @@ def verdict(summary: pd.DataFrame) -> str:
         text += f"; its mean γ was {egag.mean_gamma:.1f}"
         if sd is None:
             text += " (no fixed-γ SD in this sweep)"
+        clause = entropy_clause(tokens)
+        if clause:
+            text += f"; {clause}"
         sentences.append(text + ".")
     elif sd is not None:
         sentences.append(f"The best fixed γ (γ = {fmt(sd.gamma)}{copy_phrase(sd.copy_n, ', ')}) reached "
