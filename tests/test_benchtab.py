@@ -35,7 +35,9 @@ def file_of(download) -> str:
 
 
 def test_the_tab_runs_the_suite_and_offers_the_cli_files(client):
-    status, table, *charts, runs_csv, summary_csv, report = benchmark(client)
+    # The API returns the components' values, not the layout's: the placeholder, then no column.
+    status, table, *charts, runs_csv, summary_csv, report, placeholder = benchmark(client)
+    assert placeholder["visible"] is False  # it gives way to the results once a run has finished
     runs_csv, summary_csv, report = map(file_of, (runs_csv, summary_csv, report))
     assert status.startswith("Done: 5 runs on 1 prompts")
     rows = pd.read_csv(runs_csv)
@@ -101,3 +103,21 @@ def test_stop_returns_only_after_the_worker_has_stopped(tiny_pair):
     assert done < total
     stream.close()
     assert not _bench_threads()
+
+
+def test_the_methods_box_offers_a_pair_only_what_it_can_run(tmp_path):
+    from specdemo.models.loading import EMBEDDED, EMBEDDED_LM, Preset
+
+    value, note = benchtab.method_choices(Preset(EMBEDDED, EMBEDDED, EMBEDDED))  # the default pair: a feature head
+    assert "hf-assisted" not in value and value == [m for m in bench.DEFAULT_BENCH_METHODS if m != "hf-assisted"]
+    assert 'input[name="hf-assisted"]' in note and "drafts with a feature head" in note
+    value, note = benchtab.method_choices(Preset(EMBEDDED_LM, EMBEDDED, EMBEDDED_LM))
+    assert value == list(bench.DEFAULT_BENCH_METHODS) and note == ""
+    value, note = benchtab.method_choices(Preset("alone", "some/target", None), ["ar", "sd", "nasd", "hf-assisted"])
+    assert value == ["ar", "nasd"] and "needs a draft" in note
+
+
+def test_the_server_refuses_assisted_generation_on_a_feature_head_pair_clearly(tiny_pair):
+    head_pair = type("HeadPair", (), {"draft": object(), "draft_kind": "feature-head"})()
+    with pytest.raises(ValueError, match="need a draft language model, and this pair drafts with a feature head"):
+        bench.parse_bench_methods(["ar", "hf-assisted"], head_pair)

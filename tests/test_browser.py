@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from contextlib import contextmanager
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.uiserver import counting_target_forwards, serve, watching_decodes
+from tests.uiserver import TINY, TINY_HEAD, counting_target_forwards, serve, tiny_head_presets, watching_decodes
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -73,6 +74,10 @@ def test_run_renders_panels_charts_and_table(page_url, tmp_path):
         assert "line-through" in struck
         title = page.locator(".sd-text .sd-tok.sd-accepted").first.get_attribute("title")
         assert title and "round" in title and "γ=" in title
+        # A refused draft says what decided it: its q and p, and what the target chose instead.
+        refused = page.locator(".sd-text .sd-tok.sd-rejected").first.get_attribute("title")
+        assert re.search(r"\nq [^,]+, p [\d.e-]+ → .*the target chose '.+' \(p [\d.e-]+\)", refused), refused
+        assert page.locator("#sd-tokens-csv").is_enabled()
 
         assert page.locator(".js-plotly-plot").count() >= 4
         # Gradio's table is virtualised, so count rows by its ARIA metadata (header + 4).
@@ -170,3 +175,46 @@ def test_sweep_tab_runs_a_small_sweep_and_draws_its_chart(page_url):
         for label in ("SD γ=1", "SD γ=2", "EGAG γmax/EMA 3/0.9"):
             assert label in table_text, label
         assert page.locator("#sweep-rows-csv").is_enabled() and page.locator("#sweep-report").is_enabled()
+
+
+@pytest.fixture(scope="module")
+def head_page_url(tmp_path_factory):
+    """A page whose default pair drafts with a feature head, as the embedded default does."""
+    root = tmp_path_factory.mktemp("browser-head")
+    with serve(root, presets=tiny_head_presets(root)) as (url, _):
+        yield url
+
+
+def test_empty_tabs_show_placeholders_not_blank_frames(head_page_url):
+    with opened_page(head_page_url) as page:
+        for tab, name, what in (("Benchmark", "bench", "benchmark"), ("Sweep", "sweep", "sweep")):
+            page.get_by_role("tab", name=tab).click(timeout=30_000)
+            placeholder = page.locator(f"#{name}-placeholder")
+            placeholder.wait_for(timeout=30_000)
+            assert f"Run the {what} to fill these charts" in placeholder.inner_text()
+            assert not page.locator(f"#{name}-results").is_visible()
+            assert not page.locator(f"#{name}-table").is_visible()
+
+
+def test_benchmark_defaults_run_on_a_feature_head_pair(head_page_url):
+    """Nothing changed: the default methods leave out what the pair cannot run, and the run completes."""
+    with opened_page(head_page_url) as page:
+        page.get_by_role("tab", name="Benchmark").click(timeout=30_000)
+        assisted = page.locator('#bench-methods label:has(input[name="hf-assisted"])')
+        assisted.wait_for(timeout=30_000)
+        assert not assisted.locator("input").is_checked()
+        assert assisted.evaluate("e => getComputedStyle(e).pointerEvents") == "none"
+        assert "drafts with a feature head" in page.locator("#bench-methods-note").inner_text()
+        page.locator("#bench-run").click()
+        page.locator("#bench-status").get_by_text("Done:", exact=False).wait_for(timeout=300_000)
+        assert page.get_by_text("Error", exact=True).count() == 0
+        assert page.locator("#bench-results").is_visible() and not page.locator("#bench-placeholder").is_visible()
+        table_text = page.locator("#bench-table").inner_text()
+        assert "SD" in table_text and "HF assisted" not in table_text
+        # Another pair, with a draft LM, can run assisted generation: offered again.
+        page.locator("#bench-preset input").click()
+        page.get_by_role("option", name=TINY, exact=True).click()
+        page.wait_for_function(
+            """() => getComputedStyle(document.querySelector('#bench-methods label:has(input[name="hf-assisted"])'))
+                     .pointerEvents !== 'none'""", timeout=30_000)
+        assert "feature head" not in page.locator("#bench-methods-note").inner_text()

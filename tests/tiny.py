@@ -61,3 +61,19 @@ def build_tiny_pair(root: Path, dtype: str = "float64", draft_seed: int = 1, dra
         write_model(draft_dir, seed=draft_seed, hidden=hidden, layers=layers, like=target_dir, noise=draft_noise)
         write_tokenizer(draft_dir, vocab)
     return specdemo.load_pair(str(target_dir), str(draft_dir), device="cpu", dtype=dtype)
+
+
+def write_tiny_head(folder: Path, target_dir: Path, subset: list[int] | None = None, seed: int = 0) -> None:
+    """A feature-level draft head for the tiny target, saved as a folder `load_pair` reads as a draft."""
+    from transformers import LlamaForCausalLM
+
+    from specdemo.engine.feature_head import FeatureHead, HeadConfig
+
+    target = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float64)
+    subset = sorted(subset if subset is not None else list(range(0, VOCAB, 2)) + [3, 5, 7, 9])
+    torch.manual_seed(seed)
+    head = FeatureHead(HeadConfig.for_target(target.config, len(subset))).to(torch.float64)
+    head.subset.copy_(torch.tensor(subset))
+    head.init_from_target(target)
+    head.bind(target).eval()
+    head.save(folder, dtype=torch.float64)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 from specdemo.models.loading import Preset, load_pair
-from tests.tiny import build_tiny_pair
+from tests.tiny import build_tiny_pair, write_tiny_head
 
 TINY = "tiny"
 
@@ -24,6 +24,18 @@ def free_port() -> int:
 def tiny_presets(root: Path) -> dict[str, Preset]:
     build_tiny_pair(root, draft_noise=0.3)
     return {TINY: Preset(TINY, str(root / "target"), str(root / "draft"), "tiny random Llama pair for tests")}
+
+
+TINY_HEAD = "tiny-head"
+
+
+def tiny_head_presets(root: Path) -> dict[str, Preset]:
+    """The tiny target drafted by a feature-level head first (like the embedded default pair), then the tiny pair."""
+    presets = tiny_presets(root)
+    head = root / "head"
+    if not head.exists():
+        write_tiny_head(head, root / "target")
+    return {TINY_HEAD: Preset(TINY_HEAD, str(root / "target"), str(head), "tiny target + a feature head"), **presets}
 
 
 def tiny_loader(target, draft=None, device=None, dtype=None):
