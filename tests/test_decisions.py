@@ -105,3 +105,16 @@ def test_ar_rounds_decide_nothing_but_keep_their_tokens_p(tiny_pair):
     result = specdemo.generate(tiny_pair, PROMPT, method="ar", max_new_tokens=5)
     assert all(r.decisions == [] for r in result.rounds)
     assert all(0.0 < r.next_p <= 1.0 and not math.isnan(r.next_p) for r in result.rounds)
+
+
+def test_a_feature_heads_q_is_its_subset_distribution(tiny_pair):
+    """The head's q is zero outside its vocabulary subset; a draft is always inside it, with q > 0."""
+    from tests.test_feature_drafter import with_head
+
+    subset = list(range(0, 64, 2)) + [3, 5, 7, 9]
+    head_pair = with_head(tiny_pair, subset)
+    result = specdemo.generate(head_pair, PROMPT, method="sd", max_new_tokens=24, gamma=3, seed=5, temperature=0.8,
+                               copy_n=0)
+    decisions = [d for r in result.rounds for d in r.decisions]
+    assert decisions and all(d.token in subset and 0.0 < d.q <= 1.0 for d in decisions)
+    assert all(d.accept_prob == pytest.approx(min(1.0, d.p / d.q), abs=1e-6) for d in decisions)

@@ -164,16 +164,19 @@ def decision_values(
     """
     k = drafts.shape[0]
     positions = torch.arange(k, device=drafts.device)
+    # The next token's score by index_select and gather: indices that stay tensors, never read back.
+    row = verdict[:1]
+    next_score = target_scores.index_select(0, row).gather(1, verdict[1:].view(1, 1)).view(1).float()
     if config.greedy:
         log_normaliser = torch.logsumexp(target_scores.float(), dim=-1)  # softmax only where it is read
         p_of_drafts = torch.exp(target_scores[positions, drafts].float() - log_normaliser[:k])
         accept = (target_scores[:k].argmax(-1) == drafts).float()
-        next_p = torch.exp(target_scores[verdict[0], verdict[1]].float() - log_normaliser[verdict[0]])
+        next_p = torch.exp(next_score - log_normaliser.index_select(0, row))
     else:
         p_of_drafts = target_scores[positions, drafts].float()
-        next_p = target_scores[verdict[0], verdict[1]].float()
+        next_p = next_score
     q = torch.ones_like(p_of_drafts) if q_of_drafts is None else q_of_drafts.float()
     if not config.greedy:
         # A draft was picked from q, so q(x) > 0; the clamp only guards rounding.
         accept = torch.clamp(p_of_drafts / q.clamp_min(1e-30), max=1.0)
-    return torch.stack([p_of_drafts, q, accept], dim=-1), next_p.view(1)
+    return torch.stack([p_of_drafts, q, accept], dim=-1), next_p
