@@ -158,3 +158,24 @@ def test_a_sweep_keeps_each_drafted_token_and_names_the_auc_beside_egag(tiny_pai
     page = (tmp_path / "r.html").read_text()
     assert all(f'id="fig-{name}"' in page for name in ("entropy_acceptance", "position_acceptance", "break_even"))
     assert set(result.why_figures()) == {"entropy_acceptance", "position_acceptance", "break_even"}
+
+
+def test_the_command_line_writes_the_per_token_csvs(tiny_pair, tmp_path, capsys):
+    from specdemo import cli
+
+    models = ["--target", tiny_pair.target_ref, "--draft", tiny_pair.draft_ref, "--device", "cpu", "--dtype", "float64"]
+    tokens_csv, trace_csv = tmp_path / "tokens.csv", tmp_path / "trace.csv"
+    assert cli.main(["compare", "--prompt", "w5 w6 w7 w8", *models, "--methods", "ar,sd", "--max-new-tokens", "12",
+                     "--copy-n", "0", "--tokens-csv", str(tokens_csv), "--trace-csv", str(trace_csv)]) == 0
+    out = capsys.readouterr().out
+    assert "SD: entropy ranks acceptances with AUC" in out or "SD: entropy cannot rank" in out
+    assert "to match AR; it got" in out
+    tokens, trace = pd.read_csv(tokens_csv), pd.read_csv(trace_csv)
+    assert list(tokens.columns) == TOKEN_COLUMNS and len(tokens) == trace.n_drafted.sum()
+
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text('{"prompt": "w5 w6 w7 w8", "category": "chat"}\n')
+    bench_tokens = tmp_path / "bench-tokens.csv"
+    assert cli.main(["bench", *models, "--suite", str(suite), "--methods", "ar,sd", "--repeats", "1", "--no-warmup",
+                     "--max-new-tokens", "8", "--tokens-csv", str(bench_tokens), "--quiet"]) == 0
+    assert set(pd.read_csv(bench_tokens).method) == {"sd"}
