@@ -91,7 +91,7 @@ def answer_batch(model, prefixes: list[list[int]], *, max_new_tokens: int, stops
     # row has stopped is read back only every few steps: on a GPU a read-back per step would keep
     # the host from queueing the next step while the device works.
     step_features = [hidden.float()]
-    cache = out.past_key_values
+    cache = out.cache
     stop_tensor = torch.tensor(sorted(stops), device=device)
     done = torch.zeros(rows, dtype=torch.bool, device=device)
     tokens, top_i, top_v = [], [], []
@@ -116,8 +116,8 @@ def answer_batch(model, prefixes: list[list[int]], *, max_new_tokens: int, stops
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         positions = positions[:, -1:] + 1
         out = body(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions,
-                   past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+                   cache=cache, use_cache=True)
+        cache = out.cache
         last = out.last_hidden_state[:, -1]
         step_features.append(out.last_hidden_state.float())
     generated = torch.stack(tokens, 1).cpu()

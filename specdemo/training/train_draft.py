@@ -171,7 +171,7 @@ def generate_with_topk(model, tokenizer, prefixes: list[list[int]], *, max_new_t
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             pos = pos[:, -1:] + 1
             out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
-                        past_key_values=out.past_key_values, use_cache=True)
+                        cache=out.cache, use_cache=True)
         toks_t, top_i_t, top_v_t = torch.stack(toks, 1), torch.stack(top_i, 1), torch.stack(top_v, 1)
         stop_set = set(stops.tolist())
         for row, i in enumerate(idx):
@@ -547,11 +547,11 @@ def draft_rounds(draft, prompt: list[int], response: list[int], gamma: int, devi
     while pos < len(response):
         k = min(gamma, len(response) - pos)
         confirmed = len(prompt) + pos
-        out = draft(input_ids=seq[:, cached:confirmed], past_key_values=cache, use_cache=True)
-        cache, cached = out.past_key_values, confirmed
+        out = draft(input_ids=seq[:, cached:confirmed], cache=cache, use_cache=True)
+        cache, cached = out.cache, confirmed
         proposal = [int(out.logits[0, -1].argmax())]
         for _ in range(k - 1):
-            out = draft(input_ids=torch.tensor([[proposal[-1]]], device=device), past_key_values=cache, use_cache=True)
+            out = draft(input_ids=torch.tensor([[proposal[-1]]], device=device), cache=cache, use_cache=True)
             proposal.append(int(out.logits[0, -1].argmax()))
         # Forget the speculative tokens; the next round re-feeds what was kept. A negative
         # argument (tokens to drop) means the same in old and new transformers.
@@ -592,18 +592,18 @@ def forward_cost(draft, target, calls: int, device, context: int = 64) -> dict:
     """
     def stepper(model):
         ids = torch.randint(100, 1000, (1, context), device=device)
-        state = {"cache": model(input_ids=ids, use_cache=True).past_key_values}
+        state = {"cache": model(input_ids=ids, use_cache=True).cache}
         token = torch.tensor([[42]], device=device)
 
         def step() -> float:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t = time.perf_counter()
-            out = model(input_ids=token, past_key_values=state["cache"], use_cache=True)
+            out = model(input_ids=token, cache=state["cache"], use_cache=True)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t
-            state["cache"] = out.past_key_values
+            state["cache"] = out.cache
             return dt
         return step
 
