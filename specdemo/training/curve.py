@@ -226,14 +226,14 @@ def main(argv=None) -> int:
                                "sources": json.loads(sources.read_text()) if sources.is_file() else {}}
     (args.out / "curve.json").write_text(json.dumps(summary, indent=1))
     if args.install and head is not None:
-        from .card import write_card
+        from .card import install_card
 
         if HEAD_DIR.exists():
             shutil.rmtree(HEAD_DIR)
         head.save(HEAD_DIR, extra={"training": rows[-1]})  # the largest slice: the head trained last
         shutil.copy(args.out / "curve.html", HEAD_DIR / "curve.html")
         shutil.copy(args.out / "curve.csv", HEAD_DIR / "curve.csv")
-        write_card(HEAD_DIR / "README.md", summary)
+        install_card(HEAD_DIR, summary)  # the card and card.json, the summary it is regenerated from
         print(f"installed the head in {HEAD_DIR}")
     return 0
 
