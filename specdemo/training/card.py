@@ -275,7 +275,7 @@ def _limitations(summary: dict) -> str:
 - It drafts only the {head['subset_size']:,} most frequent answer tokens; any other token is
   always the target's.
 - The training requests are English and follow templates close to the held-out prompts. Text far
-  from them (other languages, long documents) is drafted less well.
+  from them (other languages, long documents) has not been measured.
 - Costs and predicted speedups were measured on a 2-core x86-64 CPU. On a GPU, where a 135 M target
   is bound by kernel launches, the balance differs.
 """
