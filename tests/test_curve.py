@@ -161,3 +161,17 @@ def test_the_shipped_card_is_generated_from_the_summary_beside_it():
 
     summary = json.loads((HEAD_DIR / "card.json").read_text(encoding="utf-8"))
     assert (HEAD_DIR / "README.md").read_text(encoding="utf-8") == render_card(summary)
+
+
+def test_installing_a_head_writes_card_and_summary_and_heads_the_changelog_with_the_head_it_replaced(tmp_path):
+    import json
+
+    from specdemo.training.card import install_card, render_card
+
+    old = minimal_summary(installed={**card_row(800_000, 0.254), "description": "the curve's 800 k point"},
+                          changelog=["0.101: the first head."])
+    install_card(tmp_path, minimal_summary(curve=[card_row(1_600_000, 0.29)]), replaces=old)
+    saved = json.loads((tmp_path / "card.json").read_text(encoding="utf-8"))
+    assert saved["changelog"] == ["0.254 acceptance, 2.02 tokens per round: the curve's 800 k point.",
+                                  "0.101: the first head."]
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == render_card(saved)

@@ -4,9 +4,10 @@
 
 `write_card(path, summary)` renders a Hugging Face model card (YAML front matter, then what it is,
 intended use, training data, training procedure, evaluation, limitations, how to reproduce and a
-short changelog) from the summary that `curve.py` writes as `curve.json`. Every figure in the card
+short changelog of earlier heads) from the summary that `curve.py` writes as `curve.json`. Every figure in the card
 comes from that summary, so the card is regenerated, never edited: the shipped head keeps its
-summary beside the card as `card.json`, and `install_card` writes both.
+summary beside the card as `card.json`, and `install_card` writes both, carrying the changelog
+of the head it replaces forward.
 
 The summary's required keys are the ones `curve.py` writes (curve, previous_draft_lm, corpus,
 held_out_prompts, gamma, max_new_tokens, verify_cost, extrapolation, machine, command). Optional:
@@ -312,9 +313,20 @@ def write_card(path: Path, summary: dict) -> None:
     Path(path).write_text(render_card(summary), encoding="utf-8")
 
 
-def install_card(folder: Path, summary: dict) -> None:
-    """The card and the summary it came from, so that the card can be regenerated as it is."""
+def earlier_heads(previous: dict) -> list[str]:
+    """The changelog of a card whose head replaces `previous`'s: that head first, then its changelog."""
+    head = _installed(previous)
+    what = head.get("description") or f"trained on {head['train_answer_tokens']:,} answer tokens"
+    return [f"{head['acceptance']:.3f} acceptance, {head['tokens_per_round']:.2f} tokens per round: {what}.",
+            *previous.get("changelog", [])]
+
+
+def install_card(folder: Path, summary: dict, replaces: dict | None = None) -> None:
+    """The card and the summary it came from, so that the card can be regenerated as it is.
+    replaces: the summary of the head this one replaces, which heads the new card's changelog."""
     folder = Path(folder)
+    if replaces is not None and not summary.get("changelog"):
+        summary = {**summary, "changelog": earlier_heads(replaces)}
     (folder / "card.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     write_card(folder / "README.md", summary)
 
