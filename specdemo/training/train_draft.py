@@ -4,9 +4,10 @@ The default pair's draft is now the feature head (`eagle.py`, on the corpus of `
 this trainer is kept to reproduce the draft LM shipped in specdemo/models/assets/smollm2-draft
 (on one GPU; `--max-minutes` cuts the step count to the machine's speed):
 
-    python -m specdemo.training.train_draft --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
-        --tokenizer smollm2-tokenizer --output specdemo/models/assets/smollm2-draft --max-shard-size 10MB \
-        --max-minutes 5.4 --samples 2 --max-new-tokens 192 --gen-batch 576 --steps 3000 --lr 3e-3 --skip-eval
+    python -m specdemo.training.train_draft --gguf SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --tokenizer smollm2-tokenizer --output specdemo/models/assets/smollm2-draft --max-shard-size 10MB \\
+        --max-minutes 5.4 --samples 2 --self-instruct 0 --max-new-tokens 192 --gen-batch 576 --steps 3000 \\
+        --lr 3e-3 --skip-eval
     python -m specdemo.training.train_draft --eval-only --threads 1     # acceptance and cost, model card
     python -m specdemo.training.train_draft --tiny --target DIR --output OUT   # smoke test
 
@@ -578,6 +579,9 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=None, help="longest target answer generated for training (default: 160 GPU, 96 CPU)")
     p.add_argument("--num-prompts", type=int, default=None, help="use only the first N training prompts (default: all)")
     p.add_argument("--samples", type=int, default=None, help="sampled answers per written prompt on top of the greedy one (default: 4 GPU, 0 CPU)")
+    # The shipped draft's recipe names this flag; the requests the target writes itself now go
+    # into the feature head's corpus (corpus.py), not into this trainer's data.
+    p.add_argument("--self-instruct", type=int, choices=[0], default=0, help="requests the target writes itself: none")
     p.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled answers (the shipped draft's)")
     p.add_argument("--gen-batch", type=int, default=None, help="batch size for the target's generation (default: 256 GPU, 128 CPU)")
     p.add_argument("--gen-dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="dtype of the target while it writes the training data (auto: bfloat16 on GPU and on CPUs with AMX)")
