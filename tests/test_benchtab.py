@@ -36,7 +36,7 @@ def file_of(download) -> str:
 
 def test_the_tab_runs_the_suite_and_offers_the_cli_files(client):
     # The API returns the components' values, not the layout's: the placeholder, then no column.
-    status, table, *charts, runs_csv, summary_csv, report, placeholder = benchmark(client)
+    status, table, *charts, runs_csv, summary_csv, report, tokens_csv, placeholder = benchmark(client)
     assert placeholder["visible"] is False  # it gives way to the results once a run has finished
     runs_csv, summary_csv, report = map(file_of, (runs_csv, summary_csv, report))
     assert status.startswith("Done: 5 runs on 1 prompts")
@@ -52,6 +52,8 @@ def test_the_tab_runs_the_suite_and_offers_the_cli_files(client):
                                    for c in benchtab.TABLE_COLUMNS]
     assert set(shown.category) == {"math", "all"}
     assert len(charts) == len(benchtab.CHARTS) and all(charts)
+    tokens = pd.read_csv(file_of(tokens_csv))
+    assert set(tokens.method) <= {"sd", "nasd"} and len(tokens) == rows[rows.method.isin(["sd", "nasd"])].drafted.sum()
     with open(report, encoding="utf-8") as page:
         assert "Speculative decoding benchmark" in page.read()
 

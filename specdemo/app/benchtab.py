@@ -198,7 +198,7 @@ def _offer_methods(ctx: TabContext):
 
 
 def _outputs() -> list[Any]:
-    """status, the summary table, the charts (`CHARTS` order), the three downloads, then the
+    """status, the summary table, the charts (`CHARTS` order), the four downloads, then the
     placeholder and the results column it stands in for until a run finishes."""
     status = gr.Markdown("", elem_id="bench-status")
     placeholder = gr.Markdown(PLACEHOLDER, elem_id="bench-placeholder")
@@ -211,7 +211,8 @@ def _outputs() -> list[Any]:
     with gr.Row():
         files = [gr.DownloadButton("Runs (CSV)", interactive=False, elem_id="bench-rows-csv"),
                  gr.DownloadButton("Summary (CSV)", interactive=False, elem_id="bench-summary-csv"),
-                 gr.DownloadButton("Report (HTML)", interactive=False, elem_id="bench-report")]
+                 gr.DownloadButton("Report (HTML)", interactive=False, elem_id="bench-report"),
+                 gr.DownloadButton("Drafted tokens (CSV)", interactive=False, elem_id="bench-tokens-csv")]
     return [status, summary_table, *plots, *files, placeholder, results]
 
 
@@ -261,7 +262,8 @@ def benchmark(ctx: TabContext, form: BenchForm, progress: Callable, n_outputs: i
 
 def finished(result: bench.BenchResult, folder: Path) -> tuple:
     """The tab's outputs for a finished run, its files written to folder."""
-    paths = folder / "bench-runs.csv", folder / "bench-summary.csv", folder / "bench-report.html"
+    paths = (folder / "bench-runs.csv", folder / "bench-summary.csv", folder / "bench-report.html",
+             folder / "bench-runs.tokens.csv")  # the last written beside the runs
     figures = bench.make_figures(result)
     bench.write_outputs(result, csv=paths[0], summary_csv=paths[1], report=paths[2], figures=figures)
     runs = int(result.rows.shape[0])
