@@ -58,7 +58,8 @@ def entropy_acceptance_figure(bins: pd.DataFrame, aucs: Mapping[str, tuple[float
             name += f" (AUC {auc:.2f}, n = {n:,})" if auc == auc else f" (n = {n:,})"
         x = part.entropy_mid.tolist()
         traces.append(dict(type="scatter", x=x + x[::-1], y=part.rate_high.tolist() + part.rate_low.tolist()[::-1],
-                           fill="toself", fillcolor=_fade(c, 0.15), line=dict(width=0), hoverinfo="skip",
+                           mode="lines", fill="toself", fillcolor=_fade(c, 0.15), line=dict(width=0),
+                           hoverinfo="skip",
                            showlegend=False, legendgroup=method, name=f"{name} 95 % band"))
         traces.append(dict(
             type="scatter", x=x, y=part.rate.tolist(), name=name, legendgroup=method, mode="lines+markers",
