@@ -225,8 +225,8 @@ def _cut_at_eos(drafted: list[int], accepted: int, next_token: int, eos_ids) -> 
 
 def draft_decisions(drafts: list[int], accepted: int, next_token: int | None, values: list[list[float]],
                     next_p: float, point_mass: bool) -> list[DraftDecision]:
-    """One `DraftDecision` per kept draft (after the EOS cut) from `decision_values`' rows; the
-    first rejected draft carries the target's replacement for it."""
+    """One `DraftDecision` per draft left after the EOS cut, from `decision_values`' rows; the
+    first refused draft carries the target's replacement for it."""
     decisions = []
     for i, token in enumerate(drafts):
         p, q, accept_prob = values[i]

@@ -87,7 +87,7 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
         tokens.append(token)
         dists.append(probs)
         entropies.append(entropy)
-        chosen_q.append(probs[token])
+        chosen_q.append(probs.gather(-1, token.view(1)))  # q(x) stays on the device
         if i + 1 < budget:
             probs = advance(token)
             fed += 1
@@ -95,7 +95,7 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
         return Proposal.empty(gamma, probs.device, round_entropy), 0
     draft_probs = None if sampling.greedy else torch.stack(dists)
     proposal = Proposal(gamma, torch.stack(tokens), draft_probs, torch.stack(entropies), round_entropy,
-                        q_of_drafts=torch.stack(chosen_q))
+                        q_of_drafts=torch.cat(chosen_q))
     return proposal, fed
 
 
