@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 import pandas as pd
 import torch
 
+from ..engine.methods import is_lossless
 from ..engine.params import DecodeParams, EngineOptions
 from .runners import HF_METHODS, HFRunner, Run, bench_methods, parse_bench_methods, result_for_perplexity, run_ours
 from .statistics import summarize
@@ -168,7 +169,8 @@ def _fill_row(row: dict, run: Run, pair, decode: DecodeParams, prompt_ids, refer
     row["rejected_rounds"] = rejected
     trials = row["accepted"] + rejected
     row["alpha"] = row["accepted"] / trials if trials else math.nan
-    row["matches_ar"] = (run.token_ids == reference.token_ids) if greedy and reference is not None else None
+    compared = greedy and reference is not None and is_lossless(row["method"])
+    row["matches_ar"] = (run.token_ids == reference.token_ids) if compared else None
     if greedy:
         row["perplexity"] = math.nan
     else:
