@@ -81,3 +81,11 @@ def test_only_lossless_methods_are_compared_with_ar(tiny_pair):
     assert table.loc["sd", "matches_ar"] is True and table.loc["ar-nocache", "matches_ar"] is True
     assert table.loc["beam", "matches_ar"] is None and table.loc["draft", "matches_ar"] is None
     assert not METHODS["beam"].lossless and not METHODS["draft"].lossless and METHODS["ar-nocache"].lossless
+
+
+def test_capped_ar_without_a_cache_matches_ars_first_tokens(tiny_pair):
+    longer = NOCACHE_MAX_NEW_TOKENS + 20
+    ar = specdemo.generate(tiny_pair, [1, 40, 41], "ar", max_new_tokens=longer)
+    capped = specdemo.generate(tiny_pair, [1, 40, 41], "ar-nocache", max_new_tokens=longer)
+    assert len(ar.tokens) > len(capped.tokens) == NOCACHE_MAX_NEW_TOKENS
+    assert summary_frame([ar, capped]).set_index("method").loc["ar-nocache", "matches_ar"]

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 import pandas as pd
 import torch
 
-from ..engine.methods import is_lossless
+from ..engine.methods import is_lossless, matches_reference
 from ..engine.params import DecodeParams, EngineOptions
 from .runners import HF_METHODS, HFRunner, Run, bench_methods, parse_bench_methods, result_for_perplexity, run_ours
 from .quality import QUALITY_COLUMNS, reference_scores
@@ -192,7 +192,8 @@ def _fill_row(row: dict, run: Run, pair, decode: DecodeParams, prompt_ids, refer
     trials = row["accepted"] + rejected
     row["alpha"] = row["accepted"] / trials if trials else math.nan
     compared = greedy and reference is not None and is_lossless(row["method"])
-    row["matches_ar"] = (run.token_ids == reference.token_ids) if compared else None
+    ran_with = run.result.params if run.result is not None else {}
+    row["matches_ar"] = matches_reference(run.token_ids, ran_with, reference.token_ids) if compared else None
     if greedy:
         row["perplexity"] = math.nan
     else:

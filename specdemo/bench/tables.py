@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 import torch
 
-from ..engine.methods import METHODS, is_lossless
+from ..engine.methods import METHODS, is_lossless, matches_reference
 from ..engine.sampling import probabilities
 from ..engine.trace import GenerationResult
 
@@ -47,7 +47,7 @@ def summary_frame(
         )
         # Only a lossless method owes AR its tokens; beam search and the draft alone are left blank.
         row["matches_ar"] = (
-            result.token_ids == reference.token_ids
+            matches_reference(result.token_ids, result.params, reference.token_ids)
             if reference is not None and greedy and is_lossless(result.method) else None
         )
         row["perplexity"] = (perplexities or {}).get(result.method, math.nan)

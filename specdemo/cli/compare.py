@@ -40,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
                  "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma", "matches_ar", "perplexity", "cache",
                  "compile_seconds"]
         print(summary[shown].to_string(index=False))
+    for result in comparison.results:
+        if result.note:
+            print(f"note: {result.note}")
     if args.show_text:
         for result in comparison.results:
             print(f"\n--- {result.method} ---\n{result.text}")

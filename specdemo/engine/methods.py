@@ -117,6 +117,13 @@ def is_lossless(name: str) -> bool:
     return METHODS[name].lossless if name in METHODS else True
 
 
+def matches_reference(tokens: list[int], params: dict, reference: list[int]) -> bool:
+    """Whether a greedy output is AR's: the whole of it, or its first max_new_tokens when the
+    method ran fewer tokens than AR (a capped `ar-nocache`)."""
+    limit = params.get("max_new_tokens")
+    return tokens == (reference[:limit] if isinstance(limit, int) else reference)
+
+
 def available_methods(pair) -> list[str]:
     """The registry's methods this pair can run, in order."""
     return [name for name, method in METHODS.items() if method.unavailable(pair) is None]
