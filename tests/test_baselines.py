@@ -89,3 +89,25 @@ def test_capped_ar_without_a_cache_matches_ars_first_tokens(tiny_pair):
     capped = specdemo.generate(tiny_pair, [1, 40, 41], "ar-nocache", max_new_tokens=longer)
     assert len(ar.tokens) > len(capped.tokens) == NOCACHE_MAX_NEW_TOKENS
     assert summary_frame([ar, capped]).set_index("method").loc["ar-nocache", "matches_ar"]
+
+
+def test_the_page_reads_each_baseline_in_one_line_and_shows_the_cap(tiny_pair):
+    from specdemo.app import viz
+
+    results = [specdemo.generate(tiny_pair, PROMPT, m, max_new_tokens=NOCACHE_MAX_NEW_TOKENS + 5)
+               for m in ("ar", "sd", *BASELINES)]
+    summary = summary_frame(results)
+    reading = viz.explain(summary).splitlines()
+    assert len(reading) == 5
+    by_label = {line.split("**")[1]: line for line in reading}
+    assert "beam search's most likely sequence" in by_label["Beam search"]
+    assert "the draft model writing by itself" in by_label["Draft alone"]
+    assert "what the KV cache buys (AR (no cache) stops at 128 new tokens" in by_label["AR (no cache)"]
+    table = viz.display_table(summary).set_index("method")
+    assert table.loc["Beam search", "quality"] == "its own text (not meant to match AR)"
+    assert table.loc["AR (no cache)", "quality"] == "identical to AR"
+    panel = viz.render_panel("ar-nocache", results[-1], tiny_pair.tokenizer)
+    assert f"capped at {NOCACHE_MAX_NEW_TOKENS} tokens" in panel and "at most 128 new tokens" in panel
+    # Plain text: the baselines' tokens are all the target's own colour, no draft colours.
+    beam_panel = viz.render_panel("beam", results[2], tiny_pair.tokenizer)
+    assert "sd-target" in beam_panel and "sd-accepted" not in beam_panel and "sd-rejected" not in beam_panel
