@@ -142,7 +142,7 @@ def rejected_texts(result: GenerationResult, r: Round, output_before: Sequence[i
         return []
     if tokenizer is None:
         return [f"#{t}" for t in rejected]
-    from ..engine.decoding import token_text
+    from ..engine.tokens import token_text
 
     kept = r.drafted[: r.accepted]
     sequence = list(result.prompt_ids) + list(output_before) + kept + rejected

@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 
 from .params import DecodeParams
-from .tokens import cut_at_eos
+from .tokens import cut_at_eos, token_text
 from .trace import TARGET, GenerationResult, Round, TokenRecord
 
 
@@ -60,8 +60,6 @@ def generation_config(pair, params: DecodeParams):
 def run_beam(pair, params: DecodeParams, seed: int, result: GenerationResult) -> Iterator[GenerationResult]:
     """Decode result.prompt_ids with beam search and yield the finished trace once."""
     from transformers import StoppingCriteriaList
-
-    from .decoding import token_text  # the loop's module imports the registry, which imports this one
 
     device = pair.device
     clock = _StepClock(device)

@@ -20,15 +20,12 @@ from .methods import Method, get_method
 from .nocache import RecomputingLM
 from .params import DecodeParams, EngineOptions
 from .sampling import probabilities, verify_on_device
-from .tokens import cut_at_eos
+from .tokens import cut_at_eos, token_text
 from .trace import GenerationResult, Round, TokenRecord
 
 if TYPE_CHECKING:  # the engine never imports the model layer at run time
     from ..models.loading import ModelPair
 
-# Tokens of context used to decode one token's text, so multi-byte characters split
-# over several tokens come out whole on the last of them.
-_TEXT_WINDOW = 6
 
 
 def iter_generate(
@@ -254,13 +251,3 @@ def _record(result: GenerationResult, round_: Round, pair: ModelPair, sequence: 
         result.tokens.append(TokenRecord(token, text, origin, round_.index))
     result.rounds.append(round_)
     result.text = "".join(t.text for t in result.tokens)
-
-
-def token_text(tokenizer, sequence: list[int], position: int, floor: int = 0) -> str:
-    """The text that sequence[position] adds after what comes before it."""
-    start = max(floor, position - _TEXT_WINDOW)
-    before = tokenizer.decode(sequence[start:position]) if position > start else ""
-    upto = tokenizer.decode(sequence[start : position + 1])
-    if upto.startswith(before):
-        return upto[len(before) :]
-    return tokenizer.decode([sequence[position]])

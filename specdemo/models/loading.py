@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from ..engine.feature_head import FeatureHead, is_feature_head
 from ..engine.few_rows import use_few_row_products
-from .embedded import EMBEDDED_HEAD, EMBEDDED_LM, load_embedded_draft, load_embedded_target
+from .embedded import DEFAULT_DRAFT, EMBEDDED_HEAD, EMBEDDED_LM, load_embedded_draft, load_embedded_target
 from .errors import ModelLoadError
 from .tokens import check_token_ids, collect_eos_ids, default_device, encode_chat, resolve_dtype
 
@@ -177,6 +177,16 @@ def load_pair(
                 use_few_row_products(model)
     return ModelPair(target_model, tokenizer, draft_model, name=name, target_ref=target, draft_ref=draft,
                      vocab_size=vocab_size)
+
+
+def draft_kind_of(draft: str | None) -> str | None:
+    """What a draft reference will load as, without loading it: "feature-head", "model" or None
+    (as `ModelPair.draft_kind` says of a loaded pair)."""
+    if not draft:
+        return None
+    if draft in (EMBEDDED, EMBEDDED_HEAD, EMBEDDED_LM):
+        return "feature-head" if (DEFAULT_DRAFT if draft == EMBEDDED else draft) == EMBEDDED_HEAD else "model"
+    return "feature-head" if is_feature_head(draft) else "model"
 
 
 def load_feature_head(folder: str, target_model, device, dtype) -> FeatureHead:
