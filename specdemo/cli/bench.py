@@ -146,9 +146,24 @@ def _print_summary(result: BenchResult) -> None:
     if warm:
         print("compiled in the warm-up (not counted in tokens/s): "
               + ", ".join(f"{m} {s:.1f} s" for m, s in warm.items()))
+    if "turn" in result.rows and result.rows.turn.max() > 1:
+        _print_turns(result.rows)
     notes = result.rows[result.rows.note.fillna("") != ""] if "note" in result.rows else result.rows.iloc[:0]
     for _, row in notes.drop_duplicates("method").iterrows():
         print(f"note: {row.note}")
     errors = result.rows[result.rows.error.fillna("") != ""]
     for _, row in errors.drop_duplicates("method").iterrows():
         print(f"warning: {row.method} failed on {len(errors[errors.method == row.method])} run(s): {row.error}")
+
+
+def _print_turns(rows: pd.DataFrame) -> None:
+    """Questions of several turns: each turn's throughput and exact match to AR, every method."""
+    ok = rows[rows.error.fillna("") == ""]
+    by_turn = ok.groupby(["turn", "method"], sort=False).agg(
+        runs=("seconds", "size"), new_tokens=("new_tokens", "sum"), seconds=("seconds", "sum"),
+        prompt_tokens_mean=("prompt_tokens", "mean"),
+        exact_match_pct=("matches_ar", lambda m: 100.0 * m.dropna().astype(bool).mean() if m.notna().any() else None))
+    by_turn.insert(3, "tokens_per_s", by_turn.new_tokens / by_turn.seconds)
+    with pd.option_context("display.max_columns", None, "display.width", 200, "display.float_format", "{:.3f}".format):
+        print("per turn (questions of several turns answer turn 2 after their own turn-1 answer):")
+        print(by_turn.drop(columns="seconds").reset_index().to_string(index=False))
