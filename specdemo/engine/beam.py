@@ -75,7 +75,10 @@ def run_beam(pair, params: DecodeParams, seed: int, result: GenerationResult) ->
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         end = time.perf_counter()
-    new_ids = cut_at_eos(output[0, len(result.prompt_ids):].tolist(), pair.eos_ids)
+    # A decoder-only model returns the prompt and then the new tokens; an encoder-decoder model
+    # returns the decoder's sequence, which starts with its decoder-start token.
+    skip = 1 if getattr(pair.target.config, "is_encoder_decoder", False) else len(result.prompt_ids)
+    new_ids = cut_at_eos(output[0, skip:].tolist(), pair.eos_ids)
     steps = [t - start for t in clock.times] or [end - start]
     sequence = list(result.prompt_ids)
     previous = 0.0
