@@ -111,3 +111,22 @@ def test_the_page_reads_each_baseline_in_one_line_and_shows_the_cap(tiny_pair):
     # Plain text: the baselines' tokens are all the target's own colour, no draft colours.
     beam_panel = viz.render_panel("beam", results[2], tiny_pair.tokenizer)
     assert "sd-target" in beam_panel and "sd-accepted" not in beam_panel and "sd-rejected" not in beam_panel
+
+
+def test_engine_options_leave_the_baselines_tokens_alone(tiny_pair):
+    for method in BASELINES:
+        dynamic = specdemo.generate(tiny_pair, PROMPT, method, max_new_tokens=20, cache="dynamic")
+        static = specdemo.generate(tiny_pair, PROMPT, method, max_new_tokens=20, cache="static")
+        assert static.token_ids == dynamic.token_ids, method
+    assert specdemo.generate(tiny_pair, PROMPT, "draft", max_new_tokens=4, cache="static").cache == "static"
+    assert specdemo.generate(tiny_pair, PROMPT, "ar-nocache", max_new_tokens=4, cache="static").cache == "none"
+
+
+def test_the_baselines_stop_at_eos(tiny_pair):
+    for method in BASELINES:
+        free = specdemo.generate(tiny_pair, PROMPT, method, max_new_tokens=30).token_ids
+        eos = free[5]
+        pair = dataclasses.replace(tiny_pair, eos_ids=frozenset({eos}))
+        stopped = specdemo.generate(pair, PROMPT, method, max_new_tokens=30)
+        assert stopped.stop_reason == "eos" and stopped.token_ids[-1] == eos, method
+        assert eos not in stopped.token_ids[:-1]
