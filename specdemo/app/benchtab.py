@@ -144,8 +144,9 @@ def _inputs(ctx: TabContext) -> list[Any]:
     with gr.Row():
         preset = gr.Dropdown(label="Model pair", value=ctx.default_preset, interactive=True,
                              choices=list(ctx.presets), elem_id="bench-preset")
+        # Custom values: an uploaded suite brings its own categories.
         category = gr.Dropdown(label="Category", value=bench.ALL, choices=[bench.ALL, *bench.SUITE_CATEGORIES],
-                               elem_id="bench-category")
+                               elem_id="bench-category", allow_custom_value=True)
         prompts = gr.Number(value=1, precision=0, label="Prompts per category")
         repeats = gr.Number(value=1, precision=0, label="Repeats")
         max_new_tokens = gr.Number(value=min(64, ctx.limits.max_new_tokens), precision=0, label="Max new tokens")
@@ -165,7 +166,6 @@ def _inputs(ctx: TabContext) -> list[Any]:
                              file_types=[".jsonl", ".json", ".txt"], type="filepath", elem_id="bench-suite")
         group_mt_bench = gr.Checkbox(False, label="Group MT-bench's eight categories as multi_turn (Spec-Bench)",
                                      elem_id="bench-mt-bench")
-    category.allow_custom_value = True  # an uploaded suite brings its own categories
     return [preset, category, prompts, repeats, max_new_tokens, methods, temperature, gamma, ngram_n, seed,
             suite_file, group_mt_bench]
 
