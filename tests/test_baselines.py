@@ -130,3 +130,19 @@ def test_the_baselines_stop_at_eos(tiny_pair):
         stopped = specdemo.generate(pair, PROMPT, method, max_new_tokens=30)
         assert stopped.stop_reason == "eos" and stopped.token_ids[-1] == eos, method
         assert eos not in stopped.token_ids[:-1]
+
+
+def test_a_sweep_runs_the_baselines_once_each_beside_ar(tiny_pair):
+    from specdemo.bench.sweep import expand_grid, run_sweep
+
+    settings = expand_grid(gamma="2,3", methods="sd,beam,draft,ar-nocache")
+    assert [s.key for s in settings] == ["ar", "sd:gamma=2", "sd:gamma=3", "beam", "draft", "ar-nocache"]
+    result = run_sweep(tiny_pair, ["w5 w6 w7 w8", "w9 w10"], settings, repeats=1, warmup=False,
+                       max_new_tokens=12)
+    rows = result.rows
+    assert set(rows.method) == {"ar", "sd", "beam", "draft", "ar-nocache"}
+    assert rows[rows.method.isin(["sd", "ar-nocache"])].matches_ar.astype(bool).all()
+    assert rows[rows.method.isin(["beam", "draft"])].matches_ar.isna().all()
+    assert rows[rows.method != "ar"].speedup_vs_ar.notna().all()
+    with pytest.raises(ValueError, match="baselines beam, draft, ar-nocache"):
+        expand_grid(gamma="2", methods="sd,medusa")

@@ -9,6 +9,7 @@ import pandas as pd
 import torch
 
 from ..bench.suite import select_prompts
+from ..engine.methods import BASELINES
 from ..bench.sweep import (
     DEFAULT_EMAS, DEFAULT_GAMMA_MAXES, DEFAULT_GAMMAS, SWEEP_METHODS, SweepResult, expand_grid, run_sweep,
     write_outputs,
@@ -32,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid = parser.add_argument_group("grid (comma-separated values; AR always runs)")
     grid.add_argument("--methods", default=None,
                       help=f"which of {', '.join(SWEEP_METHODS)} to sweep (default: each whose grid is given; "
-                           "nasd only with --ngram-n)")
+                           f"nasd only with --ngram-n), plus any of the baselines {', '.join(BASELINES)}, each run "
+                           "once per prompt as a reference beside AR")
     grid.add_argument("--gamma", default=_csv(DEFAULT_GAMMAS), help=f"SD: draft lengths γ (default: {_csv(DEFAULT_GAMMAS)})")
     grid.add_argument("--gamma-max", dest="gamma_max", default=_csv(DEFAULT_GAMMA_MAXES),
                       help=f"EGAG: largest γ (default: {_csv(DEFAULT_GAMMA_MAXES)})")
