@@ -146,3 +146,10 @@ def test_a_sweep_runs_the_baselines_once_each_beside_ar(tiny_pair):
     assert rows[rows.method != "ar"].speedup_vs_ar.notna().all()
     with pytest.raises(ValueError, match="baselines beam, draft, ar-nocache"):
         expand_grid(gamma="2", methods="sd,medusa")
+
+
+def test_sampled_beam_search_follows_the_runs_seed(tiny_pair):
+    runs = [specdemo.generate(tiny_pair, PROMPT, "beam", max_new_tokens=20, temperature=1.0, seed=s).token_ids
+            for s in (1, 1, 2, 3)]
+    assert runs[0] == runs[1]
+    assert len({tuple(r) for r in runs}) > 1
