@@ -27,7 +27,6 @@ if TYPE_CHECKING:  # the engine never imports the model layer at run time
     from ..models.loading import ModelPair
 
 
-
 def iter_generate(
     pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None,
     decode: DecodeParams | None = None, *, cache: str | None = None, compile: bool = False, **params
