@@ -123,3 +123,31 @@ def test_the_server_refuses_assisted_generation_on_a_feature_head_pair_clearly(t
     head_pair = type("HeadPair", (), {"draft": object(), "draft_kind": "feature-head"})()
     with pytest.raises(ValueError, match="need a draft language model, and this pair drafts with a feature head"):
         bench.parse_bench_methods(["ar", "hf-assisted"], head_pair)
+
+
+def test_an_uploaded_question_file_runs_turn_by_turn_with_its_references(client, tmp_path):
+    import json
+
+    from gradio_client import handle_file
+
+    questions = [{"question_id": 7, "category": "writing", "turns": ["w5 w6", "w7 w8"]},
+                 {"question_id": 8, "category": "translation", "turns": ["w9 w10"], "reference": "w29 w29 w43"}]
+    path = tmp_path / "question.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in questions), encoding="utf-8")
+    status, table, *charts, runs_csv, summary_csv, report = benchmark(
+        client, category_name="all", chosen=["ar", "sd", "beam"], suite_file=handle_file(str(path)),
+        group_mt_bench=True)
+    rows = pd.read_csv(file_of(runs_csv))
+    assert set(rows.category) == {"multi_turn", "translation"}
+    assert sorted(rows[rows.prompt_id == 7].turn.unique()) == [1, 2]
+    assert rows[rows.method == "sd"].matches_ar.all() and rows[rows.method == "beam"].matches_ar.isna().all()
+    shown = pd.DataFrame(table["data"], columns=table["headers"])
+    assert {"bleu", "chrf", "rougeL"} <= set(shown.columns)
+    with pytest.raises(AppError, match="the uploaded suite has no category 'math'"):
+        benchmark(client, suite_file=handle_file(str(path)))
+
+
+def test_grouping_mt_bench_needs_an_uploaded_suite():
+    form = benchtab.BenchForm("tiny", "all", 1, 1, 8, ["ar"], 0.0, 3, 3, 0, None, True)
+    with pytest.raises(ValueError, match="needs an uploaded question.jsonl"):
+        benchtab.read_suite(form)

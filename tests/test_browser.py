@@ -157,6 +157,24 @@ def test_benchmark_tab_runs_a_category_and_shows_its_results(page_url):
         assert page.locator("#bench-summary-csv").is_enabled()
 
 
+def test_benchmark_tab_runs_an_uploaded_question_file(page_url, tmp_path):
+    import json
+
+    questions = [{"question_id": 1, "category": "writing", "turns": ["w5 w6", "w7 w8"]},
+                 {"question_id": 2, "category": "translation", "turns": ["w9 w10"], "reference": "w29 w29 w43"}]
+    suite = tmp_path / "question.jsonl"
+    suite.write_text("".join(json.dumps(q) + "\n" for q in questions), encoding="utf-8")
+    with opened_page(page_url) as page:
+        page.get_by_role("tab", name="Benchmark").click(timeout=30_000)
+        page.locator("#bench-suite input[type=file]").set_input_files(str(suite))
+        page.locator("#bench-mt-bench input").check()
+        page.locator("#bench-run").click()
+        page.get_by_text("Done:", exact=False).wait_for(timeout=180_000)
+        table_text = page.locator("#bench-table").inner_text()
+        for label in ("multi_turn", "translation", "all", "bleu", "chrf", "rougeL"):
+            assert label in table_text, label
+
+
 @pytest.mark.slow
 def test_sweep_tab_runs_a_small_sweep_and_draws_its_chart(page_url):
     with opened_page(page_url) as page:

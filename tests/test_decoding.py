@@ -203,7 +203,7 @@ def test_closing_the_stream_stops_decoding_and_frees_the_caches(tiny_pair, metho
 @pytest.mark.parametrize(
     "params, field",
     [
-        ({"method": "beam"}, "method"),
+        ({"method": "medusa"}, "method"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"gamma": 0}, "gamma"),
         ({"gamma_min": 0}, "gamma_min"),

@@ -149,3 +149,27 @@ def test_engine_options_travel_from_the_form_to_the_loop(tiny_pair):
     assert set(pd.read_csv(updates[-1].files[0]).cache) == {"static"}
     with pytest.raises(ValueError, match="compile"):
         request(["ar"], cache="dynamic", compile=True)
+
+
+def test_the_page_offers_the_draft_alone_only_where_the_draft_is_a_model(tmp_path):
+    from specdemo.app.handlers import offered_methods
+
+    assert "draft" not in offered_methods("embedded") and "draft" not in offered_methods("embedded-head")
+    assert "draft" in offered_methods("embedded-lm") and "draft" in offered_methods("some/hub-model")
+    assert {"beam", "ar-nocache", "sd"} <= set(offered_methods("embedded"))
+    without = offered_methods(None)
+    assert "draft" not in without and "sd" not in without and {"ar", "nasd", "beam", "ar-nocache"} <= set(without)
+
+
+def test_choosing_a_feature_head_pair_drops_the_draft_alone_from_the_methods_box():
+    from types import SimpleNamespace
+
+    from specdemo.app import playgroundtab
+    from specdemo.models.loading import PRESETS
+
+    ctx = SimpleNamespace(presets=PRESETS)
+    update = playgroundtab._offer_methods(ctx, "embedded-head", ["ar", "draft", "beam"])
+    assert update["value"] == ["ar", "beam"]
+    assert "draft" not in [name for _, name in update["choices"]]
+    update = playgroundtab._offer_methods(ctx, "embedded-lm", ["ar", "draft"])
+    assert update["value"] == ["ar", "draft"] and ("Draft alone", "draft") in update["choices"]

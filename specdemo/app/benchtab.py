@@ -42,8 +42,13 @@ class Stopped(Exception):
     """Raised inside a benchmark run whose page request was stopped or closed."""
 
 
+# Shown when the suite has references (BLEU and chrF from sacrebleu, ROUGE-L from rouge-score).
+REFERENCE_COLUMNS = ["bleu", "chrf", "rougeL"]
+
+
 def table(summary: pd.DataFrame) -> pd.DataFrame:
-    shown = summary[[c for c in TABLE_COLUMNS if c in summary.columns]].copy()
+    columns = TABLE_COLUMNS + [c for c in REFERENCE_COLUMNS if c in summary.columns and summary[c].notna().any()]
+    shown = summary[[c for c in columns if c in summary.columns]].copy()
     numeric = shown.select_dtypes("number").columns
     shown[numeric] = shown[numeric].round(3)
     return shown.rename(columns={"label": "method"})
@@ -128,9 +133,10 @@ def build_tab(ctx: TabContext) -> None:
 
     # The parameter names are the /benchmark endpoint's, as gradio_client shows them.
     def run(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
-            ngram_n_, seed_, request: gr.Request, progress=gr.Progress()):
+            ngram_n_, seed_, suite_file=None, group_mt_bench=False, request: gr.Request = None,
+            progress=gr.Progress()):
         form = BenchForm(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen or [],
-                         temperature_, gamma_, ngram_n_, seed_)
+                         temperature_, gamma_, ngram_n_, seed_, suite_file or None, bool(group_mt_bench))
         yield from ctx.follow(request, benchmark(ctx, form, progress, len(outputs)))
 
     event = run_btn.click(run, inputs=inputs, outputs=outputs, api_name="benchmark", concurrency_id=ctx.queue_id)
@@ -142,8 +148,9 @@ def _inputs(ctx: TabContext) -> list[Any]:
     with gr.Row():
         preset = gr.Dropdown(label="Model pair", value=ctx.default_preset, interactive=True,
                              choices=list(ctx.presets), elem_id="bench-preset")
+        # Custom values: an uploaded suite brings its own categories.
         category = gr.Dropdown(label="Category", value=bench.ALL, choices=[bench.ALL, *bench.SUITE_CATEGORIES],
-                               elem_id="bench-category")
+                               elem_id="bench-category", allow_custom_value=True)
         prompts = gr.Number(value=1, precision=0, label="Prompts per category")
         repeats = gr.Number(value=1, precision=0, label="Repeats")
         max_new_tokens = gr.Number(value=min(64, ctx.limits.max_new_tokens), precision=0, label="Max new tokens")
@@ -161,7 +168,14 @@ def _inputs(ctx: TabContext) -> list[Any]:
                               label="γ (SD, NASD, HF assisted, prompt lookup)")
         ngram_n = param_control(PARAMS["ngram_n"], PARAMS["ngram_n"].default, label="n (NASD, prompt lookup)")
         seed = param_control(PARAMS["seed"], 0, label="Seed")
-    return [preset, category, prompts, repeats, max_new_tokens, methods, temperature, gamma, ngram_n, seed]
+    with gr.Row():
+        suite_file = gr.File(label="Your suite (optional): JSONL, one {\"prompt\", \"category\"} a line (optional "
+                                   "\"reference\"), or a Spec-Bench / MT-bench question.jsonl",
+                             file_types=[".jsonl", ".json", ".txt"], type="filepath", elem_id="bench-suite")
+        group_mt_bench = gr.Checkbox(False, label="Group MT-bench's eight categories as multi_turn (Spec-Bench)",
+                                     elem_id="bench-mt-bench")
+    return [preset, category, prompts, repeats, max_new_tokens, methods, temperature, gamma, ngram_n, seed,
+            suite_file, group_mt_bench]
 
 
 def method_choices(preset: Preset, checked: list[str] | None = None) -> tuple[list[str], str]:
@@ -229,6 +243,8 @@ class BenchForm:
     gamma: int
     ngram_n: int
     seed: int
+    suite: str | None = None  # an uploaded suite file; None: the built-in suite
+    group_mt_bench: bool = False  # MT-bench's categories read as one multi_turn category
 
 
 def benchmark(ctx: TabContext, form: BenchForm, progress: Callable, n_outputs: int) -> Iterator[tuple]:
@@ -239,12 +255,13 @@ def benchmark(ctx: TabContext, form: BenchForm, progress: Callable, n_outputs: i
         size, times, new_tokens = check_size(ctx.limits, form.prompts_per_category, form.repeats,
                                              form.max_new_tokens)
         names = bench.parse_bench_methods(form.methods)
+        suite = read_suite(form)
         chosen = ctx.presets[form.preset]
         yield ("Loading the model pair …", *unchanged)
         pair = ctx.load(chosen.target, chosen.draft)
         result = None
         for item in ctx.gpu(measure)(
-            pair, methods=bench.parse_bench_methods(names, pair), repeats=times, limit=size,
+            pair, suite=suite, methods=bench.parse_bench_methods(names, pair), repeats=times, limit=size,
             categories=None if form.category == bench.ALL else form.category, max_new_tokens=new_tokens,
             temperature=form.temperature, gamma=form.gamma, ngram_n=form.ngram_n, seed=form.seed,
             chat=bool(getattr(pair.tokenizer, "chat_template", None)),
@@ -258,6 +275,21 @@ def benchmark(ctx: TabContext, form: BenchForm, progress: Callable, n_outputs: i
     except ValueError as error:
         raise gr.Error(str(error), print_exception=False) from None
     yield finished(result, ctx.export())
+
+
+def read_suite(form: BenchForm) -> list[bench.SuitePrompt] | None:
+    """The uploaded suite, its categories grouped if asked (None: the built-in suite); the
+    category asked for must be one of the suite's."""
+    if form.suite is None:
+        if form.group_mt_bench:
+            raise ValueError("grouping MT-bench's categories needs an uploaded question.jsonl")
+        return None
+    suite = bench.load_suite(form.suite, category_map=bench.MT_BENCH if form.group_mt_bench else None)
+    present = list(dict.fromkeys(p.category for p in suite))
+    if form.category != bench.ALL and form.category not in present:
+        raise ValueError(f"the uploaded suite has no category {form.category!r}; it has {', '.join(present)} "
+                         f"(or choose {bench.ALL})")
+    return suite
 
 
 def finished(result: bench.BenchResult, folder: Path) -> tuple:

@@ -21,6 +21,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Generator, Iterator, Mapping
 
 import pandas as pd
@@ -30,10 +31,10 @@ from . import viz
 from ..bench.compare import run_comparison, tabulate
 from ..bench.tables import summary_frame
 from ..engine.decoding import generate, iter_generate
-from ..engine.methods import parse_methods
+from ..engine.methods import METHODS, parse_methods
 from ..engine.params import ENGINE_SCHEMA, PARAMS, DecodeParams, EngineOptions
 from ..engine.trace import GenerationResult
-from ..models.loading import ModelPair, Preset, load_pair
+from ..models.loading import ModelPair, Preset, draft_kind_of, load_pair
 from .limits import Limits
 
 log = logging.getLogger(__name__)
@@ -179,6 +180,15 @@ def resolve_models(preset: str | None, target: str | None, draft: str | None,
     return chosen.target, chosen.draft
 
 
+def offered_methods(draft: str | None) -> list[str]:
+    """The methods the page offers for a pair with this draft reference, decided without loading
+    it: those the pair could run (the draft alone is hidden for a feature head, which cannot
+    write by itself)."""
+    kind = draft_kind_of(draft)
+    stand_in = SimpleNamespace(draft=object() if kind else None, draft_kind=kind)
+    return [name for name, method in METHODS.items() if method.unavailable(stand_in) is None]
+
+
 def make_request(prompt, preset, target, draft, values: Mapping[str, Any], presets: Mapping[str, Preset],
                  limits: Limits | None = None, methods: Any = None) -> Request:
     """Validate everything that can be checked before loading a model; ValueError otherwise.
@@ -295,6 +305,9 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
     files = write_csvs(comparison.summary, comparison.rounds, comparison.tokens)
     elapsed = time.perf_counter() - started
     done = f"Done in {elapsed:.1f} s{request.note}. Hover a token for its round; download the numbers below."
+    notes = [r.note for r in results if r.note]  # e.g. AR without a cache stopped early
+    if notes:
+        done += " ℹ️ " + "; ".join(notes) + "."
     if errors:
         done += " ⚠️ " + "; ".join(errors)
     yield RunUpdate(status=done, figures=viz.all_figures(results), table=viz.display_table(comparison.summary),

@@ -128,8 +128,9 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> Inputs:
             preset = gr.Dropdown(label="Model pair (target + draft)", value=ctx.default_preset, interactive=True,
                                  choices=[(preset_label(p), name) for name, p in ctx.presets.items()])
             methods = gr.CheckboxGroup(label="Methods", value=initial["methods"],
-                                       choices=[(m.label, name) for name, m in METHODS.items()],
-                                       info="run one after another on the same prompt; AR is the baseline")
+                                       choices=method_choices(ctx.presets[ctx.default_preset].draft),
+                                       info="run one after another on the same prompt; AR is the baseline; "
+                                            "beam search, the draft alone and AR without a cache are baselines")
             controls = forms.param_controls(forms.MAIN_PARAMS, initial,
                                             maxima={"max_new_tokens": ctx.limits.max_new_tokens})
             with gr.Row():
@@ -146,7 +147,23 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> Inputs:
         controls.update(forms.param_controls(forms.ADVANCED_PARAMS, initial, row_width=forms.ROW_WIDTH))
         with gr.Row():
             engine = engine_controls()
+    preset.change(lambda name, chosen: _offer_methods(ctx, name, chosen), inputs=[preset, methods],
+                  outputs=[methods], api_visibility="private", queue=False)
     return Inputs(prompt, preset, methods, controls, target, draft, engine, run_btn, stop_btn)
+
+
+def method_choices(draft: str | None) -> list[tuple[str, str]]:
+    """The Methods box's (label, name) choices for a pair with this draft."""
+    return [(METHODS[name].label, name) for name in handlers.offered_methods(draft)]
+
+
+def _offer_methods(ctx: TabContext, preset_name: str, chosen: list[str] | None):
+    """A new pair: offer the methods it can run, and keep the chosen ones among them."""
+    preset = ctx.presets.get(preset_name)
+    if preset is None:
+        return gr.skip()
+    offered = handlers.offered_methods(preset.draft)
+    return gr.update(choices=method_choices(preset.draft), value=[m for m in chosen or [] if m in offered])
 
 
 def _outputs(initial: Mapping[str, Any]) -> Outputs:

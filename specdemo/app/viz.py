@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from ..bench import acceptance, acceptance_charts
 from ..bench.tables import summary_frame, tokens_frame
-from ..engine.methods import METHODS
+from ..engine.methods import METHODS, is_lossless
 from ..engine.trace import (ACCEPTED, BONUS, COPIED, CORRECTED, REJECTED, TARGET, DraftDecision, GenerationResult,
                             Round)
 
@@ -173,7 +173,7 @@ def rejected_texts(result: GenerationResult, r: Round, output_before: Sequence[i
         return []
     if tokenizer is None:
         return [f"#{t}" for t in rejected]
-    from ..engine.decoding import token_text
+    from ..engine.tokens import token_text
 
     kept = r.drafted[: r.accepted]
     sequence = list(result.prompt_ids) + list(output_before) + kept + rejected
@@ -236,6 +236,8 @@ def _panel_meta(result: GenerationResult) -> str:
         bits.append(f"{stats['tokens_per_s']:.1f} tok/s")
     if stats["drafted"]:
         bits.append(f"α {stats['acceptance_rate']:.0%}")
+    if result.note:  # the method ran fewer tokens than asked (no cache); the title says why
+        bits.append(f"capped at {result.params['max_new_tokens']} tokens")
     return " · ".join(bits)
 
 
@@ -266,7 +268,8 @@ def render_panel(
         f'<div class="sd-panel" data-method="{html.escape(method)}" style="--sd-method:{color}">'
         f'<div class="sd-panel-head"><span class="sd-panel-name">{html.escape(method_label(method))}</span>'
         f'<span class="sd-panel-desc">{html.escape(description)}</span>'
-        f'<span class="sd-panel-meta">{meta}</span>'
+        f'<span class="sd-panel-meta" title="{html.escape(result.note if result is not None else "", quote=True)}">'
+        f'{meta}</span>'
         f'<span class="sd-panel-state {state}">{state}</span></div>'
         f'<div class="sd-text">{body}</div></div>'
     )
@@ -452,6 +455,8 @@ def _quality(row: pd.Series) -> str:
     ppl = row.get("perplexity")
     if ppl is not None and not _isnan(ppl):
         return f"target perplexity {ppl:.2f}"
+    if not is_lossless(row["method"]):
+        return "its own text (not meant to match AR)"
     return "–"
 
 
@@ -494,6 +499,9 @@ def explain(summary: pd.DataFrame) -> str:
             lines.append(f"- **{label}**: one target forward per token — the baseline "
                          f"({_num(row['tokens_per_s'], '.1f')} tok/s).")
             continue
+        if row["method"] in _BASELINE_READINGS:
+            lines.append(f"- **{label}**: {_BASELINE_READINGS[row['method']](row)}")
+            continue
         speed = row["speedup_vs_ar"]
         verdict = (
             "" if _isnan(speed) else
@@ -520,6 +528,29 @@ def explain(summary: pd.DataFrame) -> str:
             reason += f". {even[0].sentence()[0].upper()}{even[0].sentence()[1:]}"
         lines.append(f"- **{label}**: {verdict}{reason}.")
     return "\n".join(lines)
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _times_ar(row: pd.Series) -> str:
+    speed = row["speedup_vs_ar"]
+    return "" if _isnan(speed) else f"{speed:.2f}× AR, "
+
+
+# One line each for the baselines: what they are for, with their numbers.
+_BASELINE_READINGS = {
+    "beam": lambda row: (
+        f"{_times_ar(row)}{_num(row['tokens_per_s'], '.1f')} tok/s — every step is one target forward over all "
+        "the beams at once, and the text is beam search's most likely sequence, not greedy decoding's."),
+    "draft": lambda row: (
+        f"{_times_ar(row)}{_num(row['tokens_per_s'], '.1f')} tok/s — the draft model writing by itself: the speed "
+        "speculation starts from and the text it would give without the target checking it."),
+    "ar-nocache": lambda row: (
+        f"{_times_ar(row)}{_num(row['tokens_per_s'], '.1f')} tok/s — AR recomputing the whole prefix for every "
+        "token: what the KV cache buys" + (f" ({row['note'].split(':')[0]})." if _text(row.get("note")) else ".")),
+}
 
 
 def records(frame: pd.DataFrame) -> pd.DataFrame:

@@ -13,11 +13,14 @@ from .benchmark import ROUND_COLUMNS, ROW_COLUMNS, BenchResult, Progress, run_be
 from .report import load_result, make_figures, report_html, write_outputs
 from .runners import DEFAULT_BENCH_METHODS, HF_METHODS, bench_methods, parse_bench_methods, unavailable_bench_methods
 from .statistics import SUMMARY_COLUMNS, leviathan_speedup, summarize
-from .suite import ALL, DEFAULT_SUITE, SUITE_CATEGORIES, SuiteError, SuitePrompt, encode_prompt, load_suite, select_prompts
+from .hub_data import load_hf_suite
+from .quality import QUALITY_COLUMNS, reference_scores
+from .suite import (ALL, DEFAULT_SUITE, MT_BENCH, SUITE_CATEGORIES, SuiteError, SuitePrompt, encode_prompt, load_suite,
+                    select_prompts)
 
 __all__ = [
-    "ALL", "DEFAULT_BENCH_METHODS", "DEFAULT_SUITE", "HF_METHODS", "ROUND_COLUMNS", "ROW_COLUMNS", "SUITE_CATEGORIES",
+    "ALL", "DEFAULT_BENCH_METHODS", "DEFAULT_SUITE", "HF_METHODS", "MT_BENCH", "QUALITY_COLUMNS", "ROUND_COLUMNS", "ROW_COLUMNS", "SUITE_CATEGORIES",
     "SUMMARY_COLUMNS", "BenchResult", "Progress", "SuiteError", "SuitePrompt", "bench_methods", "encode_prompt",
-    "leviathan_speedup", "load_result", "load_suite", "make_figures", "parse_bench_methods", "unavailable_bench_methods", "report_html",
-    "run_benchmark", "select_prompts", "summarize", "write_outputs",
+    "leviathan_speedup", "load_result", "load_suite", "make_figures", "parse_bench_methods", "unavailable_bench_methods",
+    "report_html", "load_hf_suite", "reference_scores", "run_benchmark", "select_prompts", "summarize", "write_outputs",
 ]

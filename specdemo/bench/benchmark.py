@@ -16,20 +16,22 @@ from typing import Any, Callable, Iterable, Sequence
 import pandas as pd
 import torch
 
+from ..engine.methods import is_lossless, matches_reference
 from ..engine.params import DecodeParams, EngineOptions
 from .runners import HF_METHODS, HFRunner, Run, bench_methods, parse_bench_methods, result_for_perplexity, run_ours
+from .quality import QUALITY_COLUMNS, reference_scores
 from .statistics import summarize
-from .suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, select_prompts
+from .suite import DEFAULT_SUITE, SuitePrompt, conversation, encode_prompt, load_suite, select_prompts
 from . import tables
 from .tables import target_perplexity
 
 ROW_COLUMNS = [
-    "repeat", "prompt_index", "prompt_id", "category", "method", "label", "drafter", "order", "seed", "prompt_tokens",
+    "repeat", "prompt_index", "prompt_id", "turn", "category", "method", "label", "drafter", "order", "seed", "prompt_tokens",
     "new_tokens", "seconds", "tokens_per_s", "engine_seconds", "ttft_s", "prefill_s", "rounds", "copied_rounds", "drafted",
     "accepted", "rejected_rounds", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards",
     "draft_forwards", "target_forwards_per_token", "mean_gamma", "mean_drafted", "mean_entropy",
-    "draft_seconds", "verify_seconds", "matches_ar", "perplexity", "stop_reason", "cache", "compile_seconds",
-    "error", "output_ids", "text",
+    "draft_seconds", "verify_seconds", "matches_ar", "perplexity", *QUALITY_COLUMNS, "stop_reason", "cache", "compile_seconds",
+    "error", "note", "output_ids", "text",
 ]
 ROUND_COLUMNS = ["category", "method", "drafted", "accepted", "count"]
 # One row per drafted token of our methods' runs (transformers' peers do not say what decided theirs).
@@ -83,7 +85,7 @@ def run_benchmark(
     encoded = []
     for index, item in enumerate(prompts):
         try:
-            ids = encode_prompt(pair, item, decode.chat)
+            ids = encode_prompt(pair, conversation(item, 1, []), decode.chat)
             pair.check_fits(ids, decode.max_new_tokens)
         except ValueError as error:
             raise ValueError(f"prompt {item.id!r} ({item.category}): {error}") from None
@@ -99,7 +101,7 @@ def run_benchmark(
         values = our_params if max_new_tokens is None else {**our_params, "max_new_tokens": max_new_tokens}
         return run_ours(pair, method, ids, values, seed, **engine.as_kwargs())
 
-    total = len(prompts) * len(names) * repeats + (len(names) if warmup else 0)
+    total = sum(p.turn_count for p in prompts) * len(names) * repeats + (len(names) if warmup else 0)
     done = 0
     warmup_compile: dict[str, float] = {}
     if warmup:
@@ -115,38 +117,47 @@ def run_benchmark(
     round_counts: dict[tuple[str, str, int, int], int] = {}
     token_frames: list[pd.DataFrame] = []
     for repeat in range(repeats):
-        for index, (item, ids) in enumerate(zip(prompts, encoded)):
+        for index, (item, first_ids) in enumerate(zip(prompts, encoded)):
             shift = (repeat + index) % len(names)
             order = names[shift:] + names[:shift]
             seed = base_seed + 1000 * repeat + index
-            group: dict[str, tuple[dict, Run | None]] = {}
-            for position, method in enumerate(order):
-                row = {"repeat": repeat, "prompt_index": index, "prompt_id": item.id, "category": item.category,
-                       "method": method, "label": bench_methods()[method], "order": position, "seed": seed,
-                       "prompt_tokens": len(ids), "error": ""}
-                try:
-                    result = run(method, ids, seed)
-                except Exception as error:  # one broken baseline must not sink a long run
-                    row["error"] = f"{type(error).__name__}: {error}"
-                    result = None
-                group[method] = (row, result)
-                done += 1
-                if progress:
-                    progress(done, total, f"{item.id} {method} (repeat {repeat + 1}/{repeats})")
-            reference = group.get("ar", (None, None))[1]
-            for method in names:
-                row, result = group[method]
-                if result is not None:
-                    _fill_row(row, result, pair, decode, ids, reference, greedy)
-                    for drafted, accepted in result.rounds:
-                        key = (item.category, method, drafted, accepted)
-                        round_counts[key] = round_counts.get(key, 0) + 1
-                    if result.result is not None and result.result.rounds:
-                        decided = tables.tokens_frame([result.result])
-                        if not decided.empty:
-                            token_frames.append(decided.assign(repeat=repeat, prompt_index=index,
-                                                               category=item.category)[TOKEN_COLUMNS])
-                rows.append(row)
+            # A question of several turns: each method answers turn 1, then turn 2 after its own answer.
+            answers: dict[str, list[str]] = {method: [] for method in names}
+            for turn in range(1, item.turn_count + 1):
+                group: dict[str, tuple[dict, Run | None, list[int]]] = {}
+                for position, method in enumerate(order):
+                    row = {"repeat": repeat, "prompt_index": index, "prompt_id": item.id, "turn": turn,
+                           "category": item.category, "method": method, "label": bench_methods()[method],
+                           "order": position, "seed": seed, "error": ""}
+                    ids: list[int] = []
+                    try:
+                        ids = first_ids if turn == 1 else _turn_ids(pair, item, turn, answers[method], decode)
+                        row["prompt_tokens"] = len(ids)
+                        result = run(method, ids, seed)
+                        answers[method].append(_text(pair, result))
+                    except Exception as error:  # one broken baseline must not sink a long run
+                        row["error"] = f"{type(error).__name__}: {error}"
+                        result = None
+                    group[method] = (row, result, ids)
+                    done += 1
+                    if progress:
+                        turns = f", turn {turn}/{item.turn_count}" if item.turn_count > 1 else ""
+                        progress(done, total, f"{item.id} {method} (repeat {repeat + 1}/{repeats}{turns})")
+                reference = group.get("ar", (None, None, None))[1]
+                for method in names:
+                    row, result, ids = group[method]
+                    if result is not None:
+                        _fill_row(row, result, pair, decode, ids, reference, greedy)
+                        row.update(reference_scores(row["text"], item.references_for(turn)))
+                        for drafted, accepted in result.rounds:
+                            key = (item.category, method, drafted, accepted)
+                            round_counts[key] = round_counts.get(key, 0) + 1
+                        if result.result is not None and result.result.rounds:
+                            decided = tables.tokens_frame([result.result])
+                            if not decided.empty:
+                                token_frames.append(decided.assign(repeat=repeat, prompt_index=index,
+                                                                   category=item.category)[TOKEN_COLUMNS])
+                    rows.append(row)
 
     frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
     rounds = pd.DataFrame([(*k, v) for k, v in round_counts.items()], columns=ROUND_COLUMNS)
@@ -154,6 +165,18 @@ def run_benchmark(
     meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, warmup_compile_seconds=warmup_compile)
     tokens = pd.concat(token_frames, ignore_index=True) if token_frames else pd.DataFrame(columns=TOKEN_COLUMNS)
     return BenchResult(frame, summarize(frame, decode.gamma, tokens), rounds, meta, tokens)
+
+
+def _text(pair, run: Run) -> str:
+    return run.result.text if run.result is not None else pair.tokenizer.decode(run.token_ids, skip_special_tokens=True)
+
+
+def _turn_ids(pair, item: SuitePrompt, turn: int, answers: list[str], decode: DecodeParams) -> list[int]:
+    if len(answers) < turn - 1:
+        raise ValueError(f"turn {turn - 1} failed, so turn {turn} has no conversation to continue")
+    ids = encode_prompt(pair, conversation(item, turn, answers), decode.chat)
+    pair.check_fits(ids, decode.max_new_tokens)
+    return ids
 
 
 def _fill_row(row: dict, run: Run, pair, decode: DecodeParams, prompt_ids, reference: Run | None, greedy: bool):
@@ -168,15 +191,16 @@ def _fill_row(row: dict, run: Run, pair, decode: DecodeParams, prompt_ids, refer
     row["rejected_rounds"] = rejected
     trials = row["accepted"] + rejected
     row["alpha"] = row["accepted"] / trials if trials else math.nan
-    row["matches_ar"] = (run.token_ids == reference.token_ids) if greedy and reference is not None else None
+    compared = greedy and reference is not None and is_lossless(row["method"])
+    ran_with = run.result.params if run.result is not None else {}
+    row["matches_ar"] = matches_reference(run.token_ids, ran_with, reference.token_ids) if compared else None
     if greedy:
         row["perplexity"] = math.nan
     else:
         result = run.result or result_for_perplexity(row["method"], decode, prompt_ids, run.token_ids)
         row["perplexity"] = target_perplexity(pair, result)
     row["output_ids"] = " ".join(map(str, run.token_ids))
-    row["text"] = run.result.text if run.result is not None else pair.tokenizer.decode(
-        run.token_ids, skip_special_tokens=True)
+    row["text"] = _text(pair, run)
 
 
 def _meta(pair, decode: DecodeParams, names, prompts, repeats, warmup) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import pandas as pd
 
 from . import acceptance_charts, statistics
 from .benchmark import ROUND_COLUMNS, TOKEN_COLUMNS, BenchResult
+from .quality import QUALITY_COLUMNS
 from .roofline import ROOFLINE_COLUMNS
 from .runners import bench_methods
 from .statistics import summarize
@@ -140,6 +141,7 @@ def report_html(result: BenchResult, path: str | Path | None = None, plotlyjs: s
              "predicted_speedup_v", "cache", "compile_seconds", "errors"]
     if summary.speedup_vs_hf_static.notna().any():
         shown.insert(shown.index("speedup_vs_hf") + 1, "speedup_vs_hf_static")
+    shown += [c for c in QUALITY_COLUMNS if c in summary and summary[c].notna().any()]
     shown += [c for c in ROOFLINE_COLUMNS if c in summary]
     table = summary[shown].to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="–", border=0,
                                    classes="summary")

@@ -68,6 +68,11 @@ def parse_bench_methods(value: str | Sequence[str] | None, pair=None) -> list[st
         if needs:
             raise ValueError(f"method(s) {', '.join(needs)} need a draft model; load the pair with a draft "
                              "or drop them")
+    if pair is not None:
+        for name in names:
+            refused = METHODS[name].unavailable(pair) if name in METHODS else None
+            if refused:
+                raise ValueError(refused)
     if pair is not None and getattr(pair, "draft_kind", None) == "feature-head":
         # transformers' assisted generation runs a whole draft LM; a head that reads the target is not one.
         assisted = [n for n in names if n.startswith("hf-assisted")]

@@ -31,6 +31,13 @@ Definitions used in the tables (written into the report too):
   c (cost_ratio)  drafting time per draft token / time of one AR target step, both from
                   the traces of the same run (SD's draft_seconds / draft_forwards against
                   AR's verify_seconds / target_forwards, per category).
+  matches_ar      greedy runs of lossless methods: the same tokens as AR (per turn); empty
+                  for beam search and the draft alone, which are not meant to match.
+  turn            a question of several turns (MT-bench) is answered turn by turn, each
+                  method continuing its own conversation; every turn is a timed row.
+  bleu, chrf, rouge1, rouge2, rougeL   against the suite's references (where a prompt has
+                  them): sentence BLEU and chrF (sacrebleu), ROUGE F-measure × 100 with
+                  stemming (rouge-score), best over several references; mean over runs.
   predicted       (1 − α^(γ+1)) / ((1 − α)(γc + 1)), against the measured speedup vs AR.
   predicted_v     the same with the measured verification cost v in place of 1:
                   (1 − α^(γ+1)) / ((1 − α)(γc + v)), v = time of one verification forward
@@ -52,6 +59,7 @@ import math
 import pandas as pd
 
 from .acceptance import BreakEven, entropy_auc
+from .quality import QUALITY_COLUMNS
 from .runners import bench_methods
 from .suite import ALL
 
@@ -63,7 +71,8 @@ SUMMARY_COLUMNS = [
     "tokens_per_s_std", "speedup_vs_ar", "speedup_vs_ar_std", "speedup_vs_hf", "speedup_vs_hf_std",
     "speedup_vs_hf_static", "speedup_vs_hf_static_std", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "copied_share", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
-    "predicted_speedup_v", "break_even_tokens", "entropy_auc", "entropy_auc_n", "cache", "compile_seconds",
+    "predicted_speedup_v", "break_even_tokens", "entropy_auc", "entropy_auc_n", *QUALITY_COLUMNS, "cache",
+    "compile_seconds",
 ]
 
 
@@ -181,6 +190,9 @@ def summarize(rows: pd.DataFrame, gamma: int | None = None, tokens: pd.DataFrame
                 "entropy_auc": math.nan, "entropy_auc_n": 0,
                 "cache": ",".join(dict.fromkeys(everything.cache.dropna().astype(str))) if "cache" in everything else "",
                 "compile_seconds": mine.compile_seconds.mean() if "compile_seconds" in mine else math.nan,
+                # Against the suite's references, over the runs that have them (see bench.quality).
+                **{name: mine[name].mean() if name in mine and mine[name].notna().any() else math.nan
+                   for name in QUALITY_COLUMNS},
             }
             if tokens is not None and not tokens.empty:
                 drafts = tokens[(tokens.method == method) & ((tokens.category == category) if category != ALL else True)]

@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 import torch
 
-from ..engine.methods import METHODS
+from ..engine.methods import METHODS, is_lossless, matches_reference
 from ..engine.sampling import probabilities
 from ..engine.trace import GenerationResult
 from .acceptance import entropy_auc
@@ -21,6 +21,7 @@ SUMMARY_COLUMNS = [
     "mean_accepted_tokens", "copied_rounds", "target_forwards", "draft_forwards", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "mean_entropy", "matches_ar", "perplexity", "stop_reason", "temperature", "seed",
     "cache", "compile_seconds", "alpha", "rounds", "draft_seconds", "verify_seconds", "entropy_auc", "entropy_auc_n",
+    "note",
 ]
 
 ROUND_COLUMNS = [
@@ -39,8 +40,9 @@ TOKEN_COLUMNS = [
 def summary_frame(
     results: Sequence[GenerationResult], perplexities: dict[str, float] | None = None
 ) -> pd.DataFrame:
-    """One row per method, AR first; speed as a ratio to AR, quality as exact match (greedy)
-    or the target's perplexity of the output (sampled, when given)."""
+    """One row per method, AR first; speed as a ratio to AR, quality as exact match (greedy,
+    lossless methods; empty for the others) or the target's perplexity of the output (sampled,
+    when given)."""
     ordered = sorted(results, key=lambda r: (r.method != "ar",))
     reference = next((r for r in ordered if r.method == "ar"), None)
     rows = []
@@ -52,8 +54,10 @@ def summary_frame(
         row["speedup_vs_ar"] = (
             stats["tokens_per_s"] / reference.stats["tokens_per_s"] if reference is not None else math.nan
         )
+        # Only a lossless method owes AR its tokens; beam search and the draft alone are left blank.
         row["matches_ar"] = (
-            result.token_ids == reference.token_ids if reference is not None and greedy else None
+            matches_reference(result.token_ids, result.params, reference.token_ids)
+            if reference is not None and greedy and is_lossless(result.method) else None
         )
         row["perplexity"] = (perplexities or {}).get(result.method, math.nan)
         row["temperature"] = result.params.get("temperature")

@@ -9,13 +9,14 @@ import pandas as pd
 import torch
 
 from ..bench.benchmark import BenchResult, run_benchmark
+from ..bench.quality import QUALITY_COLUMNS
 from ..bench.overhead import OverheadReport, measure_round_overhead, spread_over_categories
 from ..bench.report import write_outputs
 from ..bench.roofline import add_roofline, parse_bandwidth
 from ..bench.runners import DEFAULT_BENCH_METHODS, bench_methods, parse_bench_methods
-from ..bench.suite import ALL, DEFAULT_SUITE, encode_prompt, load_suite, select_prompts
+from ..bench.suite import ALL, encode_prompt, select_prompts
 from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, decode_params, default_chat,
-                     engine_options, pair_from_args, progress_bar)
+                     engine_options, pair_from_args, progress_bar, read_suite)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--overhead-only skips the method comparison, so {', '.join(skipped)} "
                              "would have nothing to show; drop them or drop --overhead-only")
     methods = parse_bench_methods(args.methods)
-    suite = select_prompts(load_suite(args.suite or DEFAULT_SUITE), args.categories, args.limit)
+    suite = select_prompts(read_suite(args), args.categories, args.limit)
     threads = torch.get_num_threads()
     if args.threads:
         # Spin-waiting worker threads collapse when another process holds a core, so a
@@ -139,6 +140,8 @@ def _print_summary(result: BenchResult) -> None:
              "cache", "compile_seconds", "errors"]
     overall = result.summary[result.summary.category == ALL]
     shown = [c for c in shown if c not in ("speedup_vs_hf", "speedup_vs_hf_static") or overall[c].notna().any()]
+    shown[shown.index("predicted_speedup"):shown.index("predicted_speedup")] = [
+        c for c in ("perplexity", *QUALITY_COLUMNS) if c in overall and overall[c].notna().any()]
     if not overall.compile_seconds.fillna(0).any():
         shown.remove("compile_seconds")
     with pd.option_context("display.max_columns", None, "display.width", 200, "display.float_format", "{:.3f}".format):
@@ -147,6 +150,24 @@ def _print_summary(result: BenchResult) -> None:
     if warm:
         print("compiled in the warm-up (not counted in tokens/s): "
               + ", ".join(f"{m} {s:.1f} s" for m, s in warm.items()))
+    if "turn" in result.rows and result.rows.turn.max() > 1:
+        _print_turns(result.rows)
+    notes = result.rows[result.rows.note.fillna("") != ""] if "note" in result.rows else result.rows.iloc[:0]
+    for _, row in notes.drop_duplicates("method").iterrows():
+        print(f"note: {row.note}")
     errors = result.rows[result.rows.error.fillna("") != ""]
     for _, row in errors.drop_duplicates("method").iterrows():
         print(f"warning: {row.method} failed on {len(errors[errors.method == row.method])} run(s): {row.error}")
+
+
+def _print_turns(rows: pd.DataFrame) -> None:
+    """Questions of several turns: each turn's throughput and exact match to AR, every method."""
+    ok = rows[rows.error.fillna("") == ""]
+    by_turn = ok.groupby(["turn", "method"], sort=False).agg(
+        runs=("seconds", "size"), new_tokens=("new_tokens", "sum"), seconds=("seconds", "sum"),
+        prompt_tokens_mean=("prompt_tokens", "mean"),
+        exact_match_pct=("matches_ar", lambda m: 100.0 * m.dropna().astype(bool).mean() if m.notna().any() else None))
+    by_turn.insert(3, "tokens_per_s", by_turn.new_tokens / by_turn.seconds)
+    with pd.option_context("display.max_columns", None, "display.width", 200, "display.float_format", "{:.3f}".format):
+        print("per turn (questions of several turns answer turn 2 after their own turn-1 answer):")
+        print(by_turn.drop(columns="seconds").reset_index().to_string(index=False))

@@ -99,10 +99,26 @@ def add_suite_arguments(parser: argparse.ArgumentParser, repeats: int, what: str
     """--suite, --categories, --limit, --repeats, --no-warmup and --threads (bench and sweep)."""
     suite = parser.add_argument_group("suite")
     suite.add_argument("--suite", default=None,
-                       help="JSONL, one {\"prompt\": ..., \"category\": ...} a line (optional \"id\", \"messages\"); "
-                            "default: the suite that ships with specdemo")
+                       help="JSONL, one {\"prompt\": ..., \"category\": ...} a line (optional \"id\", \"messages\", "
+                            "\"reference\"), or Spec-Bench / MT-bench question.jsonl lines ({\"question_id\", "
+                            "\"category\", \"turns\"}); or hf:DATASET[:CONFIG]:SPLIT, a Hugging Face dataset (needs "
+                            "--prompt-field); default: the suite that ships with specdemo")
+    suite.add_argument("--category-map", default=None, metavar="MAP",
+                       help="rename categories as the suite is read: 'mt-bench' (MT-bench's eight categories → "
+                            "multi_turn, as Spec-Bench reports them), 'old=new,…' or a JSON file")
+    suite.add_argument("--prompt-field", default=None, metavar="FIELD",
+                       help="hf: suites: the field that holds the prompt (dotted for nested fields: translation.de)")
+    suite.add_argument("--reference-field", default=None, metavar="FIELD",
+                       help="hf: suites: the field that holds the reference(s), scored with BLEU, chrF and ROUGE")
+    suite.add_argument("--template", default=None,
+                       help="hf: suites: the request, with {prompt} for the prompt field's text "
+                            "(e.g. 'Summarise this article:\\n{prompt}')")
+    suite.add_argument("--prompt-words", default=None, metavar="LOW:HIGH",
+                       help="hf: suites: keep rows of at least LOW words and cut them to HIGH words; without "
+                            "--reference-field the rest of the text is the reference (continuations)")
     suite.add_argument("--categories", default=None, help="comma-separated categories to run (default: all of them)")
-    suite.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
+    suite.add_argument("--limit", type=int, default=None,
+                       help="at most this many prompts per category (hf: suites read no more rows than this)")
     suite.add_argument("--repeats", type=int, default=repeats, help=f"runs of every {what} (default: {repeats})")
     suite.add_argument("--no-warmup", dest="warmup", action="store_false",
                        help="skip the untimed warm-up run of each method (by default each method has one)")
@@ -129,3 +145,28 @@ def progress_bar(quiet: bool):
         yield progress
     finally:
         bar.close()
+
+
+def read_suite(args: argparse.Namespace) -> list:
+    """The suite a command line names: a JSONL file of either shape, an hf: dataset, or the built-in one."""
+    from ..bench.hub_data import is_hf_suite, load_hf_suite
+    from ..bench.suite import DEFAULT_SUITE, load_suite, rename_categories
+
+    hf_only = [flag for flag, value in (("--prompt-field", args.prompt_field), ("--reference-field",
+               args.reference_field), ("--template", args.template), ("--prompt-words", args.prompt_words)) if value]
+    if not is_hf_suite(args.suite):
+        if hf_only:
+            raise ValueError(f"{', '.join(hf_only)} apply to hf:DATASET[:CONFIG]:SPLIT suites only")
+        return load_suite(args.suite or DEFAULT_SUITE, category_map=args.category_map)
+    words = None
+    if args.prompt_words:
+        low, sep, high = args.prompt_words.partition(":")
+        try:
+            words = (int(low), int(high)) if sep else None
+        except ValueError:
+            words = None
+        if words is None:
+            raise ValueError(f"--prompt-words must be LOW:HIGH (e.g. 50:150), got {args.prompt_words!r}")
+    prompts = load_hf_suite(args.suite, args.prompt_field, args.reference_field, args.template, limit=args.limit,
+                            prompt_words=words)
+    return rename_categories(prompts, args.category_map)

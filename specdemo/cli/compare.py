@@ -45,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
         print(summary[shown].to_string(index=False))
     for line in why_lines(summary):
         print(line)
+    for result in comparison.results:
+        if result.note:
+            print(f"note: {result.note}")
     if args.show_text:
         for result in comparison.results:
             print(f"\n--- {result.method} ---\n{result.text}")

@@ -8,14 +8,15 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..bench.suite import DEFAULT_SUITE, load_suite, select_prompts
+from ..bench.suite import select_prompts
+from ..engine.methods import BASELINES
 from ..bench.sweep import (
     DEFAULT_EMAS, DEFAULT_GAMMA_MAXES, DEFAULT_GAMMAS, SWEEP_METHODS, SweepResult, expand_grid, run_sweep,
     write_outputs,
 )
 from ..engine.params import PARAMS
 from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, decode_params, default_chat,
-                     pair_from_args, progress_bar)
+                     pair_from_args, progress_bar, read_suite)
 
 GRID_PARAMS = ("gamma", "gamma_max", "ema", "ngram_n", "copy_n")  # lists here, single values elsewhere
 SHOWN = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s", "acceptance_rate",
@@ -32,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid = parser.add_argument_group("grid (comma-separated values; AR always runs)")
     grid.add_argument("--methods", default=None,
                       help=f"which of {', '.join(SWEEP_METHODS)} to sweep (default: each whose grid is given; "
-                           "nasd only with --ngram-n)")
+                           f"nasd only with --ngram-n), plus any of the baselines {', '.join(BASELINES)}, each run "
+                           "once per prompt as a reference beside AR")
     grid.add_argument("--gamma", default=_csv(DEFAULT_GAMMAS), help=f"SD: draft lengths γ (default: {_csv(DEFAULT_GAMMAS)})")
     grid.add_argument("--gamma-max", dest="gamma_max", default=_csv(DEFAULT_GAMMA_MAXES),
                       help=f"EGAG: largest γ (default: {_csv(DEFAULT_GAMMA_MAXES)})")
@@ -67,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{name} must be an integer ≥ 1, got {value}")
     settings = expand_grid(args.gamma, args.gamma_max, args.ema, args.ngram_n, args.methods, args.copy_n,
                            gamma_min=params.gamma_min, nasd_gamma=args.nasd_gamma)
-    suite = select_prompts(load_suite(args.suite or DEFAULT_SUITE), args.categories, args.limit)
+    suite = select_prompts(read_suite(args), args.categories, args.limit)
     if args.chart_png:
         from ..bench.chartpng import save_chart_png  # noqa: F401  (fail on a missing Playwright before the sweep)
     threads = torch.get_num_threads()

@@ -16,18 +16,15 @@ from .clock import phase_clock
 from .context_copy import CopyFirstDrafter
 from .drafters import Drafter, NgramDrafter, Proposal, top_ids
 from .lm import CACHE_KINDS, CachedLM, buckets_up_to
-from .methods import get_method
+from .methods import Method, get_method
+from .nocache import RecomputingLM
 from .params import DecodeParams, EngineOptions
 from .sampling import decision_values, probabilities, verify_on_device
-from .tokens import cut_at_eos
+from .tokens import cut_at_eos, token_text
 from .trace import DraftDecision, GenerationResult, Round, TokenRecord
 
 if TYPE_CHECKING:  # the engine never imports the model layer at run time
     from ..models.loading import ModelPair
-
-# Tokens of context used to decode one token's text, so multi-byte characters split
-# over several tokens come out whole on the last of them.
-_TEXT_WINDOW = 6
 
 
 def iter_generate(
@@ -47,16 +44,21 @@ def iter_generate(
     cache = _check_engine(pair, cache, compile)
     spec = get_method(method)
     decode_params = DecodeParams.resolve(decode, **params)
-    if spec.needs_draft and pair.draft is None:
-        raise ValueError(f"method {method!r} needs a draft model; load the pair with draft=... or pick ar or nasd")
+    refused = spec.unavailable(pair)
+    if refused:
+        raise ValueError(refused)
+    decode_params, note = spec.fit(decode_params)
     prompt_ids = pair.encode(prompt, chat=decode_params.chat)
     if limits is not None:
         limits.check_request(prompt_ids, decode_params.max_new_tokens)
     pair.check_fits(prompt_ids, decode_params.max_new_tokens)
     seed = decode_params.seed if decode_params.seed is not None else random.randrange(2**31)
-    result = GenerationResult(method, {**decode_params.as_dict(), "seed": seed}, prompt_ids)
+    result = GenerationResult(method, {**decode_params.as_dict(), "seed": seed}, prompt_ids, note=note)
+    if spec.run is not None:  # a method not made of the loop's rounds (beam search)
+        return spec.run(pair, decode_params, seed, result)
     drafter, policy = spec.build(pair, decode_params)
-    return _rounds(pair, drafter, policy, decode_params, seed, result, cache=cache, compile=compile)
+    return _rounds(pair, drafter, policy, decode_params, seed, result, cache=cache, compile=compile,
+                   method=spec)
 
 
 def generate(
@@ -80,7 +82,7 @@ def _check_engine(pair: ModelPair, cache: str | None, compile: bool) -> str:
 
 def _rounds(
     pair: ModelPair, drafter: Drafter | None, policy, params: DecodeParams, seed: int, result: GenerationResult,
-    cache: str = "dynamic", compile: bool = False,
+    cache: str = "dynamic", compile: bool = False, method: Method | None = None,
 ) -> Iterator[GenerationResult]:
     device = pair.device
     sampling = params.sampling
@@ -94,8 +96,15 @@ def _rounds(
     max_length = len(sequence) + params.max_new_tokens + longest_round
     # AR verifies one token a round; drafting methods up to γ + 1 (padded to a bucket).
     buckets = buckets_up_to(longest_round) if drafter is not None else (1,)
-    target = CachedLM(pair.target, pair.vocab_size, cache=cache, max_length=max_length, compile=compile,
-                      buckets=buckets)
+    # The model that writes: the target, or the draft alone (`draft`); with or without a KV cache.
+    by_draft = method is not None and method.decoder == "draft"
+    writer = pair.draft if by_draft else pair.target
+    if method is None or method.cached:
+        target = CachedLM(writer, pair.vocab_size, cache=cache, max_length=max_length, compile=compile,
+                          buckets=buckets)
+    else:
+        target = RecomputingLM(writer, pair.vocab_size)
+        cache = target.kind
     if drafter is not None and hasattr(drafter, "use_cache"):
         # The drafter feeds one token at a time, and one or two to catch up after a round.
         drafter.use_cache(cache, max_length, compile=compile, buckets=(1, 2))
@@ -176,6 +185,8 @@ def _rounds(
                 result.seconds = engine_seconds
                 result.target_forwards = target.forwards - prefill_forwards
                 result.draft_forwards = drafter.forwards if drafter is not None else 0
+                if by_draft:  # the draft wrote every token; the target never ran
+                    result.target_forwards, result.draft_forwards = 0, result.target_forwards
                 if new_tokens and new_tokens[-1] in eos_ids:
                     result.stop_reason = "eos"
                 elif len(result.tokens) >= params.max_new_tokens:
@@ -261,13 +272,3 @@ def _record(result: GenerationResult, round_: Round, pair: ModelPair, sequence: 
         result.tokens.append(TokenRecord(token, text, origin, round_.index))
     result.rounds.append(round_)
     result.text = "".join(t.text for t in result.tokens)
-
-
-def token_text(tokenizer, sequence: list[int], position: int, floor: int = 0) -> str:
-    """The text that sequence[position] adds after what comes before it."""
-    start = max(floor, position - _TEXT_WINDOW)
-    before = tokenizer.decode(sequence[start:position]) if position > start else ""
-    upto = tokenizer.decode(sequence[start : position + 1])
-    if upto.startswith(before):
-        return upto[len(before) :]
-    return tokenizer.decode([sequence[position]])

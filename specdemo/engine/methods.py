@@ -1,6 +1,13 @@
 """The registry of decoding methods: each is a drafter and a γ policy, nothing more.
 
 Adding a method is adding an entry; the decode loop never branches on a name.
+
+The baselines fit the same shape: `draft` is AR's rounds of one token with the pair's
+draft model in the target's place (`decoder`), `ar-nocache` is AR with an engine that
+keeps no KV cache (`cached=False`, its new tokens capped because each step recomputes
+the whole prefix), and `beam` is a method whose trace is built from transformers'
+`generate` (`run`) instead of the loop's rounds. A method that is not lossless against
+greedy AR (`lossless=False`: beam search, the draft alone) has no matches_ar.
 """
 
 from __future__ import annotations
@@ -8,12 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from .beam import run_beam
 from .context_copy import CopyFirstDrafter
 from .drafters import Drafter, ModelDrafter, NgramDrafter
 from .feature_drafter import FeatureDrafter
 from .feature_head import FeatureHead
 from .params import DecodeParams
 from .policies import ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma
+
+
+# Recomputing the whole prefix every step is quadratic; longer runs are cut to this many tokens.
+NOCACHE_MAX_NEW_TOKENS = 128
+FEATURE_HEAD = "feature-head"
 
 
 @dataclass(frozen=True)
@@ -23,6 +36,30 @@ class Method:
     needs_draft: bool
     description: str
     build: Callable[["object", DecodeParams], tuple[Drafter | None, object]]
+    decoder: str = "target"  # the model whose tokens come out: "target", or "draft" for the draft alone
+    cached: bool = True  # False: no KV cache, every step reads the whole sequence again
+    new_tokens_cap: int | None = None  # max_new_tokens above this is lowered to it, and the trace says so
+    lossless: bool = True  # under greedy decoding its output is AR's, so matches_ar is asked of it
+    run: Callable | None = None  # (pair, params, seed, result) → iterator of results, for a method not made of rounds
+
+    def unavailable(self, pair) -> str | None:
+        """Why this pair cannot run the method (a sentence for the user), or None."""
+        if self.needs_draft and pair.draft is None:
+            return f"method {self.name!r} needs a draft model; load the pair with draft=... or pick ar or nasd"
+        if self.decoder == "draft" and getattr(pair, "draft_kind", None) == FEATURE_HEAD:
+            return (f"method {self.name!r} runs the pair's draft model alone, and this pair drafts with a feature "
+                    "head, which cannot write without the target's hidden states; load a pair with a draft model "
+                    "(e.g. the embedded-lm preset)")
+        return None
+
+    def fit(self, params: DecodeParams) -> tuple[DecodeParams, str]:
+        """The parameters this method runs with, and a note for the user when they differ from those asked."""
+        cap = self.new_tokens_cap
+        if cap is not None and params.max_new_tokens > cap:
+            return (params.replace(max_new_tokens=cap),
+                    f"{self.label} stops at {cap} new tokens (asked for {params.max_new_tokens}): without a KV "
+                    "cache every step recomputes the whole prefix, so its cost grows with the square of the length")
+        return params, ""
 
 
 def _model_drafter(pair, params: DecodeParams) -> Drafter:
@@ -54,13 +91,42 @@ register(Method("sd-heuristic", "SD (+2/−1)", True, "the pair's draft, transfo
 register(Method("sd-confidence", "SD (confidence)", True, "the pair's draft, stop drafting when its top probability < 0.4",
                 lambda pair, p: (_model_drafter(pair, p), ConfidenceStop(p.gamma_max))))
 
+register(Method("beam", "Beam search", False, "the target alone, beam search (num_beams) through transformers' "
+                "generate; not greedy decoding, so its text differs from AR's",
+                lambda pair, p: (None, FixedGamma(0)), lossless=False, run=run_beam))
+register(Method("draft", "Draft alone", True, "the pair's draft model writing by itself, one token per forward, "
+                "with its cache and the same sampling settings", lambda pair, p: (None, FixedGamma(0)),
+                decoder="draft", lossless=False))
+register(Method("ar-nocache", "AR (no cache)", False, "the target alone without a KV cache: every token "
+                f"recomputes the whole prefix (at most {NOCACHE_MAX_NEW_TOKENS} new tokens)",
+                lambda pair, p: (None, FixedGamma(0)), cached=False, new_tokens_cap=NOCACHE_MAX_NEW_TOKENS))
+
 DEFAULT_METHODS = ("ar", "sd", "nasd", "egag")
+BASELINES = ("beam", "draft", "ar-nocache")
 
 
 def get_method(name: str) -> Method:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
     return METHODS[name]
+
+
+def is_lossless(name: str) -> bool:
+    """Whether greedy runs of this method must equal AR's (names outside the registry, e.g.
+    transformers' own greedy generate, are taken to be)."""
+    return METHODS[name].lossless if name in METHODS else True
+
+
+def matches_reference(tokens: list[int], params: dict, reference: list[int]) -> bool:
+    """Whether a greedy output is AR's: the whole of it, or its first max_new_tokens when the
+    method ran fewer tokens than AR (a capped `ar-nocache`)."""
+    limit = params.get("max_new_tokens")
+    return tokens == (reference[:limit] if isinstance(limit, int) else reference)
+
+
+def available_methods(pair) -> list[str]:
+    """The registry's methods this pair can run, in order."""
+    return [name for name, method in METHODS.items() if method.unavailable(pair) is None]
 
 
 def parse_methods(value: str | list[str] | tuple[str, ...] | None) -> list[str]:

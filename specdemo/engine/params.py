@@ -106,6 +106,8 @@ SCHEMA: tuple[Param, ...] = (
     Param("copy_n", int, 4, "copy from the context when its last n−1 tokens occurred before (0 = off)",
           "SD / EGAG: copy from the context (n; 0 = off)", methods=_COPYING, low=0, high=16,
           allowed="0 (off) or an integer from 2 to 16"),
+    Param("num_beams", int, 4, "beams kept by beam search", "Beam: number of beams", methods=("beam",),
+          low=1, high=16),
     Param("chat", bool, False, "wrap the prompt in the chat template (instruct models)", "Chat template"),
 )
 PARAMS: dict[str, Param] = {p.name: p for p in SCHEMA}
@@ -128,6 +130,7 @@ class DecodeParams:
     ngram_storage: str = PARAMS["ngram_storage"].default
     top_k_filler: int = PARAMS["top_k_filler"].default
     copy_n: int = PARAMS["copy_n"].default
+    num_beams: int = PARAMS["num_beams"].default
     chat: bool = PARAMS["chat"].default
 
     @classmethod

@@ -1,4 +1,5 @@
-"""Token-id helpers every layer shares: cutting a sequence after its first EOS."""
+"""Token-id helpers every layer shares: cutting a sequence after its first EOS, and the text
+one token adds to the ones before it."""
 
 from __future__ import annotations
 
@@ -11,3 +12,18 @@ def cut_at_eos(ids: Sequence[int], eos_ids: Collection[int]) -> list[int]:
         if token in eos_ids:
             return list(ids[: i + 1])
     return list(ids)
+
+
+# Tokens of context used to decode one token's text, so multi-byte characters split
+# over several tokens come out whole on the last of them.
+_TEXT_WINDOW = 6
+
+
+def token_text(tokenizer, sequence: list[int], position: int, floor: int = 0) -> str:
+    """The text that sequence[position] adds after what comes before it."""
+    start = max(floor, position - _TEXT_WINDOW)
+    before = tokenizer.decode(sequence[start:position]) if position > start else ""
+    upto = tokenizer.decode(sequence[start : position + 1])
+    if upto.startswith(before):
+        return upto[len(before) :]
+    return tokenizer.decode([sequence[position]])

@@ -98,6 +98,7 @@ class GenerationResult:
     cache: str = "dynamic"  # the target's KV cache kind: "dynamic" or "static"
     drafter: str = "none"  # what drafted: the pair's draft, NASD's table, or none (AR)
     compile_seconds: float = 0.0  # compile and warm-up before the first round; never part of `seconds`
+    note: str = ""  # what the method changed in the request, said to the user (e.g. a capped max_new_tokens)
 
     @property
     def token_ids(self) -> list[int]:
@@ -145,4 +146,5 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "cache": result.cache,
         "drafter": result.drafter,
         "compile_seconds": result.compile_seconds,
+        "note": result.note,
     }

@@ -194,6 +194,16 @@ def load_pair(
                      vocab_size=vocab_size)
 
 
+def draft_kind_of(draft: str | None) -> str | None:
+    """What a draft reference will load as, without loading it: "feature-head", "model" or None
+    (as `ModelPair.draft_kind` says of a loaded pair)."""
+    if not draft:
+        return None
+    if draft in (EMBEDDED, EMBEDDED_HEAD, EMBEDDED_LM):
+        return "feature-head" if (DEFAULT_DRAFT if draft == EMBEDDED else draft) == EMBEDDED_HEAD else "model"
+    return "feature-head" if is_feature_head(draft) else "model"
+
+
 def load_feature_head(folder: str, target_model, device, dtype) -> FeatureHead:
     """A feature head trained for this target (a folder with feature_head.json), bound to it."""
     try:

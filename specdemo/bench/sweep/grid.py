@@ -10,7 +10,7 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
-from ...engine.methods import METHODS
+from ...engine.methods import BASELINES, METHODS
 from ...engine.params import PARAMS, DecodeParams
 
 SWEEP_METHODS = ("sd", "egag", "nasd")
@@ -106,8 +106,9 @@ def expand_grid(
     copy_n values, SD's and EGAG's settings are repeated for each (0 = no copying); without,
     they copy as the parameter's default says.
 
-    methods picks among sd, egag and nasd (AR always runs); by default every method
-    whose grid is given (NASD only when ngram_n is). Every setting is validated here, so
+    methods picks among sd, egag and nasd (AR always runs), and may add the baselines
+    (beam, draft, ar-nocache), each run once per prompt as a reference; by default every
+    method whose grid is given (NASD only when ngram_n is). Every setting is validated here, so
     a bad value fails before any model runs.
     """
     gammas, maxes, emas, ns = (_values(n, v) for n, v in
@@ -117,12 +118,13 @@ def expand_grid(
     else:
         names = methods.split(",") if isinstance(methods, str) else list(methods)
         chosen = list(dict.fromkeys(n.strip().lower() for n in names if n and n.strip() and n.strip().lower() != "ar"))
-        unknown = [n for n in chosen if n not in SWEEP_METHODS]
+        unknown = [n for n in chosen if n not in SWEEP_METHODS and n not in BASELINES]
         if unknown:
             raise ValueError(f"sweep methods: unknown {', '.join(map(repr, unknown))}; choose from "
-                             f"{', '.join(SWEEP_METHODS)} (AR always runs)")
+                             f"{', '.join(SWEEP_METHODS)} (AR always runs), or the baselines "
+                             f"{', '.join(BASELINES)} (run once each, beside AR)")
         missing = {"sd": ("gamma", gammas), "egag": ("gamma_max and ema", maxes and emas), "nasd": ("ngram_n", ns)}
-        empty = [f"{m} needs {missing[m][0]}" for m in chosen if not missing[m][1]]
+        empty = [f"{m} needs {missing[m][0]}" for m in chosen if m in missing and not missing[m][1]]
         if empty:
             raise ValueError("sweep grid: " + "; ".join(empty))
     copies = _values("copy_n", copy_n) or [None]
@@ -134,6 +136,8 @@ def expand_grid(
                      for c in copies for g in maxes for e in emas]
     if "nasd" in chosen:
         settings += [Setting("nasd", gamma=nasd_gamma, ngram_n=n) for n in ns]
+    # Baselines have no grid: each runs once per prompt, a reference beside AR.
+    settings += [Setting(name) for name in chosen if name in BASELINES]
     for setting in settings:
         try:
             DecodeParams.from_values(**setting.params())

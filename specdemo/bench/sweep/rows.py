@@ -21,7 +21,8 @@ Definitions of the row columns (one row per method, setting, prompt and repeat):
                       target step, both from the traces of this prompt and repeat.
   predicted_speedup   Leviathan: (1 − α^(γ+1)) / ((1 − α)(γc + 1)); EGAG uses its mean γ,
                       an approximation since its γ varies by round.
-  matches_ar          greedy runs only: the same tokens as AR on the same prompt.
+  matches_ar          greedy runs of lossless methods only: the same tokens as AR on the same
+                      prompt (empty for the baselines beam and draft, which are not meant to).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from ...engine.methods import is_lossless, matches_reference
 from ..statistics import leviathan_speedup
 
 ROW_COLUMNS = [
@@ -78,7 +80,8 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
             "target_forwards_per_token": ratio(t_forwards, new), "draft_forwards_per_token": ratio(d_forwards, new),
             "draft_flops_per_token": ratio(d_flops, new), "target_flops_per_token": ratio(t_flops, new),
             "predicted_speedup": predicted,
-            "matches_ar": (run.token_ids == ar.token_ids) if greedy and ar is not None else None,
+            "matches_ar": (matches_reference(run.token_ids, result.params, ar.token_ids)
+                           if greedy and ar is not None and is_lossless(setting.method) else None),
             "setting": setting.key, "label": setting.label, "category": item.category, "prompt_index": index,
             "order": position, "seed": seed, "prompt_tokens": len(ids), "new_tokens": new, "seconds": run.seconds,
             "rounds": stats["rounds"], "copied_rounds": stats["copied_rounds"], "drafted": drafted, "accepted": accepted, "rejected_rounds": rejected_rounds,

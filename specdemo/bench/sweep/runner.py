@@ -84,6 +84,9 @@ def iter_sweep(
             raise ValueError(f"sweep: unknown method {setting.method!r}")
         if METHODS[setting.method].needs_draft and pair.draft is None:
             raise ValueError(f"sweep: {setting.label} needs a draft model; load the pair with a draft or drop it")
+        refused = METHODS[setting.method].unavailable(pair)
+        if refused:
+            raise ValueError(f"sweep: {refused}")
         DecodeParams.from_values(**{**base.as_dict(), **setting.params()})
     items = _prompts(prompts, categories, limit)
     encoded = []

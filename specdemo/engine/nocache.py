@@ -1,0 +1,60 @@
+"""A causal LM with no KV cache: every call runs the model over the whole sequence.
+
+`RecomputingLM` answers the calls the decode loop makes of a `CachedLM` (`prefill`,
+`logits`, `note_fed`, `warm_up`, `close`, `forwards`, `hidden`), so AR without a cache
+(`ar-nocache`) is the same loop with this engine in place of the cached one. Step t
+costs a forward over prompt + t positions, so a generation is quadratic in its length:
+the baseline that shows what the cache buys.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .lm import _forward_with_hidden
+
+KIND = "none"  # what a trace records as its cache kind
+
+
+class RecomputingLM:
+    kind = KIND
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None):
+        self.model = model
+        self.vocab_size = vocab_size
+        self.device = next(model.parameters()).device
+        self.forwards = 0
+        self.hidden: torch.Tensor | None = None
+
+    def prefill(self, sequence: list[int], hidden: bool = False) -> torch.Tensor | None:
+        """Nothing is kept between calls, so there is nothing to fill: the first step reads the prompt."""
+        if hidden and sequence:
+            self.logits(sequence, 1, n_hidden=len(sequence))
+            return self.hidden
+        return None
+
+    def logits(self, sequence: list[int], n_logits: int = 1, n_hidden: int = 0,
+               then: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [n_logits, V] at the last positions of `sequence` + `then`, from one forward over all of it."""
+        ids = torch.tensor(sequence, dtype=torch.long, device=self.device)
+        if then is not None and then.shape[0]:
+            ids = torch.cat([ids, then])
+        if n_hidden:
+            logits, hidden = _forward_with_hidden(self.model, input_ids=ids.view(1, -1), use_cache=False)
+            self.hidden = hidden[0, -n_hidden:]
+            logits = logits[0, -n_logits:]
+        else:
+            logits = self.model(input_ids=ids.view(1, -1), use_cache=False, logits_to_keep=n_logits).logits[0]
+        self.forwards += 1
+        if self.vocab_size is not None:
+            logits = logits[..., : self.vocab_size]
+        return logits
+
+    def note_fed(self, ids: list[int]) -> None:
+        pass  # nothing is cached, so nothing needs its ids
+
+    def warm_up(self) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        pass
