@@ -21,7 +21,7 @@ import gradio as gr
 
 from . import benchtab, forms, handlers, sweeptab, viz
 from .engine_controls import ENGINE_NAMES, engine_controls
-from .examples import DEFAULT_PROMPT, EXAMPLES
+from .examples import DEFAULT_PROMPT, EXAMPLES, encoder_decoder_examples
 from .handlers import (  # noqa: F401  (the page's handlers, re-exported for callers of `ui`)
     PARAM_NAMES, PairCache, PairLoader, Request, RunUpdate, export_dir, fit_chat, gpu, make_request, on_zero_gpu,
     readable_failure, resolve_models, write_csvs,
@@ -107,6 +107,11 @@ def build_demo(
                         label="Model pair (target + draft)", value=default_preset, interactive=True,
                         choices=[(_preset_label(p), name) for name, p in presets.items()],
                     )
+                    paired_examples = encoder_decoder_examples(presets)
+                    if paired_examples:
+                        gr.Examples([[text, name] for _, text, name in paired_examples], inputs=[prompt, preset],
+                                    example_labels=[label for label, _, _ in paired_examples],
+                                    label="Encoder-decoder examples (pick their pair)")
                     methods = gr.CheckboxGroup(
                         label="Methods", value=initial["methods"],
                         choices=[(m.label, name) for name, m in METHODS.items()],
@@ -129,6 +134,9 @@ def build_demo(
                 controls.update(forms.param_controls(forms.ADVANCED_PARAMS, initial, row_width=forms.ROW_WIDTH))
                 with gr.Row():
                     engine = engine_controls()
+                # Encoder-decoder pairs read the prompt as it is: their chat switch would do nothing.
+                preset.change(lambda name: gr.update(visible=not getattr(presets.get(name), "encoder_decoder", False)),
+                              inputs=[preset], outputs=[controls["chat"]], api_visibility="private")
 
             status = gr.Markdown("Press **Run** to decode the prompt with every selected method.", elem_id="sd-status")
             gr.HTML(viz.legend_html(), css_template=viz.TOKEN_CSS, elem_id="sd-legend")

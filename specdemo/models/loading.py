@@ -37,6 +37,7 @@ class Preset:
     target: str
     draft: str | None
     note: str = ""
+    encoder_decoder: bool = False  # the prompt goes to an encoder (T5, BART): no chat template
 
 
 EMBEDDED = "embedded"
@@ -57,9 +58,9 @@ PRESETS: dict[str, Preset] = {
         Preset("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
         Preset("llama-3.2-3b", "meta-llama/Llama-3.2-3B-Instruct", "meta-llama/Llama-3.2-1B-Instruct", "gated: accept the licence on the Hub and set HF_TOKEN"),
         Preset("flan-t5-large", "google/flan-t5-large", "google/flan-t5-small",
-               "encoder-decoder, instructions and translation ('translate English to German: ...')"),
+               "encoder-decoder, instructions and translation ('translate English to German: ...')", True),
         Preset("bart-large-cnn", "facebook/bart-large-cnn", "sshleifer/distilbart-cnn-12-6",
-               "encoder-decoder, news summarisation (paste an article)"),
+               "encoder-decoder, news summarisation (paste an article)", True),
     ]
 }
 
