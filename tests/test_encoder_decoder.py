@@ -225,3 +225,49 @@ def test_first_two_tokens_follow_the_target_distribution(small_vocab_seq2seq, me
         exp_cells, obs_cells = exp_cells[:-1], obs_cells[:-1]
     p_value = chisquare(obs_cells.numpy(), exp_cells.numpy()).pvalue
     assert p_value > 1e-3, f"{method} {sampling}: χ² p-value {p_value:.2g}"
+
+
+# --- the benchmark and the target alone ------------------------------------------------------
+
+
+def test_the_benchmark_runs_ours_and_transformers_peers_on_an_encoder_decoder_pair(seq2seq_pair):
+    from specdemo.bench.benchmark import run_benchmark
+
+    suite = [{"id": "a", "category": "translation", "prompt": PROMPT},
+             {"id": "b", "category": "summarisation", "prompt": "w20 w21 w22 w23 w24"}]
+    result = run_benchmark(seq2seq_pair, suite, "ar,sd,nasd,egag,hf-generate,hf-assisted", repeats=1, warmup=False,
+                           max_new_tokens=16)
+    rows = result.rows
+    assert (rows["error"] == "").all(), rows["error"].tolist()
+    for _, prompt_rows in rows.groupby("prompt_id"):
+        assert prompt_rows["output_ids"].nunique() == 1  # every method, ours and transformers', says the same
+    assert rows.loc[rows["method"] != "ar", "matches_ar"].all()
+
+
+def test_perplexity_scores_the_output_given_the_source(seq2seq_pair):
+    from specdemo.bench.tables import target_perplexity
+
+    result = specdemo.generate(seq2seq_pair, PROMPT, method="ar", max_new_tokens=12)
+    lm = cached_lm(seq2seq_pair.target)
+    lm.set_source(result.prompt_ids)
+    with torch.inference_mode():
+        logits = lm.logits(result.output_context + result.token_ids[:-1], len(result.token_ids))
+    log_probs = torch.log_softmax(logits, -1)[torch.arange(len(result.token_ids)), result.token_ids]
+    assert target_perplexity(seq2seq_pair, result) == pytest.approx(float(torch.exp(-log_probs.mean())))
+
+
+def test_an_encoder_decoder_target_alone_serves_ar_and_nasd(tmp_path):
+    write_seq2seq_model(tmp_path / "t5", "t5", seed=0)
+    write_seq2seq_tokenizer(tmp_path / "t5")
+    pair = load_pair(str(tmp_path / "t5"), device="cpu", dtype="float64")
+    reference = specdemo.generate(pair, PROMPT, method="ar", max_new_tokens=12).token_ids
+    assert specdemo.generate(pair, PROMPT, method="nasd", max_new_tokens=12).token_ids == reference
+    with pytest.raises(ValueError, match="needs a draft model"):
+        specdemo.generate(pair, PROMPT, method="sd", max_new_tokens=12)
+
+
+def test_round_overhead_is_refused_with_a_reason(seq2seq_pair):
+    from specdemo.bench.overhead import measure_round_overhead
+
+    with pytest.raises(ValueError, match="encoder-decoder model"):
+        measure_round_overhead(seq2seq_pair, [("a", seq2seq_pair.encode(PROMPT))])
