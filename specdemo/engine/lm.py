@@ -342,6 +342,7 @@ class EncoderDecoderLM(CachedLM):
                              "encoder-decoder model: turn compile off")
         # The parent sets up the bookkeeping; the cache itself is made per source (`_fresh_cache`).
         super().__init__(model, vocab_size, cache="dynamic", max_length=max_length)
+        self.cache = None
         if cache not in CACHE_KINDS:
             raise ValueError(f"cache: {cache!r} is not one of {', '.join(CACHE_KINDS)}")
         if cache == "static" and (not max_length or max_length < 1):
