@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from transformers import (AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGeneration, LlamaConfig,
+                          LlamaForCausalLM, PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration)
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 import specdemo
 
@@ -77,3 +78,68 @@ def write_tiny_head(folder: Path, target_dir: Path, subset: list[int] | None = N
     head.init_from_target(target)
     head.bind(target).eval()
     head.save(folder, dtype=torch.float64)
+
+
+# Encoder-decoder pairs: T5 and BART configs, sharing one tokenizer with T5's specials
+# (pad 0 is the decoder start, EOS 1), so both families decode with the same ids.
+SEQ2SEQ_PAD, SEQ2SEQ_EOS = 0, 1
+
+
+def write_seq2seq_tokenizer(folder: Path, vocab: int = VOCAB) -> None:
+    """Word-level over 'w3'..'wN'; the encoder's input ends with </s>, like T5's and BART's tokenizers."""
+    tokens = {"<pad>": SEQ2SEQ_PAD, "</s>": SEQ2SEQ_EOS, "<unk>": 2}
+    for i in range(3, vocab):
+        tokens[f"w{i}"] = i
+    tok = Tokenizer(models.WordLevel(vocab=tokens, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", SEQ2SEQ_EOS)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="</s>")
+    fast.save_pretrained(folder)
+
+
+def write_seq2seq_model(folder: Path, family: str, seed: int, vocab: int = VOCAB, hidden: int = 32,
+                        layers: int = 2, dtype=torch.float64, like: Path | None = None, noise: float = 0.0,
+                        gain: float = 2.0) -> None:
+    """A random T5 or BART ("t5" | "bart"); with `like`, a noisy copy of that model."""
+    torch.manual_seed(seed)
+    if like is not None:
+        model = AutoModelForSeq2SeqLM.from_pretrained(like, dtype=torch.float64)
+        with torch.no_grad():
+            for weight in model.parameters():
+                weight.add_(noise * weight.std() * torch.randn_like(weight))
+        model.to(dtype).save_pretrained(folder)
+        return
+    specials = dict(pad_token_id=SEQ2SEQ_PAD, eos_token_id=SEQ2SEQ_EOS, decoder_start_token_id=SEQ2SEQ_PAD)
+    if family == "t5":
+        config = T5Config(vocab_size=vocab, d_model=hidden, d_kv=hidden // 4, d_ff=hidden * 2, num_layers=layers,
+                          num_heads=4, **specials)
+        model = T5ForConditionalGeneration(config)
+    elif family == "bart":
+        config = BartConfig(vocab_size=vocab, d_model=hidden, encoder_layers=layers, decoder_layers=layers,
+                            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=hidden * 2,
+                            decoder_ffn_dim=hidden * 2, max_position_embeddings=256, bos_token_id=SEQ2SEQ_PAD,
+                            forced_eos_token_id=None, tie_word_embeddings=False, **specials)
+        model = BartForConditionalGeneration(config)
+    else:
+        raise ValueError(f"family: {family!r} is not t5 or bart")
+    with torch.no_grad():
+        # The default initialisation leaves the token's own embedding dominant, so a random model
+        # repeats its input; wider layers make the output depend on the source and the prefix.
+        for name, weight in model.named_parameters():
+            if weight.dim() == 2 and "relative_attention_bias" not in name:
+                embedding = weight.shape[0] == vocab or "embed_positions" in name
+                weight.normal_(0, 1.0 if embedding else gain * weight.shape[1] ** -0.5)
+    model.to(dtype).save_pretrained(folder)
+
+
+def build_tiny_seq2seq_pair(root: Path, family: str = "t5", dtype: str = "float64", draft_noise: float = 0.3,
+                            vocab: int = VOCAB, hidden: int = 32, layers: int = 2):
+    """A tiny encoder-decoder target and a noisy copy as its draft, saved and loaded back through load_pair."""
+    target_dir, draft_dir = root / "target", root / "draft"
+    if not target_dir.exists():
+        write_seq2seq_model(target_dir, family, seed=0, vocab=vocab, hidden=hidden, layers=layers)
+        write_seq2seq_tokenizer(target_dir, vocab)
+        write_seq2seq_model(draft_dir, family, seed=1, like=target_dir, noise=draft_noise)
+        write_seq2seq_tokenizer(draft_dir, vocab)
+    return specdemo.load_pair(str(target_dir), str(draft_dir), device="cpu", dtype=dtype)

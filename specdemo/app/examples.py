@@ -1,5 +1,9 @@
 """Prompts for the page's examples: one per kind of text, since acceptance depends on it
-(code and summaries repeat the prompt, so n-gram drafts do well; open chat does not)."""
+(code and summaries repeat the prompt, so n-gram drafts do well; open chat does not).
+
+Translation and summarisation are also what encoder-decoder models are made for: those
+examples come a second time with the encoder-decoder preset that suits them, worded as
+that model was trained to read them (T5's task prefix; BART-CNN's bare article)."""
 
 from __future__ import annotations
 
@@ -37,3 +41,17 @@ EXAMPLES: list[tuple[str, str]] = [
 ]
 
 DEFAULT_PROMPT = EXAMPLES[0][1]
+
+
+# (label, prompt, preset): choosing one also picks its preset.
+ENCODER_DECODER_EXAMPLES: list[tuple[str, str, str]] = [
+    ("Translate · FLAN-T5", "translate English to German: The library opens at nine in the morning and closes "
+                            "at six in the evening, except on Sundays.", "flan-t5-large"),
+    ("Summarise · FLAN-T5", f"summarize: {PASSAGE}", "flan-t5-large"),
+    ("Summarise · BART-CNN", PASSAGE, "bart-large-cnn"),
+]
+
+
+def encoder_decoder_examples(served) -> list[tuple[str, str, str]]:
+    """The encoder-decoder examples whose preset this page serves (a mapping or names)."""
+    return [example for example in ENCODER_DECODER_EXAMPLES if example[2] in served]

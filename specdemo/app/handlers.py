@@ -222,9 +222,12 @@ def readable_failure(error: BaseException) -> str:
 
 
 def fit_chat(request: Request, pair: ModelPair) -> None:
-    """Chat is on by default; a tokenizer without a chat template gets the plain prompt
-    rather than an error, and the status line says so."""
-    if request.params.chat and not getattr(pair.tokenizer, "chat_template", None):
+    """Chat is on by default; a tokenizer without a chat template, or an encoder-decoder
+    model, gets the plain prompt rather than an error, and the status line says so."""
+    if request.params.chat and getattr(pair, "is_encoder_decoder", False):
+        request.params = request.params.replace(chat=False)
+        request.note = " (an encoder-decoder model reads the prompt as it is, without a chat template)"
+    elif request.params.chat and not getattr(pair.tokenizer, "chat_template", None):
         request.params = request.params.replace(chat=False)
         request.note = " (this tokenizer has no chat template, so the prompt went in as plain text)"
 

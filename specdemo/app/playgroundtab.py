@@ -21,7 +21,7 @@ from ..bench.tables import summary_frame
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..models.loading import ModelPair, Preset
 from .engine_controls import ENGINE_NAMES, engine_controls
-from .examples import EXAMPLES
+from .examples import EXAMPLES, encoder_decoder_examples
 from .handlers import Request, RunUpdate, make_request
 from .page import TabContext, wire_stop
 
@@ -127,6 +127,11 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> Inputs:
         with gr.Column(scale=3, min_width=300):
             preset = gr.Dropdown(label="Model pair (target + draft)", value=ctx.default_preset, interactive=True,
                                  choices=[(preset_label(p), name) for name, p in ctx.presets.items()])
+            paired = encoder_decoder_examples(ctx.presets)
+            if paired:  # choosing one also picks its pair
+                gr.Examples([[text, name] for _, text, name in paired], inputs=[prompt, preset],
+                            example_labels=[label for label, _, _ in paired],
+                            label="Encoder-decoder examples (pick their pair)")
             methods = gr.CheckboxGroup(label="Methods", value=initial["methods"],
                                        choices=method_choices(ctx.presets[ctx.default_preset].draft),
                                        info="run one after another on the same prompt; AR is the baseline; "
@@ -149,6 +154,9 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> Inputs:
             engine = engine_controls()
     preset.change(lambda name, chosen: _offer_methods(ctx, name, chosen), inputs=[preset, methods],
                   outputs=[methods], api_visibility="private", queue=False)
+    # An encoder-decoder pair reads the prompt as it is: its chat switch would do nothing.
+    preset.change(lambda name: gr.update(visible=not getattr(ctx.presets.get(name), "encoder_decoder", False)),
+                  inputs=[preset], outputs=[controls["chat"]], api_visibility="private")
     return Inputs(prompt, preset, methods, controls, target, draft, engine, run_btn, stop_btn)
 
 

@@ -176,9 +176,9 @@ def rejected_texts(result: GenerationResult, r: Round, output_before: Sequence[i
     from ..engine.tokens import token_text
 
     kept = r.drafted[: r.accepted]
-    sequence = list(result.prompt_ids) + list(output_before) + kept + rejected
+    sequence = list(result.output_context) + list(output_before) + kept + rejected
     first = len(sequence) - len(rejected)
-    return [token_text(tokenizer, sequence, first + i, floor=len(result.prompt_ids)) for i in range(len(rejected))]
+    return [token_text(tokenizer, sequence, first + i, floor=len(result.output_context)) for i in range(len(rejected))]
 
 
 def render_tokens(result: GenerationResult, tokenizer=None, cache: dict | None = None) -> str:

@@ -226,6 +226,9 @@ def measure_round_overhead(pair, prompts: Sequence[tuple[str, list[int]]], gamma
     if pair.draft is None:
         raise ValueError("round overhead: this pair has no draft, so SD has no rounds to measure; "
                          "load a pair with a draft model or a feature head")
+    if getattr(pair, "is_encoder_decoder", False):
+        raise ValueError("round overhead: measured on decoder-only pairs (a prompt's context is the decoder's); "
+                         f"{pair.target_ref!r} is an encoder-decoder model")
     if not prompts:
         raise ValueError("round overhead: no prompts to measure")
     kind = EngineOptions.from_values(cache=cache, compile=compile).cache_for(pair.device)

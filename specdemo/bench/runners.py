@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from ..engine.decoding import generate
+from ..engine.lm import decoder_start
 from ..engine.methods import METHODS
 from ..engine.params import DecodeParams
 from ..engine.tokens import cut_at_eos
@@ -274,7 +275,9 @@ class HFRunner:
         finally:
             if self.draft_config is not None:
                 pair.draft.generation_config = copy.deepcopy(self.draft_config)
-        new_ids = output[0, len(prompt_ids):].tolist()
+        # A decoder-only output repeats the prompt; an encoder-decoder's starts with its decoder start token.
+        skip = len(decoder_start(pair.target)) if getattr(pair, "is_encoder_decoder", False) else len(prompt_ids)
+        new_ids = output[0, skip:].tolist()
         new_ids = cut_at_eos(new_ids, pair.eos_ids)
         if method in HF_AR_METHODS:
             rounds = [(0, 0)] * len(new_ids)

@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 import torch
 
+from ..engine.lm import decoder_start
 from ..engine.methods import METHODS, is_lossless, matches_reference
 from ..engine.sampling import probabilities
 from ..engine.trace import GenerationResult
@@ -118,9 +119,15 @@ def target_perplexity(pair, result: GenerationResult) -> float:
     ids = result.token_ids
     if not ids:
         return math.nan
-    sequence = torch.tensor([result.prompt_ids + ids], device=pair.device)
     with torch.inference_mode():
-        logits = pair.target(input_ids=sequence).logits[0, len(result.prompt_ids) - 1 : -1]
+        if getattr(pair, "is_encoder_decoder", False):  # the prompt is the source; the decoder scores the output
+            prefix = decoder_start(pair.target)
+            source = torch.tensor([result.prompt_ids], device=pair.device)
+            decoder = torch.tensor([prefix + ids], device=pair.device)
+            logits = pair.target(input_ids=source, decoder_input_ids=decoder).logits[0, len(prefix) - 1 : -1]
+        else:
+            sequence = torch.tensor([result.prompt_ids + ids], device=pair.device)
+            logits = pair.target(input_ids=sequence).logits[0, len(result.prompt_ids) - 1 : -1]
     if pair.vocab_size is not None:
         logits = logits[..., : pair.vocab_size]
     params = result.params

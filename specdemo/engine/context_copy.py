@@ -7,6 +7,9 @@ rounds go to the wrapped drafter (a draft model or a feature head). Copied draft
 masses, like NASD's, so SD's acceptance rule stays exact under sampling: a copied token is kept
 with the target's probability of it, and a rejection samples from the target with it removed.
 
+For an encoder-decoder pair the context is the source (the encoder's input) and the decoder's
+output so far: a summary copies spans of its article, a translation its names and numbers.
+
 Unlike NASD's table, this one holds only what the text itself contains (no target top-k
 filler) and matches the full n − 1 tokens, so it speaks only when the text repeats itself.
 """
@@ -35,6 +38,12 @@ class CopyFirstDrafter:
     @property
     def forwards(self) -> int:
         return self.inner.forwards
+
+    def read_source(self, source_ids: list[int]) -> None:
+        """An encoder-decoder pair's source: its n-grams can be copied too (a summary quotes its article)."""
+        self.table.add_sequence(source_ids)
+        if hasattr(self.inner, "read_source"):
+            self.inner.read_source(source_ids)
 
     def start(self, prompt_ids: list[int], *features) -> None:
         self.table.add_sequence(prompt_ids)

@@ -3,6 +3,10 @@
 A round drafts ≤ γ tokens, verifies them with one target forward, keeps a prefix and
 adds one target token (the correction after a rejection, the bonus after a full
 accept). AR's rounds draft nothing.
+
+For an encoder-decoder pair the prompt is the encoder's input (the source, encoded once
+per model) and the sequence the loop grows is the decoder's, from its start token; the
+cached LMs (`engine/lm.py`) keep that difference to themselves.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import torch
 from .clock import phase_clock
 from .context_copy import CopyFirstDrafter
 from .drafters import Drafter, NgramDrafter, Proposal, top_ids
-from .lm import CACHE_KINDS, CachedLM, buckets_up_to
+from .lm import CACHE_KINDS, buckets_up_to, cached_lm, decoder_start, is_encoder_decoder
 from .methods import Method, get_method
 from .nocache import RecomputingLM
 from .params import DecodeParams, EngineOptions
@@ -89,7 +93,10 @@ def _rounds(
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     eos_ids = pair.eos_ids
-    sequence = list(result.prompt_ids)
+    # An encoder-decoder reads the prompt as its source; its decoder starts from its own start token.
+    source = list(result.prompt_ids) if is_encoder_decoder(pair.target) else None
+    sequence = decoder_start(pair.target) if source is not None else list(result.prompt_ids)
+    result.decoder_prefix = list(sequence) if source is not None else None
     clock = phase_clock(device)
     # A static cache holds the whole generation; the slack covers padded verification.
     longest_round = max(params.gamma, params.gamma_max) + 1
@@ -100,14 +107,18 @@ def _rounds(
     by_draft = method is not None and method.decoder == "draft"
     writer = pair.draft if by_draft else pair.target
     if method is None or method.cached:
-        target = CachedLM(writer, pair.vocab_size, cache=cache, max_length=max_length, compile=compile,
-                          buckets=buckets)
+        target = cached_lm(writer, pair.vocab_size, cache=cache, max_length=max_length, compile=compile,
+                           buckets=buckets)
     else:
         target = RecomputingLM(writer, pair.vocab_size)
         cache = target.kind
     if drafter is not None and hasattr(drafter, "use_cache"):
         # The drafter feeds one token at a time, and one or two to catch up after a round.
         drafter.use_cache(cache, max_length, compile=compile, buckets=(1, 2))
+    if source is not None:
+        target.set_source(source)
+        if drafter is not None and hasattr(drafter, "read_source"):
+            drafter.read_source(source)
     reads_features = drafter is not None and getattr(drafter, "reads_target_features", False)
     target_top_k = getattr(drafter, "target_top_k", 0)
     result.cache = cache
@@ -268,7 +279,7 @@ def _record(result: GenerationResult, round_: Round, pair: ModelPair, sequence: 
     start = len(sequence) - len(round_.new_tokens)
     for offset, (token, origin) in enumerate(zip(round_.new_tokens, origins)):
         position = start + offset
-        text = token_text(pair.tokenizer, sequence, position, floor=len(result.prompt_ids))
+        text = token_text(pair.tokenizer, sequence, position, floor=len(result.output_context))
         result.tokens.append(TokenRecord(token, text, origin, round_.index))
     result.rounds.append(round_)
     result.text = "".join(t.text for t in result.tokens)

@@ -1,7 +1,12 @@
 """Drafters: anything that answers "what are your candidates?" and "here is what the
 target kept, update yourself".
 
-`ModelDrafter` runs a small causal LM with its own KV cache across rounds.
+`ModelDrafter` runs a small LM with its own KV cache across rounds (a causal LM, or an
+encoder-decoder model that encodes the source once, in `read_source`).
+
+Drafters of an encoder-decoder pair see the source (the encoder's input) through
+`read_source`, before `start` hands them the decoder's first ids: a model drafter encodes
+it, tables (NASD's, the context copy's) count its n-grams, so drafts can be copied from it.
 `NgramDrafter` (NASD) drafts from an n-gram table built from the prompt and the
 target's verified outputs; it has no q, so verification treats it as a point mass.
 """
@@ -13,7 +18,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from .lm import CachedLM
+from .lm import cached_lm
 from .policies import FixedGamma
 from .sampling import SamplingConfig, normalized_entropy, pick, probabilities
 from .trace import DRAFTED
@@ -43,6 +48,8 @@ class Drafter(Protocol):
     ids of the target's best tokens at each verified position (read back with the round too)."""
 
     def start(self, prompt_ids: list[int]) -> None: ...
+
+    # Optional, for encoder-decoder pairs: `read_source(source_ids)`, called before `start`.
 
     def propose(
         self, context: list[int], policy: FixedGamma, limit: int, sampling: SamplingConfig,
@@ -102,15 +109,23 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
 class ModelDrafter:
     def __init__(self, model: torch.nn.Module, vocab_size: int | None = None, cache: str = "dynamic",
                  max_length: int | None = None):
-        self.lm = CachedLM(model, vocab_size, cache=cache, max_length=max_length)
+        self.lm = cached_lm(model, vocab_size, cache=cache, max_length=max_length)
+        self.source: list[int] | None = None
         self._fed = 0  # drafts of the last proposal fed back into the cache
 
     def use_cache(self, cache: str, max_length: int | None, compile: bool = False,
                   buckets: tuple[int, ...] = (1,)) -> None:
         """Switch to a fresh cache of this kind (before `start`); the decode loop matches the target's."""
         self.lm.close()
-        self.lm = CachedLM(self.lm.model, self.lm.vocab_size, cache=cache, max_length=max_length, compile=compile,
-                           buckets=buckets)
+        self.lm = cached_lm(self.lm.model, self.lm.vocab_size, cache=cache, max_length=max_length, compile=compile,
+                            buckets=buckets)
+        if self.source is not None:
+            self.lm.set_source(self.source)
+
+    def read_source(self, source_ids: list[int]) -> None:
+        """The encoder's input, for an encoder-decoder draft (encoded once, at `start`)."""
+        self.source = list(source_ids)
+        self.lm.set_source(self.source)
 
     @property
     def forwards(self) -> int:
@@ -220,6 +235,9 @@ class NgramDrafter:
 
     def start(self, prompt_ids: list[int]) -> None:
         self.table.add_sequence(prompt_ids)
+
+    def read_source(self, source_ids: list[int]) -> None:
+        self.table.add_sequence(source_ids)
 
     def propose(self, context, policy, limit, sampling, generator) -> Proposal:
         gamma = policy.round_gamma(None)

@@ -25,6 +25,11 @@ class RecomputingLM:
         self.device = next(model.parameters()).device
         self.forwards = 0
         self.hidden: torch.Tensor | None = None
+        self.source: torch.Tensor | None = None  # an encoder-decoder's input, encoded again at every step
+
+    def set_source(self, source: list[int]) -> None:
+        """An encoder-decoder model's input: with no cache, every step runs the encoder over it again."""
+        self.source = torch.tensor(source, dtype=torch.long, device=self.device).view(1, -1)
 
     def prefill(self, sequence: list[int], hidden: bool = False) -> torch.Tensor | None:
         """Nothing is kept between calls, so there is nothing to fill: the first step reads the prompt."""
@@ -39,7 +44,10 @@ class RecomputingLM:
         ids = torch.tensor(sequence, dtype=torch.long, device=self.device)
         if then is not None and then.shape[0]:
             ids = torch.cat([ids, then])
-        if n_hidden:
+        if self.source is not None:
+            logits = self.model(input_ids=self.source, decoder_input_ids=ids.view(1, -1), use_cache=False).logits
+            logits = logits[0, -n_logits:]
+        elif n_hidden:
             logits, hidden = _forward_with_hidden(self.model, input_ids=ids.view(1, -1), use_cache=False)
             self.hidden = hidden[0, -n_hidden:]
             logits = logits[0, -n_logits:]

@@ -99,6 +99,13 @@ class GenerationResult:
     drafter: str = "none"  # what drafted: the pair's draft, NASD's table, or none (AR)
     compile_seconds: float = 0.0  # compile and warm-up before the first round; never part of `seconds`
     note: str = ""  # what the method changed in the request, said to the user (e.g. a capped max_new_tokens)
+    # Encoder-decoder pairs: the decoder's ids before the output (its start token); None otherwise.
+    decoder_prefix: list[int] | None = None
+
+    @property
+    def output_context(self) -> list[int]:
+        """The ids the output continues: the prompt, or an encoder-decoder's decoder prefix."""
+        return self.prompt_ids if self.decoder_prefix is None else self.decoder_prefix
 
     @property
     def token_ids(self) -> list[int]:

@@ -1,5 +1,10 @@
 """Loading a target/draft pair from the Hub, a local folder, a GGUF file or a preset.
 
+Two kinds of model run: decoder-only causal LMs (Llama, Qwen, GPT-NeoX, ...) and
+encoder-decoder LMs (T5, BART, Marian, ...), whose prompt goes to the encoder. A pair is
+one kind or the other, never a mix. Anything else (an encoder-only model such as BERT, a
+speech or vision model) is refused by naming its architecture, read from its config.
+
 The embedded pair is loaded by ``specdemo.models.embedded``; shared token helpers are in
 ``specdemo.models.tokens``.
 """
@@ -13,7 +18,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+)
 
 from ..engine.feature_head import FeatureHead, is_feature_head
 from ..engine.few_rows import use_few_row_products
@@ -28,6 +37,7 @@ class Preset:
     target: str
     draft: str | None
     note: str = ""
+    encoder_decoder: bool = False  # the prompt goes to an encoder (T5, BART): no chat template
 
     @property
     def draft_kind(self) -> str | None:
@@ -62,6 +72,10 @@ PRESETS: dict[str, Preset] = {
         Preset("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
         Preset("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
         Preset("llama-3.2-3b", "meta-llama/Llama-3.2-3B-Instruct", "meta-llama/Llama-3.2-1B-Instruct", "gated: accept the licence on the Hub and set HF_TOKEN"),
+        Preset("flan-t5-large", "google/flan-t5-large", "google/flan-t5-small",
+               "encoder-decoder, instructions and translation ('translate English to German: ...')", True),
+        Preset("bart-large-cnn", "facebook/bart-large-cnn", "sshleifer/distilbart-cnn-12-6",
+               "encoder-decoder, news summarisation (paste an article)", True),
     ]
 }
 
@@ -86,6 +100,11 @@ class ModelPair:
     @property
     def device(self) -> torch.device:
         return next(self.target.parameters()).device
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        """The prompt goes to an encoder; the output is the decoder's (T5, BART, ...)."""
+        return is_encoder_decoder_model(self.target)
 
     @property
     def draft_kind(self) -> str | None:
@@ -114,7 +133,7 @@ class ModelPair:
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise ValueError("prompt is empty: type some text to continue")
-            if chat:
+            if chat and not self.is_encoder_decoder:  # an encoder reads the request as it is
                 ids = encode_chat(self.tokenizer, prompt)
             else:
                 ids = self.tokenizer(prompt)["input_ids"]
@@ -130,6 +149,13 @@ class ModelPair:
 
     def check_fits(self, prompt_ids: list[int], max_new_tokens: int) -> None:
         limit = self.context_length
+        if self.is_encoder_decoder:  # the source and the output each have the whole context
+            if len(prompt_ids) > limit or max_new_tokens + 1 > limit:
+                raise ValueError(
+                    f"prompt is too long: {len(prompt_ids)} prompt tokens or max_new_tokens {max_new_tokens} "
+                    f"exceed the model's context of {limit} tokens; shorten the prompt or lower max_new_tokens"
+                )
+            return
         if len(prompt_ids) + max_new_tokens > limit:
             raise ValueError(
                 f"prompt is too long: {len(prompt_ids)} prompt tokens + max_new_tokens {max_new_tokens} "
@@ -175,6 +201,13 @@ def load_pair(
     draft_model = None
     vocab_size = None
     if draft is not None:
+        if is_encoder_decoder_model(target_model) and (draft in (EMBEDDED, EMBEDDED_LM, EMBEDDED_HEAD)
+                                                         or is_feature_head(draft)):
+            raise ModelLoadError(
+                f"{draft!r} drafts for a decoder-only target; {target!r} is an encoder-decoder model "
+                f"({architecture(target_model.config)}): give it an encoder-decoder draft with its tokenizer, "
+                "e.g. a smaller model of the same family"
+            )
         if draft in (EMBEDDED, EMBEDDED_LM, EMBEDDED_HEAD):
             draft_model = load_embedded_draft(target_model, kind=draft, device=device, dtype=torch_dtype)
         elif is_feature_head(draft):
@@ -184,6 +217,7 @@ def load_pair(
             if draft_tokenizer is not None:
                 check_same_tokenizer(tokenizer, draft_tokenizer, target, draft)
             draft_model = load_model(draft, device, torch_dtype, trust_remote_code)
+            check_same_kind(target_model, draft_model, target, draft)
         if not isinstance(draft_model, FeatureHead):  # a head predicts over the target's own vocabulary
             vocab_size = shared_vocab_size(target_model, draft_model, tokenizer, target, draft)
     if torch.device(device).type == "cpu":
@@ -218,6 +252,49 @@ def load_feature_head(folder: str, target_model, device, dtype) -> FeatureHead:
             f"{expected[1]} tokens; this target has {actual[0]} and {actual[1]}"
         )
     return head.bind(target_model)
+
+
+def is_encoder_decoder_model(model) -> bool:
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
+def architecture(config) -> str:
+    """What a config describes, as its model card names it: its class, else its model type."""
+    names = getattr(config, "architectures", None) or []
+    return names[0] if names else f"model type {getattr(config, 'model_type', '?')!r}"
+
+
+SUPPORTED = ("decoder-only causal LMs (Llama, Qwen, GPT-NeoX, ...) and encoder-decoder LMs (T5, BART, Marian, ...) "
+             "whose draft is of the same kind")
+
+
+def check_same_kind(target_model, draft_model, target: str, draft: str) -> None:
+    """A pair is two decoder-only models or two encoder-decoder models: their caches and inputs differ."""
+    kinds = [is_encoder_decoder_model(m) for m in (target_model, draft_model)]
+    if kinds[0] != kinds[1]:
+        name = {True: "an encoder-decoder model", False: "a decoder-only model"}
+        raise ModelLoadError(
+            f"the target {target!r} is {name[kinds[0]]} ({architecture(target_model.config)}) and the draft "
+            f"{draft!r} is {name[kinds[1]]} ({architecture(draft_model.config)}); specdemo runs {SUPPORTED}"
+        )
+
+
+def model_class_for(ref: str, config, trust_remote_code: bool = False):
+    """The auto class that loads this config for generation, or ModelLoadError naming what it is."""
+    names = set(getattr(config, "architectures", None) or [])
+    model_type = getattr(config, "model_type", None)
+    seq2seq_classes = set(MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values())
+    causal_classes = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    if getattr(config, "is_encoder_decoder", False):
+        if model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES or names & seq2seq_classes:
+            return AutoModelForSeq2SeqLM
+    # An architecture that none of transformers' text generators names (BertForMaskedLM, a
+    # classifier, ...) is not one to decode with, even where its model type has a causal variant.
+    elif trust_remote_code or (names & causal_classes) or (not names and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        return AutoModelForCausalLM
+    kind = ("an encoder-decoder model that does not generate text from text" if getattr(config, "is_encoder_decoder", False)
+            else "not a model that generates text (an encoder-only or task model)")
+    raise ModelLoadError(f"{ref!r} is {architecture(config)}, {kind}; specdemo runs {SUPPORTED}")
 
 
 def check_same_tokenizer(target_tok, draft_tok, target: str, draft: str) -> None:
@@ -269,7 +346,11 @@ def load_model(ref: str, device: str, dtype: torch.dtype, trust_remote_code: boo
         if ref.endswith(".gguf") and path.is_file():
             model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kwargs)
         else:
-            model = AutoModelForCausalLM.from_pretrained(ref, **kwargs)
+            config = AutoConfig.from_pretrained(ref, trust_remote_code=trust_remote_code)
+            auto_class = model_class_for(ref, config, trust_remote_code)
+            model = auto_class.from_pretrained(ref, **kwargs)
+    except ModelLoadError:
+        raise
     except Exception as error:
         raise ModelLoadError(_explain(ref, error, "model")) from error
     return model.to(device).eval()
