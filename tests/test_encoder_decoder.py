@@ -271,3 +271,14 @@ def test_round_overhead_is_refused_with_a_reason(seq2seq_pair):
 
     with pytest.raises(ValueError, match="encoder-decoder model"):
         measure_round_overhead(seq2seq_pair, [("a", seq2seq_pair.encode(PROMPT))])
+
+
+def test_the_baselines_run_on_an_encoder_decoder_pair(seq2seq_pair):
+    ar = specdemo.generate(seq2seq_pair, PROMPT, method="ar", max_new_tokens=16)
+    assert specdemo.generate(seq2seq_pair, PROMPT, method="ar-nocache", max_new_tokens=16).token_ids == ar.token_ids
+    alone = specdemo.generate(seq2seq_pair, PROMPT, method="draft", max_new_tokens=16)
+    draft_greedy = seq2seq_pair.draft.generate(torch.tensor([seq2seq_pair.encode(PROMPT)]), do_sample=False,
+                                               max_new_tokens=16)[0, 1:].tolist()
+    assert alone.token_ids == draft_greedy[: len(alone.token_ids)]
+    beam = specdemo.generate(seq2seq_pair, PROMPT, method="beam", max_new_tokens=16, num_beams=2)
+    assert beam.token_ids and beam.stats["drafted"] == 0
