@@ -239,3 +239,25 @@ def test_bench_command_runs_an_hf_suite(tiny_pair, translation_dataset, tmp_path
 def test_hf_flags_without_an_hf_suite_fail_clearly(tiny_pair, capsys):
     code = cli.main(["bench", *model_args(tiny_pair), "--prompt-field", "text", "--quiet"])
     assert code == 2 and "apply to hf:DATASET" in capsys.readouterr().err
+
+
+def test_continuations_can_be_cut_in_the_pairs_tokens(tiny_pair, tmp_path, capsys):
+    pytest.importorskip("datasets")
+    folder = tmp_path / "wiki"
+    folder.mkdir()
+    lines = [" ".join(f"w{i}" for i in range(3, 40)), "w5 w6"]
+    (folder / "test.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in lines), encoding="utf-8")
+    suite = load_hf_suite(f"hf:{folder}:test", "text", prompt_tokens=(10, 20), tokenizer=tiny_pair.tokenizer)
+    assert len(suite) == 1 and suite[0].prompt.split() == [f"w{i}" for i in range(3, 23)]
+    assert suite[0].references_for(1) == (" ".join(f"w{i}" for i in range(23, 40)),)
+    with pytest.raises(SuiteError, match="needs the pair's tokenizer"):
+        load_hf_suite(f"hf:{folder}:test", "text", prompt_tokens=(10, 20))
+    csv = tmp_path / "rows.csv"
+    code = cli.main(["bench", *model_args(tiny_pair), "--suite", f"hf:{folder}:test", "--prompt-field", "text",
+                     "--prompt-tokens", "10:20", "--no-chat", "--methods", "ar,sd", "--max-new-tokens", "6",
+                     "--repeats", "1", "--no-warmup", "--csv", str(csv), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    rows = pd.read_csv(csv)
+    assert (rows.prompt_tokens == 20).all() and rows.chrf.notna().all()
+    code = cli.main(["bench", *model_args(tiny_pair), "--prompt-tokens", "10:20", "--quiet"])
+    assert code == 2 and "--prompt-tokens applies to hf:" in capsys.readouterr().err

@@ -12,6 +12,8 @@ reads a split through the `datasets` library (an optional dependency: `pip insta
   prompt_words      (low, high): keep rows whose prompt has at least `low` words and cut
                     it to its first `high`; the words that followed become the reference
                     when no reference_field is given (continuations: WikiText, C4)
+  prompt_tokens     the same in tokens of `tokenizer` (the pair's): rows of at least `low`
+                    tokens, cut to `high`, the rest the reference
   category          the rows' category (default: the dataset's name)
   limit             read at most this many rows (after the filter)
 DATASET is a Hub id or a local folder: a folder written by `save_to_disk` is read with
@@ -86,7 +88,8 @@ def _open(name: str, config: str | None, split: str, source: str):
 
 def load_hf_suite(source: str, prompt_field: str, reference_field: str | None = None, template: str | None = None,
                   limit: int | None = None, category: str | None = None,
-                  prompt_words: tuple[int, int] | None = None) -> list[SuitePrompt]:
+                  prompt_words: tuple[int, int] | None = None, prompt_tokens: tuple[int, int] | None = None,
+                  tokenizer=None) -> list[SuitePrompt]:
     """The rows of a dataset split as suite prompts (see the module doc)."""
     name, config, split = parse_hf_source(source)
     if not prompt_field:
@@ -95,8 +98,14 @@ def load_hf_suite(source: str, prompt_field: str, reference_field: str | None = 
         raise SuiteError(f"template {template!r} must contain {{prompt}} where the prompt's text goes")
     if limit is not None and (isinstance(limit, bool) or int(limit) < 1):
         raise SuiteError(f"limit must be an integer ≥ 1, got {limit!r}")
-    if prompt_words is not None and not (1 <= prompt_words[0] <= prompt_words[1]):
-        raise SuiteError(f"prompt words must be LOW:HIGH with 1 ≤ LOW ≤ HIGH, got {prompt_words[0]}:{prompt_words[1]}")
+    for what, bounds in (("words", prompt_words), ("tokens", prompt_tokens)):
+        if bounds is not None and not (1 <= bounds[0] <= bounds[1]):
+            raise SuiteError(f"prompt {what} must be LOW:HIGH with 1 ≤ LOW ≤ HIGH, got {bounds[0]}:{bounds[1]}")
+    if prompt_words is not None and prompt_tokens is not None:
+        raise SuiteError("cut prompts in words or in tokens, not both")
+    if prompt_tokens is not None and tokenizer is None:
+        raise SuiteError("cutting prompts in tokens needs the pair's tokenizer")
+    cut = _word_cut(prompt_words) if prompt_words else _token_cut(prompt_tokens, tokenizer) if prompt_tokens else None
     data = _open(name, config, split, source)
     label = category or f"{Path(name).name}"
     prompts: list[SuitePrompt] = []
@@ -105,13 +114,13 @@ def load_hf_suite(source: str, prompt_field: str, reference_field: str | None = 
         if not isinstance(text, str) or not text.strip():
             continue
         references: tuple[str, ...] = ()
-        if prompt_words is not None:
-            words = text.split()
-            if len(words) < prompt_words[0]:
+        if cut is not None:
+            parts = cut(text)
+            if parts is None:
                 continue
-            text, rest = " ".join(words[: prompt_words[1]]), " ".join(words[prompt_words[1]:])
-            if rest and reference_field is None:
-                references = (rest,)
+            text, rest = parts
+            if rest.strip() and reference_field is None:
+                references = (rest.strip(),)
         if reference_field is not None:
             value = _field(row, reference_field, source)
             values = [value] if isinstance(value, str) else list(value or [])
@@ -121,6 +130,32 @@ def load_hf_suite(source: str, prompt_field: str, reference_field: str | None = 
         if limit is not None and len(prompts) >= int(limit):
             break
     if not prompts:
-        raise SuiteError(f"{source}: no row has a non-empty {prompt_field!r}"
-                         + (f" of at least {prompt_words[0]} words" if prompt_words else ""))
+        shortest = (f" of at least {prompt_words[0]} words" if prompt_words else
+                    f" of at least {prompt_tokens[0]} tokens" if prompt_tokens else "")
+        raise SuiteError(f"{source}: no row has a non-empty {prompt_field!r}{shortest}")
     return prompts
+
+
+def _word_cut(bounds: tuple[int, int]):
+    """text → (its first `high` words, the words after them), or None under `low` words."""
+    low, high = bounds
+
+    def cut(text: str) -> tuple[str, str] | None:
+        words = text.split()
+        return None if len(words) < low else (" ".join(words[:high]), " ".join(words[high:]))
+    return cut
+
+
+def _token_cut(bounds: tuple[int, int], tokenizer):
+    """text → (its first `high` tokens as text, the text after them), or None under `low` tokens."""
+    low, high = bounds
+
+    def cut(text: str) -> tuple[str, str] | None:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) < low:
+            return None
+        head = tokenizer.decode(ids[:high])
+        # The rest is the original text after the head, so the reference keeps its own spelling.
+        rest = text[len(head):] if text.startswith(head) else tokenizer.decode(ids[high:])
+        return head, rest
+    return cut

@@ -16,7 +16,8 @@ from ..bench.roofline import add_roofline, parse_bandwidth
 from ..bench.runners import DEFAULT_BENCH_METHODS, bench_methods, parse_bench_methods
 from ..bench.suite import ALL, encode_prompt, select_prompts
 from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, decode_params, default_chat,
-                     engine_options, pair_from_args, progress_bar, read_suite)
+                     engine_options, pair_from_args, progress_bar, read_suite,
+                     suite_needs_tokenizer)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--overhead-only skips the method comparison, so {', '.join(skipped)} "
                              "would have nothing to show; drop them or drop --overhead-only")
     methods = parse_bench_methods(args.methods)
-    suite = select_prompts(read_suite(args), args.categories, args.limit)
+    # Prompts cut in the target's tokens are read once the pair is loaded; every other suite now.
+    suite = None if suite_needs_tokenizer(args) else select_prompts(read_suite(args), args.categories, args.limit)
     threads = torch.get_num_threads()
     if args.threads:
         # Spin-waiting worker threads collapse when another process holds a core, so a
@@ -87,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _bench_with(args, params, engine, methods, suite) -> int:
     pair = pair_from_args(args)
+    if suite is None:
+        suite = select_prompts(read_suite(args, pair.tokenizer), args.categories, args.limit)
     if args.round_overhead and pair.draft is None:  # refuse before the comparison runs, not after
         raise ValueError("--round-overhead measures SD rounds and this pair has no draft; pass --draft, or a --pair "
                          "with a draft model or a feature head")

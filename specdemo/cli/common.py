@@ -116,6 +116,8 @@ def add_suite_arguments(parser: argparse.ArgumentParser, repeats: int, what: str
     suite.add_argument("--prompt-words", default=None, metavar="LOW:HIGH",
                        help="hf: suites: keep rows of at least LOW words and cut them to HIGH words; without "
                             "--reference-field the rest of the text is the reference (continuations)")
+    suite.add_argument("--prompt-tokens", default=None, metavar="LOW:HIGH",
+                       help="hf: suites: the same in tokens of the target's tokenizer (read once the pair is loaded)")
     suite.add_argument("--categories", default=None, help="comma-separated categories to run (default: all of them)")
     suite.add_argument("--limit", type=int, default=None,
                        help="at most this many prompts per category (hf: suites read no more rows than this)")
@@ -147,26 +149,46 @@ def progress_bar(quiet: bool):
         bar.close()
 
 
-def read_suite(args: argparse.Namespace) -> list:
-    """The suite a command line names: a JSONL file of either shape, an hf: dataset, or the built-in one."""
+def suite_needs_tokenizer(args: argparse.Namespace) -> bool:
+    """Whether the suite can only be read once the pair is loaded (prompts cut in its tokens);
+    the flag itself is checked now, before any model loads."""
+    if not getattr(args, "prompt_tokens", None):
+        return False
+    from ..bench.hub_data import is_hf_suite
+
+    if not is_hf_suite(args.suite):
+        raise ValueError("--prompt-tokens applies to hf:DATASET[:CONFIG]:SPLIT suites only")
+    _bounds("--prompt-tokens", args.prompt_tokens)
+    return True
+
+
+def read_suite(args: argparse.Namespace, tokenizer=None) -> list:
+    """The suite a command line names: a JSONL file of either shape, an hf: dataset, or the built-in
+    one. `tokenizer` (the pair's) is needed only for --prompt-tokens."""
     from ..bench.hub_data import is_hf_suite, load_hf_suite
     from ..bench.suite import DEFAULT_SUITE, load_suite, rename_categories
 
     hf_only = [flag for flag, value in (("--prompt-field", args.prompt_field), ("--reference-field",
-               args.reference_field), ("--template", args.template), ("--prompt-words", args.prompt_words)) if value]
+               args.reference_field), ("--template", args.template), ("--prompt-words", args.prompt_words),
+               ("--prompt-tokens", args.prompt_tokens)) if value]
     if not is_hf_suite(args.suite):
         if hf_only:
             raise ValueError(f"{', '.join(hf_only)} apply to hf:DATASET[:CONFIG]:SPLIT suites only")
         return load_suite(args.suite or DEFAULT_SUITE, category_map=args.category_map)
-    words = None
-    if args.prompt_words:
-        low, sep, high = args.prompt_words.partition(":")
-        try:
-            words = (int(low), int(high)) if sep else None
-        except ValueError:
-            words = None
-        if words is None:
-            raise ValueError(f"--prompt-words must be LOW:HIGH (e.g. 50:150), got {args.prompt_words!r}")
+    words, tokens = (_bounds(flag, value) for flag, value in (("--prompt-words", args.prompt_words),
+                                                             ("--prompt-tokens", args.prompt_tokens)))
     prompts = load_hf_suite(args.suite, args.prompt_field, args.reference_field, args.template, limit=args.limit,
-                            prompt_words=words)
+                            prompt_words=words, prompt_tokens=tokens, tokenizer=tokenizer)
     return rename_categories(prompts, args.category_map)
+
+
+def _bounds(flag: str, value: str | None) -> tuple[int, int] | None:
+    if not value:
+        return None
+    low, sep, high = value.partition(":")
+    try:
+        if sep:
+            return int(low), int(high)
+    except ValueError:
+        pass
+    raise ValueError(f"{flag} must be LOW:HIGH (e.g. 50:200), got {value!r}")

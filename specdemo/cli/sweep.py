@@ -16,7 +16,8 @@ from ..bench.sweep import (
 )
 from ..engine.params import PARAMS
 from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, decode_params, default_chat,
-                     pair_from_args, progress_bar, read_suite)
+                     pair_from_args, progress_bar, read_suite,
+                     suite_needs_tokenizer)
 
 GRID_PARAMS = ("gamma", "gamma_max", "ema", "ngram_n", "copy_n")  # lists here, single values elsewhere
 SHOWN = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s", "acceptance_rate",
@@ -69,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{name} must be an integer ≥ 1, got {value}")
     settings = expand_grid(args.gamma, args.gamma_max, args.ema, args.ngram_n, args.methods, args.copy_n,
                            gamma_min=params.gamma_min, nasd_gamma=args.nasd_gamma)
-    suite = select_prompts(read_suite(args), args.categories, args.limit)
+    # Prompts cut in the target's tokens are read once the pair is loaded; every other suite now.
+    suite = None if suite_needs_tokenizer(args) else select_prompts(read_suite(args), args.categories, args.limit)
     if args.chart_png:
         from ..bench.chartpng import save_chart_png  # noqa: F401  (fail on a missing Playwright before the sweep)
     threads = torch.get_num_threads()
@@ -83,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _sweep_with(args, params, settings, suite) -> int:
     pair = pair_from_args(args)
+    if suite is None:
+        suite = select_prompts(read_suite(args, pair.tokenizer), args.categories, args.limit)
     with progress_bar(args.quiet) as progress:
         result = run_sweep(pair, suite, settings, repeats=args.repeats, warmup=args.warmup, progress=progress,
                            **params.as_dict())
