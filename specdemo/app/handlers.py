@@ -294,7 +294,7 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
     comparison = tabulate(pair, results)
     files = write_csvs(comparison.summary, comparison.rounds, comparison.tokens)
     elapsed = time.perf_counter() - started
-    done = f"Done in {elapsed:.1f} s{request.note}. Hover a token for its round; download the numbers below."
+    done = f"Done in {elapsed:.1f} s{request.note}. Hover a token for its round and what decided it; download the numbers below."
     if errors:
         done += " ⚠️ " + "; ".join(errors)
     yield RunUpdate(status=done, figures=viz.all_figures(results), table=viz.display_table(comparison.summary),
