@@ -307,7 +307,7 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
     comparison = tabulate(pair, results)
     files = write_csvs(comparison.summary, comparison.rounds, comparison.tokens)
     elapsed = time.perf_counter() - started
-    done = f"Done in {elapsed:.1f} s{request.note}. Hover a token for its round; download the numbers below."
+    done = f"Done in {elapsed:.1f} s{request.note}. Hover a token for its round and what decided it; download the numbers below."
     notes = [r.note for r in results if r.note]  # e.g. AR without a cache stopped early
     if notes:
         done += " ℹ️ " + "; ".join(notes) + "."
