@@ -282,3 +282,41 @@ def test_the_baselines_run_on_an_encoder_decoder_pair(seq2seq_pair):
     assert alone.token_ids == draft_greedy[: len(alone.token_ids)]
     beam = specdemo.generate(seq2seq_pair, PROMPT, method="beam", max_new_tokens=16, num_beams=2)
     assert beam.token_ids and beam.stats["drafted"] == 0
+
+
+# --- the baselines: beam search, the draft alone, AR without a cache -----------------------------
+
+
+def test_ar_without_a_cache_writes_ars_tokens_and_encodes_once(seq2seq_pair):
+    ar = specdemo.generate(seq2seq_pair, PROMPT, method="ar", max_new_tokens=16)
+    runs = []
+    hook = seq2seq_pair.target.get_encoder().register_forward_hook(lambda *_: runs.append(1))
+    try:
+        nocache = specdemo.generate(seq2seq_pair, PROMPT, method="ar-nocache", max_new_tokens=16)
+    finally:
+        hook.remove()
+    assert nocache.token_ids == ar.token_ids and nocache.cache == "none"
+    assert nocache.target_forwards == len(nocache.tokens) and len(runs) == 1
+
+
+def test_the_draft_alone_writes_what_transformers_greedy_writes_with_the_draft(seq2seq_pair):
+    alone = specdemo.generate(seq2seq_pair, PROMPT, method="draft", max_new_tokens=16)
+    ids = torch.tensor([seq2seq_pair.encode(PROMPT)])
+    with torch.inference_mode():
+        expected = seq2seq_pair.draft.generate(ids, do_sample=False, max_new_tokens=16)[0, 1:].tolist()
+    assert alone.token_ids == expected[: len(alone.token_ids)] and alone.target_forwards == 0
+
+
+def test_beam_search_on_an_encoder_decoder_pair(seq2seq_pair):
+    from specdemo.engine.beam import generation_config
+    from specdemo.engine.params import DecodeParams
+
+    ar = specdemo.generate(seq2seq_pair, PROMPT, method="ar", max_new_tokens=16)
+    assert specdemo.generate(seq2seq_pair, PROMPT, method="beam", max_new_tokens=16, num_beams=1).token_ids == ar.token_ids
+    beam = specdemo.generate(seq2seq_pair, PROMPT, method="beam", max_new_tokens=16, num_beams=4)
+    ids = torch.tensor([seq2seq_pair.encode(PROMPT)])
+    config = generation_config(seq2seq_pair, DecodeParams.resolve(None, max_new_tokens=16, num_beams=4))
+    with torch.inference_mode():
+        expected = seq2seq_pair.target.generate(ids, generation_config=config)[0, 1:].tolist()
+    assert beam.token_ids == expected[: len(beam.token_ids)] and len(beam.rounds) == len(beam.tokens)
+    assert beam.text == seq2seq_pair.tokenizer.decode(beam.token_ids, skip_special_tokens=True)

@@ -19,6 +19,7 @@ from typing import Iterator
 
 import torch
 
+from .lm import decoder_start, is_encoder_decoder
 from .params import DecodeParams
 from .tokens import cut_at_eos, token_text
 from .trace import TARGET, GenerationResult, Round, TokenRecord
@@ -77,10 +78,11 @@ def run_beam(pair, params: DecodeParams, seed: int, result: GenerationResult) ->
         end = time.perf_counter()
     # A decoder-only model returns the prompt and then the new tokens; an encoder-decoder model
     # returns the decoder's sequence, which starts with its decoder-start token.
-    skip = 1 if getattr(pair.target.config, "is_encoder_decoder", False) else len(result.prompt_ids)
-    new_ids = cut_at_eos(output[0, skip:].tolist(), pair.eos_ids)
+    if is_encoder_decoder(pair.target):
+        result.decoder_prefix = decoder_start(pair.target)
+    new_ids = cut_at_eos(output[0, len(result.output_context):].tolist(), pair.eos_ids)
     steps = [t - start for t in clock.times] or [end - start]
-    sequence = list(result.prompt_ids)
+    sequence = list(result.output_context)
     previous = 0.0
     for index, token in enumerate(new_ids):
         ended = steps[min(index, len(steps) - 1)]
@@ -89,7 +91,7 @@ def run_beam(pair, params: DecodeParams, seed: int, result: GenerationResult) ->
             index=index, gamma=0, entropy=None, drafted=[], accepted=0, next_token=token, draft_entropies=[],
             draft_seconds=0.0, verify_seconds=ended - previous, end_seconds=ended, new_tokens=[token],
         ))
-        text = token_text(pair.tokenizer, sequence, len(sequence) - 1, floor=len(result.prompt_ids))
+        text = token_text(pair.tokenizer, sequence, len(sequence) - 1, floor=len(result.output_context))
         result.tokens.append(TokenRecord(token, text, TARGET, index))
         previous = ended
     result.seconds = end - start

@@ -21,7 +21,7 @@ from .context_copy import CopyFirstDrafter
 from .drafters import Drafter, NgramDrafter, Proposal, top_ids
 from .lm import CACHE_KINDS, buckets_up_to, cached_lm, decoder_start, is_encoder_decoder
 from .methods import Method, get_method
-from .nocache import RecomputingLM
+from .nocache import recomputing_lm
 from .params import DecodeParams, EngineOptions
 from .sampling import decision_values, probabilities, verify_on_device
 from .tokens import cut_at_eos, token_text
@@ -110,7 +110,7 @@ def _rounds(
         target = cached_lm(writer, pair.vocab_size, cache=cache, max_length=max_length, compile=compile,
                            buckets=buckets)
     else:
-        target = RecomputingLM(writer, pair.vocab_size)
+        target = recomputing_lm(writer, pair.vocab_size)
         cache = target.kind
     if drafter is not None and hasattr(drafter, "use_cache"):
         # The drafter feeds one token at a time, and one or two to catch up after a round.

@@ -5,13 +5,17 @@
 (`ar-nocache`) is the same loop with this engine in place of the cached one. Step t
 costs a forward over prompt + t positions, so a generation is quadratic in its length:
 the baseline that shows what the cache buys.
+
+An encoder-decoder model (`recomputing_lm` picks `EncoderDecoderRecomputingLM`) encodes its
+source once, as transformers' `generate(use_cache=False)` does, and recomputes the whole
+decoder sequence, its cross-attention over the encoder's output included, every step.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .lm import _forward_with_hidden
+from .lm import _forward_with_hidden, is_encoder_decoder
 
 KIND = "none"  # what a trace records as its cache kind
 
@@ -66,3 +70,45 @@ class RecomputingLM:
 
     def close(self) -> None:
         pass
+
+
+class EncoderDecoderRecomputingLM(RecomputingLM):
+    """No KV cache for an encoder-decoder model: `set_source` names the encoder's input, encoded
+    once at the first call; each call runs the decoder over the whole decoder sequence."""
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None):
+        super().__init__(model, vocab_size)
+        self.source: list[int] = []
+        self.encoder_output = None
+        self.encodes = 0
+
+    def set_source(self, source_ids: list[int]) -> None:
+        self.source, self.encoder_output = list(source_ids), None
+
+    def prefill(self, sequence: list[int], hidden: bool = False) -> torch.Tensor | None:
+        if hidden:
+            raise ValueError("a feature-level drafter reads a decoder-only target's states")
+        return None
+
+    def logits(self, sequence: list[int], n_logits: int = 1, n_hidden: int = 0,
+               then: torch.Tensor | None = None) -> torch.Tensor:
+        if n_hidden:
+            raise ValueError("a feature-level drafter reads a decoder-only target's states")
+        if self.encoder_output is None:
+            ids = torch.tensor([self.source], dtype=torch.long, device=self.device)
+            self.encoder_output = self.model.get_encoder()(input_ids=ids)
+            self.encodes += 1
+        ids = torch.tensor(sequence, dtype=torch.long, device=self.device)
+        if then is not None and then.shape[0]:
+            ids = torch.cat([ids, then])
+        output = self.model(encoder_outputs=self.encoder_output, decoder_input_ids=ids.view(1, -1), use_cache=False)
+        self.forwards += 1
+        logits = output.logits[0, -n_logits:]
+        if self.vocab_size is not None:
+            logits = logits[..., : self.vocab_size]
+        return logits
+
+
+def recomputing_lm(model: torch.nn.Module, vocab_size: int | None = None) -> RecomputingLM:
+    """A `RecomputingLM`, or its encoder-decoder variant for an encoder-decoder model."""
+    return (EncoderDecoderRecomputingLM if is_encoder_decoder(model) else RecomputingLM)(model, vocab_size)
