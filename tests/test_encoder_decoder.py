@@ -320,3 +320,16 @@ def test_beam_search_on_an_encoder_decoder_pair(seq2seq_pair):
         expected = seq2seq_pair.target.generate(ids, generation_config=config)[0, 1:].tolist()
     assert beam.token_ids == expected[: len(beam.token_ids)] and len(beam.rounds) == len(beam.tokens)
     assert beam.text == seq2seq_pair.tokenizer.decode(beam.token_ids, skip_special_tokens=True)
+
+
+def test_a_two_turn_question_runs_turn_by_turn_and_stays_lossless(seq2seq_pair):
+    from specdemo.bench.benchmark import run_benchmark
+
+    question = {"question_id": 1, "category": "writing", "turns": ["w5 w6 w7", "w8 w9 w10"]}
+    result = run_benchmark(seq2seq_pair, [question], "ar,sd,nasd,ar-nocache,beam,draft", repeats=1, warmup=False,
+                           max_new_tokens=12, chat=True)  # chat is set aside: an encoder reads the transcript
+    rows = result.rows
+    assert (rows["error"] == "").all(), rows["error"].tolist()
+    assert sorted(rows["turn"].unique()) == [1, 2]
+    lossless = rows[rows["method"].isin(["sd", "nasd", "ar-nocache"])]
+    assert lossless["matches_ar"].all() and len(lossless) == 6

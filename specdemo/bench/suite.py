@@ -233,7 +233,9 @@ def select_prompts(
 
 
 def encode_prompt(pair, item: SuitePrompt, chat: bool) -> list[int]:
-    """Token ids every method is fed: through the chat template when chat is on."""
+    """Token ids every method is fed: through the chat template when chat is on (never for an
+    encoder-decoder pair, whose encoder reads the request, or the transcript, as text)."""
+    chat = chat and not getattr(pair, "is_encoder_decoder", False)
     if item.messages is None:
         return pair.encode(item.prompt, chat=chat)
     if chat:
