@@ -107,7 +107,9 @@ def test_chat_is_ignored_for_an_encoder_decoder_pair(seq2seq_pair):
 
 def test_graph_capture_is_refused_with_a_reason(seq2seq_pair):
     with pytest.raises(ValueError, match="encoder-decoder model: turn compile off"):
-        specdemo.generate(seq2seq_pair, PROMPT, method="sd", max_new_tokens=4, cache="static", compile=True)
+        specdemo.iter_generate(seq2seq_pair, PROMPT, method="sd", max_new_tokens=4, cache="static", compile=True)
+    with pytest.raises(ValueError, match="encoder-decoder model: turn compile off"):
+        cached_lm(seq2seq_pair.target, cache="static", max_length=8, compile=True)
 
 
 def test_tables_read_the_source():

@@ -81,6 +81,9 @@ def _check_engine(pair: ModelPair, cache: str | None, compile: bool) -> str:
     """The concrete cache kind for these options on the pair's device (ValueError if invalid)."""
     cache = EngineOptions.from_values(cache=cache, compile=compile).cache_for(pair.device)
     assert cache in CACHE_KINDS
+    if compile and is_encoder_decoder(pair.target):  # refused before the first round, not during it
+        raise ValueError("compile: graph capture runs decoder-only models; this pair's target is an "
+                         "encoder-decoder model: turn compile off")
     return cache
 
 
