@@ -21,6 +21,7 @@ from .params import DecodeParams, EngineOptions
 from .sampling import probabilities, verify_on_device
 from .tokens import cut_at_eos
 from .trace import GenerationResult, Round, TokenRecord
+from .tree_round import tree_round
 
 if TYPE_CHECKING:  # the engine never imports the model layer at run time
     from ..models.loading import ModelPair
@@ -89,11 +90,12 @@ def _rounds(
     eos_ids = pair.eos_ids
     sequence = list(result.prompt_ids)
     clock = phase_clock(device)
-    # A static cache holds the whole generation; the slack covers padded verification.
-    longest_round = max(params.gamma, params.gamma_max) + 1
-    max_length = len(sequence) + params.max_new_tokens + longest_round
+    # A static cache holds the whole generation; the slack covers padded verification (or a whole tree).
+    drafts_trees = drafter is not None and hasattr(drafter, "propose_tree")
+    longest_chain = max(params.gamma, params.gamma_max) + 1
+    max_length = len(sequence) + params.max_new_tokens + max(longest_chain, getattr(policy, "budget", 0) + 1)
     # AR verifies one token a round; drafting methods up to γ + 1 (padded to a bucket).
-    buckets = buckets_up_to(longest_round) if drafter is not None else (1,)
+    buckets = buckets_up_to(longest_chain) if drafter is not None else (1,)
     target = CachedLM(pair.target, pair.vocab_size, cache=cache, max_length=max_length, compile=compile,
                       buckets=buckets)
     if drafter is not None and hasattr(drafter, "use_cache"):
@@ -125,24 +127,34 @@ def _rounds(
             while True:
                 remaining = params.max_new_tokens - len(result.tokens)
                 clock.start()
-                if drafter is None:
-                    proposal = Proposal.empty(0, device)
-                else:
+                tree_record = None
+                if drafts_trees:
                     # Leave room for the target's own token so a round never overshoots.
-                    proposal = drafter.propose(sequence, policy, remaining - 1, sampling, generator)
-                clock.lap()
+                    outcome = tree_round(target, drafter, policy, sequence, remaining - 1, sampling, generator,
+                                         clock, reads_features, target_top_k)
+                    proposal, drafted, accepted, next_token = (outcome.proposal, outcome.drafted, outcome.accepted,
+                                                               outcome.next_token)
+                    entropies, target_logits, target_top = outcome.entropies, outcome.verified_logits, outcome.target_top
+                    verified_hidden, tree_record = outcome.verified_hidden, outcome.record
+                else:
+                    if drafter is None:
+                        proposal = Proposal.empty(0, device)
+                    else:
+                        proposal = drafter.propose(sequence, policy, remaining - 1, sampling, generator)
+                    clock.lap()
 
-                # Nothing comes back to the host until the round's one read: the target verifies
-                # every draft from the device, an EOS among them included (cut below).
-                n_verified = len(proposal.tokens) + 1
-                target_logits = target.logits(sequence, n_verified, n_verified if reads_features else 0,
-                                              then=proposal.tokens)
-                target_scores = target_logits if sampling.greedy else probabilities(target_logits, sampling)
-                verdict = verify_on_device(target_scores, proposal.tokens, proposal.draft_probs, sampling, generator)
-                target_top = top_ids(target_logits, target_top_k) if target_top_k else None
-                (accepted, next_token), drafted, entropies, target_top = read_together(
-                    verdict, proposal.tokens, proposal.entropies, target_top)
-                target.note_fed(drafted)
+                    # Nothing comes back to the host until the round's one read: the target verifies
+                    # every draft from the device, an EOS among them included (cut below).
+                    n_verified = len(proposal.tokens) + 1
+                    target_logits = target.logits(sequence, n_verified, n_verified if reads_features else 0,
+                                                  then=proposal.tokens)
+                    target_scores = target_logits if sampling.greedy else probabilities(target_logits, sampling)
+                    verdict = verify_on_device(target_scores, proposal.tokens, proposal.draft_probs, sampling, generator)
+                    target_top = top_ids(target_logits, target_top_k) if target_top_k else None
+                    (accepted, next_token), drafted, entropies, target_top = read_together(
+                        verdict, proposal.tokens, proposal.entropies, target_top)
+                    target.note_fed(drafted)
+                    verified_hidden = target.hidden
                 drafts, accepted, next_token = _cut_at_eos(drafted, accepted, next_token, eos_ids)
                 new_tokens = drafts[:accepted] + ([] if next_token is None else [next_token])
                 verified_from = len(sequence)
@@ -151,7 +163,7 @@ def _rounds(
                     seen = accepted + 1  # the positions the target verified that the output keeps
                     extras = {}
                     if reads_features:
-                        extras["target_features"] = target.hidden[:seen]
+                        extras["target_features"] = verified_hidden[:seen]
                     if target_top_k:
                         extras["target_top"] = target_top[:seen]
                     drafter.observe(sequence, verified_from, target_logits[:seen], **extras)
@@ -164,7 +176,7 @@ def _rounds(
                     drafted=drafts, accepted=accepted, next_token=next_token,
                     draft_entropies=entropies[: len(drafts)], draft_seconds=draft_seconds,
                     verify_seconds=verify_seconds, end_seconds=engine_seconds, new_tokens=new_tokens,
-                    source=proposal.source if drafts else "",
+                    source=proposal.source if drafts else "", tree=tree_record,
                 )
                 _record(result, round_, pair, sequence)
                 result.seconds = engine_seconds

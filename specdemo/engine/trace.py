@@ -31,6 +31,27 @@ class TokenRecord:
 
 
 @dataclass
+class TreeRecord:
+    """A round's tree of drafts. Node i (1..n) is list index i − 1; parent 0 is the root (the
+    last token of the context)."""
+
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    q: list[float | None]  # the drafter's probability of the node's token at its parent (None: point mass)
+    p: list[float]  # the target's probability of the node's token at its parent
+    path: list[int]  # the kept nodes, from the root's child down
+
+    @property
+    def nodes(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        return max(self.depths, default=0)
+
+
+@dataclass
 class Round:
     index: int
     gamma: int  # the policy's draft length for this round (0 for AR)
@@ -44,6 +65,12 @@ class Round:
     end_seconds: float  # since the generation started, prefill included
     new_tokens: list[int] = field(default_factory=list)  # what the round added to the output
     source: str = ""  # DRAFTED, COPIED, or "" for a round that drafted nothing
+    # A tree round's whole tree; `drafted` is then its kept path and the first child refused after it.
+    tree: TreeRecord | None = None
+
+    @property
+    def nodes_drafted(self) -> int:
+        return self.tree.nodes if self.tree is not None else len(self.drafted)
 
     @property
     def rejected(self) -> list[int]:
@@ -86,7 +113,7 @@ class GenerationResult:
 def summarize(result: GenerationResult) -> dict[str, Any]:
     rounds = result.rounds
     new_tokens = len(result.tokens)
-    drafted = sum(len(r.drafted) for r in rounds)
+    drafted = sum(r.nodes_drafted for r in rounds)
     accepted = sum(r.accepted for r in rounds)
     drafting_rounds = [r for r in rounds if r.gamma > 0]
     token_entropies = [e for r in rounds for e in r.draft_entropies]
@@ -109,6 +136,7 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "copied_rounds": sum(1 for r in rounds if r.source == COPIED),
         "mean_gamma": sum(r.gamma for r in drafting_rounds) / len(drafting_rounds) if drafting_rounds else 0.0,
         "mean_drafted": drafted / len(rounds) if rounds else math.nan,
+        "tree_rounds": sum(1 for r in rounds if r.tree is not None),
         "mean_entropy": sum(token_entropies) / len(token_entropies) if token_entropies else math.nan,
         "draft_seconds": sum(r.draft_seconds for r in rounds),
         "verify_seconds": sum(r.verify_seconds for r in rounds),
