@@ -297,7 +297,7 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
                 now = time.perf_counter()
                 # On a slow machine drawing must not crowd out decoding: keep it to ~20%.
                 if result.done or now - last_chart >= max(chart_interval_s, 4 * chart_cost):
-                    update.figures = viz.all_figures(results + [result])
+                    update.figures = viz.all_figures(results + [result], pair.tokenizer)
                     last_chart = time.perf_counter()
                     chart_cost = last_chart - now
                 yield update
@@ -323,7 +323,7 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
     done = f"Done in {elapsed:.1f} s{request.note}. Hover a token for its round; download the numbers below."
     if errors:
         done += " ⚠️ " + "; ".join(errors)
-    yield RunUpdate(status=done, figures=viz.all_figures(results), table=viz.display_table(comparison.summary),
+    yield RunUpdate(status=done, figures=viz.all_figures(results, pair.tokenizer), table=viz.display_table(comparison.summary),
                     why=viz.explain(comparison.summary), files=files, results=list(results))
 
 

@@ -150,6 +150,9 @@ def build_demo(
             with gr.Row(equal_height=True):
                 accepted_plot = gr.Plot(empty["accepted"], show_label=False, elem_classes=["sd-chart"])
                 race_plot = gr.Plot(empty["race"], show_label=False, elem_classes=["sd-chart"])
+            with gr.Row(equal_height=True):
+                tree_rounds_plot = gr.Plot(empty["tree_rounds"], show_label=False, elem_classes=["sd-chart"])
+                tree_plot = gr.Plot(empty["tree"], show_label=False, elem_classes=["sd-chart"], elem_id="sd-tree-chart")
 
             gr.Markdown("### Comparison", elem_classes=["sd-section"])
             table = gr.Dataframe(viz.display_table(summary_frame([])), interactive=False, show_label=False,
@@ -185,7 +188,7 @@ def build_demo(
             sweeptab.build_tab(presets, default_preset, lambda t, d: cache.get(t, d, device=device, dtype=dtype),
                                limits, gpu, export_dir, GPU_QUEUE, follow=runs.follow)
 
-        charts = [gamma_plot, entropy_plot, accepted_plot, race_plot]
+        charts = [gamma_plot, entropy_plot, accepted_plot, race_plot, tree_rounds_plot, tree_plot]
         chart_names = list(viz.all_figures([]))
 
         def components(update: RunUpdate) -> dict:

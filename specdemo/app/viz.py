@@ -361,8 +361,17 @@ def _dash(method: str) -> str:
 FIGURES = {"gamma": gamma_figure, "entropy": entropy_figure, "accepted": accepted_figure, "race": race_figure}
 
 
-def all_figures(results: Sequence[GenerationResult]) -> dict[str, go.Figure]:
-    return {name: make(results) for name, make in FIGURES.items()}
+def all_figures(results: Sequence[GenerationResult], tokenizer=None) -> dict[str, go.Figure]:
+    """Every chart by name; then "tree_rounds" and "tree" (the first tree method's trees, labelled
+    with the tokenizer's text when given)."""
+    from .tree_view import tree_figure, tree_rounds_figure  # it draws in this module's colours
+
+    figures = {name: make(results) for name, make in FIGURES.items()}
+    figures["tree_rounds"] = tree_rounds_figure(results)
+    with_trees = next((r for r in results if any(round_.tree is not None for round_ in r.rounds)), None)
+    decode = (lambda token: tokenizer.decode([token])) if tokenizer is not None else str
+    figures["tree"] = tree_figure(with_trees, decode)
+    return figures
 
 
 # ---------------------------------------------------------------------------------------
@@ -371,7 +380,7 @@ def all_figures(results: Sequence[GenerationResult]) -> dict[str, go.Figure]:
 
 DISPLAY_COLUMNS = [
     "method", "drafter", "tokens", "tokens/s", "speedup vs AR", "TTFT (s)", "acceptance α", "tokens per round",
-    "target forwards / token", "mean γ", "quality",
+    "target forwards / token", "mean γ", "nodes / round", "quality",
 ]
 
 
@@ -414,6 +423,8 @@ def display_table(summary: pd.DataFrame) -> pd.DataFrame:
             "tokens per round": _num(row["mean_accepted_tokens"], ".2f"),
             "target forwards / token": _num(row["target_forwards_per_token"], ".3f"),
             "mean γ": _num(row["mean_gamma"], ".2f"),
+            # Drafts a round offers the target: a tree's nodes, a chain's tokens.
+            "nodes / round": _num(row["mean_drafted"], ".2f"),
             "quality": _quality(row),
         })
     return pd.DataFrame(rows, columns=DISPLAY_COLUMNS)

@@ -7,6 +7,7 @@ import argparse
 import pandas as pd
 
 from ..bench.compare import run_comparison
+from ..bench.tables import nodes_frame
 from ..engine.methods import parse_methods
 from .common import (add_decoding_arguments, add_model_arguments, decode_params, default_chat, engine_options,
                      pair_from_args)
@@ -21,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--csv", help="write the comparison table (one row per method) here")
     out.add_argument("--trace-csv", help="write the per-round trace (one row per round per method) here")
+    out.add_argument("--nodes-csv", help="write every node of every tree round (one row per node) here")
     out.add_argument("--show-text", action="store_true", help="print each method's output text")
 
 
@@ -49,4 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace_csv:
         rounds.to_csv(args.trace_csv, index=False)
         print(f"wrote {args.trace_csv}")
+    if args.nodes_csv:
+        nodes_frame(comparison.results).to_csv(args.nodes_csv, index=False)
+        print(f"wrote {args.nodes_csv}")
     return 0
