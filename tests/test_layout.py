@@ -1,9 +1,14 @@
-"""The package layout: each subpackage imports on its own, lower layers never import upper ones."""
+"""The package layout: each subpackage imports on its own, lower layers never import upper
+ones, no two modules import each other (not even from inside a function), and the page's
+functions stay short."""
 
+import ast
+import graphlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -50,3 +55,78 @@ def test_every_subpackage_says_what_it_owns_and_may_import():
     for name in SUBPACKAGES:
         doc = importlib.import_module(f"specdemo.{name}").__doc__ or ""
         assert "import" in doc.lower(), f"specdemo.{name} has no import rule in its docstring"
+
+
+# --------------------------------------------------------------------------- imports between modules
+
+PACKAGE = ROOT / "specdemo"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement, at module level or inside a function, except those under
+    `if TYPE_CHECKING:` (never executed)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (n for child in node.orelse for n in _runtime_imports(ast.Module([child], [])))
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        yield from _runtime_imports(node)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """specdemo module → the specdemo modules it imports, wherever the import statement sits."""
+    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names if alias.name in paths)
+                continue
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            source = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                targets.add(submodule if submodule in paths else source)
+        graph[name] = {t for t in targets if t in paths and t != name}
+    return graph
+
+
+def test_the_import_graph_is_read_from_the_source():
+    graph = import_graph()
+    assert "specdemo.engine.decoding" in graph["specdemo.engine"]
+    assert "specdemo.bench.benchmark" in graph["specdemo.bench.report"]
+
+
+def test_no_two_modules_import_each_other_not_even_inside_a_function():
+    """A function-level import hides a cycle from the interpreter, not from the reader: each
+    module depends on the other. Lower layers and helpers must not reach back up."""
+    try:
+        graphlib.TopologicalSorter(import_graph()).prepare()
+    except graphlib.CycleError as error:
+        pytest.fail(f"import cycle: {' → '.join(error.args[1])}")
+
+
+# --------------------------------------------------------------------------- the page stays thin
+
+MAX_PAGE_FUNCTION_LINES = 60
+
+
+def test_every_function_of_the_page_fits_on_a_screen():
+    long = []
+    for path in sorted((PACKAGE / "app").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_PAGE_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "longer than a screen: " + ", ".join(long)

@@ -4,6 +4,7 @@ import pytest
 
 import specdemo
 from specdemo.app import viz
+from specdemo.app.charts import all_charts
 from specdemo.app.tree_view import node_states, tree_figure, tree_layout, tree_rounds_figure
 from specdemo.bench.tables import NODE_COLUMNS, ROUND_COLUMNS, nodes_frame, rounds_frame, summary_frame
 from specdemo.engine.trace import ACCEPTED, REJECTED, TreeRecord
@@ -60,7 +61,7 @@ def test_the_per_round_chart_draws_nodes_depth_and_kept_drafts_of_tree_methods_o
 
 
 def test_the_page_gets_both_tree_charts(runs):
-    figures = viz.all_figures(runs)
+    figures = all_charts(runs)
     assert {"tree", "tree_rounds"} <= set(figures)
     assert figures["tree"].layout.sliders
 

@@ -2,13 +2,16 @@
 
 Same prompts, same interleaved runs and the same summary as the command line; the tab
 adds a progress bar, the summary table, the report's charts and the CSV/HTML downloads.
+`check_size` and `measure` are the handlers; `build_tab` lays the tab out and wires them.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import gradio as gr
 import pandas as pd
@@ -17,7 +20,7 @@ from .. import bench
 from ..engine.params import PARAMS
 from .forms import param_control
 from .limits import Limits
-from ..models.loading import ModelPair, Preset
+from .page import TabContext, wire_stop
 
 # The columns a reader compares first; the CSV download keeps all of them.
 TABLE_COLUMNS = [
@@ -102,38 +105,44 @@ def measure(pair, **kwargs) -> Iterator[tuple[int, int, str] | bench.BenchResult
         worker.join()
 
 
-def build_tab(
-    presets: Mapping[str, Preset],
-    default_preset: str,
-    load: Callable[[str, str | None], ModelPair],
-    limits: Limits,
-    gpu: Callable[[Callable], Callable],
-    export: Callable[[], Any],
-    queue_id: str,
-    follow: Callable[[gr.Request, Iterator], Iterator] = lambda request, updates: updates,
-) -> None:
-    """Lay the tab out inside the current Blocks and wire its events.
+INTRO = (
+    "Runs the project's prompt suite (chat, translation, summarisation, RAG, maths, code) through each "
+    "method, interleaving methods so machine drift hits all alike, and compares our decoders with "
+    "transformers' `generate`, assisted generation and prompt lookup. Speedups are geometric means over "
+    "prompts. The same run from a terminal: `python -m specdemo bench --pair embedded`."
+)
 
-    load(target, draft) returns a cached pair; gpu decorates the GPU work (ZeroGPU);
-    export() gives a fresh folder for this run's files; queue_id is the concurrency group
-    the page's other decoding events share; follow(request, updates) relays a run's updates,
-    stopping it when the visitor's tab closes and tidying the visitor's session after it.
-    """
-    gr.Markdown(
-        "Runs the project's prompt suite (chat, translation, summarisation, RAG, maths, code) through each "
-        "method, interleaving methods so machine drift hits all alike, and compares our decoders with "
-        "transformers' `generate`, assisted generation and prompt lookup. Speedups are geometric means over "
-        "prompts. The same run from a terminal: `python -m specdemo bench --pair embedded`."
-    )
+
+def build_tab(ctx: TabContext) -> None:
+    """Lay the tab out inside the current Blocks and wire its /benchmark event."""
+    gr.Markdown(INTRO)
+    inputs = _inputs(ctx)
     with gr.Row():
-        preset = gr.Dropdown(label="Model pair", value=default_preset, interactive=True,
-                             choices=list(presets), elem_id="bench-preset")
+        run_btn = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
+        stop_btn = gr.Button("Stop", variant="stop", elem_id="bench-stop")
+    outputs = _outputs()
+
+    # The parameter names are the /benchmark endpoint's, as gradio_client shows them.
+    def run(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
+            ngram_n_, seed_, request: gr.Request, progress=gr.Progress()):
+        form = BenchForm(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen or [],
+                         temperature_, gamma_, ngram_n_, seed_)
+        yield from ctx.follow(request, benchmark(ctx, form, progress, len(outputs)))
+
+    event = run_btn.click(run, inputs=inputs, outputs=outputs, api_name="benchmark", concurrency_id=ctx.queue_id)
+    wire_stop(stop_btn, outputs[0], event)
+
+
+def _inputs(ctx: TabContext) -> list[Any]:
+    """The tab's inputs, in `BenchForm`'s order."""
+    with gr.Row():
+        preset = gr.Dropdown(label="Model pair", value=ctx.default_preset, interactive=True,
+                             choices=list(ctx.presets), elem_id="bench-preset")
         category = gr.Dropdown(label="Category", value=bench.ALL, choices=[bench.ALL, *bench.SUITE_CATEGORIES],
                                elem_id="bench-category")
         prompts = gr.Number(value=1, precision=0, label="Prompts per category")
         repeats = gr.Number(value=1, precision=0, label="Repeats")
-        max_new_tokens = gr.Number(value=min(64, limits.max_new_tokens), precision=0,
-                                   label="Max new tokens")
+        max_new_tokens = gr.Number(value=min(64, ctx.limits.max_new_tokens), precision=0, label="Max new tokens")
     with gr.Row():
         methods = gr.CheckboxGroup(label="Methods", value=list(bench.DEFAULT_BENCH_METHODS),
                                    choices=[(label, name) for name, label in bench.bench_methods().items()])
@@ -144,9 +153,11 @@ def build_tab(
                               label="γ (SD, NASD, HF assisted, prompt lookup)")
         ngram_n = param_control(PARAMS["ngram_n"], PARAMS["ngram_n"].default, label="n (NASD, prompt lookup)")
         seed = param_control(PARAMS["seed"], 0, label="Seed")
-    with gr.Row():
-        run_btn = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
-        stop_btn = gr.Button("Stop", variant="stop", elem_id="bench-stop")
+    return [preset, category, prompts, repeats, max_new_tokens, methods, temperature, gamma, ngram_n, seed]
+
+
+def _outputs() -> list[Any]:
+    """status, the summary table, the charts (`CHARTS` order), then the three downloads."""
     status = gr.Markdown("", elem_id="bench-status")
     summary_table = gr.Dataframe(interactive=False, show_label=False, elem_id="bench-table", wrap=True)
     with gr.Row(equal_height=True):
@@ -154,63 +165,64 @@ def build_tab(
     with gr.Row(equal_height=True):
         plots += [gr.Plot(show_label=False) for _ in CHARTS[2:]]
     with gr.Row():
-        rows_file = gr.DownloadButton("Runs (CSV)", interactive=False, elem_id="bench-rows-csv")
-        summary_file = gr.DownloadButton("Summary (CSV)", interactive=False, elem_id="bench-summary-csv")
-        report_file = gr.DownloadButton("Report (HTML)", interactive=False, elem_id="bench-report")
+        files = [gr.DownloadButton("Runs (CSV)", interactive=False, elem_id="bench-rows-csv"),
+                 gr.DownloadButton("Summary (CSV)", interactive=False, elem_id="bench-summary-csv"),
+                 gr.DownloadButton("Report (HTML)", interactive=False, elem_id="bench-report")]
+    return [status, summary_table, *plots, *files]
 
-    def run(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
-            ngram_n_, seed_, request: gr.Request, progress=gr.Progress()):
-        yield from follow(request, benchmark(preset_name, category_name, prompts_per_category, repeats_, tokens,
-                                             chosen, temperature_, gamma_, ngram_n_, seed_, progress))
 
-    def benchmark(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
-                  ngram_n_, seed_, progress):
-        unchanged = [gr.skip()] * (len(outputs) - 1)
-        try:
-            limits.check_models(preset_name, known=presets)
-            size, times, new_tokens = check_size(limits, prompts_per_category, repeats_, tokens)
-            names = bench.parse_bench_methods(chosen or [])
-            chosen_preset = presets[preset_name]
-            yield ("Loading the model pair …", *unchanged)
-            pair = load(chosen_preset.target, chosen_preset.draft)
-            names = bench.parse_bench_methods(names, pair)
-            result = None
-            for item in gpu(measure)(
-                pair, methods=names, repeats=times, categories=None if category_name == bench.ALL else category_name,
-                limit=size, max_new_tokens=new_tokens, temperature=temperature_, gamma=gamma_, ngram_n=ngram_n_,
-                seed=seed_, chat=bool(getattr(pair.tokenizer, "chat_template", None)),
-            ):
-                if isinstance(item, bench.BenchResult):
-                    result = item
-                    break
-                done, total, message = item
-                progress((done, total), desc=message)
-                yield (f"Running: {done}/{total} — {message}", *unchanged)
-        except ValueError as error:
-            raise gr.Error(str(error), print_exception=False) from None
-        folder = export()
-        rows_path, summary_path, report_path = (folder / "bench-runs.csv", folder / "bench-summary.csv",
-                                                folder / "bench-report.html")
-        bench.write_outputs(result, csv=rows_path, summary_csv=summary_path, report=report_path)
-        runs = int(result.rows.shape[0])
-        failed = int((result.rows["error"].astype(str) != "").sum())
-        message = (f"Done: {runs} runs on {result.meta.get('prompts')} prompts, {result.meta.get('device')} "
-                   f"({result.meta.get('device_name')})." + (f" ⚠️ {failed} runs failed (see the CSV)." if failed else ""))
-        yield (
-            message,
-            table(result.summary),
-            *(result.figures[name] for name in CHARTS),
-            gr.update(value=str(rows_path), interactive=True),
-            gr.update(value=str(summary_path), interactive=True),
-            gr.update(value=str(report_path), interactive=True),
-        )
+@dataclass(frozen=True)
+class BenchForm:
+    """What the tab's inputs hold, as the page sent it."""
+    preset: str
+    category: str
+    prompts_per_category: Any
+    repeats: Any
+    max_new_tokens: Any
+    methods: list[str]
+    temperature: float
+    gamma: int
+    ngram_n: int
+    seed: int
 
-    outputs = [status, summary_table, *plots, rows_file, summary_file, report_file]
-    event = run_btn.click(
-        run,
-        inputs=[preset, category, prompts, repeats, max_new_tokens, methods, temperature, gamma, ngram_n, seed],
-        outputs=outputs,
-        api_name="benchmark",
-        concurrency_id=queue_id,
-    )
-    stop_btn.click(lambda: "⏹ Stopped.", outputs=[status], cancels=[event], queue=False, api_visibility="private")
+
+def benchmark(ctx: TabContext, form: BenchForm, progress: Callable, n_outputs: int) -> Iterator[tuple]:
+    """The tab's outputs while the suite runs (status only), then all of them."""
+    unchanged = [gr.skip()] * (n_outputs - 1)
+    try:
+        ctx.limits.check_models(form.preset, known=ctx.presets)
+        size, times, new_tokens = check_size(ctx.limits, form.prompts_per_category, form.repeats,
+                                             form.max_new_tokens)
+        names = bench.parse_bench_methods(form.methods)
+        chosen = ctx.presets[form.preset]
+        yield ("Loading the model pair …", *unchanged)
+        pair = ctx.load(chosen.target, chosen.draft)
+        result = None
+        for item in ctx.gpu(measure)(
+            pair, methods=bench.parse_bench_methods(names, pair), repeats=times, limit=size,
+            categories=None if form.category == bench.ALL else form.category, max_new_tokens=new_tokens,
+            temperature=form.temperature, gamma=form.gamma, ngram_n=form.ngram_n, seed=form.seed,
+            chat=bool(getattr(pair.tokenizer, "chat_template", None)),
+        ):
+            if isinstance(item, bench.BenchResult):
+                result = item
+                break
+            done, total, message = item
+            progress((done, total), desc=message)
+            yield (f"Running: {done}/{total} — {message}", *unchanged)
+    except ValueError as error:
+        raise gr.Error(str(error), print_exception=False) from None
+    yield finished(result, ctx.export())
+
+
+def finished(result: bench.BenchResult, folder: Path) -> tuple:
+    """The tab's outputs for a finished run, its files written to folder."""
+    paths = folder / "bench-runs.csv", folder / "bench-summary.csv", folder / "bench-report.html"
+    figures = bench.make_figures(result)
+    bench.write_outputs(result, csv=paths[0], summary_csv=paths[1], report=paths[2], figures=figures)
+    runs = int(result.rows.shape[0])
+    failed = int((result.rows["error"].astype(str) != "").sum())
+    message = (f"Done: {runs} runs on {result.meta.get('prompts')} prompts, {result.meta.get('device')} "
+               f"({result.meta.get('device_name')})." + (f" ⚠️ {failed} runs failed (see the CSV)." if failed else ""))
+    return (message, table(result.summary), *(figures[name] for name in CHARTS),
+            *(gr.update(value=str(path), interactive=True) for path in paths))

@@ -1,7 +1,7 @@
 """The page's engine controls (KV cache, compile), generated from `ENGINE_SCHEMA`.
 
-`ui.py` places them in its "Advanced settings" accordion and passes their values through
-`engine_options`; `first_round_status` is the line to show between Run and the first round.
+The Playground tab (`playgroundtab`) places them in its "Advanced settings" accordion and
+passes their values through `engine_options`; `first_round_status` is the line to show between Run and the first round.
 """
 
 from __future__ import annotations

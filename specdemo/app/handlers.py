@@ -2,7 +2,7 @@
 
 Nothing here knows a Gradio component. `stream_run` yields `RunUpdate`s (panel HTML by
 slot, figures, the comparison table, file paths) and `compare` returns a `CompareOutcome`;
-`ui.build_demo` only maps those onto its components. So the streaming logic is tested by
+`playgroundtab` only maps those onto its components. So the streaming logic is tested by
 iterating the generator (tests/test_handlers.py), without a server.
 
 Also here: the pair cache, export folders and the ZeroGPU decorator that every tab shares.
@@ -21,12 +21,12 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Generator, Iterator, Mapping
 
 import pandas as pd
 import torch
 
-from . import viz
+from . import charts, viz
 from ..bench.compare import run_comparison, tabulate
 from ..bench.tables import summary_frame
 from ..engine.decoding import generate, iter_generate
@@ -248,7 +248,7 @@ def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: L
     yield RunUpdate(
         status=f"Loading **{request.target}**" + (f" + **{request.draft}**" if request.draft else "") + " …",
         shown=len(names), panels={k: viz.render_panel(name, state="waiting") for k, name in enumerate(names)},
-        figures=viz.all_figures([]), table=viz.display_table(summary_frame([])), why="", files=(None, None),
+        figures=charts.all_charts([]), table=viz.display_table(summary_frame([])), why="", files=(None, None),
     )
     try:
         pair = load(request)
@@ -273,43 +273,14 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
     started = time.perf_counter()
     for k, name in enumerate(names):
         label = viz.method_label(name)
-        render_cache: dict = {}
         if request.engine.first_round_note:
             yield RunUpdate(status=f"**{label}**: {request.engine.first_round_note} the first run of a model "
                                    "compiles its decode steps (not counted in tokens/s)")
         try:
-            rounds = iter_generate(pair, request.prompt, name, limits=limits, decode=request.params,
-                                   **request.engine.as_kwargs())
-        except ValueError as error:
-            errors.append(f"{label}: {error}")
-            yield RunUpdate(status=f"⚠️ {label}: {error}", warning=f"{label}: {error}",
-                            panels={k: viz.render_panel(name, state="error", message=str(error))})
+            result = yield from decode_one(pair, request, limits, k, name, results, chart_interval_s)
+        except _MethodFailed as failure:
+            errors.append(f"{label}: {failure}")
             continue
-        last_chart, chart_cost = 0.0, 0.0
-        result = None
-        try:
-            for result in rounds:
-                update = RunUpdate(
-                    panels={k: viz.render_panel(name, result, pair.tokenizer, cache=render_cache)},
-                    status=f"**{label}** ({k + 1}/{len(names)}): round {len(result.rounds)}, "
-                           f"{len(result.tokens)}/{request.params.max_new_tokens} tokens",
-                )
-                now = time.perf_counter()
-                # On a slow machine drawing must not crowd out decoding: keep it to ~20%.
-                if result.done or now - last_chart >= max(chart_interval_s, 4 * chart_cost):
-                    update.figures = viz.all_figures(results + [result], pair.tokenizer)
-                    last_chart = time.perf_counter()
-                    chart_cost = last_chart - now
-                yield update
-        except Exception as error:  # a failure inside a method must not take the page down
-            log.exception("decoding %s failed", name)
-            message = readable_failure(error)
-            errors.append(f"{label}: {message}")
-            yield RunUpdate(status=f"⚠️ {label} failed: {message}",
-                            panels={k: viz.render_panel(name, result, pair.tokenizer, state="error", message=message)})
-            continue
-        finally:
-            rounds.close()
         if result is not None:
             results.append(result)
             partial = summary_frame(results)
@@ -323,8 +294,53 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
     done = f"Done in {elapsed:.1f} s{request.note}. Hover a token for its round; download the numbers below."
     if errors:
         done += " ⚠️ " + "; ".join(errors)
-    yield RunUpdate(status=done, figures=viz.all_figures(results, pair.tokenizer), table=viz.display_table(comparison.summary),
+    yield RunUpdate(status=done, figures=charts.all_charts(results, pair.tokenizer), table=viz.display_table(comparison.summary),
                     why=viz.explain(comparison.summary), files=files, results=list(results))
+
+
+class _MethodFailed(Exception):
+    """One method of a run failed (already shown in its panel); the others go on."""
+
+
+def decode_one(pair: ModelPair, request: Request, limits: Limits | None, k: int, name: str,
+               before: list[GenerationResult], chart_interval_s: float = CHART_INTERVAL_S,
+               ) -> Generator[RunUpdate, None, GenerationResult | None]:
+    """One method decoding into panel k, an update per round; returns its last result.
+    before: the results of the methods that ran earlier (drawn in the charts beside it)."""
+    label, of = viz.method_label(name), len(viz.method_order(request.methods))
+    render_cache: dict = {}
+    try:
+        rounds = iter_generate(pair, request.prompt, name, limits=limits, decode=request.params,
+                               **request.engine.as_kwargs())
+    except ValueError as error:
+        yield RunUpdate(status=f"⚠️ {label}: {error}", warning=f"{label}: {error}",
+                        panels={k: viz.render_panel(name, state="error", message=str(error))})
+        raise _MethodFailed(str(error)) from None
+    last_chart, chart_cost = 0.0, 0.0
+    result = None
+    try:
+        for result in rounds:
+            update = RunUpdate(
+                panels={k: viz.render_panel(name, result, pair.tokenizer, cache=render_cache)},
+                status=f"**{label}** ({k + 1}/{of}): round {len(result.rounds)}, "
+                       f"{len(result.tokens)}/{request.params.max_new_tokens} tokens",
+            )
+            now = time.perf_counter()
+            # On a slow machine drawing must not crowd out decoding: keep it to ~20%.
+            if result.done or now - last_chart >= max(chart_interval_s, 4 * chart_cost):
+                update.figures = charts.all_charts(before + [result], pair.tokenizer)
+                last_chart = time.perf_counter()
+                chart_cost = last_chart - now
+            yield update
+    except Exception as error:  # a failure inside a method must not take the page down
+        log.exception("decoding %s failed", name)
+        message = readable_failure(error)
+        yield RunUpdate(status=f"⚠️ {label} failed: {message}",
+                        panels={k: viz.render_panel(name, result, pair.tokenizer, state="error", message=message)})
+        raise _MethodFailed(message) from None
+    finally:
+        rounds.close()
+    return result
 
 
 # ---------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from ..bench.suite import DEFAULT_SUITE, SUITE_CATEGORIES, SuitePrompt, load_sui
 from ..engine.params import PARAMS, DecodeParams
 from ..models.loading import ModelPair, Preset
 from .limits import Limits
+from .page import TabContext, wire_stop
 
 GRID = tuple(sweep.SETTING_COLUMNS)  # gamma, gamma_max, ema, ngram_n, copy_n: comma-separated lists here
 SHARED_PARAMS = tuple(name for name in PARAMS if name not in GRID)  # one value for every grid point
@@ -224,19 +225,10 @@ def sweep_outcome(request: SweepRequest, load, export, gpu=lambda fn: fn) -> Swe
 # --------------------------------------------------------------------------- the tab
 
 
-def build_tab(
-    presets: Mapping[str, Preset],
-    default_preset: str,
-    load: Callable[[str, str | None], ModelPair],
-    limits: Limits,
-    gpu: Callable[[Callable], Callable],
-    export: Callable[[], Path],
-    queue_id: str,
-    follow: Callable[[gr.Request, Iterator], Iterator] = lambda request, updates: updates,
-) -> None:
-    """Lay the tab out inside the current Blocks and wire its events (arguments as `benchtab.build_tab`)."""
-    initial = default_form(limits)
-    caps = limits.sweep_caps()
+def build_tab(ctx: TabContext) -> None:
+    """Lay the tab out inside the current Blocks and wire the page's run and /sweep."""
+    initial = default_form(ctx.limits)
+    caps = ctx.limits.sweep_caps()
     capped = ", ".join(f"{v} {k}" for k, v in caps.items() if v is not None)
     gr.Markdown(
         "Where does fixed-γ SD peak, and does EGAG reach that peak without tuning? A sweep runs SD at each γ, "
@@ -244,9 +236,38 @@ def build_tab(
         "is a ratio from the same run. The charts fill in as prompts finish. The same run from a terminal: "
         "`python -m specdemo sweep --pair embedded`." + (f" This demo allows at most {capped}." if capped else "")
     )
+    form = _inputs(ctx, initial)
     with gr.Row():
-        preset = gr.Dropdown(label="Model pair", value=default_preset, interactive=True, choices=list(presets),
-                             elem_id="sweep-preset")
+        run_btn = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
+        stop_btn = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
+    outputs = _outputs()
+    _wire_page(ctx, form, run_btn, stop_btn, outputs)
+    _wire_api(ctx, form, initial)
+
+
+@dataclass
+class SweepForm:
+    """The tab's input components: FORM's names, then the shared parameters' controls."""
+    preset: Any
+    methods: Any
+    grid: dict[str, Any]  # GRID's names
+    categories: Any
+    prompts: Any
+    repeats: Any
+    controls: dict[str, Any]  # SHARED_PARAMS' names
+
+    def inputs(self, methods: Any = None, categories: Any = None) -> list[Any]:
+        """The event's inputs in `forms.endpoint(…, FORM, params=SHARED_PARAMS)` order;
+        methods and categories replace the page's own (the API takes them as JSON)."""
+        return [self.preset, self.methods if methods is None else methods, *self.grid.values(),
+                self.categories if categories is None else categories,
+                self.prompts, self.repeats, *forms.inputs(self.controls, params=SHARED_PARAMS)]
+
+
+def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
+    with gr.Row():
+        preset = gr.Dropdown(label="Model pair", value=ctx.default_preset, interactive=True,
+                             choices=list(ctx.presets), elem_id="sweep-preset")
         methods = gr.CheckboxGroup(label="Methods (AR always runs)", value=initial["methods"],
                                    choices=[("SD (fixed γ)", "sd"), ("EGAG", "egag"), ("NASD", "nasd")],
                                    elem_id="sweep-methods")
@@ -258,88 +279,94 @@ def build_tab(
                                       elem_id="sweep-categories")
         prompts = gr.Number(value=initial["prompts_per_category"], precision=0, label="Prompts per category")
         repeats = gr.Number(value=initial["repeats"], precision=0, label="Repeats")
-    controls = forms.param_controls(("max_new_tokens",), initial, maxima={"max_new_tokens": limits.max_new_tokens})
+    controls = forms.param_controls(("max_new_tokens",), initial,
+                                    maxima={"max_new_tokens": ctx.limits.max_new_tokens})
     with gr.Accordion("Decoding settings shared by every point", open=False):
         controls.update(forms.param_controls([n for n in SHARED_PARAMS if n != "max_new_tokens"], initial,
                                              row_width=forms.ROW_WIDTH))
-    with gr.Row():
-        run_btn = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
-        stop_btn = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
+    return SweepForm(preset, methods, grid, categories, prompts, repeats, controls)
+
+
+def _outputs() -> list[Any]:
+    """status, verdict, the summary table, the charts (`CHARTS` order), then the three downloads."""
     status = gr.Markdown("", elem_id="sweep-status")
     verdict = gr.Markdown("", elem_id="sweep-verdict")
+    chart_id = "sweep-{}-chart".format
     with gr.Row(equal_height=True):
-        plots = [gr.Plot(show_label=False, elem_id=f"sweep-{name.replace('_', '-')}-chart") for name in CHARTS[:2]]
+        plots = [gr.Plot(show_label=False, elem_id=chart_id(name.replace("_", "-"))) for name in CHARTS[:2]]
     with gr.Row(equal_height=True):
-        plots += [gr.Plot(show_label=False, elem_id=f"sweep-{name.replace('_', '-')}-chart") for name in CHARTS[2:]]
+        plots += [gr.Plot(show_label=False, elem_id=chart_id(name.replace("_", "-"))) for name in CHARTS[2:]]
     summary_table = gr.Dataframe(interactive=False, show_label=False, elem_id="sweep-table", wrap=True)
     with gr.Row():
-        rows_file = gr.DownloadButton("Runs (CSV)", interactive=False, elem_id="sweep-rows-csv")
-        summary_file = gr.DownloadButton("Summary (CSV)", interactive=False, elem_id="sweep-summary-csv")
-        report_file = gr.DownloadButton("Report (HTML)", interactive=False, elem_id="sweep-report")
-    # Outputs of the scripted /sweep endpoint; never shown on the page.
-    with gr.Column(visible=False):
-        api_methods = gr.JSON(initial["methods"], label="methods")
-        api_categories = gr.JSON(initial["categories"], label="categories")
-        api_table = gr.Dataframe(label="summary")
-        api_csv = gr.File(label="csv")
-        api_verdict = gr.Textbox(label="verdict")
-        api_btn = gr.Button("sweep")
+        files = [gr.DownloadButton("Runs (CSV)", interactive=False, elem_id="sweep-rows-csv"),
+                 gr.DownloadButton("Summary (CSV)", interactive=False, elem_id="sweep-summary-csv"),
+                 gr.DownloadButton("Report (HTML)", interactive=False, elem_id="sweep-report")]
+    return [status, verdict, summary_table, *plots, *files]
 
-    outputs = [status, verdict, summary_table, *plots, rows_file, summary_file, report_file]
 
-    def components(update: SweepUpdate) -> tuple:
-        keep = gr.skip()
-        shown = f"Running: {update.done}/{update.total} — {update.message}" if update.total else update.message
-        if update.finished:
-            result = update.result
-            shown = (f"Done: {len(result.rows)} runs, {len(result.settings)} settings on {result.meta.get('prompts')} "
-                     f"prompts × {result.meta.get('repeats')} repeats, {result.meta.get('device')}.")
-        figures = update.figures or {}
-        files = ([gr.update(value=path, interactive=True) for path in
-                  (update.files.rows_csv, update.files.summary_csv, update.files.report)]
-                 if update.files else [keep] * 3)
-        return (shown, update.verdict if update.verdict is not None else keep,
-                update.table if update.table is not None else keep,
-                *(figures.get(name, keep) for name in CHARTS), *files)
+def page_values(update: SweepUpdate) -> tuple:
+    """A `SweepUpdate` as the values of `_outputs`' components (what it leaves as None stays)."""
+    keep = gr.skip()
+    shown = f"Running: {update.done}/{update.total} — {update.message}" if update.total else update.message
+    if update.finished:
+        result = update.result
+        shown = (f"Done: {len(result.rows)} runs, {len(result.settings)} settings on {result.meta.get('prompts')} "
+                 f"prompts × {result.meta.get('repeats')} repeats, {result.meta.get('device')}.")
+    figures = update.figures or {}
+    files = ([gr.update(value=path, interactive=True) for path in
+              (update.files.rows_csv, update.files.summary_csv, update.files.report)]
+             if update.files else [keep] * 3)
+    return (shown, update.verdict if update.verdict is not None else keep,
+            update.table if update.table is not None else keep,
+            *(figures.get(name, keep) for name in CHARTS), *files)
 
-    def run(form: dict, request: gr.Request, progress: gr.Progress):
-        yield from follow(request, sweep_updates(form, progress))
 
-    def sweep_updates(form: dict, progress: gr.Progress):
+def _wire_page(ctx: TabContext, form: SweepForm, run_btn: Any, stop_btn: Any, outputs: list[Any]) -> None:
+    """The page's streaming run (private: scripts use /sweep)."""
+    def run(values: dict, request: gr.Request, progress: gr.Progress):
+        yield from ctx.follow(request, sweep_updates(values, progress))
+
+    def sweep_updates(values: dict, progress: gr.Progress):
         try:
-            req = make_sweep_request(form, presets, limits)
+            req = make_sweep_request(values, ctx.presets, ctx.limits)
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
         cleared = [gr.update(value=None, interactive=False)] * 3
         yield ("Loading the model pair …", "", None, *[None] * len(CHARTS), *cleared)
         try:
-            with contextlib.closing(stream_sweep(req, load, export, gpu)) as updates:
+            with contextlib.closing(stream_sweep(req, ctx.load, ctx.export, ctx.gpu)) as updates:
                 for update in updates:
                     if update.total:
                         progress((update.done, update.total), desc=update.message)
-                    yield components(update)
+                    yield page_values(update)
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
 
-    def sweep_api(form: dict, request: gr.Request):
+    event = run_btn.click(
+        forms.endpoint(run, FORM, params=SHARED_PARAMS, name="sweep_page", generator=True, progress=True),
+        inputs=form.inputs(), outputs=outputs, api_visibility="private", concurrency_id=ctx.queue_id,
+    )
+    wire_stop(stop_btn, outputs[0], event)
+
+
+def _wire_api(ctx: TabContext, form: SweepForm, initial: Mapping[str, Any]) -> None:
+    """The scripted /sweep: its outputs are components never shown on the page."""
+    with gr.Column(visible=False):
+        api_methods = gr.JSON(initial["methods"], label="methods")
+        api_categories = gr.JSON(initial["categories"], label="categories")
+        api_outputs = [gr.Dataframe(label="summary"), gr.File(label="csv"), gr.Textbox(label="verdict")]
+        api_btn = gr.Button("sweep")
+
+    def sweep_api(values: dict, request: gr.Request):
         """Run a sweep to the end; returns the summary table, the rows CSV and the verdict."""
         try:
-            req = make_sweep_request(form, presets, limits)
-            last = sweep_outcome(req, load, export, gpu)
+            req = make_sweep_request(values, ctx.presets, ctx.limits)
+            last = sweep_outcome(req, ctx.load, ctx.export, ctx.gpu)
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
         summary = last.result.summary
         return summary.astype(object).where(summary.notna(), None), last.files.rows_csv, last.verdict
 
-    shared = forms.inputs(controls, params=SHARED_PARAMS)
-    form_inputs = [preset, methods, *grid.values(), categories, prompts, repeats]
-    event = run_btn.click(
-        forms.endpoint(run, FORM, params=SHARED_PARAMS, name="sweep_page", generator=True, progress=True),
-        inputs=[*form_inputs, *shared], outputs=outputs, api_visibility="private", concurrency_id=queue_id,
-    )
-    stop_btn.click(lambda: "⏹ Stopped.", outputs=[status], cancels=[event], queue=False, api_visibility="private")
-    api_btn.click(
-        forms.endpoint(sweep_api, FORM, params=SHARED_PARAMS, name="sweep"),
-        inputs=[preset, api_methods, *grid.values(), api_categories, prompts, repeats, *shared],
-        outputs=[api_table, api_csv, api_verdict], api_name="sweep", concurrency_id=queue_id,
-    )
+    api_btn.click(forms.endpoint(sweep_api, FORM, params=SHARED_PARAMS, name="sweep"),
+                  inputs=form.inputs(api_methods, api_categories), outputs=api_outputs, api_name="sweep",
+                  concurrency_id=ctx.queue_id)

@@ -361,17 +361,8 @@ def _dash(method: str) -> str:
 FIGURES = {"gamma": gamma_figure, "entropy": entropy_figure, "accepted": accepted_figure, "race": race_figure}
 
 
-def all_figures(results: Sequence[GenerationResult], tokenizer=None) -> dict[str, go.Figure]:
-    """Every chart by name; then "tree_rounds" and "tree" (the first tree method's trees, labelled
-    with the tokenizer's text when given)."""
-    from .tree_view import tree_figure, tree_rounds_figure  # it draws in this module's colours
-
-    figures = {name: make(results) for name, make in FIGURES.items()}
-    figures["tree_rounds"] = tree_rounds_figure(results)
-    with_trees = next((r for r in results if any(round_.tree is not None for round_ in r.rounds)), None)
-    decode = (lambda token: tokenizer.decode([token])) if tokenizer is not None else str
-    figures["tree"] = tree_figure(with_trees, decode)
-    return figures
+def all_figures(results: Sequence[GenerationResult]) -> dict[str, go.Figure]:
+    return {name: make(results) for name, make in FIGURES.items()}
 
 
 # ---------------------------------------------------------------------------------------

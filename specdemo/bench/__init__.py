@@ -1,7 +1,9 @@
 """Measuring methods: the prompt suite (``suite``), runners for our methods and for
 transformers' peers (``runners``), a benchmark run (``benchmark``), statistics over its rows
-(``statistics``), the Plotly figures and HTML report (``report``), per-prompt comparison
-tables (``tables``, ``compare``) and offline random-weight pairs (``synthetic``).
+(``statistics``), the Plotly figures and HTML report of a result (``report``, which reads
+``benchmark``; never the other way), per-prompt comparison
+tables (``tables``, ``compare``), sweeps over γ, γ_max, EMA and n (the ``sweep`` package)
+and offline random-weight pairs (``synthetic``).
 
 May import ``engine`` and ``models``, pandas and plotly; never gradio, the page or the
 command line. The names below are the benchmark's public API.

@@ -41,17 +41,6 @@ class BenchResult:
     summary: pd.DataFrame  # one row per (category, method) plus category "all", SUMMARY_COLUMNS
     rounds: pd.DataFrame  # rounds counted by (category, method, drafted, accepted), ROUND_COLUMNS
     meta: dict[str, Any] = field(default_factory=dict)
-    _figures: dict | None = field(default=None, repr=False)
-
-    @property
-    def figures(self) -> dict[str, Any]:
-        """Plotly figures by name: speedup_vs_ar, speedup_vs_hf, tokens_per_s, acceptance,
-        acceptance_by_category, predicted_vs_measured."""
-        if self._figures is None:
-            from .report import make_figures  # the report draws the result; imported on first use
-
-            self._figures = make_figures(self)
-        return self._figures
 
 
 def run_benchmark(

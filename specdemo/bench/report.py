@@ -111,17 +111,20 @@ _REPORT_SECTIONS = [
 ]
 
 
-def report_html(result: BenchResult, path: str | Path | None = None, plotlyjs: str = "inline") -> str:
+def report_html(result: BenchResult, path: str | Path | None = None, plotlyjs: str = "inline",
+                figures: dict[str, Any] | None = None) -> str:
     """A single HTML page with the summary tables and the figures; written to path if given.
 
     plotlyjs="inline" embeds plotly.js (works offline, ~4 MB); "cdn" links to it.
+    figures: `make_figures(result)` when the caller has drawn them already.
     """
     if plotlyjs not in ("inline", "cdn"):
         raise ValueError(f"plotlyjs must be 'inline' or 'cdn', got {plotlyjs!r}")
+    figures = figures if figures is not None else make_figures(result)
     meta, summary = result.meta, result.summary
     parts = []
     for i, (name, title) in enumerate(_REPORT_SECTIONS):
-        fig = result.figures[name]
+        fig = figures[name]
         include = (True if plotlyjs == "inline" else "cdn") if i == 0 else False
         parts.append(f'<h2>{html.escape(title)}</h2>\n'
                      + fig.to_html(full_html=False, include_plotlyjs=include, div_id=f"fig-{name}"))
@@ -176,9 +179,11 @@ pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px
 
 
 def write_outputs(result: BenchResult, csv: str | Path | None = None, summary_csv: str | Path | None = None,
-                  report: str | Path | None = None, plotlyjs: str = "inline") -> list[Path]:
+                  report: str | Path | None = None, plotlyjs: str = "inline",
+                  figures: dict[str, Any] | None = None) -> list[Path]:
     """The rows CSV (plus, beside it, *.rounds.csv and *.meta.json so `load_result` can
-    rebuild the report), the summary CSV and the HTML report; each only if a path is given."""
+    rebuild the report), the summary CSV and the HTML report; each only if a path is given.
+    figures: `make_figures(result)` when the caller has drawn them already."""
     written = []
     extras = []
     if csv:
@@ -195,7 +200,7 @@ def write_outputs(result: BenchResult, csv: str | Path | None = None, summary_cs
         written.append(meta_path)
     if report:
         Path(report).parent.mkdir(parents=True, exist_ok=True)
-        report_html(result, report, plotlyjs)
+        report_html(result, report, plotlyjs, figures)
         written.append(Path(report))
     return written
 

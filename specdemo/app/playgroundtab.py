@@ -1,0 +1,230 @@
+"""The page's Playground tab and the /run and /compare endpoints: one prompt decoded by
+each chosen method, round by round.
+
+`build_tab` lays the tab out inside the current Blocks and wires its events. The work is
+done by the plain functions of `handlers` (`stream_run` yields `RunUpdate`s, `compare` runs
+to the end); this module only maps their data onto components. The decoding parameters'
+controls and the endpoints' parameter names come from the schema through `forms`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import gradio as gr
+
+from . import charts as charts_module
+from . import forms, handlers, viz
+from ..bench.tables import summary_frame
+from ..engine.methods import DEFAULT_METHODS, METHODS
+from ..models.loading import ModelPair, Preset
+from .engine_controls import ENGINE_NAMES, engine_controls
+from .examples import EXAMPLES
+from .handlers import Request, RunUpdate, make_request
+from .page import TabContext, wire_stop
+
+log = logging.getLogger(__name__)
+
+# The endpoints' own inputs around the schema's parameters, in the API's order.
+FORM_BEFORE, FORM_AFTER = ("prompt", "preset", "methods"), ("target", "draft", *ENGINE_NAMES)
+CHARTS = charts_module.CHART_NAMES  # three rows of two: the last row draws trees
+
+
+@dataclass
+class Inputs:
+    prompt: gr.Textbox
+    preset: gr.Dropdown
+    methods: gr.CheckboxGroup
+    controls: dict[str, Any]  # the schema's parameters by name
+    target: gr.Textbox
+    draft: gr.Textbox
+    engine: dict[str, Any]
+    run_btn: gr.Button
+    stop_btn: gr.Button
+
+    def event_inputs(self, methods: Any) -> list[Any]:
+        return forms.inputs(self.controls, [self.prompt, self.preset, methods],
+                            [self.target, self.draft, *self.engine.values()])
+
+
+@dataclass
+class Outputs:
+    status: gr.Markdown
+    panels: list[gr.HTML]
+    charts: list[gr.Plot]  # in CHARTS order
+    table: gr.Dataframe
+    why: gr.Markdown
+    summary_file: gr.DownloadButton
+    rounds_file: gr.DownloadButton
+
+    def all(self) -> list[Any]:
+        return [self.status, *self.panels, *self.charts, self.table, self.why, self.summary_file, self.rounds_file]
+
+    def apply(self, update: RunUpdate) -> dict:
+        """A handler's RunUpdate mapped onto these components (the ones it leaves as None stay)."""
+        out: dict = {}
+        if update.warning:
+            gr.Warning(update.warning)
+        if update.status is not None:
+            out[self.status] = update.status
+        if update.shown is not None:
+            out.update({panel: gr.update(visible=k < update.shown, value=update.panels.get(k, ""))
+                        for k, panel in enumerate(self.panels)})
+        else:
+            out.update({self.panels[k]: html for k, html in update.panels.items()})
+        if update.figures is not None:
+            out.update({chart: update.figures[name] for chart, name in zip(self.charts, CHARTS)})
+        if update.table is not None:
+            out[self.table] = update.table
+        if update.why is not None:
+            out[self.why] = update.why
+        if update.files is not None:
+            for button, path in zip((self.summary_file, self.rounds_file), update.files):
+                out[button] = gr.update(value=path, interactive=path is not None)
+        return out
+
+
+def build_tab(ctx: TabContext, initial: Mapping[str, Any]) -> None:
+    """Lay the tab out inside the current Blocks and wire /run and /compare.
+    initial: the inputs' first values by parameter name (prompt, methods, max_new_tokens, ...)."""
+    inputs = _inputs(ctx, initial)
+    outputs = _outputs(initial)
+    _wire_run(ctx, inputs, outputs)
+    _wire_compare(ctx, inputs)
+
+
+def preset_label(preset: Preset) -> str:
+    offline = {"embedded": "its default draft, the feature head", "embedded-head": "feature-level draft head",
+               "embedded-lm": "draft LM (the previous draft)"}
+    if preset.name in offline:
+        return f"{preset.name} — SmolLM2-135M-Instruct + {offline[preset.name]} (offline)"
+    draft = preset.draft.split("/")[-1] if preset.draft else "no draft"
+    return f"{preset.name} — {preset.target.split('/')[-1]} + {draft}"
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> Inputs:
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=5):
+            prompt = gr.Textbox(label="Prompt", value=initial["prompt"], lines=5, max_lines=14,
+                                placeholder="Type a prompt, or pick an example below")
+            gr.Examples([[text] for _, text in EXAMPLES], inputs=[prompt],
+                        example_labels=[label for label, _ in EXAMPLES], label="Examples")
+        with gr.Column(scale=3, min_width=300):
+            preset = gr.Dropdown(label="Model pair (target + draft)", value=ctx.default_preset, interactive=True,
+                                 choices=[(preset_label(p), name) for name, p in ctx.presets.items()])
+            methods = gr.CheckboxGroup(label="Methods", value=initial["methods"],
+                                       choices=[(m.label, name) for name, m in METHODS.items()],
+                                       info="run one after another on the same prompt; AR is the baseline")
+            controls = forms.param_controls(forms.MAIN_PARAMS, initial,
+                                            maxima={"max_new_tokens": ctx.limits.max_new_tokens})
+            with gr.Row():
+                run_btn = gr.Button("Run", variant="primary", elem_id="sd-run")
+                stop_btn = gr.Button("Stop", variant="stop", elem_id="sd-stop")
+    # A public demo serves its presets only (typed ids and paths are also refused server-side).
+    with gr.Accordion("Custom models", open=False, visible=not ctx.limits.public):
+        gr.Markdown("A target overrides the pair above: a Hub id, a local folder or a .gguf file. "
+                    "The draft must share the target's tokenizer (leave it empty to run AR and NASD only).")
+        with gr.Row():
+            target = gr.Textbox("", label="Target model", placeholder="e.g. HuggingFaceTB/SmolLM2-360M-Instruct")
+            draft = gr.Textbox("", label="Draft model", placeholder="e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
+    with gr.Accordion("Advanced settings", open=False):
+        controls.update(forms.param_controls(forms.ADVANCED_PARAMS, initial, row_width=forms.ROW_WIDTH))
+        with gr.Row():
+            engine = engine_controls()
+    return Inputs(prompt, preset, methods, controls, target, draft, engine, run_btn, stop_btn)
+
+
+def _outputs(initial: Mapping[str, Any]) -> Outputs:
+    status = gr.Markdown("Press **Run** to decode the prompt with every selected method.", elem_id="sd-status")
+    gr.HTML(viz.legend_html(), css_template=viz.TOKEN_CSS, elem_id="sd-legend")
+    with gr.Column(elem_id="sd-panels"):
+        shown = viz.method_order(initial["methods"])
+        panels = [
+            gr.HTML(viz.render_panel(name, message="Press Run.") if k < len(shown) else "",
+                    visible=k < len(shown), css_template=viz.TOKEN_CSS, elem_classes=["sd-slot"])
+            for k, name in enumerate(shown + [m for m in METHODS if m not in shown])
+        ][:len(METHODS)]
+    gr.Markdown("### How each method ran", elem_classes=["sd-section"])
+    empty = charts_module.all_charts([])
+    with gr.Row(equal_height=True):
+        charts = [gr.Plot(empty[name], show_label=False, elem_classes=["sd-chart"]) for name in CHARTS[:2]]
+    with gr.Row(equal_height=True):
+        charts += [gr.Plot(empty[name], show_label=False, elem_classes=["sd-chart"]) for name in CHARTS[2:4]]
+    with gr.Row(equal_height=True):
+        charts += [gr.Plot(empty[name], show_label=False, elem_classes=["sd-chart"], elem_id=f"sd-{name}-chart".replace("_", "-"))
+                   for name in CHARTS[4:]]
+    gr.Markdown("### Comparison", elem_classes=["sd-section"])
+    table = gr.Dataframe(viz.display_table(summary_frame([])), interactive=False, show_label=False,
+                         elem_id="sd-table", wrap=True)
+    why = gr.Markdown("")
+    with gr.Row():
+        summary_file = gr.DownloadButton("Comparison table (CSV)", interactive=False, elem_id="sd-summary-csv")
+        rounds_file = gr.DownloadButton("Per-round trace (CSV)", interactive=False, elem_id="sd-rounds-csv")
+    return Outputs(status, panels, charts, table, why, summary_file, rounds_file)
+
+
+# --------------------------------------------------------------------------- events
+
+
+def _loader(ctx: TabContext):
+    def load(request: Request) -> ModelPair:
+        return ctx.load(request.target, request.draft)
+    return load
+
+
+def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs) -> None:
+    """The streaming /run: each method in turn, the page updated after every round."""
+    def run(form: dict, request: gr.Request):
+        """Decode with each method in turn, yielding after every round."""
+        yield from ctx.follow(request, decode(form))
+
+    def decode(form: dict):
+        try:
+            req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
+                               ctx.presets, ctx.limits, methods=form["methods"] or [])
+        except ValueError as error:
+            yield outputs.apply(RunUpdate(status=f"⚠️ {error}", warning=str(error)))
+            return
+        with contextlib.closing(handlers.stream_run(req, _loader(ctx), ctx.limits, ctx.gpu)) as updates:
+            for update in updates:
+                yield outputs.apply(update)
+
+    event = inputs.run_btn.click(
+        forms.endpoint(run, FORM_BEFORE, FORM_AFTER, name="run", generator=True),
+        inputs=inputs.event_inputs(inputs.methods), outputs=outputs.all(), api_name="run",
+        show_progress="hidden", concurrency_id=ctx.queue_id,
+    )
+    wire_stop(inputs.stop_btn, outputs.status, event)
+
+
+def _wire_compare(ctx: TabContext, inputs: Inputs) -> None:
+    """The scripted /compare: its outputs are components never shown on the page."""
+    with gr.Column(visible=False):
+        api_methods = gr.JSON(list(DEFAULT_METHODS), label="methods")
+        api_outputs = [gr.Dataframe(label="summary"), gr.File(label="summary_csv"), gr.File(label="rounds_csv"),
+                       gr.JSON(label="texts")]
+        compare_btn = gr.Button("compare")
+
+    def compare(form: dict, request: gr.Request):
+        """Run the methods one after another; returns the summary table, the summary and
+        per-round CSVs (the CLI's columns) and each method's output text."""
+        try:
+            req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
+                               ctx.presets, ctx.limits, methods=form["methods"])
+            outcome = handlers.compare(req, _loader(ctx), ctx.limits, ctx.gpu)
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        except Exception as error:
+            log.exception("comparison failed")
+            raise gr.Error(handlers.readable_failure(error), print_exception=False) from None
+        return outcome.table, outcome.summary_csv, outcome.rounds_csv, outcome.texts
+
+    compare_btn.click(forms.endpoint(compare, FORM_BEFORE, FORM_AFTER, name="compare"),
+                      inputs=inputs.event_inputs(api_methods), outputs=api_outputs, api_name="compare",
+                      concurrency_id=ctx.queue_id)

@@ -1,0 +1,134 @@
+"""A sweep's Plotly charts: pure functions of its summary (see `summarize_sweep`).
+plotly is imported when a chart is drawn, so a sweep run without charts does not load it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from .grid import copy_phrase, fmt
+
+def _layout(fig, title: str, xtitle: str, ytitle: str):
+    fig.update_layout(title=title, xaxis_title=xtitle, yaxis_title=ytitle, legend_title="method",
+                      template="plotly_white")
+    return fig
+
+
+def _errors(part: pd.DataFrame, column: str) -> dict:
+    return dict(type="data", array=part[f"{column}_std"].fillna(0).tolist())
+
+
+def _egag_text(part: pd.DataFrame) -> list[str]:
+    return [f"{fmt(g)}/{fmt(e)}{copy_phrase(c, ' ')}" for g, e, c in zip(part.gamma_max, part.ema, part.copy_n)]
+
+
+def _sd_lines(summary: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """SD's settings as lines over γ: one, or one per copy_n value when the sweep varies it."""
+    sd = summary[summary.method == "sd"].sort_values("gamma")
+    if sd.empty:
+        return []
+    if sd.copy_n.isna().all():
+        return [("SD (fixed γ)", sd)]
+    return [(f"SD (fixed γ, {copy_phrase(value)})", part) for value, part in sd.groupby("copy_n", sort=False)]
+
+
+def speedup_figure(summary: pd.DataFrame):
+    """Speedup against γ: SD a line, EGAG points at their mean γ labelled γmax/EMA, NASD at its γ."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for name, sd in _sd_lines(summary):
+        fig.add_scatter(name=name, x=sd.gamma, y=sd.speedup_vs_ar, mode="lines+markers",
+                        error_y=_errors(sd, "speedup_vs_ar"),
+                        hovertemplate="γ=%{x}: %{y:.2f}× AR<extra>" + name + "</extra>")
+    egag = summary[summary.method == "egag"]
+    if not egag.empty:
+        fig.add_scatter(name="EGAG (γmax/EMA)", x=egag.mean_gamma, y=egag.speedup_vs_ar, mode="markers+text",
+                        text=_egag_text(egag), textposition="top center", marker=dict(size=10, symbol="diamond"),
+                        error_y=_errors(egag, "speedup_vs_ar"),
+                        hovertemplate="γmax/EMA %{text}: mean γ %{x:.2f}, %{y:.2f}× AR<extra>EGAG</extra>")
+    nasd = summary[summary.method == "nasd"]
+    if not nasd.empty:
+        fig.add_scatter(name="NASD (n)", x=nasd.gamma, y=nasd.speedup_vs_ar, mode="markers+text",
+                        text=[f"n={fmt(n)}" for n in nasd.ngram_n], textposition="bottom center",
+                        marker=dict(size=9, symbol="square"), error_y=_errors(nasd, "speedup_vs_ar"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey", annotation_text="AR")
+    return _layout(fig, "Speedup over AR against γ (EGAG at its mean γ)", "γ (EGAG: mean γ)", "speedup (× AR)")
+
+
+def acceptance_figure(summary: pd.DataFrame):
+    """Acceptance rate and tokens per round against γ, SD as lines, EGAG at its mean γ."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance rate", "tokens per round"))
+    lines = _sd_lines(summary)
+    egag = summary[summary.method == "egag"]
+    for col, metric in ((1, "acceptance_rate"), (2, "mean_accepted_tokens")):
+        for index, (name, sd) in enumerate(lines):
+            fig.add_trace(go.Scatter(name=name, x=sd.gamma, y=sd[metric], mode="lines+markers",
+                                     error_y=_errors(sd, metric), legendgroup=name, showlegend=col == 1,
+                                     line_color="#1f77b4" if index == 0 else None), row=1, col=col)
+        if not egag.empty:
+            fig.add_trace(go.Scatter(name="EGAG (γmax/EMA)", x=egag.mean_gamma, y=egag[metric], mode="markers+text",
+                                     text=_egag_text(egag), textposition="top center", legendgroup="egag",
+                                     showlegend=col == 1, marker=dict(size=10, symbol="diamond", color="#ff7f0e")),
+                          row=1, col=col)
+        fig.update_xaxes(title_text="γ (EGAG: mean γ)", row=1, col=col)
+    fig.update_yaxes(title_text="accepted / drafted", row=1, col=1)
+    fig.update_yaxes(title_text="new tokens / round", row=1, col=2)
+    fig.update_layout(title="Acceptance and tokens per round against γ", legend_title="method",
+                      template="plotly_white")
+    return fig
+
+
+def predicted_figure(summary: pd.DataFrame):
+    """Measured speedup against Leviathan's prediction, one point per setting."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    shown = summary[summary.predicted_speedup.notna() & summary.speedup_vs_ar.notna() & (summary.method != "ar")]
+    for method in dict.fromkeys(shown.method):
+        part = shown[shown.method == method]
+        fig.add_scatter(name=method.upper(), x=part.predicted_speedup, y=part.speedup_vs_ar, mode="markers+text",
+                        text=part.label, textposition="top center", marker_size=9,
+                        hovertemplate="%{text}<br>predicted %{x:.2f}×, measured %{y:.2f}×<extra></extra>")
+    values = pd.concat([shown.predicted_speedup, shown.speedup_vs_ar]).dropna()
+    low, high = (min(0.5, values.min()), max(1.5, values.max())) if len(values) else (0.5, 1.5)
+    fig.add_scatter(name="measured = predicted", x=[low, high], y=[low, high], mode="lines",
+                    line=dict(dash="dot", color="grey"))
+    return _layout(fig, "Measured against predicted speedup (Leviathan, measured α and c)",
+                   "predicted (× AR)", "measured (× AR)")
+
+
+def flops_figure(summary: pd.DataFrame):
+    """Estimated FLOPs per new token (draft + target) against speedup, one point per setting."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    shown = summary[summary.speedup_vs_ar.notna()]
+    for method in dict.fromkeys(shown.method):
+        part = shown[shown.method == method]
+        total = part.draft_flops_per_token.fillna(0) + part.target_flops_per_token
+        fig.add_scatter(name=method.upper(), x=part.speedup_vs_ar, y=total, mode="markers+text", text=part.label,
+                        textposition="top center", marker_size=9,
+                        customdata=part[["draft_flops_per_token", "target_flops_per_token"]].to_numpy(),
+                        hovertemplate="%{text}<br>%{x:.2f}× AR<br>draft %{customdata[0]:.3s}, target "
+                                      "%{customdata[1]:.3s} FLOPs/token<extra></extra>")
+    return _layout(fig, "Estimated FLOPs per new token (draft + target) against speedup",
+                   "speedup (× AR)", "FLOPs per new token (estimate)")
+
+
+FIGURES = {
+    "speedup_vs_gamma": ("Speedup against γ", speedup_figure),
+    "acceptance_vs_gamma": ("Acceptance and tokens per round", acceptance_figure),
+    "predicted_vs_measured": ("Measured against predicted speedup", predicted_figure),
+    "flops_vs_speedup": ("FLOPs per token against speedup", flops_figure),
+}
+
+
+def sweep_figures(summary: pd.DataFrame) -> dict[str, Any]:
+    """Every chart of the report by name (see FIGURES); pure functions of the summary."""
+    return {name: make(summary) for name, (_, make) in FIGURES.items()}

@@ -1,0 +1,70 @@
+"""What each model of a pair is fed during a sweep's run: forwards, tokens and an estimate
+of the FLOPs (2 × matmul parameters × tokens fed), counted by forward hooks so that every
+code path that calls the model is counted alike.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...engine.feature_head import FeatureHead
+
+def matmul_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(body, head) parameter counts that multiply activations: every weight once, less
+    the input embedding (a lookup) unless it is tied to the output head."""
+    if isinstance(model, FeatureHead):  # its own layer, then the target's LM-head rows of its subset
+        return sum(p.numel() for p in model.parameters()), model.config.subset_size * model.config.hidden_size
+    params = {p.data_ptr(): p.numel() for p in model.parameters()}
+    total = sum(params.values())
+    inputs, head = model.get_input_embeddings(), model.get_output_embeddings()
+    head_params = head.weight.numel() if head is not None else 0
+    tied = head is not None and inputs is not None and inputs.weight.data_ptr() == head.weight.data_ptr()
+    if inputs is not None and not tied:
+        total -= inputs.weight.numel()
+    return total - head_params, head_params
+
+
+class FedCounter:
+    """Counts the forwards, tokens and logit rows that one model is fed, by hooks on its decoder
+    body and its output head (so a forward that calls them directly counts too)."""
+
+    def __init__(self, model: torch.nn.Module | None):
+        self.calls: list[list[int]] = []  # [tokens fed, logit rows computed] per forward
+        self.body, self.head = matmul_parameters(model) if model is not None else (0, 0)
+        self._handles = []
+        if model is None:
+            return
+        if isinstance(model, FeatureHead):
+            self._handles.append(model.register_forward_pre_hook(self._head_hook, with_kwargs=True))
+            return
+        self._handles.append(model.get_decoder().register_forward_pre_hook(self._body_hook, with_kwargs=True))
+        output = model.get_output_embeddings()
+        if output is not None:
+            self._handles.append(output.register_forward_pre_hook(self._logits_hook))
+
+    def _body_hook(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            self.calls.append([int(ids.shape[-1]), 0])
+
+    def _logits_hook(self, module, args):
+        if self.calls and args:
+            hidden = args[0]
+            self.calls[-1][1] += int(hidden.shape[-2]) if hidden.dim() >= 2 else 1
+
+    def _head_hook(self, module, args, kwargs):
+        features = kwargs.get("features", args[0] if args else None)
+        if features is not None:
+            self.calls.append([int(features.shape[-2]), 1])  # one position's subset logits a step
+
+    def decoding(self, prefill_calls: int) -> tuple[int, int, float]:
+        """(forwards, tokens fed, FLOPs) after the first prefill_calls calls."""
+        calls = self.calls[prefill_calls:]
+        tokens = sum(t for t, _ in calls)
+        flops = 2.0 * (self.body * tokens + self.head * sum(k for _, k in calls))
+        return len(calls), tokens, flops
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []

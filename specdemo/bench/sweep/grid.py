@@ -1,0 +1,142 @@
+"""The sweep's grid: a `Setting` is one point (a method and the values that apply to it),
+and `expand_grid` turns lists of values into the settings a sweep runs, AR first, each
+validated against the parameter schema before any model runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import pandas as pd
+
+from ...engine.methods import METHODS
+from ...engine.params import PARAMS, DecodeParams
+
+SWEEP_METHODS = ("sd", "egag", "nasd")
+DEFAULT_GAMMAS = (1, 2, 3, 4, 6, 8)
+DEFAULT_GAMMA_MAXES = (2, 4, 6, 8)
+DEFAULT_EMAS = (0.0, 0.5, 0.9)
+DEFAULT_NGRAM_NS = (2, 3, 4)
+SETTING_COLUMNS = ["gamma", "gamma_max", "ema", "ngram_n", "copy_n"]
+
+
+def fmt(value: Any) -> str:
+    """A setting value as people write it: 3 not 3.0, 0.9 not 0.900."""
+    if value is None or pd.isna(value):
+        return ""
+    return f"{float(value):g}"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One grid point: a method and the values of the settings that apply to it (others None)."""
+
+    method: str
+    gamma: int | None = None
+    gamma_max: int | None = None
+    ema: float | None = None
+    ngram_n: int | None = None
+    copy_n: int | None = None  # SD and EGAG: None leaves the parameter's default
+    gamma_min: int | None = None  # EGAG's floor, fixed over the grid
+
+    @property
+    def key(self) -> str:
+        """A stable name for grouping, e.g. 'egag:gamma_max=6,ema=0.9'."""
+        values = ",".join(f"{c}={fmt(getattr(self, c))}" for c in SETTING_COLUMNS if getattr(self, c) is not None)
+        return f"{self.method}:{values}" if values else self.method
+
+    @property
+    def label(self) -> str:
+        if self.method == "sd":
+            return f"SD γ={self.gamma}{copy_phrase(self.copy_n, ', ')}"
+        if self.method == "egag":
+            return f"EGAG γmax/EMA {self.gamma_max}/{fmt(self.ema)}{copy_phrase(self.copy_n, ', ')}"
+        if self.method == "nasd":
+            return f"NASD n={self.ngram_n} (γ={self.gamma})"
+        return METHODS[self.method].label if self.method in METHODS else self.method
+
+    def params(self) -> dict[str, Any]:
+        """The decode parameters this setting sets, for `specdemo.generate(pair, ids, method, **params)`."""
+        names = (*SETTING_COLUMNS, "gamma_min")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+    def values(self) -> dict[str, Any]:
+        """The setting columns of a row: None where the setting does not apply."""
+        return {name: getattr(self, name) for name in SETTING_COLUMNS}
+
+
+AR = Setting("ar")
+
+
+def copy_phrase(copy_n: Any, before: str = "") -> str:
+    """How a setting copies from the context, for labels: "" when the sweep leaves copy_n at its default."""
+    if copy_n is None or pd.isna(copy_n):
+        return ""
+    return f"{before}no copy" if int(copy_n) == 0 else f"{before}copy n={int(copy_n)}"
+
+
+def _values(name: str, values: Iterable | str | None) -> list:
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [v for v in values.split(",") if v.strip()]
+    elif not isinstance(values, Iterable):
+        values = [values]
+    out = []
+    for value in values:
+        number = float(value)
+        out.append(number if name == "ema" else int(number) if number.is_integer() else number)
+    return list(dict.fromkeys(out))
+
+
+def expand_grid(
+    gamma: Iterable[int] | str | None = DEFAULT_GAMMAS,
+    gamma_max: Iterable[int] | str | None = DEFAULT_GAMMA_MAXES,
+    ema: Iterable[float] | str | None = DEFAULT_EMAS,
+    ngram_n: Iterable[int] | str | None = None,
+    methods: str | Sequence[str] | None = None,
+    copy_n: Iterable[int] | str | None = None,
+    *,
+    gamma_min: int = 1,
+    nasd_gamma: int = PARAMS["gamma"].default,
+) -> list[Setting]:
+    """AR, then SD at each γ, EGAG at each (γ_max, EMA) with γ_min fixed, NASD at each n
+    (with γ = nasd_gamma). Values may be lists or comma-separated strings ("1,2,4"). With
+    copy_n values, SD's and EGAG's settings are repeated for each (0 = no copying); without,
+    they copy as the parameter's default says.
+
+    methods picks among sd, egag and nasd (AR always runs); by default every method
+    whose grid is given (NASD only when ngram_n is). Every setting is validated here, so
+    a bad value fails before any model runs.
+    """
+    gammas, maxes, emas, ns = (_values(n, v) for n, v in
+                               (("gamma", gamma), ("gamma_max", gamma_max), ("ema", ema), ("ngram_n", ngram_n)))
+    if methods is None:
+        chosen = [m for m, ok in (("sd", gammas), ("egag", maxes and emas), ("nasd", ns)) if ok]
+    else:
+        names = methods.split(",") if isinstance(methods, str) else list(methods)
+        chosen = list(dict.fromkeys(n.strip().lower() for n in names if n and n.strip() and n.strip().lower() != "ar"))
+        unknown = [n for n in chosen if n not in SWEEP_METHODS]
+        if unknown:
+            raise ValueError(f"sweep methods: unknown {', '.join(map(repr, unknown))}; choose from "
+                             f"{', '.join(SWEEP_METHODS)} (AR always runs)")
+        missing = {"sd": ("gamma", gammas), "egag": ("gamma_max and ema", maxes and emas), "nasd": ("ngram_n", ns)}
+        empty = [f"{m} needs {missing[m][0]}" for m in chosen if not missing[m][1]]
+        if empty:
+            raise ValueError("sweep grid: " + "; ".join(empty))
+    copies = _values("copy_n", copy_n) or [None]
+    settings = [AR]
+    if "sd" in chosen:
+        settings += [Setting("sd", gamma=g, copy_n=c) for c in copies for g in gammas]
+    if "egag" in chosen:
+        settings += [Setting("egag", gamma_max=g, ema=e, gamma_min=gamma_min, copy_n=c)
+                     for c in copies for g in maxes for e in emas]
+    if "nasd" in chosen:
+        settings += [Setting("nasd", gamma=nasd_gamma, ngram_n=n) for n in ns]
+    for setting in settings:
+        try:
+            DecodeParams.from_values(**setting.params())
+        except ValueError as error:
+            raise ValueError(f"sweep grid, {setting.label}: {error}") from None
+    return settings

@@ -1,0 +1,78 @@
+"""A sweep's files: the rows CSV, the summary CSV and one HTML page with the verdict, the
+summary table, the charts and the definitions of the columns.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from . import rows
+from .charts import FIGURES, sweep_figures
+from .summary import SweepResult
+
+_SHOWN = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s", "tokens_per_s_std",
+          "acceptance_rate", "mean_accepted_tokens", "mean_gamma", "wasted_drafts_per_token",
+          "target_forwards_per_token", "draft_forwards_per_token", "draft_flops_per_token",
+          "target_flops_per_token", "cost_ratio", "predicted_speedup", "exact_match_pct"]
+
+
+def report_html(result: SweepResult, path: str | Path | None = None, plotlyjs: str = "inline") -> str:
+    """One HTML page: the verdict, the summary table, the figures and the definitions."""
+    if plotlyjs not in ("inline", "cdn"):
+        raise ValueError(f"plotlyjs must be 'inline' or 'cdn', got {plotlyjs!r}")
+    summary, meta = result.summary, result.meta
+    figures = sweep_figures(summary)
+    parts = []
+    for i, (name, (title, _)) in enumerate(FIGURES.items()):
+        include = (True if plotlyjs == "inline" else "cdn") if i == 0 else False
+        parts.append(f"<h2>{html.escape(title)}</h2>\n"
+                     + figures[name].to_html(full_html=False, include_plotlyjs=include, div_id=f"fig-{name}"))
+    table = summary[_SHOWN].to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="", border=0,
+                                    classes="summary")
+    params = ", ".join(f"{k}={v}" for k, v in meta.get("params", {}).items())
+    info = html.escape(
+        f"pair {meta.get('pair')} (target {meta.get('target')}, draft {meta.get('draft')}) on {meta.get('device')}, "
+        f"dtype {meta.get('dtype')}, {meta.get('threads')} threads; torch {meta.get('torch')}, transformers "
+        f"{meta.get('transformers')}; {meta.get('prompts')} prompts × {meta.get('repeats')} repeats; {params}; "
+        f"{meta.get('time')}" + ("; STOPPED EARLY" if result.stopped else ""))
+    definitions = html.escape(rows.__doc__.split("Definitions of the row columns")[1])
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>specdemo sweep</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }}
+table.summary {{ border-collapse: collapse; font-size: 13px; }}
+table.summary td, table.summary th {{ padding: 3px 8px; border-bottom: 1px solid #ddd; text-align: right; }}
+p.verdict {{ font-size: 1.2em; }}
+pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px; }}
+</style></head><body>
+<h1>Speculative decoding sweep</h1>
+<p>{info}</p>
+<p class="verdict">{html.escape(result.verdict)}</p>
+<h2>Summary (mean over repeats; *_std: std over repeats)</h2>
+{table}
+{''.join(parts)}
+<h2>Definitions</h2>
+<pre>Definitions of the row columns{definitions}</pre>
+</body></html>
+"""
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(page, encoding="utf-8")
+    return page
+
+
+def write_outputs(result: SweepResult, csv: str | Path | None = None, summary_csv: str | Path | None = None,
+                  report: str | Path | None = None, plotlyjs: str = "inline") -> list[Path]:
+    """The rows CSV, the summary CSV and the HTML report, each only if its path is given.
+    Settings that do not apply to a method are empty cells."""
+    written = []
+    for target, frame in ((csv, result.rows), (summary_csv, result.summary)):
+        if target:
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+            frame.to_csv(target, index=False)
+            written.append(Path(target))
+    if report:
+        report_html(result, report, plotlyjs)
+        written.append(Path(report))
+    return written

@@ -1,0 +1,109 @@
+"""One row per run of a sweep: the columns, and how the runs of one (prompt, repeat)
+become rows, each compared with AR's run on the same prompt in the same repeat.
+
+Definitions of the row columns (one row per method, setting, prompt and repeat):
+  tokens_per_s        new tokens / wall seconds of the call (prompt ids in → ids out).
+  speedup_vs_ar       AR's seconds per new token / this run's, same prompt and repeat.
+  acceptance_rate     accepted / drafted tokens.
+  mean_accepted_tokens  new tokens per round (tokens per target forward).
+  mean_gamma          mean γ over the rounds that drafted (0 for AR).
+  wasted_drafts_per_token  rejected draft tokens per new token.
+  *_forwards_per_token  forwards of that model per new token, decoding only (the
+                      prompt's prefill is not counted).
+  *_flops_per_token   an ESTIMATE: 2 × parameters × tokens fed to that model ÷ new
+                      tokens, decoding only. Parameters are the matmul weights (the input
+                      embedding is left out unless tied to the output head), and the head
+                      is charged only for the positions whose logits were asked for;
+                      attention over the context is not counted. NASD's drafter is a table
+                      lookup: 0 draft FLOPs.
+  alpha               accepted / (accepted + rounds that ended in a rejection), Leviathan's α.
+  cost_ratio          c: seconds per draft forward (NASD: per draft slot) / seconds per AR
+                      target step, both from the traces of this prompt and repeat.
+  predicted_speedup   Leviathan: (1 − α^(γ+1)) / ((1 − α)(γc + 1)); EGAG uses its mean γ,
+                      an approximation since its γ varies by round.
+  matches_ar          greedy runs only: the same tokens as AR on the same prompt.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import pandas as pd
+
+from ..statistics import leviathan_speedup
+
+ROW_COLUMNS = [
+    "method", "gamma", "gamma_max", "ema", "ngram_n", "prompt_id", "repeat", "tokens_per_s", "speedup_vs_ar",
+    "acceptance_rate", "mean_accepted_tokens", "mean_gamma", "wasted_drafts_per_token", "target_forwards_per_token",
+    "draft_forwards_per_token", "draft_flops_per_token", "target_flops_per_token", "predicted_speedup", "matches_ar",
+    # beyond the required columns
+    "copy_n", "setting", "label", "category", "prompt_index", "order", "seed", "prompt_tokens", "new_tokens", "seconds",
+    "rounds", "copied_rounds", "drafted", "accepted", "rejected_rounds", "alpha", "cost_ratio", "draft_seconds",
+    "verify_seconds", "stop_reason",
+]
+
+
+def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
+    """The rows of one (prompt, repeat), each compared with AR's run in the group."""
+    ar = next((run for setting, _, run, _, _ in group if setting.method == "ar"), None)
+    ar_step = math.nan
+    ar_per_token = math.nan
+    if ar is not None:
+        ar_step = ratio(ar.stats["verify_seconds"], ar.stats["target_forwards"])
+        ar_per_token = ratio(ar.seconds, len(ar.token_ids))
+    rows = []
+    for setting, position, run, (t_forwards, _, t_flops), (d_forwards, _, d_flops) in group:
+        stats, result = run.stats, run.result
+        new = len(run.token_ids)
+        drafted, accepted = stats["drafted"], stats["accepted"]
+        rejected_rounds = sum(1 for r in result.rounds if r.accepted < len(r.drafted))
+        alpha = ratio(accepted, accepted + rejected_rounds)
+        mean_gamma = stats["mean_gamma"]
+        if setting.method == "nasd":
+            slots = sum(r.gamma for r in result.rounds)
+            cost = ratio(ratio(stats["draft_seconds"], slots), ar_step)
+        elif setting.method == "ar":
+            cost = math.nan
+        else:
+            cost = ratio(ratio(stats["draft_seconds"], d_forwards), ar_step)
+        gamma = mean_gamma if setting.method == "egag" else setting.gamma
+        predicted = leviathan_speedup(alpha, float(gamma), cost) if setting.method != "ar" and gamma else math.nan
+        row = {
+            "method": setting.method, **setting.values(), "prompt_id": item.id, "repeat": repeat,
+            "tokens_per_s": ratio(new, run.seconds),
+            "speedup_vs_ar": ratio(ar_per_token, ratio(run.seconds, new)),
+            "acceptance_rate": ratio(accepted, drafted), "mean_accepted_tokens": ratio(new, stats["rounds"]),
+            "mean_gamma": mean_gamma, "wasted_drafts_per_token": ratio(drafted - accepted, new),
+            "target_forwards_per_token": ratio(t_forwards, new), "draft_forwards_per_token": ratio(d_forwards, new),
+            "draft_flops_per_token": ratio(d_flops, new), "target_flops_per_token": ratio(t_flops, new),
+            "predicted_speedup": predicted,
+            "matches_ar": (run.token_ids == ar.token_ids) if greedy and ar is not None else None,
+            "setting": setting.key, "label": setting.label, "category": item.category, "prompt_index": index,
+            "order": position, "seed": seed, "prompt_tokens": len(ids), "new_tokens": new, "seconds": run.seconds,
+            "rounds": stats["rounds"], "copied_rounds": stats["copied_rounds"], "drafted": drafted, "accepted": accepted, "rejected_rounds": rejected_rounds,
+            "alpha": alpha, "cost_ratio": cost, "draft_seconds": stats["draft_seconds"],
+            "verify_seconds": stats["verify_seconds"], "stop_reason": stats["stop_reason"],
+        }
+        rows.append(row)
+    return rows
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    try:
+        return numerator / denominator if denominator and math.isfinite(denominator) and denominator > 0 else math.nan
+    except TypeError:
+        return math.nan
+
+
+def rows_frame(rows: Sequence[dict]) -> pd.DataFrame:
+    """Rows (dicts) as a DataFrame with ROW_COLUMNS; whole-number settings stay whole (3, not 3.0)."""
+    frame = pd.DataFrame(list(rows), columns=ROW_COLUMNS)
+    return typed_settings(frame)
+
+
+def typed_settings(frame: pd.DataFrame) -> pd.DataFrame:
+    for name in ("gamma", "gamma_max", "ngram_n", "copy_n"):
+        frame[name] = pd.to_numeric(frame[name]).astype("Int64")
+    frame["ema"] = pd.to_numeric(frame["ema"]).astype(float)
+    return frame

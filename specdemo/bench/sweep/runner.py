@@ -1,0 +1,171 @@
+"""Running a sweep: AR and every setting on every prompt, interleaved.
+
+On each (prompt, repeat) AR and every setting run one after the other, the order rotated
+one place per prompt and per repeat, so drift of a shared machine hits all alike and every
+speedup is a ratio to AR on the same prompt in the same repeat. `iter_sweep` yields a
+`SweepEvent` after each run (the page streams them); `run_sweep` runs to the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from ...engine.methods import METHODS
+from ...engine.params import DecodeParams
+from ..runners import run_ours
+from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, select_prompts
+from .flops import FedCounter
+from .grid import AR, Setting
+from .rows import group_rows
+from .summary import SweepResult, sweep_result
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class SweepEvent:
+    """Progress of a sweep: yielded after every run, and once more at the end (finished)."""
+
+    done: int
+    total: int
+    message: str
+    rows: list[dict]  # every finished row so far (grows in place)
+    new_rows: list[dict] = field(default_factory=list)  # the rows this event added
+    finished: bool = False
+    stopped: bool = False  # should_stop() ended the sweep early
+
+
+def _prompts(prompts, categories, limit) -> list[SuitePrompt]:
+    if prompts is None:
+        prompts = DEFAULT_SUITE
+    if isinstance(prompts, (str, Path)):
+        prompts = load_suite(prompts)
+    else:
+        prompts = list(prompts)
+        if prompts and all(isinstance(p, str) for p in prompts):
+            prompts = [SuitePrompt(f"prompt-{i + 1}", "prompt", p) for i, p in enumerate(prompts)]
+        elif not all(isinstance(p, SuitePrompt) for p in prompts):
+            prompts = load_suite(prompts)
+    chosen = select_prompts(prompts, categories, limit)
+    if not chosen:
+        raise ValueError("sweep: no prompts to run")
+    return chosen
+
+
+def iter_sweep(
+    pair,
+    prompts: Sequence[SuitePrompt] | Sequence[str] | str | Path | None,
+    settings: Sequence[Setting],
+    *,
+    repeats: int = 2,
+    categories: str | Sequence[str] | None = None,
+    limit: int | None = None,
+    warmup: bool = True,
+    should_stop: Callable[[], bool] | None = None,
+    **params: Any,
+) -> Iterator[SweepEvent]:
+    """Run AR and every setting on every prompt, `repeats` times; yield a SweepEvent after
+    each run. Rows of a (prompt, repeat) are added once all of its runs finished (they
+    need AR's). should_stop() is asked after each run: true ends the sweep there, and the
+    finished runs of the current prompt are kept. params are the shared decode
+    parameters (max_new_tokens, temperature, top_k, top_p, seed, chat, ...); each setting
+    overrides its own. Closing the iterator stops after the run in progress.
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
+    base = DecodeParams.from_values(**params)
+    runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != "ar"]
+    for setting in runs:
+        if setting.method not in METHODS:
+            raise ValueError(f"sweep: unknown method {setting.method!r}")
+        if METHODS[setting.method].needs_draft and pair.draft is None:
+            raise ValueError(f"sweep: {setting.label} needs a draft model; load the pair with a draft or drop it")
+        DecodeParams.from_values(**{**base.as_dict(), **setting.params()})
+    items = _prompts(prompts, categories, limit)
+    encoded = []
+    for item in items:
+        try:
+            ids = encode_prompt(pair, item, base.chat)
+            pair.check_fits(ids, base.max_new_tokens)
+        except ValueError as error:
+            raise ValueError(f"prompt {item.id!r} ({item.category}): {error}") from None
+        encoded.append(ids)
+    return _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base)
+
+
+def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: DecodeParams) -> Iterator[SweepEvent]:
+    shared = {k: v for k, v in base.as_dict().items() if k != "seed"}
+    base_seed = base.seed if base.seed is not None else 1234
+    greedy = base.sampling.greedy
+    warm = list({s.method: s for s in reversed(runs)}.values())[::-1] if warmup else []  # one per method
+    total = len(warm) + len(items) * len(runs) * repeats
+    rows: list[dict] = []
+    done = 0
+    target = FedCounter(pair.target)
+    draft = FedCounter(pair.draft if pair.draft is not pair.target else None)
+    try:
+        for setting in warm:
+            run_ours(pair, setting.method, encoded[0], {**shared, **setting.params(),
+                                                         "max_new_tokens": min(8, base.max_new_tokens)}, base_seed)
+            done += 1
+            yield SweepEvent(done, total, f"warm-up {setting.label}", rows)
+            if should_stop and should_stop():
+                yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True)
+                return
+        for repeat in range(repeats):
+            for index, (item, ids) in enumerate(zip(items, encoded)):
+                shift = (repeat + index) % len(runs)
+                order = runs[shift:] + runs[:shift]
+                seed = base_seed + 1000 * repeat + index
+                group = []
+                stop = False
+                for position, setting in enumerate(order):
+                    target.calls.clear()
+                    draft.calls.clear()
+                    run = run_ours(pair, setting.method, ids, {**shared, **setting.params()}, seed)
+                    group.append((setting, position, run, target.decoding(1 if len(ids) > 1 else 0),
+                                  draft.decoding(1 if len(ids) > 1 and METHODS[setting.method].needs_draft else 0)))
+                    done += 1
+                    stop = bool(should_stop and should_stop())
+                    last = position == len(order) - 1 or stop
+                    ranked = sorted(group, key=lambda g: runs.index(g[0]))  # rows in grid order
+                    new = group_rows(item, index, repeat, seed, ids, ranked, greedy) if last else []
+                    rows.extend(new)
+                    message = f"{item.id} {setting.label} (repeat {repeat + 1}/{repeats})"
+                    yield SweepEvent(done, total, message, rows, new)
+                    if stop:
+                        break
+                if stop:
+                    yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True)
+                    return
+        yield SweepEvent(done, total, "done", rows, finished=True)
+    finally:
+        target.close()
+        draft.close()
+
+
+def run_sweep(
+    pair,
+    prompts: Sequence[SuitePrompt] | Sequence[str] | str | Path | None,
+    settings: Sequence[Setting],
+    *,
+    repeats: int = 2,
+    categories: str | Sequence[str] | None = None,
+    limit: int | None = None,
+    warmup: bool = True,
+    progress: Progress | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    **params: Any,
+) -> SweepResult:
+    """iter_sweep to the end; progress(done, total, message) after each run."""
+    runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != "ar"]
+    events = iter_sweep(pair, prompts, runs, repeats=repeats, categories=categories, limit=limit, warmup=warmup,
+                        should_stop=should_stop, **params)
+    event = None
+    for event in events:
+        if progress is not None:
+            progress(event.done, event.total, event.message)
+    assert event is not None
+    return sweep_result(pair, event.rows, runs, repeats=repeats, warmup=warmup, stopped=event.stopped, **params)

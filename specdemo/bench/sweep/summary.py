@@ -1,0 +1,154 @@
+"""A sweep's summary and verdict, and `SweepResult`, the record a finished sweep leaves.
+
+The summary (one row per method and setting) takes each metric per repeat over the
+prompts — the speedup as a geometric mean, rates as pooled ratios, per-token counts
+weighted by new tokens — then mean ± std over repeats. The verdict says in a sentence or
+two whether EGAG reached the best fixed γ.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import pandas as pd
+import torch
+
+from ...engine.params import DecodeParams
+from ..statistics import _geomean
+from .charts import sweep_figures
+from .flops import matmul_parameters
+from .grid import AR, SETTING_COLUMNS, Setting, copy_phrase, fmt
+from .rows import ratio, rows_frame, typed_settings
+
+# Metrics of the summary, each with a *_std beside it; how one repeat's value is taken over its prompts.
+_SUMMARY_METRICS = {
+    "speedup_vs_ar": "geomean", "tokens_per_s": "tokens/seconds", "acceptance_rate": "accepted/drafted",
+    "alpha": "alpha", "mean_accepted_tokens": "tokens/rounds", "mean_gamma": "mean",
+    "wasted_drafts_per_token": "per_token", "target_forwards_per_token": "per_token",
+    "draft_forwards_per_token": "per_token", "draft_flops_per_token": "per_token",
+    "target_flops_per_token": "per_token", "cost_ratio": "mean", "predicted_speedup": "mean",
+}
+
+SUMMARY_COLUMNS = (["method", "label", "setting", *SETTING_COLUMNS, "prompts", "repeats", "runs"]
+                   + [c for m in _SUMMARY_METRICS for c in (m, f"{m}_std")] + ["exact_match_pct"])
+
+
+@dataclass
+class SweepResult:
+    rows: pd.DataFrame  # ROW_COLUMNS
+    settings: list[Setting]
+    meta: dict[str, Any] = field(default_factory=dict)
+    stopped: bool = False
+    _summary: pd.DataFrame | None = field(default=None, repr=False)
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        if self._summary is None:
+            self._summary = summarize_sweep(self.rows)
+        return self._summary
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.summary)
+
+    @property
+    def figures(self) -> dict[str, Any]:
+        return sweep_figures(self.summary)
+
+
+def sweep_result(pair, rows: Sequence[dict], settings: Sequence[Setting], *, repeats: int, warmup: bool = True,
+                 stopped: bool = False, **params: Any) -> SweepResult:
+    """The SweepResult of rows from `iter_sweep` (for callers that stream the events
+    themselves), with the run's metadata: the pair, the device, the versions, the params."""
+    runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != "ar"]
+    frame = rows_frame(rows)
+    meta = sweep_meta(pair, DecodeParams.from_values(**params), runs, frame, repeats, warmup)
+    return SweepResult(frame, runs, meta, stopped)
+
+
+def sweep_meta(pair, decode: DecodeParams, runs, frame, repeats, warmup) -> dict[str, Any]:
+    import transformers
+
+    models = {"target": pair.target, "draft": pair.draft}
+    return {
+        "pair": getattr(pair, "name", ""), "target": getattr(pair, "target_ref", ""),
+        "draft": getattr(pair, "draft_ref", None), "device": str(pair.device),
+        "dtype": str(next(pair.target.parameters()).dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "parameters": {k: sum(matmul_parameters(m)) for k, m in models.items() if m is not None},
+        "settings": [s.key for s in runs],
+        "egag_gamma_min": next((s.gamma_min for s in runs if s.method == "egag"), None), "prompts": int(frame.prompt_id.nunique()), "repeats": repeats,
+        "warmup": warmup, "params": decode.as_dict(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def _per_repeat(part: pd.DataFrame, metric: str, how: str) -> float:
+    if how == "geomean":
+        return _geomean(part[metric].dropna().tolist())
+    if how == "tokens/seconds":
+        return ratio(part.new_tokens.sum(), part.seconds.sum())
+    if how == "accepted/drafted":
+        return ratio(part.accepted.sum(), part.drafted.sum())
+    if how == "alpha":
+        return ratio(part.accepted.sum(), part.accepted.sum() + part.rejected_rounds.sum())
+    if how == "tokens/rounds":
+        return ratio(part.new_tokens.sum(), part.rounds.sum())
+    if how == "per_token":
+        ok = part[part[metric].notna()]
+        return ratio((ok[metric] * ok.new_tokens).sum(), ok.new_tokens.sum())
+    values = part[metric].dropna()
+    return float(values.mean()) if len(values) else math.nan
+
+
+def summarize_sweep(rows: pd.DataFrame | Sequence[dict]) -> pd.DataFrame:
+    """One row per (method, setting), in the order they first appear: mean ± std over repeats."""
+    rows = rows if isinstance(rows, pd.DataFrame) else rows_frame(rows)
+    out = []
+    for key in dict.fromkeys(rows.setting):
+        mine = rows[rows.setting == key]
+        first = mine.iloc[0]
+        row = {"method": first.method, "label": first.label, "setting": key,
+               **{c: first[c] for c in SETTING_COLUMNS},
+               "prompts": mine.prompt_id.nunique(), "repeats": mine.repeat.nunique(), "runs": len(mine)}
+        for metric, how in _SUMMARY_METRICS.items():
+            values = pd.Series([_per_repeat(part, metric, how) for _, part in mine.groupby("repeat")]).dropna()
+            row[metric] = float(values.mean()) if len(values) else math.nan
+            row[f"{metric}_std"] = float(values.std()) if len(values) > 1 else math.nan
+        matches = mine.matches_ar.dropna()
+        row["exact_match_pct"] = 100.0 * matches.astype(bool).mean() if len(matches) else math.nan
+        out.append(row)
+    frame = pd.DataFrame(out, columns=SUMMARY_COLUMNS)
+    return typed_settings(frame)
+
+
+def _best(summary: pd.DataFrame, method: str) -> pd.Series | None:
+    part = summary[(summary.method == method) & summary.speedup_vs_ar.notna()]
+    return None if part.empty else part.loc[part.speedup_vs_ar.idxmax()]
+
+
+def verdict(summary: pd.DataFrame) -> str:
+    """One sentence (two at most) from the numbers: the best EGAG against the best fixed γ."""
+    egag, sd, nasd = _best(summary, "egag"), _best(summary, "sd"), _best(summary, "nasd")
+    sentences = []
+    if egag is not None:
+        text = (f"EGAG (γ_max {fmt(egag.gamma_max)}, EMA {fmt(egag.ema)}{copy_phrase(egag.copy_n, ', ')}) reached "
+                f"{egag.speedup_vs_ar:.2f}× AR")
+        if sd is not None:
+            text += (f" against {sd.speedup_vs_ar:.2f}× for the best fixed γ "
+                     f"(γ = {fmt(sd.gamma)}{copy_phrase(sd.copy_n, ', ')})")
+        text += f"; its mean γ was {egag.mean_gamma:.1f}"
+        if sd is None:
+            text += " (no fixed-γ SD in this sweep)"
+        sentences.append(text + ".")
+    elif sd is not None:
+        sentences.append(f"The best fixed γ (γ = {fmt(sd.gamma)}{copy_phrase(sd.copy_n, ', ')}) reached "
+                         f"{sd.speedup_vs_ar:.2f}× AR "
+                         "(no EGAG in this sweep).")
+    if nasd is not None:
+        sentences.append(f"The best NASD (n = {fmt(nasd.ngram_n)}) reached {nasd.speedup_vs_ar:.2f}× AR.")
+    if not sentences:
+        return "No SD, EGAG or NASD run has finished beside AR: nothing to compare yet."
+    return " ".join(sentences)
