@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 
 from ..engine.clock import interleaved_medians
+from ..engine.feature_head import FeatureHead
 from ..engine.lm import CachedLM
 from ..engine.tree import ROOT, DraftTree
 
@@ -40,9 +41,11 @@ def bushy_tree(nodes: int, width: int = 3) -> DraftTree:
 
 def verification_costs(pair, context: list[int], max_rows: int = 16, calls: int = 9, warmup: int = 2,
                        hidden: bool | None = None) -> pd.DataFrame:
-    """One row per n = 1..max_rows: median seconds and cost ratio of the chain and tree forwards."""
+    """One row per n = 1..max_rows: median seconds and cost ratio of the chain and tree forwards.
+    `calls` timed turns each (after `warmup`); `context` holds at least two tokens."""
     device = pair.device
-    hidden = getattr(pair.draft, "config", None) is not None and hidden is not False if hidden is None else hidden
+    if hidden is None:  # as the loop verifies: with the final hidden states when a feature head reads them
+        hidden = isinstance(pair.draft, FeatureHead)
     target = CachedLM(pair.target, pair.vocab_size, cache="dynamic")
     calls_by_name = {}
     with torch.inference_mode():
