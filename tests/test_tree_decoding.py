@@ -137,3 +137,12 @@ def test_a_feature_head_tree_samples_from_the_target(small_vocab_pair, sampling)
     p_value = joint_p_value(pair, "sd-tree", {**sampling, "node_budget": 6, "max_width": 4, "max_depth": 2},
                             samples=900)
     assert p_value > 1e-3, f"{sampling}: χ² p-value {p_value:.2g}"
+
+
+@pytest.mark.parametrize("params, field", [
+    (dict(tree_shape="3,x"), "tree_shape"), (dict(tree_shape="3,0,1"), "tree_shape"), (dict(tree_shape=""), "tree_shape"),
+    (dict(node_budget=0), "node_budget"), (dict(max_width=17), "max_width"), (dict(tree_policy="wide"), "tree_policy"),
+])
+def test_bad_tree_parameters_raise_value_errors_that_name_the_field(tiny_pair, params, field):
+    with pytest.raises(ValueError, match=field):
+        specdemo.generate(tiny_pair, PROMPTS[0], method="sd-tree", max_new_tokens=4, **params)

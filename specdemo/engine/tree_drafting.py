@@ -31,7 +31,6 @@ import torch
 
 from .drafters import ModelDrafter, NgramDrafter
 from .feature_drafter import FeatureDrafter
-from .params import parse_shape  # noqa: F401  (a tree policy's shape is parsed there)
 from .policies import _Policy, gamma_from_entropy
 from .sampling import SamplingConfig, normalized_entropy, probabilities
 from .trace import DRAFTED
