@@ -135,7 +135,8 @@ SCHEMA: tuple[Param, ...] = (
     Param("tree_policy", str, "dynamic", "how the tree grows: dynamic = max_width children per node to max_depth, "
           "the most probable nodes first; static = tree_shape", "Tree: policy", methods=_TREE_DRAFTING,
           choices=TREE_POLICIES),
-    Param("node_budget", int, 8, "most drafted nodes in a tree (the target verifies them all in one forward)",
+    # 3: the most nodes a CPU verifies for about one forward's cost (docs/trees.md); a GPU affords more.
+    Param("node_budget", int, 3, "most drafted nodes in a tree (the target verifies them all in one forward)",
           "Tree: node budget", methods=_TREES, low=1, high=64, allowed="an integer from 1 to 64"),
     Param("max_depth", int, 5, "deepest a dynamic tree grows", "Tree: max depth", methods=_TREE_DRAFTING,
           low=1, high=64, allowed="an integer from 1 to 64"),
