@@ -109,3 +109,69 @@ def test_the_card_says_what_outside_text_the_head_read_and_under_which_licences(
     assert "No text from outside" not in text
     assert "python -m specdemo.training.passages" in text
     assert "| head continued on answers + passages | 48,371 | 0.120 | 1.48 | 0.400 |" in text
+
+
+def minimal_summary(**extra):
+    return {"curve": [card_row(48_371, 0.101)],
+            "previous_draft_lm": {"train_answer_tokens": 1, "acceptance": 0.1, "tokens_per_round": 1.4,
+                                  "cost_ratio": 0.1},
+            "corpus": {"distinct_prompts": 500, "sequences": 500, "answer_tokens": 50_000},
+            "held_out_prompts": 37, "gamma": 4, "max_new_tokens": 96, "verify_cost": 1.9, "extrapolation": [],
+            "machine": {"cpu": "x86_64", "threads": 1, "torch": "2", "python": "3"}, "command": "curve", **extra}
+
+
+def test_the_card_has_the_hugging_face_shape_front_matter_first_then_its_sections_in_order():
+    import yaml
+
+    from specdemo.training.card import render_card
+
+    text = render_card(minimal_summary())
+    assert text.startswith("---\n")
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["library_name"] and front["license"] == "apache-2.0"
+    assert front["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert "speculative-decoding" in front["tags"]
+    sections = ["# SmolLM2-135M-Instruct feature head", "## Intended use", "## Training data",
+                "## Training procedure", "## Evaluation", "## Limitations", "## How to reproduce"]
+    positions = [text.index(s) for s in sections]
+    assert positions == sorted(positions)
+    assert "| 48,371 | 483 | 3 | 0.101 |" in text.split("## Evaluation")[1]  # the learning curve is evaluation
+    assert "## Changelog" not in text and "\n\n\n" not in text
+
+
+def test_a_continued_head_lists_its_stages_and_earlier_heads_go_to_the_changelog():
+    from specdemo.training.card import render_card
+
+    gpu = {"description": "from a random start on a GPU", "train_answer_tokens": 2_000_000, "epochs_run": 5,
+           "lr": 1e-3, "train_seconds": 150, "acceptance": 0.29}
+    shipped = {**card_row(1_000_000, 0.305), "description": "continued on the CPU corpus", "continued_from": gpu}
+    text = render_card(minimal_summary(installed=shipped, changelog=["0.254: the curve's last point."]))
+    stages = text.split("## Training procedure")[1].split("## Evaluation")[0]
+    assert stages.index("1. from a random start on a GPU: 2,000,000 answer tokens") < stages.index(
+        "2. continued on the CPU corpus: 1,000,000 answer tokens")
+    assert "| acceptance (accepted ÷ drafted) | 0.305 |" in text  # the shipped head, not the curve's last point
+    assert text.rstrip().endswith("## Changelog\n\n- 0.254: the curve's last point.")
+
+
+def test_the_shipped_card_is_generated_from_the_summary_beside_it():
+    import json
+
+    from specdemo.models.embedded import HEAD_DIR
+    from specdemo.training.card import render_card
+
+    summary = json.loads((HEAD_DIR / "card.json").read_text(encoding="utf-8"))
+    assert (HEAD_DIR / "README.md").read_text(encoding="utf-8") == render_card(summary)
+
+
+def test_installing_a_head_writes_card_and_summary_and_heads_the_changelog_with_the_head_it_replaced(tmp_path):
+    import json
+
+    from specdemo.training.card import install_card, render_card
+
+    old = minimal_summary(installed={**card_row(800_000, 0.254), "description": "the curve's 800 k point"},
+                          changelog=["0.101: the first head."])
+    install_card(tmp_path, minimal_summary(curve=[card_row(1_600_000, 0.29)]), replaces=old)
+    saved = json.loads((tmp_path / "card.json").read_text(encoding="utf-8"))
+    assert saved["changelog"] == ["0.254 acceptance, 2.02 tokens per round: the curve's 800 k point.",
+                                  "0.101: the first head."]
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == render_card(saved)

@@ -91,13 +91,13 @@ def test_draft_rounds_accounting():
             super().__init__()
             self.seq = seq
 
-        def forward(self, input_ids, past_key_values=None, use_cache=True):
-            cache = past_key_values or _Cache()
+        def forward(self, input_ids, cache=None, use_cache=True):
+            cache = cache or _Cache()
             cache.n += input_ids.shape[1]
             logits = torch.zeros(1, input_ids.shape[1], 50)
             nxt = self.seq[cache.n] if cache.n < len(self.seq) else 0
             logits[0, -1, nxt] = 1.0
-            return type("Out", (), {"logits": logits, "past_key_values": cache})
+            return type("Out", (), {"logits": logits, "cache": cache})
 
     class _Cache:
         n = 0

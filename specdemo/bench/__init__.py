@@ -1,9 +1,9 @@
 """Measuring methods: the prompt suite (``suite``), runners for our methods and for
 transformers' peers (``runners``), a benchmark run (``benchmark``), statistics over its rows
 (``statistics``), the Plotly figures and HTML report of a result (``report``, which reads
-``benchmark``; never the other way), per-prompt comparison
-tables (``tables``, ``compare``), sweeps over γ, γ_max, EMA and n (the ``sweep`` package)
-and offline random-weight pairs (``synthetic``).
+``benchmark``, never the other way round), per-prompt comparison tables (``tables``,
+``compare``), sweeps over γ, γ_max, EMA and n (the ``sweep`` package) and offline
+random-weight pairs (``synthetic``).
 
 May import ``engine`` and ``models``, pandas and plotly; never gradio, the page or the
 command line. The names below are the benchmark's public API.

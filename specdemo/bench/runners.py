@@ -181,7 +181,8 @@ class HFRunner:
         pad = eos[0] if eos else pair.tokenizer.pad_token_id
         sampled = not params.sampling.greedy
         settings: dict[str, Any] = dict(
-            max_new_tokens=params.max_new_tokens, min_new_tokens=0, min_length=0, num_beams=1, use_cache=True,
+            # min_new_tokens alone overrides any min_length of the checkpoint (both set, generate warns).
+            max_new_tokens=params.max_new_tokens, min_new_tokens=0, num_beams=1, use_cache=True,
             do_sample=sampled, eos_token_id=eos or None, pad_token_id=pad, repetition_penalty=1.0,
             no_repeat_ngram_size=0,
         )

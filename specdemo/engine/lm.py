@@ -62,7 +62,7 @@ def _compiled_step(model: torch.nn.Module):
     step = _STEPS.get(model)
     if step is None:
         def forward(input_ids: torch.Tensor, cache: StaticCache) -> tuple[torch.Tensor, torch.Tensor]:
-            return _forward_with_hidden(model, input_ids=input_ids, past_key_values=cache, use_cache=True)
+            return _forward_with_hidden(model, input_ids=input_ids, cache=cache, use_cache=True)
 
         cuda = next(model.parameters()).device.type == "cuda"
         # One code object serves every model and bucket: leave room for several pairs.
@@ -208,7 +208,7 @@ class CachedLM:
         elif n_hidden:
             logits, hidden = _forward_with_hidden(
                 self.model, input_ids=new_ids.view(1, -1), attention_mask=self._explicit_mask(n),
-                past_key_values=self.cache, use_cache=True,
+                cache=self.cache, use_cache=True,
             )
             self.forwards += 1
             self.length += n
@@ -218,7 +218,7 @@ class CachedLM:
             output = self.model(
                 input_ids=new_ids.view(1, -1),
                 attention_mask=self._explicit_mask(n),
-                past_key_values=self.cache,
+                cache=self.cache,
                 use_cache=True,
                 logits_to_keep=n_logits,
             )

@@ -190,16 +190,16 @@ def step_cost(draft: CarvedDraft, target, context: int = 96, calls: int = 60) ->
 
     ids = torch.randint(0, target.config.vocab_size, (1, context), device=target.device)
     target_cache, draft_cache = DynamicCache(config=target.config), DynamicCache(config=draft.model.config)
-    target(input_ids=ids, past_key_values=target_cache, use_cache=True)
-    draft.hidden(ids, past_key_values=draft_cache, use_cache=True)
+    target(input_ids=ids, cache=target_cache, use_cache=True)
+    draft.hidden(ids, cache=draft_cache, use_cache=True)
 
     def draft_step():
-        hidden = draft.hidden(ids[:, -1:], past_key_values=draft_cache, use_cache=True).last_hidden_state
+        hidden = draft.hidden(ids[:, -1:], cache=draft_cache, use_cache=True).last_hidden_state
         draft.subset_logits(hidden[0, -1]).argmax().item()
         draft_cache.crop(-1)
 
     def target_step():
-        target(input_ids=ids[:, -1:], past_key_values=target_cache, use_cache=True).logits.argmax().item()
+        target(input_ids=ids[:, -1:], cache=target_cache, use_cache=True).logits.argmax().item()
         target_cache.crop(-1)
 
     medians = interleaved_medians({"draft": draft_step, "target": target_step}, calls)

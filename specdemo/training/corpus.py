@@ -10,8 +10,8 @@ Pipeline, every stage resumable (stop it at any time, run it again and it goes o
    exchanges and ask for summaries of passages the target wrote;
 3. for every position of every sequence the shard keeps the target's final hidden state
    (what a feature-level draft reads) and, for answer positions, its top-k next-token
-   log-probabilities (what distillation matches). Both come out of the generating forward,
-   so no second pass is needed.
+   log-probabilities (what distillation matches), both from the one generation loop
+   (`generation.py`).
 
 A shard is one `torch.save` file, written atomically; `manifest.json` counts what exists.
 The request plan only grows: a larger `--prompts` or `--self-instruct` than it holds appends the
@@ -25,18 +25,14 @@ import json
 import os
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..models.tokens import collect_eos_ids, encode_messages
 from . import prompts as request_source
+from .generation import answer_all, answer_batch
 
-TOPK = 16
-DONE_CHECK_EVERY = 8
-SAMPLE_CANDIDATES = 64
 SELF_INSTRUCT_KINDS = [
     "a question", "a request for advice", "a how-to question", "a request to explain something",
     "a request for a list", "a short writing task", "a simple coding question", "a trivia question",
@@ -56,89 +52,6 @@ def default_dir() -> Path:
 def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
     """A stored request ({"role", "content"} turns) through the chat template."""
     return encode_messages(tokenizer, [(m["role"], m["content"]) for m in messages])
-
-
-@dataclass
-class Answer:
-    tokens: list[int]
-    features: torch.Tensor  # [len(prefix) + len(tokens) - 1, d] final hidden state at each fed position
-    top_ids: torch.Tensor  # [len(tokens), k] the target's most likely next tokens at each answer step
-    top_logp: torch.Tensor  # [len(tokens), k] their log-probabilities (temperature 1)
-
-
-@torch.inference_mode()
-def answer_batch(model, prefixes: list[list[int]], *, max_new_tokens: int, stops: set[int], pad_id: int,
-                 temperature: float = 0.0, topk: int = TOPK, generator: torch.Generator | None = None) -> list[Answer]:
-    """Answer left-padded prefixes together, keeping hidden states and top-k log-probs.
-
-    Runs the decoder body and the LM head separately so that the hidden state the head reads
-    is kept for free.
-    """
-    device = next(model.parameters()).device
-    body, head = model.get_decoder(), model.get_output_embeddings()
-    width = max(len(p) for p in prefixes)
-    rows = len(prefixes)
-    ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((rows, width), dtype=torch.long)
-    for row, prefix in enumerate(prefixes):
-        ids[row, width - len(prefix):] = torch.tensor(prefix)
-        mask[row, width - len(prefix):] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp_min(0)
-    out = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-    hidden = out.last_hidden_state
-    # Everything a step makes stays on the model's device until the batch ends, and whether every
-    # row has stopped is read back only every few steps: on a GPU a read-back per step would keep
-    # the host from queueing the next step while the device works.
-    step_features = [hidden.float()]
-    cache = out.past_key_values
-    stop_tensor = torch.tensor(sorted(stops), device=device)
-    done = torch.zeros(rows, dtype=torch.bool, device=device)
-    tokens, top_i, top_v = [], [], []
-    last = hidden[:, -1]
-    for step in range(max_new_tokens):
-        logp = F.log_softmax(head(last).float(), dim=-1)
-        values, indices = logp.topk(max(topk, SAMPLE_CANDIDATES), dim=-1)
-        top_v.append(values[:, :topk].half())
-        top_i.append(indices[:, :topk].int())
-        if temperature > 0:
-            # Sampling among the most likely candidates: the tail left out holds a negligible
-            # share of the mass, and a multinomial over the full vocabulary costs a forward.
-            pick = torch.multinomial(F.softmax(values / temperature, dim=-1), 1, generator=generator)
-            nxt = indices.gather(1, pick).squeeze(1)
-        else:
-            nxt = indices[:, 0]
-        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-        tokens.append(nxt)
-        done |= torch.isin(nxt, stop_tensor)
-        if step + 1 == max_new_tokens or (step % DONE_CHECK_EVERY == DONE_CHECK_EVERY - 1 and bool(done.all())):
-            break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        positions = positions[:, -1:] + 1
-        out = body(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions,
-                   past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
-        last = out.last_hidden_state[:, -1]
-        step_features.append(out.last_hidden_state.float())
-    generated = torch.stack(tokens, 1).cpu()
-    features = torch.cat(step_features, 1).cpu()  # [rows, width + steps - 1, d]
-    top_i, top_v = torch.stack(top_i, 1).cpu(), torch.stack(top_v, 1).cpu()
-    answers = []
-    for row, prefix in enumerate(prefixes):
-        answer = generated[row].tolist()
-        for i, token in enumerate(answer):
-            if token in stops:
-                answer = answer[: i + 1]
-                break
-        fed = len(prefix) + len(answer) - 1
-        start = width - len(prefix)
-        answers.append(Answer(
-            answer,
-            features[row, start : start + fed].half().clone(),
-            top_i[row, : len(answer)].clone(),
-            top_v[row, : len(answer)].clone(),
-        ))
-    return answers
 
 
 class Corpus:
@@ -335,15 +248,8 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
         temperature = 1.0 if sample_every and index % sample_every == sample_every - 1 else 0.0
         # On the model's device: a CUDA multinomial takes only a CUDA generator.
         generator = torch.Generator(device=model.device).manual_seed(seed * 1_000_003 + index)
-        # Similar lengths together: less padding in the batch.
-        order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
-        answers: list[Answer | None] = [None] * len(prefixes)
-        for start in range(0, len(order), batch):
-            group = order[start : start + batch]
-            outs = answer_batch(model, [prefixes[i] for i in group], max_new_tokens=max_new_tokens, stops=stops,
-                                pad_id=pad_id, temperature=temperature, generator=generator)
-            for i, answer in zip(group, outs):
-                answers[i] = answer
+        answers = answer_all(model, prefixes, batch=batch, max_new_tokens=max_new_tokens, stops=stops,
+                             pad_id=pad_id, temperature=temperature, generator=generator)
         shard = {
             "messages": [r["messages"] for r in chosen],
             "categories": [r["category"] for r in chosen],

@@ -226,14 +226,16 @@ def main(argv=None) -> int:
                                "sources": json.loads(sources.read_text()) if sources.is_file() else {}}
     (args.out / "curve.json").write_text(json.dumps(summary, indent=1))
     if args.install and head is not None:
-        from .card import write_card
+        from .card import install_card
 
+        card = HEAD_DIR / "card.json"
+        replaced = json.loads(card.read_text(encoding="utf-8")) if card.is_file() else None
         if HEAD_DIR.exists():
             shutil.rmtree(HEAD_DIR)
         head.save(HEAD_DIR, extra={"training": rows[-1]})  # the largest slice: the head trained last
         shutil.copy(args.out / "curve.html", HEAD_DIR / "curve.html")
         shutil.copy(args.out / "curve.csv", HEAD_DIR / "curve.csv")
-        write_card(HEAD_DIR / "README.md", summary)
+        install_card(HEAD_DIR, summary, replaces=replaced)  # the card and card.json, which regenerates it
         print(f"installed the head in {HEAD_DIR}")
     return 0
 

@@ -161,7 +161,7 @@ def step_cost(head: FeatureHead, target, context: int = 96, calls: int = 60) -> 
     device = target.device
     ids = torch.randint(0, target.config.vocab_size, (1, context), device=device)
     cache = DynamicCache(config=target.config)
-    out = target.get_decoder()(input_ids=ids, past_key_values=cache, use_cache=True)
+    out = target.get_decoder()(input_ids=ids, cache=cache, use_cache=True)
     features = out.last_hidden_state[0].float()
     drafter = FeatureDrafter(head)
     drafter.start(ids[0].tolist(), features[:-1])
@@ -174,7 +174,7 @@ def step_cost(head: FeatureHead, target, context: int = 96, calls: int = 60) -> 
         drafter._probs(drafter._step(step_input, [5], context), sampling).argmax().item()
 
     def target_step():
-        target(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True).logits.argmax().item()
+        target(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits.argmax().item()
         cache.crop(-1)
 
     medians = interleaved_medians({"draft": draft_step, "target": target_step}, calls, device=device)
@@ -194,11 +194,11 @@ def verification_cost(target, tokens: int = 5, context: int = 96, calls: int = 4
 
     ids = torch.randint(0, target.config.vocab_size, (1, context + tokens), device=target.device)
     cache = DynamicCache(config=target.config)
-    target(input_ids=ids[:, :context], past_key_values=cache, use_cache=True)
+    target(input_ids=ids[:, :context], cache=cache, use_cache=True)
 
     def forward(width: int):
         def call():
-            target(input_ids=ids[:, context : context + width], past_key_values=cache,
+            target(input_ids=ids[:, context : context + width], cache=cache,
                    use_cache=True).logits.argmax(-1).tolist()
             cache.crop(-width)
         return call

@@ -1,17 +1,22 @@
-"""Train the embedded draft model: a small Llama distilled from SmolLM2-135M-Instruct.
+"""Train the previous embedded draft, `embedded-lm`: a small Llama distilled from SmolLM2-135M-Instruct.
 
-    python -m specdemo.training.train_draft               # train + evaluate, writes the packaged draft
-    python -m specdemo.training.train_draft --eval-only   # re-measure acceptance and cost of a saved draft
+The default pair's draft is now the feature head (`eagle.py`, on the corpus of `corpus.py`);
+this trainer is kept to reproduce the draft LM shipped in specdemo/models/assets/smollm2-draft
+(on one GPU; `--max-minutes` cuts the step count to the machine's speed):
+
+    python -m specdemo.training.train_draft --gguf SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --tokenizer smollm2-tokenizer --output specdemo/models/assets/smollm2-draft --max-shard-size 10MB \\
+        --max-minutes 5.4 --samples 2 --self-instruct 0 --max-new-tokens 192 --gen-batch 576 --steps 3000 \\
+        --lr 3e-3 --skip-eval
+    python -m specdemo.training.train_draft --eval-only --threads 1     # acceptance and cost, model card
     python -m specdemo.training.train_draft --tiny --target DIR --output OUT   # smoke test
 
-Pipeline: (1) the target writes extra user requests itself (self-instruct) and answers them and
-the project's training prompts (its chat template, greedy and sampled), keeping its top-k
-next-token log-probabilities at every answer token as it goes, (2) a small Llama with the
-target's vocabulary is trained to match those distributions (KL on the stored top-k, plus a
-little cross-entropy), about one pass over the data, keeping the checkpoint that agrees best with
-the target on the answers to a few training prompts held out of training, (3) greedy speculative
-decoding at gamma=4 is simulated on the held-out prompts and the draft's per-token cost is
-compared with the target's.
+Pipeline: (1) the target answers the project's training prompts in its chat template, greedily
+and `--samples` times sampled, keeping its top-k next-token log-probabilities at every answer
+token as it goes (the training data's one generation loop, `generation.py`), (2) a small Llama
+with the target's vocabulary is trained to match those distributions (KL on the stored top-k,
+plus a little cross-entropy), (3) greedy speculative decoding at gamma=4 is simulated on the
+held-out prompts and the draft's per-token cost is compared with the target's.
 """
 
 from __future__ import annotations
@@ -34,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..engine.tokens import cut_at_eos
 from ..models.embedded import DRAFT_DIR
 from ..models.tokens import collect_eos_ids, default_device, encode_chat
+from .generation import answer_all
 
 DATA_DIR = Path(str(files(__package__) / "data"))
 TRAIN_PROMPTS = DATA_DIR / "train_prompts.jsonl"
@@ -46,16 +51,15 @@ DEFAULT_OUTPUT = DRAFT_DIR  # inside the package, where load_pair("embedded-lm")
 # Defaults that depend on where the script runs. A 2-core CPU cannot generate thousands of
 # answers in an hour, a GPU does it in a minute or two; explicit flags always win.
 PRESETS = {
-    "gpu": dict(num_prompts=None, samples=4, extra_samples=2, self_instruct=3000, max_new_tokens=160,
+    "gpu": dict(num_prompts=None, samples=4, max_new_tokens=160,
                 gen_batch=256, steps=None, epochs=2.0, batch_size=32, eval_prompts=None,
                 eval_max_new_tokens=128, cost_calls=200, max_minutes=None),
-    # On CPU generating the target's answers dominates: about 17 minutes on one core in bfloat16
-    # with AMX (~140k answer tokens), then about 12 minutes of training (the deadline would
-    # shorten the planned epochs on a slower machine) and 2-3 minutes of evaluation.
-    "cpu": dict(num_prompts=None, samples=0, extra_samples=1, self_instruct=640, max_new_tokens=96,
+    # On CPU generating the target's answers dominates; the deadline shortens the planned epochs
+    # to fit the rest of the budget.
+    "cpu": dict(num_prompts=None, samples=0, max_new_tokens=96,
                 gen_batch=128, steps=None, epochs=4.0, batch_size=8, eval_prompts=None,
                 eval_max_new_tokens=128, cost_calls=100, max_minutes=36),
-    "tiny": dict(num_prompts=4, samples=1, extra_samples=1, self_instruct=2, max_new_tokens=12,
+    "tiny": dict(num_prompts=4, samples=1, max_new_tokens=12,
                  gen_batch=4, steps=3, epochs=1.0, batch_size=2, eval_prompts=2,
                  eval_max_new_tokens=10, cost_calls=5, max_minutes=None),
 }
@@ -63,6 +67,8 @@ PRESETS = {
 # at this scale the tied 49152-row output matrix and per-layer overhead dominate, not the MLPs.
 ARCH_DEFAULTS = dict(hidden_size=128, num_layers=4, intermediate_size=1024, head_dim=32)
 
+
+HISTORY_ROWS = 20  # training log rows kept in training_info.json
 
 # --------------------------------------------------------------------------- helpers
 
@@ -81,106 +87,6 @@ def seed_everything(seed: int) -> None:
 def read_prompts(path: Path) -> list[str]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line)["prompt"] for line in f if line.strip()]
-
-
-@torch.inference_mode()
-def generate_batched(model, tokenizer, prefixes: list[list[int]], *, max_new_tokens: int,
-                     batch_size: int, temperature: float = 0.0, desc: str = "generate",
-                     seed: int = 0) -> list[list[int]]:
-    """Answers for many prompts at once: left padding keeps every prompt's end aligned."""
-    device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stops = collect_eos_ids(model, tokenizer)
-    # Longest first so the progress bar's early estimate is pessimistic, and padding is small.
-    order = sorted(range(len(prefixes)), key=lambda i: -len(prefixes[i]))
-    results: list[list[int] | None] = [None] * len(prefixes)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    for start in tqdm(range(0, len(order), batch_size), desc=desc, mininterval=2.0):
-        idx = order[start : start + batch_size]
-        width = max(len(prefixes[i]) for i in idx)
-        ids = torch.full((len(idx), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            p = prefixes[i]
-            ids[row, width - len(p):] = torch.tensor(p)
-            mask[row, width - len(p):] = 1
-        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad)
-        if temperature > 0:
-            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-            kwargs.update(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
-        else:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
-        for row, i in enumerate(idx):
-            results[i] = cut_at_eos(out[row, width:].tolist(), stops)
-    return results  # type: ignore[return-value]
-
-
-SAMPLE_CANDIDATES = 64
-
-
-@torch.inference_mode()
-def generate_with_topk(model, tokenizer, prefixes: list[list[int]], *, max_new_tokens: int, batch_size: int,
-                       temperature: float = 0.0, topk: int = 32, desc: str = "generate", seed: int = 0):
-    """Answers plus the target's top-k next-token log-probabilities at every answer position.
-
-    Keeping the target's distribution while it writes the answer means distillation never has
-    to run the target again. The stored log-probs are at temperature 1 (what the draft must
-    match), whatever temperature the answer was sampled at. Returns one
-    ``(tokens, top_ids [n, k] int32, top_logp [n, k] float16)`` per prefix.
-    """
-    device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stops = torch.tensor(sorted(collect_eos_ids(model, tokenizer)), device=device)
-    order = sorted(range(len(prefixes)), key=lambda i: -len(prefixes[i]))
-    results: list = [None] * len(prefixes)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    bar = tqdm(total=len(prefixes), desc=desc, mininterval=2.0, unit="seq")
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
-        width = max(len(prefixes[i]) for i in idx)
-        ids = torch.full((len(idx), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            ids[row, width - len(prefixes[i]):] = torch.tensor(prefixes[i])
-            mask[row, width - len(prefixes[i]):] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        pos = (mask.cumsum(-1) - 1).clamp_min(0)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        done = torch.zeros(len(idx), dtype=torch.bool, device=device)
-        toks, top_i, top_v = [], [], []
-        for _ in range(max_new_tokens):
-            logits = out.logits[:, -1].float()
-            logp = F.log_softmax(logits, dim=-1)
-            v, i = logp.topk(min(max(topk, SAMPLE_CANDIDATES), logp.shape[-1]), dim=-1)
-            top_v.append(v[:, :topk].half().cpu())
-            top_i.append(i[:, :topk].int().cpu())
-            if temperature > 0:
-                # Sampling among the most likely candidates only: a multinomial over the whole
-                # vocabulary costs more than the forward pass on a CPU, and the tail it leaves out
-                # holds a negligible share of the mass.
-                pick = torch.multinomial(F.softmax(v / temperature, dim=-1), 1, generator=gen)
-                nxt = i.gather(1, pick).squeeze(1)
-            else:
-                nxt = logits.argmax(-1)
-            nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
-            toks.append(nxt.cpu())
-            done |= torch.isin(nxt, stops)
-            if bool(done.all()):
-                break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            pos = pos[:, -1:] + 1
-            out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
-                        past_key_values=out.past_key_values, use_cache=True)
-        toks_t, top_i_t, top_v_t = torch.stack(toks, 1), torch.stack(top_i, 1), torch.stack(top_v, 1)
-        stop_set = set(stops.tolist())
-        for row, i in enumerate(idx):
-            answer = cut_at_eos(toks_t[row].tolist(), stop_set)
-            n = len(answer)
-            results[i] = (answer, top_i_t[row, :n].clone(), top_v_t[row, :n].clone())
-        bar.update(len(idx))
-    bar.close()
-    return results
 
 
 def generation_copy(target, device: torch.device, dtype_name: str):
@@ -294,85 +200,36 @@ class Example:
     top_logp: torch.Tensor  # [len(response), k] and their log-probabilities
 
 
-def self_instruct(gen_model, tokenizer, count: int, args, seed: int) -> list[str]:
-    """Let the target write extra user questions (never the held-out ones), for more varied
-    topics and phrasings than the hand-written templates give."""
-    if count <= 0:
-        return []
-    rng = random.Random(seed)
-    topics = read_prompts(TRAIN_PROMPTS)
-    kinds = ["a question", "a request for advice", "a how-to question", "a request to explain something",
-             "a request for a list", "a short writing task", "a simple coding question", "a trivia question",
-             "a maths word problem", "a request to compare two things", "a question about history",
-             "a question about science", "a question about everyday life", "a request for a recipe or plan"]
-    seeds = []
-    for _ in range(count):
-        example = rng.choice(topics).splitlines()[0][:120]
-        seeds.append(
-            f"Here is an example of something a user asked an AI assistant: \"{example}\"\n"
-            f"Write {rng.choice(kinds)} that a different user might ask, on a different subject. "
-            "Reply with the new request only."
-        )
-    prefixes = [encode_chat(tokenizer, s) for s in seeds]
-    outs = generate_with_topk(gen_model, tokenizer, prefixes, max_new_tokens=40, batch_size=args.gen_batch,
-                              temperature=1.0, topk=1, desc="self-instruct", seed=seed + 1)
-    stops = collect_eos_ids(gen_model, tokenizer)
-    held = set(read_prompts(HELDOUT_PROMPTS))
-    written = set(topics)
-    found, seen = [], set()
-    for tokens, _, _ in outs:
-        text = tokenizer.decode([t for t in tokens if t not in stops], skip_special_tokens=True)
-        text = text.strip().strip('"').splitlines()[0].strip() if text.strip() else ""
-        if 10 <= len(text) <= 300 and text not in seen and text not in held and text not in written:
-            seen.add(text)
-            found.append(text)
-    return found
-
-
-def make_dataset(target, tokenizer, args, device) -> tuple[list[Example], list[Example], dict]:
-    """The target's answers with its top-k distributions; returns (train, validation, stats).
-
-    The validation examples are the answers to a few whole prompts kept out of training; the
-    draft's top-1 agreement on them picks the checkpoint that is saved.
-    """
+def make_dataset(target, tokenizer, args, device) -> tuple[list[Example], dict]:
+    """The target's answers to the training prompts with its top-k distributions: one greedy
+    answer per prompt and ``samples`` sampled ones, which multiply the contexts the draft sees
+    around the target's typical phrasing. Returns (examples, stats)."""
     gen_model, gen_dtype = generation_copy(target, device, args.gen_dtype)
     prompts = read_prompts(TRAIN_PROMPTS)
     if args.num_prompts:
         prompts = prompts[: args.num_prompts]
-    extra = self_instruct(gen_model, tokenizer, args.self_instruct, args, args.seed)
-    log(f"prompts: {len(prompts)} written + {len(extra)} self-instruct")
-    # Runs: greedy for every prompt; ``samples`` sampled answers per written prompt and
-    # ``extra_samples`` per self-instruct prompt. Sampled answers multiply the contexts the
-    # draft sees around the target's typical phrasing.
-    written = [encode_chat(tokenizer, p) for p in prompts]
-    selfi = [encode_chat(tokenizer, p) for p in extra]
-    runs = [("greedy", 0.0, written + selfi)]
-    for i in range(max(args.samples, args.extra_samples)):
-        pre = (written if i < args.samples else []) + (selfi if i < args.extra_samples else [])
-        runs.append((f"sample {i + 1}", args.temperature, pre))
-    groups: dict[tuple, list[Example]] = {}
-    for i, (name, temp, pre) in enumerate(runs):
-        outs = generate_with_topk(gen_model, tokenizer, pre, max_new_tokens=args.max_new_tokens,
-                                  batch_size=args.gen_batch, temperature=temp, topk=args.topk,
-                                  desc=f"target answers ({name})", seed=args.seed + 100 + i)
-        for p, (r, ti, tv) in zip(pre, outs):
-            if r:
-                groups.setdefault(tuple(p), []).append(Example(p, r, ti, tv))
-    keys = sorted(groups)
-    random.Random(args.seed).shuffle(keys)
-    n_val = min(args.val_prompts, len(keys) // 2)
-    val = [e for k in keys[:n_val] for e in groups[k]]
-    examples = [e for k in keys[n_val:] for e in groups[k]]
+    log(f"prompts: {len(prompts)}")
+    prefixes = [encode_chat(tokenizer, p) for p in prompts]
+    stops = collect_eos_ids(gen_model, tokenizer)
+    examples = []
+    for i in range(1 + args.samples):
+        name, temperature = ("greedy", 0.0) if i == 0 else (f"sample {i}", args.temperature)
+        generator = torch.Generator(device=device).manual_seed(args.seed + 100 + i)
+        answers = answer_all(gen_model, prefixes, batch=args.gen_batch, progress=f"target answers ({name})",
+                             max_new_tokens=args.max_new_tokens, stops=stops, pad_id=_pad_id(tokenizer),
+                             temperature=temperature, topk=args.topk, generator=generator, features=False)
+        examples += [Example(p, a.tokens, a.top_ids, a.top_logp) for p, a in zip(prefixes, answers) if a.tokens]
     stats = dict(
-        written_prompts=len(prompts), self_instruct_prompts=len(extra), sequences=len(examples),
-        response_tokens=sum(len(e.response) for e in examples),
-        validation_prompts=n_val, validation_tokens=sum(len(e.response) for e in val),
-        samples_per_prompt=args.samples, samples_per_self_instruct_prompt=args.extra_samples,
-        temperature=args.temperature, max_new_tokens=args.max_new_tokens, topk=args.topk,
-        generation_dtype=gen_dtype,
+        written_prompts=len(prompts), sequences=len(examples), response_tokens=sum(len(e.response) for e in examples),
+        samples_per_prompt=args.samples, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+        topk=args.topk, generation_dtype=gen_dtype,
     )
     del gen_model
-    return examples, val, stats
+    return examples, stats
+
+
+def _pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def make_batch(examples: list[Example], pad_id: int, max_len: int):
@@ -433,23 +290,8 @@ def distill_loss(draft, batch, device, autocast):
     return kl, ce, agree
 
 
-@torch.no_grad()
-def validate(draft, val: list[Example], pad_id: int, args, device, autocast) -> float:
-    """Top-1 agreement with the target on the validation answers."""
-    if not val:
-        return float("nan")
-    draft.eval()
-    hits = total = 0
-    for s in range(0, len(val), args.batch_size):
-        _, _, agree = distill_loss(draft, make_batch(val[s : s + args.batch_size], pad_id, args.max_len),
-                                   device, autocast)
-        hits, total = hits + agree.sum().item(), total + agree.numel()
-    draft.train()
-    return hits / max(1, total)
-
-
-def train(draft, examples: list[Example], val: list[Example], pad_id: int, args, device,
-          deadline: float | None = None) -> dict:
+def train(draft, examples: list[Example], pad_id: int, args, device, deadline: float | None = None) -> dict:
+    """Distil into draft; with a deadline, the schedule is shortened to end by then."""
     draft.to(device).train()
     decay = [p for n, p in draft.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in draft.named_parameters() if p.ndim < 2]
@@ -476,9 +318,7 @@ def train(draft, examples: list[Example], val: list[Example], pad_id: int, args,
     history, t0 = [], time.time()
     bar = tqdm(total=args.steps, desc="train", mininterval=2.0)
     ema, step, t10 = None, 0, time.time()
-    best = dict(step=0, val_top1_agree=-1.0)
-    best_state = None
-    val_every = max(1, args.steps // max(1, args.val_checks))
+    log_every = max(1, args.steps // HISTORY_ROWS)
     while step < total[0]:
         kl, ce, agree_t = distill_loss(draft, make_batch(next(stream), pad_id, args.max_len), device, autocast)
         loss = kl + args.ce_weight * ce
@@ -490,15 +330,8 @@ def train(draft, examples: list[Example], val: list[Example], pad_id: int, args,
         step += 1
         cur = dict(step=step, loss=loss.item(), kl=kl.item(), ce=ce.item(), top1_agree=agree_t.mean().item())
         ema = cur if ema is None else {k: (0.95 * ema[k] + 0.05 * v) if k != "step" else v for k, v in cur.items()}
-        if step % val_every == 0 or step == total[0]:
-            row = {k: round(v, 4) for k, v in ema.items()}
-            if val:
-                row["val_top1_agree"] = round(validate(draft, val, pad_id, args, device, autocast), 4)
-                if row["val_top1_agree"] > best["val_top1_agree"]:
-                    best = dict(step=step, val_top1_agree=row["val_top1_agree"])
-                    best_state = {k: v.detach().clone() for k, v in draft.state_dict().items()}
-                tqdm.write(f"step {step}: train agree {row['top1_agree']}, validation agree {row['val_top1_agree']}")
-            history.append(row)
+        if step % log_every == 0 or step == total[0]:
+            history.append({k: round(v, 4) for k, v in ema.items()})
         bar.update(1)
         bar.set_postfix(kl=f"{ema['kl']:.3f}", agree=f"{ema['top1_agree']:.3f}", lr=f"{sched.get_last_lr()[0]:.1e}")
         if step == 10:
@@ -511,15 +344,11 @@ def train(draft, examples: list[Example], val: list[Example], pad_id: int, args,
             if fit < total[0]:
                 total[0] = max(step + 1, fit)
                 bar.total = total[0]
-                val_every = max(1, total[0] // max(1, args.val_checks))
                 log(f"\n{per_step * 1e3:.0f} ms/step: shortening to {total[0]} steps to finish by the deadline")
     bar.close()
-    if best_state is not None and best["step"] != step:
-        log(f"keeping the weights of step {best['step']} (best validation agreement {best['val_top1_agree']})")
-        draft.load_state_dict(best_state)
     draft.eval()
-    return dict(steps_done=step, seconds=round(time.time() - t0, 1),
-                final=history[-1] if history else {}, kept=best, history=history)
+    return dict(steps_done=step, seconds=round(time.time() - t0, 1), final=history[-1] if history else {},
+                history=history)
 
 
 class _null:
@@ -547,11 +376,11 @@ def draft_rounds(draft, prompt: list[int], response: list[int], gamma: int, devi
     while pos < len(response):
         k = min(gamma, len(response) - pos)
         confirmed = len(prompt) + pos
-        out = draft(input_ids=seq[:, cached:confirmed], past_key_values=cache, use_cache=True)
-        cache, cached = out.past_key_values, confirmed
+        out = draft(input_ids=seq[:, cached:confirmed], cache=cache, use_cache=True)
+        cache, cached = out.cache, confirmed
         proposal = [int(out.logits[0, -1].argmax())]
         for _ in range(k - 1):
-            out = draft(input_ids=torch.tensor([[proposal[-1]]], device=device), past_key_values=cache, use_cache=True)
+            out = draft(input_ids=torch.tensor([[proposal[-1]]], device=device), cache=cache, use_cache=True)
             proposal.append(int(out.logits[0, -1].argmax()))
         # Forget the speculative tokens; the next round re-feeds what was kept. A negative
         # argument (tokens to drop) means the same in old and new transformers.
@@ -570,8 +399,9 @@ def draft_rounds(draft, prompt: list[int], response: list[int], gamma: int, devi
 def acceptance(draft, target, tokenizer, prompts: list[str], *, gamma: int, max_new_tokens: int,
                device, batch_size: int = 16) -> dict:
     prefixes = [encode_chat(tokenizer, p) for p in prompts]
-    answers = generate_batched(target, tokenizer, prefixes, max_new_tokens=max_new_tokens,
-                               batch_size=batch_size, desc="target greedy (held-out)")
+    answers = [a.tokens for a in answer_all(
+        target, prefixes, batch=batch_size, progress="target greedy (held-out)", max_new_tokens=max_new_tokens,
+        stops=collect_eos_ids(target, tokenizer), pad_id=_pad_id(tokenizer), topk=1, features=False)]
     drafted = accepted = advanced = n_rounds = 0
     for pre, ans in tqdm(list(zip(prefixes, answers)), desc="simulate SD", mininterval=2.0):
         for k, a, adv in draft_rounds(draft, pre, ans, gamma, device):
@@ -592,18 +422,18 @@ def forward_cost(draft, target, calls: int, device, context: int = 64) -> dict:
     """
     def stepper(model):
         ids = torch.randint(100, 1000, (1, context), device=device)
-        state = {"cache": model(input_ids=ids, use_cache=True).past_key_values}
+        state = {"cache": model(input_ids=ids, use_cache=True).cache}
         token = torch.tensor([[42]], device=device)
 
         def step() -> float:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t = time.perf_counter()
-            out = model(input_ids=token, past_key_values=state["cache"], use_cache=True)
+            out = model(input_ids=token, cache=state["cache"], use_cache=True)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t
-            state["cache"] = out.past_key_values
+            state["cache"] = out.cache
             return dt
         return step
 
@@ -661,10 +491,11 @@ def write_card(out: Path, info: dict) -> None:
         "",
         f"- Data: the target's own answers, in its chat template, to {data.get('written_prompts')} prompts written "
         f"for the project (`specdemo/training/data/train_prompts.jsonl`: chat, explanation, lists, writing, code, translation, "
-        f"summarisation, maths, QA) plus {data.get('self_instruct_prompts')} user requests the target wrote itself; "
-        f"greedy answers plus {data.get('samples_per_prompt')} sampled at temperature {data.get('temperature')} per "
-        f"written prompt and {data.get('samples_per_self_instruct_prompt', 0)} per self-instruct prompt, up to "
-        f"{data.get('max_new_tokens')} tokens"
+        f"summarisation, maths, QA)"
+        + (f" plus {data['self_instruct_prompts']} user requests the target wrote itself"
+           if data.get("self_instruct_prompts") else "")
+        + f"; greedy answers plus {data.get('samples_per_prompt')} sampled at temperature {data.get('temperature')} "
+        f"per prompt, up to {data.get('max_new_tokens')} tokens"
         + (f", written by the target in {data['generation_dtype']}" if data.get("generation_dtype") else "") + ": "
         f"{data.get('sequences')} training sequences, {data.get('response_tokens')} answer tokens"
         + (f"; the answers to {data['validation_prompts']} further prompts ({data.get('validation_tokens')} tokens) "
@@ -748,14 +579,13 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=None, help="longest target answer generated for training (default: 160 GPU, 96 CPU)")
     p.add_argument("--num-prompts", type=int, default=None, help="use only the first N training prompts (default: all)")
     p.add_argument("--samples", type=int, default=None, help="sampled answers per written prompt on top of the greedy one (default: 4 GPU, 0 CPU)")
-    p.add_argument("--extra-samples", type=int, default=None, help="sampled answers per self-instruct prompt on top of the greedy one (default: 2 GPU, 1 CPU)")
-    p.add_argument("--temperature", type=float, default=0.9, help="temperature of the sampled answers")
-    p.add_argument("--self-instruct", type=int, default=None, help="user requests the target is asked to write itself (default: 3000 GPU, 640 CPU)")
+    # The shipped draft's recipe names this flag; the requests the target writes itself now go
+    # into the feature head's corpus (corpus.py), not into this trainer's data.
+    p.add_argument("--self-instruct", type=int, choices=[0], default=0, help="requests the target writes itself: none")
+    p.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled answers (the shipped draft's)")
     p.add_argument("--gen-batch", type=int, default=None, help="batch size for the target's generation (default: 256 GPU, 128 CPU)")
     p.add_argument("--gen-dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="dtype of the target while it writes the training data (auto: bfloat16 on GPU and on CPUs with AMX)")
     p.add_argument("--topk", type=int, default=32, help="target log-probs kept per answer token for distillation")
-    p.add_argument("--val-prompts", type=int, default=24, help="training prompts whose answers are kept out to pick the best checkpoint")
-    p.add_argument("--val-checks", type=int, default=10, help="validation passes during training")
     p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget in minutes from the start of the run, for data and training: from step 30 on, the step count (and its cosine schedule) is cut so training ends by then (default: 36 on CPU, none on GPU)")
     p.add_argument("--gamma", type=int, default=4, help="draft tokens per round in the acceptance simulation")
     p.add_argument("--eval-prompts", type=int, default=None, help="evaluate on only the first N held-out prompts (default: all)")
@@ -815,7 +645,7 @@ def main(argv=None) -> int:
         info_path = args.output / "training_info.json"
         info = json.loads(info_path.read_text()) if info_path.is_file() else {}
     else:
-        examples, val, data_stats = make_dataset(target, tokenizer, args, device)
+        examples, data_stats = make_dataset(target, tokenizer, args, device)
         args.gen_dtype_used = data_stats["generation_dtype"]
         data_stats["seconds"] = round(time.time() - t_start, 1)
         log(f"data: {data_stats}")
@@ -823,9 +653,9 @@ def main(argv=None) -> int:
         draft = build_draft(target, args.hidden_size, args.layers, args.intermediate_size, args.head_dim)
         n_params = sum(p.numel() for p in draft.parameters())
         log(f"draft: {n_params / 1e6:.2f} M parameters")
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        pad_id = _pad_id(tokenizer)
         deadline = t_start + 60 * args.max_minutes if args.max_minutes else None
-        train_stats = train(draft, examples, val, pad_id, args, device, deadline)
+        train_stats = train(draft, examples, pad_id, args, device, deadline)
         size = save_draft(draft, args.output, getattr(torch, args.save_dtype), args.max_shard_size)
         log(f"saved to {args.output} ({size / 1e6:.2f} MB)")
         # Evaluate what was saved (rounded to half precision), not the float32 copy in memory.
