@@ -312,7 +312,7 @@ class CachedLM:
         allowed[m:, context : context + n] = ancestors.to(device)
         kwargs = dict(input_ids=ids.view(1, -1), position_ids=positions.view(1, -1),
                       attention_mask=self._as_attention_mask(allowed[None, None]),
-                      past_key_values=self.cache, use_cache=True)
+                      cache=self.cache, use_cache=True)
         if n_hidden:
             logits, hidden = _forward_with_hidden(self.model, **kwargs)
             self.hidden = hidden[0, m - 1 :]
