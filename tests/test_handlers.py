@@ -62,7 +62,7 @@ def test_stream_run_yields_loading_rounds_and_the_final_comparison(tiny_pair):
     assert [len(t) for t in tables] == [1, 2, 3, 3]
     assert [r.method for r in updates[-1].results] == ["ar", "sd", "egag"]
     assert sum(u.figures is not None for u in updates[1:]) >= 3
-    assert set(last.figures) == set(handlers.viz.all_figures([]))
+    assert set(last.figures) == set(handlers.charts.CHART_NAMES)
     summary_csv, rounds_csv, tokens_csv = last.files
     summary = pd.read_csv(summary_csv)
     assert list(summary.method) == ["ar", "sd", "egag"]

@@ -32,6 +32,8 @@ def param_control(spec: Param, value: Any, *, label: str | None = None, maximum:
         return gr.Checkbox(value=bool(value), label=label, info=info, **options)
     if spec.choices is not None:
         return gr.Radio(list(spec.choices), value=value, label=label, info=info, **options)
+    if spec.kind is str:
+        return gr.Textbox(value=value, label=label, info=info, **options)
     if spec.slider is not None:
         low, high, step = spec.slider
         if maximum is not None:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Generator, Iterator, Mapping
 import pandas as pd
 import torch
 
-from . import viz
+from . import charts, viz
 from ..bench.compare import run_comparison, tabulate
 from ..bench.tables import summary_frame
 from ..engine.decoding import generate, iter_generate
@@ -264,7 +264,7 @@ def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: L
     yield RunUpdate(
         status=f"Loading **{request.target}**" + (f" + **{request.draft}**" if request.draft else "") + " …",
         shown=len(names), panels={k: viz.render_panel(name, state="waiting") for k, name in enumerate(names)},
-        figures=viz.all_figures([]), table=viz.display_table(summary_frame([])), why="", files=(None, None, None),
+        figures=charts.all_charts([]), table=viz.display_table(summary_frame([])), why="", files=(None, None, None),
     )
     try:
         pair = load(request)
@@ -313,7 +313,7 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
         done += " ℹ️ " + "; ".join(notes) + "."
     if errors:
         done += " ⚠️ " + "; ".join(errors)
-    yield RunUpdate(status=done, figures=viz.all_figures(results), table=viz.display_table(comparison.summary),
+    yield RunUpdate(status=done, figures=charts.all_charts(results, pair.tokenizer), table=viz.display_table(comparison.summary),
                     why=viz.explain(comparison.summary), files=files, results=list(results))
 
 
@@ -347,7 +347,7 @@ def decode_one(pair: ModelPair, request: Request, limits: Limits | None, k: int,
             now = time.perf_counter()
             # On a slow machine drawing must not crowd out decoding: keep it to ~20%.
             if result.done or now - last_chart >= max(chart_interval_s, 4 * chart_cost):
-                update.figures = viz.all_figures(before + [result])
+                update.figures = charts.all_charts(before + [result], pair.tokenizer)
                 last_chart = time.perf_counter()
                 chart_cost = last_chart - now
             yield update

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import gradio as gr
 
+from . import charts as charts_module
 from . import forms, handlers, viz
 from ..bench.tables import summary_frame
 from ..engine.methods import DEFAULT_METHODS, METHODS
@@ -29,11 +30,12 @@ log = logging.getLogger(__name__)
 
 # The endpoints' own inputs around the schema's parameters, in the API's order.
 FORM_BEFORE, FORM_AFTER = ("prompt", "preset", "methods"), ("target", "draft", *ENGINE_NAMES)
-CHARTS = tuple(viz.FIGURES)
-# Where each chart sits: how the methods ran (two rows of two), why drafts were kept, and the
-# break-even beside the reading under the table.
+CHARTS = charts_module.CHART_NAMES
+# Where each chart sits: how the methods ran (two rows of two), why drafts were kept, the trees of
+# tree methods, and the break-even beside the reading under the table.
 RUN_CHARTS = ("gamma", "entropy", "accepted", "race")
 WHY_CHARTS = ("entropy_acceptance", "position_acceptance")
+TREE_CHARTS = ("tree_rounds", "tree")
 TABLE_CHARTS = ("break_even",)
 
 
@@ -184,7 +186,7 @@ def _outputs(initial: Mapping[str, Any]) -> Outputs:
                     visible=k < len(shown), css_template=viz.TOKEN_CSS, elem_classes=["sd-slot"])
             for k, name in enumerate(shown + [m for m in METHODS if m not in shown])
         ][:len(METHODS)]
-    empty = viz.all_figures([])
+    empty = charts_module.all_charts([])
     plots: dict[str, gr.Plot] = {}
 
     def chart_rows(names: tuple[str, ...]) -> None:
@@ -197,6 +199,8 @@ def _outputs(initial: Mapping[str, Any]) -> Outputs:
     chart_rows(RUN_CHARTS)
     gr.Markdown("### Why drafts were kept", elem_classes=["sd-section"])
     chart_rows(WHY_CHARTS)
+    gr.Markdown("### Trees of drafts (tree methods)", elem_classes=["sd-section"])
+    chart_rows(TREE_CHARTS)
     gr.Markdown("### Comparison", elem_classes=["sd-section"])
     table = gr.Dataframe(viz.display_table(summary_frame([])), interactive=False, show_label=False,
                          elem_id="sd-table", wrap=True)

@@ -27,11 +27,12 @@ from ..models.loading import ModelPair, Preset
 from .limits import Limits
 from .page import TabContext, wire_stop
 
-GRID = tuple(sweep.SETTING_COLUMNS)  # gamma, gamma_max, ema, ngram_n, copy_n: comma-separated lists here
+GRID = tuple(sweep.SETTING_COLUMNS)  # gamma, gamma_max, ema, ngram_n, copy_n, node_budget: comma-separated lists here
 SHARED_PARAMS = tuple(name for name in PARAMS if name not in GRID)  # one value for every grid point
 FORM = ("preset", "methods", *GRID, "categories", "prompts_per_category", "repeats")  # before SHARED_PARAMS
 GRID_LABELS = {"gamma": "SD: γ values", "gamma_max": "EGAG: γ_max values", "ema": "EGAG: EMA β values",
-               "ngram_n": "NASD: n values", "copy_n": "SD / EGAG: copy_n values (0 = off; empty = the default)"}
+               "ngram_n": "NASD: n values", "copy_n": "SD / EGAG: copy_n values (0 = off; empty = the default)",
+               "node_budget": "SD-tree: node budgets"}
 DEFAULT_CATEGORIES = ("chat", "code")
 TABLE_COLUMNS = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s", "acceptance_rate",
                  "mean_accepted_tokens", "mean_gamma", "wasted_drafts_per_token", "target_forwards_per_token",
@@ -50,7 +51,7 @@ def default_form(limits: Limits) -> dict[str, Any]:
     grid = ({"gamma": "1,2,3,4", "gamma_max": "3,4", "ema": "0.9"} if capped else
             {"gamma": _csv(sweep.DEFAULT_GAMMAS), "gamma_max": _csv(sweep.DEFAULT_GAMMA_MAXES),
              "ema": _csv(sweep.DEFAULT_EMAS)})
-    return {"methods": ["sd", "egag"], **grid, "ngram_n": _csv(sweep.DEFAULT_NGRAM_NS), "copy_n": "",
+    return {"methods": ["sd", "egag"], **grid, "ngram_n": _csv(sweep.DEFAULT_NGRAM_NS), "copy_n": "", "node_budget": "3,8",
             "categories": list(DEFAULT_CATEGORIES), "prompts_per_category": 1, "repeats": 1,
             "max_new_tokens": min(64, limits.max_new_tokens), "seed": 0, "chat": True}
 
@@ -110,7 +111,8 @@ def make_sweep_request(form: Mapping[str, Any], presets: Mapping[str, Preset], l
     methods = [m.strip().lower() for m in methods if m and m.strip() and m.strip().lower() != "ar"]
     if not methods:
         raise ValueError(f"methods: choose at least one of {', '.join(sweep.SWEEP_METHODS)} (AR always runs)")
-    needs = {"gamma": ("sd",), "gamma_max": ("egag",), "ema": ("egag",), "ngram_n": ("nasd",), "copy_n": ("sd", "egag")}
+    needs = {"gamma": ("sd",), "gamma_max": ("egag",), "ema": ("egag",), "ngram_n": ("nasd",), "copy_n": ("sd", "egag"),
+             "node_budget": ("sd-tree",)}
     grid = {name: _grid_values(name, form.get(name)) if set(needs[name]) & set(methods) else None for name in GRID}
     params = DecodeParams.from_values(**{name: form.get(name) for name in SHARED_PARAMS})
     settings = sweep.expand_grid(**grid, methods=methods, gamma_min=params.gamma_min, nasd_gamma=params.gamma)

@@ -437,7 +437,7 @@ def all_figures(results: Sequence[GenerationResult]) -> dict[str, go.Figure]:
 
 DISPLAY_COLUMNS = [
     "method", "drafter", "tokens", "tokens/s", "speedup vs AR", "TTFT (s)", "acceptance α", "tokens per round",
-    "target forwards / token", "mean γ", "quality",
+    "target forwards / token", "mean γ", "nodes / round", "quality",
 ]
 
 
@@ -482,6 +482,8 @@ def display_table(summary: pd.DataFrame) -> pd.DataFrame:
             "tokens per round": _num(row["mean_accepted_tokens"], ".2f"),
             "target forwards / token": _num(row["target_forwards_per_token"], ".3f"),
             "mean γ": _num(row["mean_gamma"], ".2f"),
+            # Drafts a round offers the target: a tree's nodes, a chain's tokens.
+            "nodes / round": _num(row["mean_drafted"], ".2f"),
             "quality": _quality(row),
         })
     return pd.DataFrame(rows, columns=DISPLAY_COLUMNS)

@@ -28,7 +28,10 @@ SUMMARY_COLUMNS = [
 ROUND_COLUMNS = [
     "method", "round", "source", "gamma", "entropy", "n_drafted", "accepted", "n_rejected", "drafted_ids", "rejected_ids",
     "next_token", "next_origin", "new_tokens", "draft_entropies", "draft_seconds", "verify_seconds", "end_seconds",
+    "tree_nodes", "tree_depth", "accepted_depth",
 ]
+# One row per node of every tree round: the tokens-level record of the trees.
+NODE_COLUMNS = ["method", "round", "node", "parent", "depth", "token", "q", "p", "state"]
 
 # One row per drafted token: what decided it (see `DraftDecision`). `decided` is False after the
 # round's first rejection; `point_mass` marks drafts without a q (n-gram tables, copies: q = 1).
@@ -90,6 +93,10 @@ def rounds_frame(results: Iterable[GenerationResult]) -> pd.DataFrame:
                 "draft_seconds": r.draft_seconds,
                 "verify_seconds": r.verify_seconds,
                 "end_seconds": r.end_seconds,
+                # A chain round is a tree of one branch: its nodes are its drafts, its depth their number.
+                "tree_nodes": r.nodes_drafted,
+                "tree_depth": r.tree.depth if r.tree is not None else len(r.drafted),
+                "accepted_depth": r.accepted,
             })
     return pd.DataFrame(rows, columns=ROUND_COLUMNS)
 
@@ -111,6 +118,23 @@ def tokens_frame(results: Iterable[GenerationResult]) -> pd.DataFrame:
                     "correction_p": d.correction_p if d.correction_p is not None else math.nan,
                 })
     return pd.DataFrame(rows, columns=TOKEN_COLUMNS)
+def nodes_frame(results: Iterable[GenerationResult]) -> pd.DataFrame:
+    """Every node of every tree round: parent (0 = the root, the context's last token), depth, token,
+    the drafter's q and the target's p of it, and its state: kept, refused (tried where the walk
+    went and refused) or unreached (its branch was cut above it)."""
+    rows = []
+    for result in results:
+        for r in result.rounds:
+            if r.tree is None:
+                continue
+            tree = r.tree
+            on_path, reached = set(tree.path), {0, *tree.path}
+            for node, (parent, depth, token, q, p) in enumerate(
+                    zip(tree.parents, tree.depths, tree.tokens, tree.q, tree.p), start=1):
+                state = "kept" if node in on_path else "refused" if parent in reached else "unreached"
+                rows.append({"method": result.method, "round": r.index, "node": node, "parent": parent,
+                             "depth": depth, "token": token, "q": math.nan if q is None else q, "p": p, "state": state})
+    return pd.DataFrame(rows, columns=NODE_COLUMNS)
 
 
 def target_perplexity(pair, result: GenerationResult) -> float:

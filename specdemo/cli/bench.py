@@ -11,6 +11,7 @@ import torch
 from ..bench.benchmark import BenchResult, run_benchmark
 from ..bench.quality import QUALITY_COLUMNS
 from ..bench.overhead import OverheadReport, measure_round_overhead, spread_over_categories
+from ..bench.tree_cost import largest_budget, verification_costs
 from ..bench.report import write_outputs
 from ..bench.roofline import add_roofline, parse_bandwidth
 from ..bench.runners import DEFAULT_BENCH_METHODS, bench_methods, parse_bench_methods
@@ -41,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="write its table, one row per prompt and an 'all' row; implies --round-overhead")
     overhead.add_argument("--overhead-only", action="store_true",
                           help="measure the round overhead and skip the method comparison; implies --round-overhead")
+    trees = parser.add_argument_group("tree verification cost")
+    trees.add_argument("--tree-cost", type=int, default=None, metavar="ROWS",
+                       help="time one target forward over 1..ROWS rows, as a chain and as a tree, against one row, "
+                            "on the first selected prompt, and skip the method comparison (a tree's node budget is "
+                            "rows − 1)")
     out = parser.add_argument_group("output")
     out.add_argument("--csv", help="one row per (prompt, method, repeat)")
     out.add_argument("--summary-csv", help="one row per (category, method); default: next to --csv as *.summary.csv")
@@ -94,6 +100,9 @@ def _bench_with(args, params, engine, methods, suite) -> int:
     if args.round_overhead and pair.draft is None:  # refuse before the comparison runs, not after
         raise ValueError("--round-overhead measures SD rounds and this pair has no draft; pass --draft, or a --pair "
                          "with a draft model or a feature head")
+    if args.tree_cost is not None:
+        _print_tree_cost(pair, encode_prompt(pair, suite[0], params.chat), args.tree_cost)
+        return 0
     if not args.overhead_only:
         _compare_methods(args, params, engine, methods, suite, pair)
     if args.round_overhead:
@@ -115,6 +124,17 @@ def _compare_methods(args, params, engine, methods, suite, pair) -> None:
     for path in write_outputs(result, args.csv, summary_csv, args.report, args.plotlyjs,
                               tokens_csv=args.tokens_csv):
         print(f"wrote {path}")
+
+
+def _print_tree_cost(pair, context: list[int], rows: int) -> None:
+    if not 1 <= rows <= 65:
+        raise ValueError(f"tree-cost must be an integer from 1 to 65 (rows of one forward), got {rows}")
+    table = verification_costs(pair, context, max_rows=rows)
+    print(f"verification forward cost on a {len(context)}-token context, {torch.get_num_threads()} thread(s); "
+          "cost = median seconds ÷ one row's")
+    with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
+        print(table.to_string(index=False))
+    print(f"largest node budget verified for at most 1.3 one-row forwards: {largest_budget(table, 1.3)}")
 
 
 def _measure_overhead(args, params, engine, suite, pair) -> OverheadReport:

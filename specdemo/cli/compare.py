@@ -8,6 +8,7 @@ import pandas as pd
 
 from ..bench.acceptance import comparison_break_evens, describe_auc
 from ..bench.compare import run_comparison
+from ..bench.tables import nodes_frame
 from ..engine.methods import parse_methods
 from .common import (add_decoding_arguments, add_model_arguments, decode_params, default_chat, engine_options,
                      pair_from_args)
@@ -24,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--trace-csv", help="write the per-round trace (one row per round per method) here")
     out.add_argument("--tokens-csv", help="write one row per drafted token (p, q, acceptance probability, "
                                           "accepted, drafter entropy) per method here")
+    out.add_argument("--nodes-csv", help="write every node of every tree round (one row per node) here")
     out.add_argument("--show-text", action="store_true", help="print each method's output text")
 
 
@@ -60,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if args.tokens_csv:
         comparison.tokens.to_csv(args.tokens_csv, index=False)
         print(f"wrote {args.tokens_csv}")
+    if args.nodes_csv:
+        nodes_frame(comparison.results).to_csv(args.nodes_csv, index=False)
+        print(f"wrote {args.nodes_csv}")
     return 0
 
 

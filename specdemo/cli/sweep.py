@@ -19,7 +19,7 @@ from .common import (add_decoding_arguments, add_model_arguments, add_suite_argu
                      pair_from_args, progress_bar, read_suite,
                      suite_needs_tokenizer)
 
-GRID_PARAMS = ("gamma", "gamma_max", "ema", "ngram_n", "copy_n")  # lists here, single values elsewhere
+GRID_PARAMS = ("gamma", "gamma_max", "ema", "ngram_n", "copy_n", "node_budget")  # lists here, single values elsewhere
 SHOWN = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s", "acceptance_rate",
          "mean_accepted_tokens", "mean_gamma", "wasted_drafts_per_token", "target_forwards_per_token",
          "predicted_speedup", "exact_match_pct"]
@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help=f"EGAG: largest γ (default: {_csv(DEFAULT_GAMMA_MAXES)})")
     grid.add_argument("--ema", default=_csv(DEFAULT_EMAS), help=f"EGAG: entropy EMA β (default: {_csv(DEFAULT_EMAS)})")
     grid.add_argument("--ngram-n", dest="ngram_n", default=None, help="NASD: n of the n-gram table (default: no NASD)")
+    grid.add_argument("--node-budget", dest="node_budget", default=None,
+                      help="SD-tree: node budgets, e.g. 3,8,16 (default: no SD-tree); its other tree parameters are "
+                           "the shared --tree-policy, --max-depth, --max-width, --tree-shape")
     grid.add_argument("--copy-n", dest="copy_n", default=None,
                       help=f"SD and EGAG: copy_n values, each setting run with each (0 = no copying; default: "
                            f"{PARAMS['copy_n'].default} alone, the setting's labels unchanged)")
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"{name} must be an integer ≥ 1, got {value}")
-    settings = expand_grid(args.gamma, args.gamma_max, args.ema, args.ngram_n, args.methods, args.copy_n,
+    settings = expand_grid(args.gamma, args.gamma_max, args.ema, args.ngram_n, args.methods, args.copy_n, args.node_budget,
                            gamma_min=params.gamma_min, nasd_gamma=args.nasd_gamma)
     # Prompts cut in the target's tokens are read once the pair is loaded; every other suite now.
     suite = None if suite_needs_tokenizer(args) else select_prompts(read_suite(args), args.categories, args.limit)

@@ -25,7 +25,8 @@ from .nocache import recomputing_lm
 from .params import DecodeParams, EngineOptions
 from .sampling import decision_values, probabilities, verify_on_device
 from .tokens import cut_at_eos, token_text
-from .trace import DraftDecision, GenerationResult, Round, TokenRecord
+from .trace import DraftDecision, GenerationResult, Round, TokenRecord, TreeRecord
+from .tree_round import tree_round
 
 if TYPE_CHECKING:  # the engine never imports the model layer at run time
     from ..models.loading import ModelPair
@@ -61,6 +62,9 @@ def iter_generate(
     if spec.run is not None:  # a method not made of the loop's rounds (beam search)
         return spec.run(pair, decode_params, seed, result)
     drafter, policy = spec.build(pair, decode_params)
+    if hasattr(drafter, "propose_tree") and getattr(pair, "is_encoder_decoder", False):
+        raise ValueError(f"method {method!r} drafts a tree, which runs on decoder-only pairs only; "
+                         "this pair is encoder-decoder: pick sd, egag or nasd (without nasd_tree)")
     return _rounds(pair, drafter, policy, decode_params, seed, result, cache=cache, compile=compile,
                    method=spec)
 
@@ -101,11 +105,12 @@ def _rounds(
     sequence = decoder_start(pair.target) if source is not None else list(result.prompt_ids)
     result.decoder_prefix = list(sequence) if source is not None else None
     clock = phase_clock(device)
-    # A static cache holds the whole generation; the slack covers padded verification.
-    longest_round = max(params.gamma, params.gamma_max) + 1
-    max_length = len(sequence) + params.max_new_tokens + longest_round
+    # A static cache holds the whole generation; the slack covers padded verification (or a whole tree).
+    drafts_trees = drafter is not None and hasattr(drafter, "propose_tree")
+    longest_chain = max(params.gamma, params.gamma_max) + 1
+    max_length = len(sequence) + params.max_new_tokens + max(longest_chain, getattr(policy, "budget", 0) + 1)
     # AR verifies one token a round; drafting methods up to γ + 1 (padded to a bucket).
-    buckets = buckets_up_to(longest_round) if drafter is not None else (1,)
+    buckets = buckets_up_to(longest_chain) if drafter is not None else (1,)
     # The model that writes: the target, or the draft alone (`draft`); with or without a KV cache.
     by_draft = method is not None and method.decoder == "draft"
     writer = pair.draft if by_draft else pair.target
@@ -148,28 +153,45 @@ def _rounds(
             while True:
                 remaining = params.max_new_tokens - len(result.tokens)
                 clock.start()
-                if drafter is None:
-                    proposal = Proposal.empty(0, device)
-                else:
+                tree_record = None
+                if drafts_trees:
                     # Leave room for the target's own token so a round never overshoots.
-                    proposal = drafter.propose(sequence, policy, remaining - 1, sampling, generator)
-                clock.lap()
+                    outcome = tree_round(target, drafter, policy, sequence, remaining - 1, sampling, generator,
+                                         clock, reads_features, target_top_k)
+                    proposal, drafted, accepted, next_token = (outcome.proposal, outcome.drafted, outcome.accepted,
+                                                               outcome.next_token)
+                    entropies, target_logits, target_top = outcome.entropies, outcome.verified_logits, outcome.target_top
+                    verified_hidden, tree_record = outcome.verified_hidden, outcome.record
+                else:
+                    if drafter is None:
+                        proposal = Proposal.empty(0, device)
+                    else:
+                        proposal = drafter.propose(sequence, policy, remaining - 1, sampling, generator)
+                    clock.lap()
 
-                # Nothing comes back to the host until the round's one read: the target verifies
-                # every draft from the device, an EOS among them included (cut below).
-                n_verified = len(proposal.tokens) + 1
-                target_logits = target.logits(sequence, n_verified, n_verified if reads_features else 0,
-                                              then=proposal.tokens)
-                target_scores = target_logits if sampling.greedy else probabilities(target_logits, sampling)
-                verdict = verify_on_device(target_scores, proposal.tokens, proposal.draft_probs, sampling, generator)
-                # p, q and the acceptance probability of every draft travel back with the verdict.
-                values, next_p = decision_values(target_scores, proposal.tokens, proposal.q_of_drafts, verdict,
-                                                 sampling)
-                target_top = top_ids(target_logits, target_top_k) if target_top_k else None
-                (accepted, next_token), drafted, entropies, target_top, values, (next_p,) = read_together(
-                    verdict, proposal.tokens, proposal.entropies, target_top, values, next_p)
-                target.note_fed(drafted)
+                    # Nothing comes back to the host until the round's one read: the target verifies
+                    # every draft from the device, an EOS among them included (cut below).
+                    n_verified = len(proposal.tokens) + 1
+                    target_logits = target.logits(sequence, n_verified, n_verified if reads_features else 0,
+                                                  then=proposal.tokens)
+                    target_scores = target_logits if sampling.greedy else probabilities(target_logits, sampling)
+                    verdict = verify_on_device(target_scores, proposal.tokens, proposal.draft_probs, sampling,
+                                               generator)
+                    # p, q and the acceptance probability of every draft travel back with the verdict.
+                    values, next_p = decision_values(target_scores, proposal.tokens, proposal.q_of_drafts, verdict,
+                                                     sampling)
+                    target_top = top_ids(target_logits, target_top_k) if target_top_k else None
+                    (accepted, next_token), drafted, entropies, target_top, values, (next_p,) = read_together(
+                        verdict, proposal.tokens, proposal.entropies, target_top, values, next_p)
+                    target.note_fed(drafted)
+                    verified_hidden = target.hidden
                 drafts, accepted, next_token = _cut_at_eos(drafted, accepted, next_token, eos_ids)
+                if tree_record is not None:
+                    next_p = _tree_next_p(target_logits, accepted, next_token, sampling)
+                    decisions = tree_decisions(tree_record, drafts, accepted, next_token, next_p, sampling.greedy)
+                else:
+                    decisions = draft_decisions(drafts, accepted, next_token, values, next_p,
+                                                point_mass=proposal.q_of_drafts is None)
                 new_tokens = drafts[:accepted] + ([] if next_token is None else [next_token])
                 verified_from = len(sequence)
                 sequence.extend(new_tokens)
@@ -177,7 +199,7 @@ def _rounds(
                     seen = accepted + 1  # the positions the target verified that the output keeps
                     extras = {}
                     if reads_features:
-                        extras["target_features"] = target.hidden[:seen]
+                        extras["target_features"] = verified_hidden[:seen]
                     if target_top_k:
                         extras["target_top"] = target_top[:seen]
                     drafter.observe(sequence, verified_from, target_logits[:seen], **extras)
@@ -190,9 +212,8 @@ def _rounds(
                     drafted=drafts, accepted=accepted, next_token=next_token,
                     draft_entropies=entropies[: len(drafts)], draft_seconds=draft_seconds,
                     verify_seconds=verify_seconds, end_seconds=engine_seconds, new_tokens=new_tokens,
-                    source=proposal.source if drafts else "",
-                    decisions=draft_decisions(drafts, accepted, next_token, values, next_p,
-                                              point_mass=proposal.q_of_drafts is None),
+                    source=proposal.source if drafts else "", tree=tree_record,
+                    decisions=decisions,
                     next_p=next_p if next_token is not None else None,
                 )
                 _record(result, round_, pair, sequence)
@@ -262,6 +283,37 @@ def draft_decisions(drafts: list[int], accepted: int, next_token: int | None, va
             correction_p=next_p if rejected_here else None,
         ))
     return decisions
+
+
+def tree_decisions(tree: TreeRecord, drafts: list[int], accepted: int, next_token: int | None,
+                   next_p: float | None, greedy: bool) -> list[DraftDecision]:
+    """A tree round's drafts read as a chain's: the kept path, then the first child refused after it.
+    Their p and q are the tree's own; under sampling the acceptance probability shown is min(1, p/q),
+    exact for the first child tried at a node (a later sibling is judged against the residual, which
+    the tree view shows)."""
+    decisions, parent = [], 0
+    for i, token in enumerate(drafts):
+        node = next(n for n in range(1, tree.nodes + 1)
+                    if tree.parents[n - 1] == parent and tree.tokens[n - 1] == token)
+        q, p = tree.q[node - 1], tree.p[node - 1]
+        kept = i < accepted
+        accept_prob = float(kept) if greedy else min(1.0, p / q) if q else min(1.0, p)
+        rejected_here = i == accepted and next_token is not None
+        decisions.append(DraftDecision(
+            token=token, q=1.0 if q is None else q, p=p, accept_prob=accept_prob, accepted=kept, decided=i <= accepted,
+            point_mass=q is None, correction=next_token if rejected_here else None,
+            correction_p=next_p if rejected_here else None,
+        ))
+        parent = node
+    return decisions
+
+
+def _tree_next_p(verified_logits: torch.Tensor, accepted: int, next_token: int | None,
+                 sampling) -> float | None:
+    """The target's p of a tree round's own token, at the last kept node (filters applied)."""
+    if next_token is None:
+        return None
+    return float(probabilities(verified_logits[accepted], sampling)[next_token])
 
 
 def describe_drafter(pair, drafter, params: DecodeParams) -> str:

@@ -191,6 +191,15 @@ class NgramTable:
         for j in range(max(start, 1), len(ids)):
             self.add(ids[max(0, j - window) : j], ids[j])
 
+    def continuations(self, context: Sequence[int]) -> dict[int, int]:
+        """Every next token seen after the longest matching context, with its count ({} if none)."""
+        for length in self.context_lengths:
+            if len(context) >= length:
+                counts = self._counts.get(tuple(context[len(context) - length :]))
+                if counts:
+                    return counts
+        return {}
+
     def continuation(self, context: Sequence[int]) -> int | None:
         """Most frequent next token after the longest matching context, if any."""
         for length in self.context_lengths:

@@ -50,12 +50,14 @@ class FeatureDrafter:
     def _probs(self, predicted: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         return probabilities(self.head.full_logits(predicted).float(), sampling)
 
-    def propose(self, context, policy, limit, sampling, generator) -> Proposal:
+    def catch_up(self, context: list[int]) -> torch.Tensor | None:
+        """Read the pending true features; the predicted feature at the context's last position
+        (from which the first draft comes), or None before the target has run at all."""
         assert self.cache is not None, "start() first"
         self.cache.rollback(self.committed)
         pending = [f for f in self.pending if f is not None and f.shape[0]]
         if not pending:  # a one-token prompt: no feature to draft from until the target has run
-            return Proposal.empty(0, self.head.fc.weight.device)
+            return None
         known = torch.cat(pending) if len(pending) > 1 else pending[0]
         self.pending = []
         n = len(context)
@@ -63,6 +65,13 @@ class FeatureDrafter:
         assert self.committed + known.shape[0] == n - 1, (self.committed, known.shape, n)
         predicted = self._step(known, context[self.committed + 1 : n], self.committed)[-1]
         self.committed = n - 1
+        return predicted
+
+    def propose(self, context, policy, limit, sampling, generator) -> Proposal:
+        predicted = self.catch_up(context)
+        if predicted is None:
+            return Proposal.empty(0, self.head.fc.weight.device)
+        n = len(context)
         state = {"predicted": predicted, "position": n - 1}
 
         def advance(token: torch.Tensor) -> torch.Tensor:

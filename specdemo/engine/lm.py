@@ -250,10 +250,7 @@ class CachedLM:
         keys = torch.arange(self.max_length, device=self.device)
         queries = torch.arange(self.length, self.length + n, device=self.device)
         allowed = (keys[None, :] <= queries[:, None])[None, None]  # [1, 1, n, max_length]
-        if implementation == "sdpa":
-            return allowed
-        dtype = next(self.model.parameters()).dtype
-        return torch.where(allowed, torch.zeros((), dtype=dtype, device=self.device), torch.finfo(dtype).min)
+        return self._as_attention_mask(allowed)
 
     def note_fed(self, ids: list[int]) -> None:
         """Record ids that `feed` appended from a device tensor (read back later in one go)."""
@@ -290,6 +287,71 @@ class CachedLM:
         if len(sequence) > len(self.cached_ids) or sequence[: len(self.cached_ids)] != self.cached_ids:
             self.logits(sequence, 1)
         return None
+
+    # -- trees of drafts (one forward over every node, then keep the accepted path) ---------
+    def tree_logits(self, sequence: list[int], tree_tokens: torch.Tensor, ancestors: torch.Tensor,
+                    depths: torch.Tensor, n_hidden: bool = False) -> torch.Tensor:
+        """Logits [n + 1, V] at the last position of `sequence` and after each of n tree drafts.
+
+        tree_tokens [n], ancestors [n, n] (row i sees column j iff j is i or an ancestor of i)
+        and depths [n] (≥ 1) describe the tree; every draft attends to the whole context and to
+        its ancestors, at position len(sequence) − 1 + depth. With n_hidden the final hidden states
+        of the same n + 1 rows are kept in `self.hidden`. Afterwards the cache holds the context
+        and then every draft in row order; `keep_tree_path` keeps the accepted ones.
+        Always eager: a tree's shape changes every round.
+        """
+        if getattr(self.model.config, "_attn_implementation", None) not in ("sdpa", "eager"):
+            raise ValueError("trees need the model's attention to take a custom mask (sdpa or eager); "
+                             f"this model uses {self.model.config._attn_implementation!r}")
+        n = tree_tokens.shape[0]
+        keep = min(_common_prefix_length(self.cached_ids, sequence), len(sequence) - 1)
+        self.rollback(keep)
+        new = sequence[keep:]
+        m, context = len(new), len(sequence)
+        if self.kind == "static" and self.length + m + n > self.max_length:
+            raise ValueError(f"static cache: {self.length} + {m + n} positions exceed its max_length {self.max_length}")
+        device = self.device
+        ids = torch.cat([torch.tensor(new, dtype=torch.long, device=device), tree_tokens])
+        positions = torch.cat([torch.arange(keep, context, device=device), depths.to(device) + context - 1])
+        keys = self.max_length if self.kind == "static" else context + n
+        allowed = torch.zeros(m + n, keys, dtype=torch.bool, device=device)
+        allowed[:m, :context] = torch.arange(context, device=device)[None, :] <= torch.arange(keep, context, device=device)[:, None]
+        allowed[m:, :context] = True
+        allowed[m:, context : context + n] = ancestors.to(device)
+        kwargs = dict(input_ids=ids.view(1, -1), position_ids=positions.view(1, -1),
+                      attention_mask=self._as_attention_mask(allowed[None, None]),
+                      cache=self.cache, use_cache=True)
+        if n_hidden:
+            logits, hidden = _forward_with_hidden(self.model, **kwargs)
+            self.hidden = hidden[0, m - 1 :]
+        else:
+            logits = self.model(**kwargs, logits_to_keep=n + 1).logits
+        self.forwards += 1
+        self.length += m + n
+        self.cached_ids.extend(new)
+        logits = logits[0, -(n + 1) :]
+        return logits[..., : self.vocab_size] if self.vocab_size is not None else logits
+
+    def _as_attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """A boolean [1, 1, q, k] mask as the model's attention takes it (sdpa: bool; else additive)."""
+        if getattr(self.model.config, "_attn_implementation", None) == "sdpa":
+            return allowed
+        dtype = next(self.model.parameters()).dtype
+        return torch.where(allowed, torch.zeros((), dtype=dtype, device=self.device), torch.finfo(dtype).min)
+
+    def keep_tree_path(self, rows: list[int]) -> None:
+        """After `tree_logits`: keep the drafts at these tree rows (0-based, in path order) right
+        after the context and forget every other draft. Nothing is recomputed: the kept keys and
+        values move into place (they were computed at the positions they now occupy)."""
+        context = len(self.cached_ids)
+        if rows != list(range(len(rows))):  # a path that is a prefix of the rows is in place already
+            source = torch.tensor([context + r for r in rows], dtype=torch.long, device=self.device)
+            target = torch.arange(context, context + len(rows), device=self.device)
+            with torch.inference_mode():
+                for layer in self.cache.layers:
+                    layer.keys.index_copy_(2, target, layer.keys.index_select(2, source))
+                    layer.values.index_copy_(2, target, layer.values.index_select(2, source))
+        self.rollback(context + len(rows))
 
 
 def _common_prefix_length(a: list[int], b: list[int]) -> int:

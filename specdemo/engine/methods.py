@@ -21,7 +21,9 @@ from .drafters import Drafter, ModelDrafter, NgramDrafter
 from .feature_drafter import FeatureDrafter
 from .feature_head import FeatureHead
 from .params import DecodeParams
+from .params import parse_shape
 from .policies import ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma
+from .tree_drafting import DynamicTree, EntropyTree, StaticTree, TreeDrafter
 
 
 # Recomputing the whole prefix every step is quadratic; longer runs are cut to this many tokens.
@@ -65,8 +67,24 @@ class Method:
 def _model_drafter(pair, params: DecodeParams) -> Drafter:
     """The pair's draft as a drafter: a feature-level head reads the target, a model runs alone;
     with copy_n, rounds where the context repeats itself are copied instead."""
-    drafter = FeatureDrafter(pair.draft) if isinstance(pair.draft, FeatureHead) else ModelDrafter(pair.draft, pair.vocab_size)
+    drafter = _plain_drafter(pair)
     return CopyFirstDrafter(drafter, params.copy_n, pair.device) if params.copy_n else drafter
+
+
+def _plain_drafter(pair) -> Drafter:
+    """The pair's draft without context copying (a tree's drafts come from one q per node)."""
+    return FeatureDrafter(pair.draft) if isinstance(pair.draft, FeatureHead) else ModelDrafter(pair.draft, pair.vocab_size)
+
+
+def _tree_policy(p: DecodeParams):
+    if p.tree_policy == "static":
+        return StaticTree(parse_shape(p.tree_shape), p.node_budget)
+    return DynamicTree(p.max_width, p.max_depth, p.node_budget)
+
+
+def _nasd(pair, p: DecodeParams):
+    drafter = NgramDrafter(p.ngram_n, p.ngram_storage, p.top_k_filler, pair.device)
+    return (TreeDrafter(drafter), _tree_policy(p)) if p.nasd_tree else (drafter, FixedGamma(p.gamma))
 
 
 METHODS: dict[str, Method] = {}
@@ -81,9 +99,8 @@ register(Method("ar", "AR", False, "the target alone, one token per forward",
                 lambda pair, p: (None, FixedGamma(0))))
 register(Method("sd", "SD", True, "the pair's draft (a model or a feature head) or a copy from the context, fixed γ",
                 lambda pair, p: (_model_drafter(pair, p), FixedGamma(p.gamma))))
-register(Method("nasd", "NASD", False, "n-gram table drafts, fixed γ",
-                lambda pair, p: (NgramDrafter(p.ngram_n, p.ngram_storage, p.top_k_filler, pair.device),
-                                 FixedGamma(p.gamma))))
+register(Method("nasd", "NASD", False, "n-gram table drafts, fixed γ (or, with nasd_tree, a tree of its continuations)",
+                lambda pair, p: _nasd(pair, p)))
 register(Method("egag", "EGAG", True, "the pair's draft, γ from the drafter's entropy",
                 lambda pair, p: (_model_drafter(pair, p), EntropyGamma(p.gamma_min, p.gamma_max, p.ema))))
 register(Method("sd-heuristic", "SD (+2/−1)", True, "the pair's draft, transformers' +2/−1 γ schedule",
@@ -100,6 +117,11 @@ register(Method("draft", "Draft alone", True, "the pair's draft model writing by
 register(Method("ar-nocache", "AR (no cache)", False, "the target alone without a KV cache: every token "
                 f"recomputes the whole prefix (at most {NOCACHE_MAX_NEW_TOKENS} new tokens)",
                 lambda pair, p: (None, FixedGamma(0)), cached=False, new_tokens_cap=NOCACHE_MAX_NEW_TOKENS))
+register(Method("sd-tree", "SD-tree", True, "the pair's draft as a tree (dynamic or static shape), verified in one forward",
+                lambda pair, p: (TreeDrafter(_plain_drafter(pair)), _tree_policy(p))))
+register(Method("egag-tree", "EGAG-tree", True, "the pair's draft as a tree: depth from the smoothed entropy, "
+                "width from each node's entropy", lambda pair, p: (TreeDrafter(_plain_drafter(pair)),
+                EntropyTree(p.gamma_min, p.gamma_max, p.ema, p.max_width, p.node_budget))))
 
 DEFAULT_METHODS = ("ar", "sd", "nasd", "egag")
 BASELINES = ("beam", "draft", "ar-nocache")

@@ -63,6 +63,12 @@ class Param:
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be true or false, got {value!r}")
             return
+        if self.kind is str:
+            if not isinstance(value, str):
+                raise ValueError(f"{name} must be {allowed}, got {value!r}")
+            if self.name == "tree_shape":
+                parse_shape(value)
+            return
         if self.kind is int:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be {allowed}, got {value!r}")
@@ -78,6 +84,22 @@ class Param:
 
 
 _GAMMA = dict(low=1, high=64, allowed="an integer from 1 to 64")
+TREE_POLICIES = ("dynamic", "static")
+_TREE_DRAFTING = ("sd-tree", "nasd")  # the methods whose tree policy is chosen (egag-tree's is its entropy)
+_TREES = ("sd-tree", "egag-tree", "nasd")
+MAX_TREE_WIDTH = 16
+
+
+def parse_shape(spec: str) -> tuple[int, ...]:
+    """'3,2,1,1' → (3, 2, 1, 1): a static tree's children per node at each depth (ValueError if malformed)."""
+    try:
+        shape = tuple(int(part) for part in str(spec).replace(" ", "").split(","))
+    except ValueError:
+        shape = ()
+    if not shape or any(not 1 <= w <= MAX_TREE_WIDTH for w in shape) or len(shape) > 64:
+        raise ValueError(f"tree_shape must be children per depth, integers from 1 to {MAX_TREE_WIDTH} separated by "
+                         f"commas (e.g. 3,2,1,1), at most 64 depths; got {spec!r}")
+    return shape
 _COPYING = ("sd", "egag", "sd-heuristic", "sd-confidence")  # the methods that draft with the pair's draft
 
 SCHEMA: tuple[Param, ...] = (
@@ -93,9 +115,11 @@ SCHEMA: tuple[Param, ...] = (
           "Seed (empty = random)", low=0, high=2**63 - 1, optional=True, allowed="an integer ≥ 0 or empty"),
     Param("gamma", int, 3, "draft length γ", "SD / NASD: γ (draft length)",
           methods=("sd", "nasd", "sd-heuristic"), **_GAMMA),
-    Param("gamma_min", int, 1, "smallest γ", "EGAG: γ min", methods=("egag",), **_GAMMA),
-    Param("gamma_max", int, 4, "largest γ", "EGAG: γ max", methods=("egag", "sd-confidence"), **_GAMMA),
-    Param("ema", float, 0.9, "entropy smoothing β (0 = none)", "EGAG: entropy EMA β", methods=("egag",),
+    Param("gamma_min", int, 1, "smallest γ (egag-tree: smallest depth)", "EGAG: γ min", methods=("egag", "egag-tree"),
+          **_GAMMA),
+    Param("gamma_max", int, 4, "largest γ (egag-tree: largest depth)", "EGAG: γ max",
+          methods=("egag", "sd-confidence", "egag-tree"), **_GAMMA),
+    Param("ema", float, 0.9, "entropy smoothing β (0 = none)", "EGAG: entropy EMA β", methods=("egag", "egag-tree"),
           low=0.0, high=1.0, high_open=True, allowed="a number in [0, 1) (0 = no smoothing)", slider=(0.0, 0.99, 0.01)),
     Param("ngram_n", int, 3, "n of the n-gram table", "NASD: n of the n-gram table", methods=("nasd",),
           low=2, high=16),
@@ -108,6 +132,20 @@ SCHEMA: tuple[Param, ...] = (
           allowed="0 (off) or an integer from 2 to 16"),
     Param("num_beams", int, 4, "beams kept by beam search", "Beam: number of beams", methods=("beam",),
           low=1, high=16),
+    Param("nasd_tree", bool, False, "draft a tree of the table's continuations instead of a chain",
+          "NASD: draft a tree", methods=("nasd",)),
+    Param("tree_policy", str, "dynamic", "how the tree grows: dynamic = max_width children per node to max_depth, "
+          "the most probable nodes first; static = tree_shape", "Tree: policy", methods=_TREE_DRAFTING,
+          choices=TREE_POLICIES),
+    # 3: the most nodes a CPU verifies for about one forward's cost (docs/trees.md); a GPU affords more.
+    Param("node_budget", int, 3, "most drafted nodes in a tree (the target verifies them all in one forward)",
+          "Tree: node budget", methods=_TREES, low=1, high=64, allowed="an integer from 1 to 64"),
+    Param("max_depth", int, 5, "deepest a dynamic tree grows", "Tree: max depth", methods=_TREE_DRAFTING,
+          low=1, high=64, allowed="an integer from 1 to 64"),
+    Param("max_width", int, 3, "most children per node (dynamic and entropy-guided trees)", "Tree: max width",
+          methods=_TREES, low=1, high=MAX_TREE_WIDTH, allowed=f"an integer from 1 to {MAX_TREE_WIDTH}"),
+    Param("tree_shape", str, "3,2,1,1", "a static tree's children per node at each depth", "Tree: static shape",
+          methods=_TREE_DRAFTING, allowed="children per depth separated by commas, e.g. 3,2,1,1"),
     Param("chat", bool, False, "wrap the prompt in the chat template (instruct models)", "Chat template"),
 )
 PARAMS: dict[str, Param] = {p.name: p for p in SCHEMA}
@@ -131,6 +169,12 @@ class DecodeParams:
     top_k_filler: int = PARAMS["top_k_filler"].default
     copy_n: int = PARAMS["copy_n"].default
     num_beams: int = PARAMS["num_beams"].default
+    nasd_tree: bool = PARAMS["nasd_tree"].default
+    tree_policy: str = PARAMS["tree_policy"].default
+    node_budget: int = PARAMS["node_budget"].default
+    max_depth: int = PARAMS["max_depth"].default
+    max_width: int = PARAMS["max_width"].default
+    tree_shape: str = PARAMS["tree_shape"].default
     chat: bool = PARAMS["chat"].default
 
     @classmethod

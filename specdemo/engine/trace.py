@@ -54,6 +54,27 @@ class DraftDecision:
 
 
 @dataclass
+class TreeRecord:
+    """A round's tree of drafts. Node i (1..n) is list index i − 1; parent 0 is the root (the
+    last token of the context)."""
+
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    q: list[float | None]  # the drafter's probability of the node's token at its parent (None: point mass)
+    p: list[float]  # the target's probability of the node's token at its parent
+    path: list[int]  # the kept nodes, from the root's child down
+
+    @property
+    def nodes(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        return max(self.depths, default=0)
+
+
+@dataclass
 class Round:
     index: int
     gamma: int  # the policy's draft length for this round (0 for AR)
@@ -69,6 +90,12 @@ class Round:
     source: str = ""  # DRAFTED, COPIED, or "" for a round that drafted nothing
     decisions: list[DraftDecision] = field(default_factory=list)  # one per drafted token, in order
     next_p: float | None = None  # the target's p of next_token where it follows (filters applied)
+    # A tree round's whole tree; `drafted` is then its kept path and the first child refused after it.
+    tree: TreeRecord | None = None
+
+    @property
+    def nodes_drafted(self) -> int:
+        return self.tree.nodes if self.tree is not None else len(self.drafted)
 
     @property
     def rejected(self) -> list[int]:
@@ -119,7 +146,7 @@ class GenerationResult:
 def summarize(result: GenerationResult) -> dict[str, Any]:
     rounds = result.rounds
     new_tokens = len(result.tokens)
-    drafted = sum(len(r.drafted) for r in rounds)
+    drafted = sum(r.nodes_drafted for r in rounds)
     accepted = sum(r.accepted for r in rounds)
     rejected_rounds = sum(1 for r in rounds if r.accepted < len(r.drafted))
     drafting_rounds = [r for r in rounds if r.gamma > 0]
@@ -146,6 +173,7 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "copied_rounds": sum(1 for r in rounds if r.source == COPIED),
         "mean_gamma": sum(r.gamma for r in drafting_rounds) / len(drafting_rounds) if drafting_rounds else 0.0,
         "mean_drafted": drafted / len(rounds) if rounds else math.nan,
+        "tree_rounds": sum(1 for r in rounds if r.tree is not None),
         "mean_entropy": sum(token_entropies) / len(token_entropies) if token_entropies else math.nan,
         "draft_seconds": sum(r.draft_seconds for r in rounds),
         "verify_seconds": sum(r.verify_seconds for r in rounds),

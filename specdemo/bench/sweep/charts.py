@@ -54,8 +54,17 @@ def speedup_figure(summary: pd.DataFrame):
         fig.add_scatter(name="NASD (n)", x=nasd.gamma, y=nasd.speedup_vs_ar, mode="markers+text",
                         text=[f"n={fmt(n)}" for n in nasd.ngram_n], textposition="bottom center",
                         marker=dict(size=9, symbol="square"), error_y=_errors(nasd, "speedup_vs_ar"))
+    trees = summary[summary.method == "sd-tree"]
+    if not trees.empty:
+        # A tree offers the target its nodes as a chain offers its γ drafts: placed by nodes per round.
+        fig.add_scatter(name="SD-tree (nodes per round)", x=trees.nodes_per_round, y=trees.speedup_vs_ar,
+                        mode="lines+markers+text", text=[f"{fmt(b)}" for b in trees.node_budget],
+                        textposition="bottom center", marker=dict(size=9, symbol="triangle-up"),
+                        error_y=_errors(trees, "speedup_vs_ar"),
+                        hovertemplate="budget %{text}: %{x:.2f} nodes/round, %{y:.2f}× AR<extra>SD-tree</extra>")
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey", annotation_text="AR")
-    return _layout(fig, "Speedup over AR against γ (EGAG at its mean γ)", "γ (EGAG: mean γ)", "speedup (× AR)")
+    return _layout(fig, "Speedup over AR against γ (EGAG at its mean γ, trees at their nodes per round)",
+                   "γ (EGAG: mean γ; SD-tree: nodes per round)", "speedup (× AR)")
 
 
 def acceptance_figure(summary: pd.DataFrame):

@@ -13,12 +13,12 @@ import pandas as pd
 from ...engine.methods import BASELINES, METHODS
 from ...engine.params import PARAMS, DecodeParams
 
-SWEEP_METHODS = ("sd", "egag", "nasd")
+SWEEP_METHODS = ("sd", "egag", "nasd", "sd-tree")
 DEFAULT_GAMMAS = (1, 2, 3, 4, 6, 8)
 DEFAULT_GAMMA_MAXES = (2, 4, 6, 8)
 DEFAULT_EMAS = (0.0, 0.5, 0.9)
 DEFAULT_NGRAM_NS = (2, 3, 4)
-SETTING_COLUMNS = ["gamma", "gamma_max", "ema", "ngram_n", "copy_n"]
+SETTING_COLUMNS = ["gamma", "gamma_max", "ema", "ngram_n", "copy_n", "node_budget"]
 
 
 def fmt(value: Any) -> str:
@@ -39,6 +39,7 @@ class Setting:
     ngram_n: int | None = None
     copy_n: int | None = None  # SD and EGAG: None leaves the parameter's default
     gamma_min: int | None = None  # EGAG's floor, fixed over the grid
+    node_budget: int | None = None  # SD-tree: the most nodes a round drafts
 
     @property
     def key(self) -> str:
@@ -54,6 +55,8 @@ class Setting:
             return f"EGAG γmax/EMA {self.gamma_max}/{fmt(self.ema)}{copy_phrase(self.copy_n, ', ')}"
         if self.method == "nasd":
             return f"NASD n={self.ngram_n} (γ={self.gamma})"
+        if self.method == "sd-tree":
+            return f"SD-tree {self.node_budget} nodes"
         return METHODS[self.method].label if self.method in METHODS else self.method
 
     def params(self) -> dict[str, Any]:
@@ -97,12 +100,14 @@ def expand_grid(
     ngram_n: Iterable[int] | str | None = None,
     methods: str | Sequence[str] | None = None,
     copy_n: Iterable[int] | str | None = None,
+    node_budget: Iterable[int] | str | None = None,
     *,
     gamma_min: int = 1,
     nasd_gamma: int = PARAMS["gamma"].default,
 ) -> list[Setting]:
     """AR, then SD at each γ, EGAG at each (γ_max, EMA) with γ_min fixed, NASD at each n
-    (with γ = nasd_gamma). Values may be lists or comma-separated strings ("1,2,4"). With
+    (with γ = nasd_gamma), SD-tree at each node budget (its other tree parameters as the
+    shared decoding parameters say). Values may be lists or comma-separated strings ("1,2,4"). With
     copy_n values, SD's and EGAG's settings are repeated for each (0 = no copying); without,
     they copy as the parameter's default says.
 
@@ -111,10 +116,10 @@ def expand_grid(
     method whose grid is given (NASD only when ngram_n is). Every setting is validated here, so
     a bad value fails before any model runs.
     """
-    gammas, maxes, emas, ns = (_values(n, v) for n, v in
-                               (("gamma", gamma), ("gamma_max", gamma_max), ("ema", ema), ("ngram_n", ngram_n)))
+    gammas, maxes, emas, ns, budgets = (_values(n, v) for n, v in (
+        ("gamma", gamma), ("gamma_max", gamma_max), ("ema", ema), ("ngram_n", ngram_n), ("node_budget", node_budget)))
     if methods is None:
-        chosen = [m for m, ok in (("sd", gammas), ("egag", maxes and emas), ("nasd", ns)) if ok]
+        chosen = [m for m, ok in (("sd", gammas), ("egag", maxes and emas), ("nasd", ns), ("sd-tree", budgets)) if ok]
     else:
         names = methods.split(",") if isinstance(methods, str) else list(methods)
         chosen = list(dict.fromkeys(n.strip().lower() for n in names if n and n.strip() and n.strip().lower() != "ar"))
@@ -123,7 +128,8 @@ def expand_grid(
             raise ValueError(f"sweep methods: unknown {', '.join(map(repr, unknown))}; choose from "
                              f"{', '.join(SWEEP_METHODS)} (AR always runs), or the baselines "
                              f"{', '.join(BASELINES)} (run once each, beside AR)")
-        missing = {"sd": ("gamma", gammas), "egag": ("gamma_max and ema", maxes and emas), "nasd": ("ngram_n", ns)}
+        missing = {"sd": ("gamma", gammas), "egag": ("gamma_max and ema", maxes and emas), "nasd": ("ngram_n", ns),
+                   "sd-tree": ("node_budget", budgets)}
         empty = [f"{m} needs {missing[m][0]}" for m in chosen if m in missing and not missing[m][1]]
         if empty:
             raise ValueError("sweep grid: " + "; ".join(empty))
@@ -136,6 +142,8 @@ def expand_grid(
                      for c in copies for g in maxes for e in emas]
     if "nasd" in chosen:
         settings += [Setting("nasd", gamma=nasd_gamma, ngram_n=n) for n in ns]
+    if "sd-tree" in chosen:
+        settings += [Setting("sd-tree", node_budget=b) for b in budgets]
     # Baselines have no grid: each runs once per prompt, a reference beside AR.
     settings += [Setting(name) for name in chosen if name in BASELINES]
     for setting in settings:

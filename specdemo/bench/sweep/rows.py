@@ -42,7 +42,7 @@ ROW_COLUMNS = [
     # beyond the required columns
     "copy_n", "setting", "label", "category", "prompt_index", "order", "seed", "prompt_tokens", "new_tokens", "seconds",
     "rounds", "copied_rounds", "drafted", "accepted", "rejected_rounds", "alpha", "cost_ratio", "draft_seconds",
-    "verify_seconds", "stop_reason",
+    "verify_seconds", "stop_reason", "node_budget", "nodes_per_round",
 ]
 
 
@@ -76,6 +76,7 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
             "tokens_per_s": ratio(new, run.seconds),
             "speedup_vs_ar": ratio(ar_per_token, ratio(run.seconds, new)),
             "acceptance_rate": ratio(accepted, drafted), "mean_accepted_tokens": ratio(new, stats["rounds"]),
+            "nodes_per_round": ratio(drafted, stats["rounds"]),
             "mean_gamma": mean_gamma, "wasted_drafts_per_token": ratio(drafted - accepted, new),
             "target_forwards_per_token": ratio(t_forwards, new), "draft_forwards_per_token": ratio(d_forwards, new),
             "draft_flops_per_token": ratio(d_flops, new), "target_flops_per_token": ratio(t_flops, new),
@@ -106,7 +107,7 @@ def rows_frame(rows: Sequence[dict]) -> pd.DataFrame:
 
 
 def typed_settings(frame: pd.DataFrame) -> pd.DataFrame:
-    for name in ("gamma", "gamma_max", "ngram_n", "copy_n"):
+    for name in ("gamma", "gamma_max", "ngram_n", "copy_n", "node_budget"):
         frame[name] = pd.to_numeric(frame[name]).astype("Int64")
     frame["ema"] = pd.to_numeric(frame["ema"]).astype(float)
     return frame

@@ -29,7 +29,7 @@ from .rows import ratio, rows_frame, typed_settings
 # Metrics of the summary, each with a *_std beside it; how one repeat's value is taken over its prompts.
 _SUMMARY_METRICS = {
     "speedup_vs_ar": "geomean", "tokens_per_s": "tokens/seconds", "acceptance_rate": "accepted/drafted",
-    "alpha": "alpha", "mean_accepted_tokens": "tokens/rounds", "mean_gamma": "mean",
+    "alpha": "alpha", "mean_accepted_tokens": "tokens/rounds", "nodes_per_round": "drafted/rounds", "mean_gamma": "mean",
     "wasted_drafts_per_token": "per_token", "target_forwards_per_token": "per_token",
     "draft_forwards_per_token": "per_token", "draft_flops_per_token": "per_token",
     "target_flops_per_token": "per_token", "cost_ratio": "mean", "predicted_speedup": "mean",
@@ -107,6 +107,8 @@ def _per_repeat(part: pd.DataFrame, metric: str, how: str) -> float:
         return ratio(part.accepted.sum(), part.accepted.sum() + part.rejected_rounds.sum())
     if how == "tokens/rounds":
         return ratio(part.new_tokens.sum(), part.rounds.sum())
+    if how == "drafted/rounds":
+        return ratio(part.drafted.sum(), part.rounds.sum())
     if how == "per_token":
         ok = part[part[metric].notna()]
         return ratio((ok[metric] * ok.new_tokens).sum(), ok.new_tokens.sum())

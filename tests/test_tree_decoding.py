@@ -1,0 +1,148 @@
+"""Tree methods in the decode loop: greedy equals AR for every policy and drafter on both caches,
+the trace records each round's tree, and under sampling the output follows the target."""
+
+import dataclasses
+
+import pytest
+
+import specdemo
+from tests.test_feature_drafter import with_head
+from tests.test_lossless_sampling import joint_p_value, small_vocab_pair  # noqa: F401 (a fixture)
+
+PROMPTS = ["w5 w6 w7 w8", "w10 w20 w30 w10 w20 w30 w10 w20", [1, 40, 41, 42, 43, 44, 45, 46]]
+VARIANTS = {
+    "sd-tree-dynamic": ("sd-tree", dict(tree_policy="dynamic", max_width=3, max_depth=4)),
+    "sd-tree-static": ("sd-tree", dict(tree_policy="static", tree_shape="3,2,1,1")),
+    "sd-tree-chain-shape": ("sd-tree", dict(tree_policy="static", tree_shape="1,1,1")),
+    "egag-tree": ("egag-tree", dict(gamma_min=1, gamma_max=5, max_width=4)),
+    "nasd-tree-dynamic": ("nasd", dict(nasd_tree=True, tree_policy="dynamic", max_width=2)),
+    "nasd-tree-static": ("nasd", dict(nasd_tree=True, tree_policy="static", tree_shape="2,2,1")),
+}
+
+
+@pytest.fixture(scope="module")
+def head_pair(tiny_pair):
+    return with_head(tiny_pair, list(range(0, 64, 2)) + [3, 5, 7, 9])
+
+
+@pytest.fixture(params=["draft-lm", "feature-head"])
+def pair(request, tiny_pair, head_pair):
+    return tiny_pair if request.param == "draft-lm" else head_pair
+
+
+def _ar(pair, prompt, **params):
+    return specdemo.generate(pair, prompt, method="ar", **params).token_ids
+
+
+def _stops(result) -> set[str]:
+    """Where each tree round's walk stopped: at the root, at a leaf (the bonus), or inside."""
+    kinds = set()
+    for round_ in result.rounds:
+        tree = round_.tree
+        if tree is None or not tree.nodes:
+            continue
+        last = tree.path[-1] if tree.path else 0
+        has_children = last in tree.parents
+        kinds.add("root" if not tree.path else "inside" if has_children else "leaf")
+    return kinds
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_greedy_tree_output_is_exactly_ars(pair, variant, cache):
+    method, params = VARIANTS[variant]
+    stops = set()
+    for prompt in PROMPTS:
+        reference = _ar(pair, prompt, max_new_tokens=40, cache=cache)
+        for budget in (1, 5, 12):
+            result = specdemo.generate(pair, prompt, method=method, max_new_tokens=40, node_budget=budget,
+                                       cache=cache, **params)
+            assert result.token_ids == reference, (variant, prompt, budget)
+            stops |= _stops(result)
+    assert {"root", "leaf"} <= stops, f"the comparison covers rejection at the root and reaching a leaf: {stops}"
+    if method == "sd-tree":  # deep enough that a walk also stops at a node whose children were all refused
+        assert "inside" in stops
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_greedy_stops_at_an_eos_drafted_inside_the_tree(tiny_pair, variant):
+    method, params = VARIANTS[variant]
+    free_run = _ar(tiny_pair, PROMPTS[0], max_new_tokens=30)
+    eos = free_run[6]
+    pair = dataclasses.replace(tiny_pair, eos_ids=frozenset({eos}))
+    for cache in ("dynamic", "static"):
+        reference = _ar(pair, PROMPTS[0], max_new_tokens=30, cache=cache)
+        result = specdemo.generate(pair, PROMPTS[0], method=method, max_new_tokens=30, node_budget=12, cache=cache,
+                                   **params)
+        assert result.token_ids == reference == free_run[: free_run.index(eos) + 1]
+        assert result.stop_reason == "eos"
+
+
+def test_an_eos_inside_the_tree_was_really_drafted(tiny_pair):
+    free_run = _ar(tiny_pair, PROMPTS[0], max_new_tokens=30)
+    pair = dataclasses.replace(tiny_pair, eos_ids=frozenset({free_run[6]}))
+    result = specdemo.generate(pair, PROMPTS[0], method="sd-tree", max_new_tokens=30, node_budget=12)
+    assert any(free_run[6] in r.tree.tokens for r in result.rounds if r.tree)
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 5])
+@pytest.mark.parametrize("variant", ["sd-tree-dynamic", "egag-tree", "nasd-tree-static"])
+def test_generation_stops_exactly_at_max_new_tokens_inside_a_tree(tiny_pair, variant, max_new_tokens):
+    method, params = VARIANTS[variant]
+    result = specdemo.generate(tiny_pair, PROMPTS[1], method=method, max_new_tokens=max_new_tokens,
+                               node_budget=16, **{**params, "max_depth": 8} if "max_depth" in params else params)
+    assert result.token_ids == _ar(tiny_pair, PROMPTS[1], max_new_tokens=max_new_tokens)
+    assert result.stop_reason == "max_new_tokens"
+    assert all(r.tree.depth <= max_new_tokens - 1 for r in result.rounds if r.tree)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_each_round_records_its_tree_and_the_kept_path(pair, temperature):
+    result = specdemo.generate(pair, PROMPTS[0], method="sd-tree", max_new_tokens=30, node_budget=6, seed=3,
+                               temperature=temperature)
+    assert result.stats["tree_rounds"] == len(result.rounds)
+    assert result.stats["drafted"] == sum(r.tree.nodes for r in result.rounds)
+    for round_ in result.rounds:
+        tree = round_.tree
+        assert len(tree.tokens) == len(tree.parents) == len(tree.depths) == len(tree.p) == len(tree.q) <= 6
+        for node, parent in enumerate(tree.parents, start=1):
+            assert parent < node and tree.depths[node - 1] == (tree.depths[parent - 1] if parent else 0) + 1
+        # The path goes down parent to child, and it is what the round kept.
+        assert [tree.parents[n - 1] for n in tree.path] == ([0] + tree.path)[: len(tree.path)]
+        assert [tree.tokens[n - 1] for n in tree.path] == round_.drafted[: round_.accepted]
+        assert all(0.0 <= v <= 1.0 for v in tree.p) and all(0.0 < v <= 1.0 for v in tree.q)
+
+
+TREE_CASES = [
+    ("sd-tree", dict(temperature=1.0, node_budget=6, max_width=3, max_depth=2)),
+    ("sd-tree", dict(temperature=0.8, top_k=4, node_budget=5, tree_policy="static", tree_shape="3,1")),
+    ("egag-tree", dict(temperature=1.2, top_p=0.85, node_budget=6, max_width=4)),
+    ("nasd", dict(temperature=1.0, nasd_tree=True, node_budget=6, max_width=3)),
+    ("nasd", dict(temperature=0.9, top_k=5, top_p=0.9, nasd_tree=True, node_budget=4, tree_policy="static",
+                  tree_shape="2,2")),
+]
+
+
+@pytest.mark.parametrize("method, sampling", TREE_CASES,
+                         ids=[f"{m}-{'-'.join(f'{k}{v}' for k, v in s.items())}" for m, s in TREE_CASES])
+def test_tree_methods_sample_the_first_two_tokens_from_the_target(small_vocab_pair, method, sampling):  # noqa: F811
+    p_value = joint_p_value(small_vocab_pair, method, sampling, samples=900)
+    assert p_value > 1e-3, f"{method} {sampling}: χ² p-value {p_value:.2g}"
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=1.0, top_k=3)])
+def test_a_feature_head_tree_samples_from_the_target(small_vocab_pair, sampling):  # noqa: F811
+    """The head's q is zero outside its subset; a tree wider than that subset still verifies losslessly."""
+    pair = with_head(small_vocab_pair, [1, 2, 5])
+    p_value = joint_p_value(pair, "sd-tree", {**sampling, "node_budget": 6, "max_width": 4, "max_depth": 2},
+                            samples=900)
+    assert p_value > 1e-3, f"{sampling}: χ² p-value {p_value:.2g}"
+
+
+@pytest.mark.parametrize("params, field", [
+    (dict(tree_shape="3,x"), "tree_shape"), (dict(tree_shape="3,0,1"), "tree_shape"), (dict(tree_shape=""), "tree_shape"),
+    (dict(node_budget=0), "node_budget"), (dict(max_width=17), "max_width"), (dict(tree_policy="wide"), "tree_policy"),
+])
+def test_bad_tree_parameters_raise_value_errors_that_name_the_field(tiny_pair, params, field):
+    with pytest.raises(ValueError, match=field):
+        specdemo.generate(tiny_pair, PROMPTS[0], method="sd-tree", max_new_tokens=4, **params)
