@@ -118,3 +118,25 @@ def test_a_feature_heads_q_is_its_subset_distribution(tiny_pair):
     decisions = [d for r in result.rounds for d in r.decisions]
     assert decisions and all(d.token in subset and 0.0 < d.q <= 1.0 for d in decisions)
     assert all(d.accept_prob == pytest.approx(min(1.0, d.p / d.q), abs=1e-6) for d in decisions)
+
+
+def test_a_tree_rounds_drafts_carry_the_trees_p_and_q(tiny_pair):
+    """A tree round reads as a chain in the decisions: its kept path, then the first child refused,
+    each with the p and q its node holds, and the target's p checked against the model."""
+    config = SamplingConfig(0.0)
+    result = specdemo.generate(tiny_pair, PROMPT, method="sd-tree", max_new_tokens=24, seed=0, copy_n=0)
+    checked = 0
+    for r, p, _ in _recompute(tiny_pair, result, config):
+        assert r.tree is not None and [d.token for d in r.decisions] == r.drafted
+        assert [d.accepted for d in r.decisions] == [i < r.accepted for i in range(len(r.drafted))]
+        tree_p = {(parent, token): value for parent, token, value in zip(r.tree.parents, r.tree.tokens, r.tree.p)}
+        parent = 0
+        for i, d in enumerate(r.decisions):
+            assert d.accept_prob == float(d.accepted)
+            assert math.isclose(d.p, float(p[i, d.token]), rel_tol=1e-4, abs_tol=1e-6)
+            assert any(math.isclose(d.p, value, rel_tol=1e-6) for (par, tok), value in tree_p.items()
+                       if tok == d.token)
+            checked += 1
+        if r.rejected:
+            assert r.decisions[r.accepted].correction == r.next_token
+    assert checked > 0

@@ -335,3 +335,8 @@ def test_a_two_turn_question_runs_turn_by_turn_and_stays_lossless(seq2seq_pair):
     assert sorted(rows["turn"].unique()) == [1, 2]
     lossless = rows[rows["method"].isin(["sd", "nasd", "ar-nocache"])]
     assert lossless["matches_ar"].all() and len(lossless) == 6
+
+
+def test_tree_methods_are_refused_on_an_encoder_decoder_pair_by_name(seq2seq_pair):
+    with pytest.raises(ValueError, match="drafts a tree, which runs on decoder-only pairs only"):
+        specdemo.generate(seq2seq_pair, PROMPT, method="sd-tree", max_new_tokens=8)
