@@ -5,6 +5,7 @@ import dataclasses
 import math
 
 import pytest
+import torch
 
 import specdemo
 from specdemo.engine.trace import ORIGINS
@@ -240,3 +241,21 @@ def test_chat_prompts_go_through_the_chat_template(tiny_pair):
     plain = tiny_pair.encode("w5 w6")
     chat = tiny_pair.encode("w5 w6", chat=True)
     assert chat != plain and len(chat) > len(plain) - 1
+
+
+def test_rounds_resumed_on_another_thread_still_run_without_autograd(tiny_pair):
+    """A page streams rounds from worker threads: every forward runs in inference mode whichever
+    thread resumes the generation (inference mode is thread-local)."""
+    import threading
+
+    modes = []
+    hook = tiny_pair.target.register_forward_hook(lambda *_: modes.append(torch.is_inference_mode_enabled()))
+    try:
+        rounds = specdemo.iter_generate(tiny_pair, "w5 w6 w7", method="sd", max_new_tokens=12, copy_n=0)
+        next(rounds)
+        worker = threading.Thread(target=lambda: [None for _ in rounds])
+        worker.start()
+        worker.join()
+    finally:
+        hook.remove()
+    assert len(modes) > 2 and all(modes)

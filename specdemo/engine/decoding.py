@@ -150,7 +150,10 @@ def _rounds(
                 if drafter is not None and hasattr(drafter, "lm"):
                     result.compile_seconds += drafter.lm.warm_up()
 
-            while True:
+        # Inference mode is thread-local and a generator may be resumed on another thread (a page
+        # streams rounds from worker threads), so each round enters it afresh; no yield sits inside it.
+        while True:
+            with torch.inference_mode():
                 remaining = params.max_new_tokens - len(result.tokens)
                 clock.start()
                 tree_record = None
@@ -226,12 +229,12 @@ def _rounds(
                     result.stop_reason = "eos"
                 elif len(result.tokens) >= params.max_new_tokens:
                     result.stop_reason = "max_new_tokens"
-                if result.stop_reason:
-                    result.done = True
-                    result.text = pair.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-                    yield result
-                    return
+            if result.stop_reason:
+                result.done = True
+                result.text = pair.tokenizer.decode(result.token_ids, skip_special_tokens=True)
                 yield result
+                return
+            yield result
     finally:
         # Drop the caches now rather than whenever the generator is collected.
         target.close()
