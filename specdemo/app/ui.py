@@ -32,9 +32,11 @@ INTRO = (
     "One target model, four ways to decode it: **AR** (the target alone), **SD** (a small draft model "
     "proposes γ tokens, the target checks them in one forward; where the text repeats itself, the round "
     "copies from it instead), **NASD** (drafts from an n-gram table, "
-    "no draft model) and **EGAG** (SD with γ set each round by the drafter's entropy). "
-    "All are lossless: greedy runs give AR's text exactly. Watch them decode round by round, then read "
-    "why each was fast or slow."
+    "no draft model) and **EGAG** (SD with γ set each round by the drafter's entropy); **SD-tree** and "
+    "**EGAG-tree** draft a tree of guesses instead of a chain. "
+    "All are lossless: greedy runs give AR's text exactly. Beam search, the draft alone and AR without a "
+    "cache run beside them as baselines. Watch them decode round by round, then read "
+    "why each was fast or slow, and hover a token for what decided it."
 )
 
 
