@@ -45,6 +45,11 @@ def test_a_form_becomes_a_validated_request():
     # copy_n values repeat SD's and EGAG's points; empty leaves the default.
     req = sweeptab.make_sweep_request(form(methods=["sd"], gamma="3", copy_n="0, 4"), PRESETS, Limits(), SUITE)
     assert [s.key for s in req.settings] == ["ar", "sd:gamma=3,copy_n=0", "sd:gamma=3,copy_n=4"]
+    # Trees take the node budgets; baselines run once each, beside AR.
+    req = sweeptab.make_sweep_request(form(methods=["sd-tree", "beam", "ar-nocache"], node_budget="3,8"), PRESETS,
+                                      Limits(), SUITE)
+    assert [s.key for s in req.settings] == ["ar", "sd-tree:node_budget=3", "sd-tree:node_budget=8", "beam",
+                                             "ar-nocache"]
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -148,6 +153,14 @@ def test_sweep_endpoint_returns_the_summary_csv_and_verdict(client):
     table = pd.read_csv(csv)
     assert list(table.columns) == sweep.ROW_COLUMNS and len(table) == 4
     assert verdict.startswith("EGAG (γ_max 3, EMA 0.9) reached") and "best fixed γ" in verdict
+
+
+def test_the_sweep_tab_runs_trees_and_baselines_beside_ar(client):
+    summary, csv, verdict = call_sweep(client, methods=["sd-tree", "beam", "draft", "ar-nocache"], node_budget="3")
+    rows = {row[summary["headers"].index("setting")]: dict(zip(summary["headers"], row)) for row in summary["data"]}
+    assert list(rows) == ["ar", "sd-tree:node_budget=3", "beam", "draft", "ar-nocache"]
+    assert rows["sd-tree:node_budget=3"]["exact_match_pct"] == 100 and rows["ar-nocache"]["exact_match_pct"] == 100
+    assert len(pd.read_csv(csv)) == 5
 
 
 def test_sweep_endpoint_reports_bad_grids(client):

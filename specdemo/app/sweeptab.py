@@ -273,7 +273,9 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
         preset = gr.Dropdown(label="Model pair", value=ctx.default_preset, interactive=True,
                              choices=list(ctx.presets), elem_id="sweep-preset")
         methods = gr.CheckboxGroup(label="Methods (AR always runs)", value=initial["methods"],
-                                   choices=[("SD (fixed γ)", "sd"), ("EGAG", "egag"), ("NASD", "nasd")],
+                                   choices=[("SD (fixed γ)", "sd"), ("EGAG", "egag"), ("NASD", "nasd"),
+                                            ("SD-tree (node budgets)", "sd-tree"), ("Beam search", "beam"),
+                                            ("Draft alone", "draft"), ("AR (no cache)", "ar-nocache")],
                                    elem_id="sweep-methods")
     with gr.Row():
         grid = {name: gr.Textbox(initial[name], label=GRID_LABELS[name], elem_id=f"sweep-{name.replace('_', '-')}",
