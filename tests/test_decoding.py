@@ -180,7 +180,7 @@ def test_streaming_yields_one_growing_result_per_round(tiny_pair):
 
 @pytest.mark.parametrize("method", ["ar", "sd", "nasd", "egag"])
 def test_closing_the_stream_stops_decoding_and_frees_the_caches(tiny_pair, method, monkeypatch):
-    from specdemo.engine import lm
+    from specdemo.engine import lm, seq2seq
 
     made: list[lm.CachedLM] = []
 
@@ -189,8 +189,8 @@ def test_closing_the_stream_stops_decoding_and_frees_the_caches(tiny_pair, metho
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    # The loop and the model drafter both make their cached LMs through `lm.cached_lm`.
-    monkeypatch.setattr(lm, "CachedLM", Recorded)
+    # The loop and the model drafter both make their cached LMs through `seq2seq.cached_lm`.
+    monkeypatch.setattr(seq2seq, "CachedLM", Recorded)
     stream = specdemo.iter_generate(tiny_pair, PROMPTS[0], method=method, max_new_tokens=50)
     first = next(stream)
     live = sum(m.cache is not None for m in made)

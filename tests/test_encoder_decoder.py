@@ -10,7 +10,7 @@ from scipy.stats import chisquare
 import specdemo
 from specdemo.engine.context_copy import CopyFirstDrafter
 from specdemo.engine.drafters import ModelDrafter, NgramDrafter
-from specdemo.engine.lm import EncoderDecoderLM, cached_lm
+from specdemo.engine.seq2seq import EncoderDecoderLM, cached_lm
 from specdemo.engine.policies import FixedGamma
 from specdemo.engine.sampling import SamplingConfig, probabilities
 from specdemo.models.loading import ModelLoadError, load_pair

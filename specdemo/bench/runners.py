@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from ..engine.decoding import generate
-from ..engine.lm import decoder_start
+from ..engine.seq2seq import decoder_start
 from ..engine.methods import METHODS
 from ..engine.params import DecodeParams
 from ..engine.tokens import cut_at_eos

@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 import torch
 
-from ..engine.lm import decoder_start
+from ..engine.seq2seq import decoder_start
 from ..engine.methods import METHODS, is_lossless, matches_reference
 from ..engine.sampling import probabilities
 from ..engine.trace import GenerationResult

@@ -19,10 +19,11 @@ import torch
 from .clock import phase_clock
 from .context_copy import CopyFirstDrafter
 from .drafters import Drafter, NgramDrafter, Proposal, top_ids
-from .lm import CACHE_KINDS, buckets_up_to, cached_lm, decoder_start, is_encoder_decoder
+from .lm import CACHE_KINDS, buckets_up_to
 from .methods import Method, get_method
 from .nocache import recomputing_lm
 from .params import DecodeParams, EngineOptions
+from .seq2seq import cached_lm, decoder_start, is_encoder_decoder
 from .sampling import decision_values, probabilities, verify_on_device
 from .tokens import cut_at_eos, token_text
 from .trace import DraftDecision, GenerationResult, Round, TokenRecord, TreeRecord

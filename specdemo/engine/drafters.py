@@ -18,7 +18,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from .lm import cached_lm
+from .seq2seq import cached_lm
 from .policies import FixedGamma
 from .sampling import SamplingConfig, normalized_entropy, pick, probabilities
 from .trace import DRAFTED

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .lm import _forward_with_hidden, is_encoder_decoder
+from .lm import _forward_with_hidden
+from .seq2seq import is_encoder_decoder
 
 KIND = "none"  # what a trace records as its cache kind
 
