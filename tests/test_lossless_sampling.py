@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 import specdemo
 from specdemo.engine.sampling import SamplingConfig, probabilities
+from tests.chi2 import pooled_chisquare
 from tests.tiny import build_tiny_pair
 
 SAMPLES = 1200
@@ -74,16 +74,7 @@ def joint_p_value(pair, method, sampling, samples=SAMPLES, cache="dynamic"):
     observed = counts.flatten()
     if observed[expected == 0].sum() > 0:
         return 0.0  # emitted a pair the target gives probability 0
-    # Pool the rare cells so every χ² cell expects at least 5.
-    frequent = expected >= 5
-    rare = (expected < 5) & (expected > 0)
-    exp_cells = torch.cat([expected[frequent], expected[rare].sum().view(1)])
-    obs_cells = torch.cat([observed[frequent], observed[rare].sum().view(1)])
-    if exp_cells[-1] < 5:  # too little pooled mass to test on its own: fold it into the largest cell
-        exp_cells[0] += exp_cells[-1]
-        obs_cells[0] += obs_cells[-1]
-        exp_cells, obs_cells = exp_cells[:-1], obs_cells[:-1]
-    return chisquare(obs_cells.numpy(), exp_cells.numpy()).pvalue
+    return pooled_chisquare(observed, expected)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
