@@ -33,6 +33,7 @@ class CopyFirstDrafter:
         self.table = NgramTable(n, storage="onelevel")
         self.device = torch.device(device)
         self.reads_target_features = getattr(inner, "reads_target_features", False)
+        self.feature_layers = getattr(inner, "feature_layers", ())
         self.target_top_k = getattr(inner, "target_top_k", 0)
 
     @property

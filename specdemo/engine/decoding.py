@@ -129,6 +129,8 @@ def _rounds(
         if drafter is not None and hasattr(drafter, "read_source"):
             drafter.read_source(source)
     reads_features = drafter is not None and getattr(drafter, "reads_target_features", False)
+    if reads_features:
+        target.read_features(drafter.feature_layers)
     target_top_k = getattr(drafter, "target_top_k", 0)
     result.cache = cache
     result.drafter = describe_drafter(pair, drafter, params)

@@ -1,8 +1,9 @@
 """The drafter around a feature-level head: it reads the target's hidden states.
 
-The decode loop hands it the target's final hidden states at the positions the target has
-verified (from the prefill and from each verification forward, which computes them anyway),
-so drafting costs only head steps. Bookkeeping by position j (the head's input at j is
+The decode loop hands it the target's final hidden states (with the intermediate layers that
+a fused-feature head asks for, `feature_layers`) at the positions the target has verified (from
+the prefill and from each verification forward, which computes them anyway), so drafting costs
+only head steps. Bookkeeping by position j (the head's input at j is
 (f_j, x_{j+1})):
 - the head's cache holds `committed` positions fed with the target's true features, then the
   positions the last round drafted from its own predictions;
@@ -25,6 +26,8 @@ class FeatureDrafter:
 
     def __init__(self, head: FeatureHead):
         self.head = head
+        # The target's intermediate layers the head reads beside its final state (none: final only).
+        self.feature_layers = tuple(head.config.feature_layers)
         self.cache: HeadCache | None = None
         self.committed = 0
         self.pending: list[torch.Tensor] = []  # [n_i, d] true features for positions committed..

@@ -1,9 +1,14 @@
-"""A feature-level draft head (EAGLE): drafts from the target's own last hidden states.
+"""A feature-level draft head (EAGLE): drafts from the target's own hidden states.
 
 At position j the head reads the target's final hidden state f_j and the embedding of the
 token x_{j+1} that follows it, predicts the next hidden state f̂_{j+1} with one decoder layer,
 and turns it into q(x_{j+2}) with the target's LM head restricted to a frequency-ranked subset
 of the vocabulary. Drafting γ tokens feeds each prediction back as the next input feature.
+
+A fused-feature head (EAGLE-3; `feature_layers` set) reads more than the final state: the
+target hands it the states of a few intermediate layers beside the final one, [.., (k + 1) · d],
+and a linear `fuse` mixes them into the d-wide input feature. Its own predictions, fed back
+from a round's second draft on, are already d wide and skip the fusion.
 
 Shapes: B batch, T positions, d the target's hidden size, S the subset size.
 
@@ -39,6 +44,9 @@ class HeadConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     kind: str = "feature-head"
+    # Indices into the target's hidden_states (0: embeddings, i: after layer i) read beside the
+    # final normed state; empty for a head that reads the final state alone.
+    feature_layers: tuple[int, ...] = ()
 
     @classmethod
     def for_target(cls, config, subset_size: int) -> "HeadConfig":
@@ -61,8 +69,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        variance = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
+        return rms_normalised(x, self.eps) * self.weight
+
+
+def rms_normalised(x: torch.Tensor, eps: float) -> torch.Tensor:
+    variance = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -96,6 +108,8 @@ class FeatureHead(nn.Module):
         c = self.config = config
         d = c.hidden_size
         self.fc = nn.Linear(2 * d, d, bias=False)  # [embedding of x_{j+1}; f_j] -> d
+        if c.feature_layers:  # [layer states ...; final state] -> the d-wide feature f_j
+            self.fuse = nn.Linear((len(c.feature_layers) + 1) * d, d, bias=False)
         self.input_norm = RMSNorm(d, c.rms_norm_eps)
         self.q_proj = nn.Linear(d, c.num_heads * c.head_dim, bias=False)
         self.k_proj = nn.Linear(d, c.num_kv_heads * c.head_dim, bias=False)
@@ -152,26 +166,62 @@ class FeatureHead(nn.Module):
         angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def forward(self, features: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
-                cache: HeadCache | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """features [B, T, d] (f_j), next_ids [B, T] (x_{j+1}), positions [T] (j+1) -> f̂_{j+1} [B, T, d].
+    @property
+    def feature_width(self) -> int:
+        """The width of the target states the head reads: d, or (k + 1) · d when fused."""
+        return (len(self.config.feature_layers) + 1) * self.config.hidden_size
 
-        With a cache (B = 1) the T positions are appended after `cache.length` and attend to
-        everything cached; without one attention is causal over the T positions, with an
-        optional key mask [B, T] for padding.
-        """
+    def fuse_features(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., (k + 1) · d] target states -> [..., d]; d-wide input (the head's own prediction,
+        or any input of an unfused head) passes unchanged."""
+        d = self.config.hidden_size
+        if features.shape[-1] == d:
+            return features
+        blocks = features.split(d, dim=-1)
+        # Intermediate layers are raw residual streams whose scale grows with depth: normalise
+        # them to the final state's scale before mixing, so no layer swamps the others.
+        lower = [rms_normalised(b, self.config.rms_norm_eps) for b in blocks[:-1]]
+        return self.fuse(torch.cat(lower + [blocks[-1]], dim=-1))
+
+    def project(self, features: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor):
+        """The layer's first half: (residual, q, k, v) for features [B, T, d or (k + 1) · d]."""
         c = self.config
-        assert self.embed is not None, "call bind(target) first"
         b, t, _ = features.shape
-        x = self.fc(torch.cat((self.embed[next_ids].to(features.dtype), features), dim=-1))
-        residual = x
+        x = self.fc(torch.cat((self.embed[next_ids].to(features.dtype), self.fuse_features(features)), dim=-1))
         h = self.input_norm(x)
         q = self.q_proj(h).view(b, t, c.num_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
         cos, sin = self._rope(positions, q.dtype)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        return x, q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def finish(self, residual: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor) -> torch.Tensor:
+        """The layer's second half: attention of q over (k, v) under `mask`, the MLP, the norm."""
+        groups = self.config.num_heads // self.config.num_kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        b, t = residual.shape[:2]
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = residual + self.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
+        h = self.post_norm(x)
+        x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        # The target's features are read after its final norm, so the prediction is too.
+        return self.out_norm(x)
+
+    def forward(self, features: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
+                cache: HeadCache | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """features [B, T, d or (k + 1) · d] (f_j), next_ids [B, T] (x_{j+1}), positions [T] (j+1)
+        -> f̂_{j+1} [B, T, d].
+
+        With a cache (B = 1) the T positions are appended after `cache.length` and attend to
+        everything cached; without one attention is causal over the T positions, with an
+        optional key mask [B, T] for padding.
+        """
+        assert self.embed is not None, "call bind(target) first"
+        t = features.shape[1]
+        residual, q, k, v = self.project(features, next_ids, positions)
         if cache is not None:
             start = cache.length
             cache.ensure(start + t)
@@ -179,21 +229,12 @@ class FeatureHead(nn.Module):
             cache.v[:, :, start : start + t] = v
             cache.length = start + t
             k, v = cache.k[:, :, : start + t], cache.v[:, :, : start + t]
-            mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(start)
+            mask = torch.ones(t, start + t, dtype=torch.bool, device=q.device).tril(start)
         else:
-            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
             if attention_mask is not None:
                 mask = mask[None, None] & attention_mask[:, None, None, :].bool()
-        groups = c.num_heads // c.num_kv_heads
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        x = residual + self.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
-        h = self.post_norm(x)
-        x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-        # The target's features are read after its final norm, so the prediction is too.
-        return self.out_norm(x)
+        return self.finish(residual, q, k, v, mask)
 
     def subset_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., S]: logits over the subset, through the target's LM head."""
@@ -206,6 +247,20 @@ class FeatureHead(nn.Module):
         full = small.new_full((*small.shape[:-1], self.config.vocab_size), float("-inf"))
         full[..., self.subset] = small
         return full
+
+    @classmethod
+    def widened(cls, head: "FeatureHead", feature_layers: tuple[int, ...]) -> "FeatureHead":
+        """A fused-feature head that starts as `head`: the fusion first passes the final state
+        through and ignores the intermediate layers, which training then learns to use."""
+        config = HeadConfig(**{**asdict(head.config), "feature_layers": tuple(feature_layers)})
+        wide = cls(config).to(head.fc.weight.dtype)
+        missing, unexpected = wide.load_state_dict(head.state_dict(), strict=False)
+        assert not unexpected and all(name.startswith("fuse.") for name in missing), (missing, unexpected)
+        d = config.hidden_size
+        with torch.no_grad():
+            wide.fuse.weight.zero_()
+            wide.fuse.weight[:, -d:].copy_(torch.eye(d))
+        return wide
 
     # -- files ------------------------------------------------------------------------
     def save(self, folder: Path, dtype: torch.dtype = torch.float16, extra: dict | None = None) -> None:
@@ -225,6 +280,7 @@ class FeatureHead(nn.Module):
         folder = Path(folder)
         raw = json.loads((folder / CONFIG_NAME).read_text())
         fields = {k: raw[k] for k in HeadConfig.__dataclass_fields__ if k in raw}
+        fields["feature_layers"] = tuple(fields.get("feature_layers", ()))
         head = cls(HeadConfig(**fields))
         state = load_file(str(folder / WEIGHTS_NAME))
         head.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()})
@@ -239,6 +295,11 @@ class FeatureHead(nn.Module):
         d = c.hidden_size
         layer = d * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * d
         return 2 * d * d + layer + 3 * d * c.intermediate_size + c.subset_size * d
+
+    def fuse_macs(self) -> int:
+        """Multiply-accumulates of fusing one verified position's states (0 for an unfused head);
+        paid once per position the target verifies, not per drafted token."""
+        return self.feature_width * self.config.hidden_size if self.config.feature_layers else 0
 
 
 def is_feature_head(folder) -> bool:

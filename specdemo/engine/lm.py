@@ -47,7 +47,7 @@ def buckets_up_to(longest: int) -> tuple[int, ...]:
     return tuple(sizes + [longest])
 
 
-_STEPS: "weakref.WeakKeyDictionary[torch.nn.Module, object]" = weakref.WeakKeyDictionary()
+_STEPS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, ...], object]]" = weakref.WeakKeyDictionary()
 _POOL: "weakref.WeakKeyDictionary[torch.nn.Module, dict[int, list[StaticCache]]]" = weakref.WeakKeyDictionary()
 _POOL_LOCK = threading.Lock()
 # Compiled caches are reused across generations: lengths are rounded up to this, so
@@ -55,23 +55,35 @@ _POOL_LOCK = threading.Lock()
 POOLED_LENGTH_STEP = 256
 
 
-def _forward_with_hidden(model: torch.nn.Module, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits and the final hidden states [1, n, d] from one pass: the decoder body, then the head."""
-    hidden = model.get_decoder()(**kwargs).last_hidden_state
-    return model.get_output_embeddings()(hidden), hidden
+def forward_with_features(model: torch.nn.Module, layers: tuple[int, ...] = (), **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and the states a feature-level drafter reads, [1, n, (len(layers) + 1) · d], from one pass.
+
+    The states are the chosen `layers` (indices into transformers' `hidden_states`: 0 is the
+    embedding, i the output of layer i) followed by the final, normed state the LM head reads.
+    With no layers only the final state comes back and no intermediate state is kept.
+    """
+    decoder = model.get_decoder()
+    if layers:
+        out = decoder(**kwargs, output_hidden_states=True)
+        features = torch.cat([out.hidden_states[i] for i in layers] + [out.last_hidden_state], dim=-1)
+    else:
+        out = decoder(**kwargs)
+        features = out.last_hidden_state
+    return model.get_output_embeddings()(out.last_hidden_state), features
 
 
-def _compiled_step(model: torch.nn.Module):
-    step = _STEPS.get(model)
+def _compiled_step(model: torch.nn.Module, layers: tuple[int, ...] = ()):
+    steps = _STEPS.setdefault(model, {})
+    step = steps.get(layers)
     if step is None:
         def forward(input_ids: torch.Tensor, cache: StaticCache) -> tuple[torch.Tensor, torch.Tensor]:
-            return _forward_with_hidden(model, input_ids=input_ids, cache=cache, use_cache=True)
+            return forward_with_features(model, layers, input_ids=input_ids, cache=cache, use_cache=True)
 
         cuda = next(model.parameters()).device.type == "cuda"
         # One code object serves every model and bucket: leave room for several pairs.
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         step = torch.compile(forward, mode="reduce-overhead" if cuda else None, dynamic=False)
-        _STEPS[model] = step
+        steps[layers] = step
     return step
 
 
@@ -119,6 +131,7 @@ class CachedLM:
         self.length = 0  # positions the cache holds (cached_ids may lag behind until `note_fed`)
         self.forwards = 0
         self.hidden: torch.Tensor | None = None  # see feed(n_hidden=...)
+        self.feature_layers: tuple[int, ...] = ()  # see read_features
         self.compiled = compile
         self.buckets = tuple(sorted(set(buckets)))
         self._step = None
@@ -185,11 +198,19 @@ class CachedLM:
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - start
 
+    def read_features(self, layers: tuple[int, ...]) -> None:
+        """Keep these intermediate layers' states beside the final one wherever hidden states are
+        asked for (a fused-feature drafter reads them); forwards without n_hidden are unchanged."""
+        self.feature_layers = tuple(layers)
+        if self._step is not None:
+            self._step = _compiled_step(self.model, self.feature_layers)
+
     def feed(self, new_ids: torch.Tensor, n_logits: int, n_hidden: int = 0) -> torch.Tensor:
         """Append new_ids [n] (on the model's device) to the cache; logits [n_logits, V].
 
-        With n_hidden > 0 the final hidden states of the last n_hidden fed positions are kept
-        in `self.hidden` [n_hidden, d] (from the same forward: a feature-level drafter reads them).
+        With n_hidden > 0 the states of the last n_hidden fed positions are kept in `self.hidden`
+        [n_hidden, d], or [n_hidden, (k + 1) · d] with k `feature_layers` (from the same forward:
+        a feature-level drafter reads them).
         """
         n = new_ids.shape[0]
         size = next((b for b in self.buckets if b >= n), None) if self._step is not None else None
@@ -209,8 +230,8 @@ class CachedLM:
                 self._set_length(self.length)
             self.forwards += 1
         elif n_hidden:
-            logits, hidden = _forward_with_hidden(
-                self.model, input_ids=new_ids.view(1, -1), attention_mask=self._explicit_mask(n),
+            logits, hidden = forward_with_features(
+                self.model, self.feature_layers, input_ids=new_ids.view(1, -1), attention_mask=self._explicit_mask(n),
                 cache=self.cache, use_cache=True,
             )
             self.forwards += 1
@@ -317,7 +338,7 @@ class CachedLM:
                       attention_mask=self._as_attention_mask(allowed[None, None]),
                       cache=self.cache, use_cache=True)
         if n_hidden:
-            logits, hidden = _forward_with_hidden(self.model, **kwargs)
+            logits, hidden = forward_with_features(self.model, self.feature_layers, **kwargs)
             self.hidden = hidden[0, m - 1 :]
         else:
             logits = self.model(**kwargs, logits_to_keep=n + 1).logits

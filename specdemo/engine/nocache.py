@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .lm import _forward_with_hidden
+from .lm import forward_with_features
 from .seq2seq import is_encoder_decoder
 
 KIND = "none"  # what a trace records as its cache kind
@@ -30,11 +30,15 @@ class RecomputingLM:
         self.device = next(model.parameters()).device
         self.forwards = 0
         self.hidden: torch.Tensor | None = None
+        self.feature_layers: tuple[int, ...] = ()
         self.source: torch.Tensor | None = None  # an encoder-decoder's input, encoded again at every step
 
     def set_source(self, source: list[int]) -> None:
         """An encoder-decoder model's input: with no cache, every step runs the encoder over it again."""
         self.source = torch.tensor(source, dtype=torch.long, device=self.device).view(1, -1)
+
+    def read_features(self, layers: tuple[int, ...]) -> None:
+        self.feature_layers = tuple(layers)
 
     def prefill(self, sequence: list[int], hidden: bool = False) -> torch.Tensor | None:
         """Nothing is kept between calls, so there is nothing to fill: the first step reads the prompt."""
@@ -53,7 +57,7 @@ class RecomputingLM:
             logits = self.model(input_ids=self.source, decoder_input_ids=ids.view(1, -1), use_cache=False).logits
             logits = logits[0, -n_logits:]
         elif n_hidden:
-            logits, hidden = _forward_with_hidden(self.model, input_ids=ids.view(1, -1), use_cache=False)
+            logits, hidden = forward_with_features(self.model, self.feature_layers, input_ids=ids.view(1, -1), use_cache=False)
             self.hidden = hidden[0, -n_hidden:]
             logits = logits[0, -n_logits:]
         else:

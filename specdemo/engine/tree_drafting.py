@@ -242,6 +242,7 @@ class TreeDrafter:
         if self.stepper is None:
             raise ValueError(f"trees: no tree drafting for {type(inner).__name__}")
         self.reads_target_features = getattr(inner, "reads_target_features", False)
+        self.feature_layers = getattr(inner, "feature_layers", ())
         self.target_top_k = getattr(inner, "target_top_k", 0)
 
     def __getattr__(self, name):  # start, observe, forwards, use_cache, close, lm, table …

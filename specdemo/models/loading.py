@@ -251,6 +251,11 @@ def load_feature_head(folder: str, target_model, device, dtype) -> FeatureHead:
             f"the feature head in {folder!r} was trained for a target with hidden size {expected[0]} and "
             f"{expected[1]} tokens; this target has {actual[0]} and {actual[1]}"
         )
+    layers = target_model.config.num_hidden_layers
+    beyond = [i for i in head.config.feature_layers if not 0 <= i <= layers]
+    if beyond:
+        raise ModelLoadError(f"the feature head in {folder!r} reads the target's layers {beyond}, "
+                             f"but this target has {layers} layers")
     return head.bind(target_model)
 
 

@@ -1,0 +1,159 @@
+"""A fused-feature head (EAGLE-3) reads the target's low and middle layers beside its final state.
+
+Specification: the target hands over exactly the chosen layers' states, from the forwards it
+runs anyway; the head's q stays an exact full-vocabulary distribution that is zero outside its
+subset, so SD and EGAG stay lossless with it; a head widened from an unfused one starts out
+drafting exactly as that head did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+import specdemo
+from specdemo.engine import feature_drafter
+from specdemo.engine.feature_head import FeatureHead, HeadConfig
+from specdemo.models.errors import ModelLoadError
+from tests.test_lossless_sampling import joint_p_value
+from tests.tiny import build_tiny_pair
+
+PROMPTS = [[1, 5, 9, 13, 5, 9], [1, 7], [1, 20, 21, 22, 23, 24, 25, 26, 27, 28], [1]]
+LAYERS = (0, 1)  # the tiny target's embedding output and its first layer's, beside the final state
+
+
+def fused_head(target, subset: list[int], layers=LAYERS, seed: int = 0) -> FeatureHead:
+    torch.manual_seed(seed)
+    plain = FeatureHead(HeadConfig.for_target(target.config, len(subset))).to(torch.float64)
+    plain.subset.copy_(torch.tensor(sorted(subset)))
+    plain.init_from_target(target)
+    head = FeatureHead.widened(plain, layers)
+    with torch.no_grad():  # make the intermediate layers matter
+        head.fuse.weight.add_(0.3 * torch.randn_like(head.fuse.weight))
+    return head.bind(target).eval()
+
+
+def with_fused_head(pair, subset: list[int], layers=LAYERS):
+    head = fused_head(pair.target, subset, layers)
+    return dataclasses.replace(pair, draft=head, draft_ref="fused test head", vocab_size=None)
+
+
+@pytest.fixture(scope="module")
+def fused_pair(tmp_path_factory):
+    pair = build_tiny_pair(tmp_path_factory.mktemp("fused"), draft_noise=0.3)
+    return with_fused_head(pair, list(range(0, 64, 2)) + [3, 5, 7, 9])
+
+
+def teacher_forced_states(target, ids: list[int], layers) -> torch.Tensor:
+    with torch.no_grad():
+        out = target.get_decoder()(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    return torch.cat([out.hidden_states[i][0] for i in layers] + [out.last_hidden_state[0]], dim=-1)
+
+
+def test_a_widened_head_starts_as_the_head_it_came_from(fused_pair):
+    target = fused_pair.target
+    torch.manual_seed(0)
+    plain = FeatureHead(HeadConfig.for_target(target.config, 36)).to(torch.float64)
+    plain.init_from_target(target)
+    plain.bind(target).eval()
+    wide = FeatureHead.widened(plain, LAYERS).bind(target).eval()
+    d = target.config.hidden_size
+    states = torch.randn(1, 7, 3 * d, dtype=torch.float64)
+    ids = torch.randint(0, 64, (1, 7))
+    positions = torch.arange(1, 8)
+    torch.testing.assert_close(wide(states, ids, positions), plain(states[..., -d:], ids, positions))
+    # Its own predictions (d wide) skip the fusion, as drafting feeds them back.
+    torch.testing.assert_close(wide(states[..., -d:], ids, positions), plain(states[..., -d:], ids, positions))
+
+
+def test_the_fusion_reads_every_chosen_layer(fused_pair):
+    head = fused_pair.draft
+    d = head.config.hidden_size
+    states = torch.randn(1, 4, 3 * d, dtype=torch.float64)
+    ids, positions = torch.randint(0, 64, (1, 4)), torch.arange(1, 5)
+    base = head(states, ids, positions)
+    for block in range(3):
+        changed = states.clone()
+        changed[..., block * d : (block + 1) * d] += 1.0
+        assert not torch.allclose(head(changed, ids, positions), base), block
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("method", ["sd", "egag", "sd-tree"])
+def test_the_drafter_reads_the_chosen_layers_of_a_teacher_forced_pass(fused_pair, monkeypatch, method, cache):
+    seen: list[tuple[int, torch.Tensor]] = []
+    original = feature_drafter.FeatureDrafter.observe
+
+    def recording(self, sequence, verified_from, target_logits, target_features=None):
+        seen.append((verified_from, target_features.clone()))
+        return original(self, sequence, verified_from, target_logits, target_features)
+
+    monkeypatch.setattr(feature_drafter.FeatureDrafter, "observe", recording)
+    started = []
+    original_start = feature_drafter.FeatureDrafter.start
+    monkeypatch.setattr(feature_drafter.FeatureDrafter, "start",
+                        lambda self, ids, features: (started.append(features.clone()), original_start(self, ids, features)))
+    prompt = PROMPTS[2]
+    result = specdemo.generate(fused_pair, prompt, method=method, max_new_tokens=25, gamma=3, cache=cache)
+    truth = teacher_forced_states(fused_pair.target, list(result.prompt_ids) + result.token_ids, LAYERS)
+    d = fused_pair.target.config.hidden_size
+    assert started[0].shape == (len(prompt) - 1, 3 * d)
+    torch.testing.assert_close(started[0], truth[: len(prompt) - 1])
+    assert len(seen) == len(result.rounds)
+    for verified_from, features in seen:
+        assert features.shape[-1] == 3 * d
+        torch.testing.assert_close(features, truth[verified_from - 1 : verified_from - 1 + features.shape[0]])
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("method", ["sd", "egag", "sd-tree", "egag-tree"])
+def test_greedy_with_a_fused_head_equals_ar(fused_pair, method, cache):
+    drafted = 0
+    for prompt in PROMPTS:
+        for length in (1, 7, 30):
+            ar = specdemo.generate(fused_pair, prompt, method="ar", max_new_tokens=length, cache=cache)
+            ours = specdemo.generate(fused_pair, prompt, method=method, max_new_tokens=length, gamma=3,
+                                     gamma_max=5, cache=cache)
+            assert ours.token_ids == ar.token_ids, (prompt, length)
+            drafted += ours.stats["drafted"]
+    assert drafted > 0
+
+
+@pytest.fixture(scope="module")
+def small_vocab_fused_pair(tmp_path_factory):
+    pair = build_tiny_pair(tmp_path_factory.mktemp("vocab8-fused"), vocab=8, head_scale=1.5, draft_noise=0.6,
+                           hidden=32, layers=1)
+    pair = dataclasses.replace(pair, eos_ids=frozenset({10_000}))
+    return with_fused_head(pair, [0, 2, 3, 5, 6])  # q is zero on tokens 1, 4 and 7
+
+
+@pytest.mark.parametrize("method,sampling", [
+    ("sd", dict(temperature=1.0, copy_n=0)),
+    ("egag", dict(temperature=1.0, top_k=3, copy_n=0)),
+    ("sd", dict(temperature=0.8, top_p=0.8, copy_n=0)),
+])
+def test_sampling_with_a_fused_head_draws_from_the_target(small_vocab_fused_pair, method, sampling):
+    assert joint_p_value(small_vocab_fused_pair, method, sampling) > 1e-3
+
+
+def test_a_fused_head_is_saved_and_loaded_as_a_draft(fused_pair, tmp_path):
+    head = fused_pair.draft
+    head.save(tmp_path / "head", dtype=torch.float64)
+    pair = specdemo.load_pair(fused_pair.target_ref, str(tmp_path / "head"), device="cpu", dtype="float64")
+    assert pair.draft.config.feature_layers == LAYERS
+    prompt = PROMPTS[0]
+    ar = specdemo.generate(pair, prompt, method="ar", max_new_tokens=20)
+    ours = specdemo.generate(pair, prompt, method="sd", max_new_tokens=20, gamma=3)
+    assert ours.token_ids == ar.token_ids
+    assert specdemo.generate(fused_pair, prompt, method="sd", max_new_tokens=20, gamma=3).token_ids == ar.token_ids
+
+
+def test_a_head_reading_layers_the_target_lacks_is_refused(fused_pair, tmp_path):
+    fused_pair.draft.save(tmp_path, dtype=torch.float64)
+    config = json.loads((tmp_path / "feature_head.json").read_text())
+    (tmp_path / "feature_head.json").write_text(json.dumps({**config, "feature_layers": [0, 9]}))
+    with pytest.raises(ModelLoadError, match=r"reads the target's layers \[9\].*has 2 layers"):
+        specdemo.load_pair(fused_pair.target_ref, str(tmp_path), device="cpu", dtype="float64")
