@@ -9,9 +9,11 @@ Pipeline, every stage resumable (stop it at any time, run it again and it goes o
    every `--sample-every`-th shard; later shards also ask follow-up questions on earlier
    exchanges and ask for summaries of passages the target wrote;
 3. for every position of every sequence the shard keeps the target's final hidden state
-   (what a feature-level draft reads) and, for answer positions, its top-k next-token
-   log-probabilities (what distillation matches), both from the one generation loop
-   (`generation.py`).
+   (what a feature-level draft reads), with `--feature-layers` also those intermediate
+   layers' states (what a fused-feature head reads), and, for answer positions, its top-k
+   next-token log-probabilities (what distillation matches), all from the one generation
+   loop (`generation.py`). A corpus written without the layers gets them afterwards from one
+   teacher-forced pass (`python -m specdemo.training.layers`).
 
 A shard is one `torch.save` file, written atomically; `manifest.json` counts what exists.
 The request plan only grows: a larger `--prompts` or `--self-instruct` than it holds appends the
@@ -212,7 +214,7 @@ def derived_requests(corpus: Corpus, tokenizer, index: int, lag: int, count: int
 def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_count: int = 1500, batch: int = 64,
           derived_per_shard: int = 16, max_new_tokens: int = 128, sample_every: int = 4, max_prompt_tokens: int = 512,
           minutes: float | None = None, max_shards: int | None = None, seed: int = 0, worker: int = 0,
-          workers: int = 1, log=print) -> dict:
+          workers: int = 1, feature_layers: tuple[int, ...] = (), log=print) -> dict:
     """Grow the corpus under `out` until the requests run out, `minutes` pass or `max_shards` exist.
 
     With `workers` > 1, this process writes only the shards whose index is `worker` modulo
@@ -249,7 +251,8 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
         # On the model's device: a CUDA multinomial takes only a CUDA generator.
         generator = torch.Generator(device=model.device).manual_seed(seed * 1_000_003 + index)
         answers = answer_all(model, prefixes, batch=batch, max_new_tokens=max_new_tokens, stops=stops,
-                             pad_id=pad_id, temperature=temperature, generator=generator)
+                             pad_id=pad_id, temperature=temperature, generator=generator,
+                             feature_layers=feature_layers)
         shard = {
             "messages": [r["messages"] for r in chosen],
             "categories": [r["category"] for r in chosen],
@@ -261,6 +264,9 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
             "temperature": temperature,
             "max_new_tokens": max_new_tokens,
         }
+        if feature_layers:
+            shard["feature_layers"] = list(feature_layers)
+            shard["layer_features"] = [a.layer_features for a in answers]
         _save_atomic(shard, corpus.shard_path(index))
         made = sum(len(a.tokens) for a in answers)
         log(f"shard {index}: {len(chosen)} answers, {made} tokens, T={temperature}, "
@@ -287,6 +293,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=1, help="processes growing this corpus together")
     parser.add_argument("--worker", type=int, default=0, help="this process's index among --workers")
+    parser.add_argument("--feature-layers", type=parse_layers, default=(),
+                        help="also keep these intermediate layers' states, e.g. 2,15 (for a fused-feature head)")
     args = parser.parse_args(argv)
     if not 0 <= args.worker < args.workers:
         parser.error("--worker must be in 0 .. --workers - 1")
@@ -296,9 +304,21 @@ def main(argv=None) -> int:
     manifest = build(model, tokenizer, args.out, prompts=args.prompts, self_instruct_count=args.self_instruct,
                      batch=args.batch, derived_per_shard=args.derived_per_shard, max_new_tokens=args.max_new_tokens,
                      sample_every=args.sample_every, minutes=args.minutes, max_shards=args.max_shards, seed=args.seed,
-                     worker=args.worker, workers=args.workers, log=lambda m: print(m, flush=True))
+                     worker=args.worker, workers=args.workers, feature_layers=args.feature_layers,
+                     log=lambda m: print(m, flush=True))
     print(json.dumps(manifest))
     return 0
+
+
+def parse_layers(text: str) -> tuple[int, ...]:
+    """"2,15" -> (2, 15): indices into the target's hidden states (0 the embedding, i after layer i)."""
+    try:
+        layers = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"layers are comma-separated layer indices such as 2,15, not {text!r}")
+    if not layers or min(layers) < 0:
+        raise argparse.ArgumentTypeError(f"layers are comma-separated indices ≥ 0 such as 2,15, not {text!r}")
+    return layers
 
 
 def load_teacher(target: str | None, device: str, dtype: torch.dtype):

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 
 from specdemo.engine.feature_head import FeatureHead, HeadConfig
 
-from .corpus import Corpus, default_dir
+from .corpus import Corpus, default_dir, parse_layers
+from .layers import stored_layers
 
 
 @dataclass
@@ -41,16 +42,26 @@ class Sequence:
     read: bool = False  # a passage the target read (passages.py), not an answer it wrote
 
 
-def read_sequences(corpus: Corpus, fraction: float = 1.0, max_len: int = 448, read: bool = False) -> list[Sequence]:
+def read_sequences(corpus: Corpus, fraction: float = 1.0, max_len: int = 448, read: bool = False,
+                   feature_layers: tuple[int, ...] = ()) -> list[Sequence]:
     """Every stored sequence of the first `fraction` of the shards (shards are in request order);
-    `read` marks them as passages of a text corpus."""
+    `read` marks them as passages of a text corpus. With `feature_layers` each position's
+    features are those layers' states followed by the final state, [L - 1, (k + 1) · d]."""
     paths = corpus.shards()
     paths = paths[: max(1, math.ceil(len(paths) * fraction))]
     out = []
     for path in paths:
         shard = corpus.load_shard(path)
+        features = shard["features"]
+        if feature_layers:
+            layers = stored_layers(corpus, path, shard, feature_layers)
+            if layers is None:
+                raise FileNotFoundError(
+                    f"{path} holds no states of layers {list(feature_layers)}: run python -m specdemo.training.layers "
+                    f"--corpus {corpus.root} --feature-layers {','.join(map(str, feature_layers))}")
+            features = [torch.cat((low, final), dim=-1) for low, final in zip(layers, features)]
         for messages, prefix, answer, feats in zip(shard["messages"], shard["prefixes"], shard["answers"],
-                                                   shard["features"]):
+                                                   features):
             if len(answer) < 2:
                 continue
             ids = torch.tensor(prefix + answer)
@@ -130,54 +141,95 @@ def collate(seqs: list[Sequence]) -> dict:
     return {"features": features, "next_ids": next_ids, "loss_mask": loss_mask, "prompt_mask": prompt_mask}
 
 
+def round_predictions(head: FeatureHead, features: torch.Tensor, next_ids: torch.Tensor, steps: int,
+                      noise: float = 0.0):
+    """The head's predictions [B, T, d] for draft steps 1 .. `steps`, as drafting makes them
+    (the training-time test of EAGLE-3): at step s the input at position j is the head's own
+    prediction from step s - 1 at j - 1, and its query attends to the target's true context up
+    to j - s + 1 and to the keys its own round made since, never to other rounds' predictions.
+    Step 1 is the plain teacher-forced pass."""
+    b, t, _ = features.shape
+    positions = torch.arange(1, t + 1, device=features.device)
+    index = torch.arange(t, device=features.device)
+    start = head.fuse_features(features[:, :1])  # position 0 has no earlier prediction: keep its truth
+    inputs, keys, values = features, [], []
+    for step in range(steps):
+        noisy = inputs + noise * torch.randn_like(inputs) if noise > 0 else inputs
+        residual, q, k, v = head.project(noisy, next_ids, positions)
+        keys.append(k)
+        values.append(v)
+        # Key blocks: 0 the true context (positions ≤ j - step), r ≥ 1 this round's step r at j - step + r.
+        blocks = [index[None, :] <= index[:, None] - step]
+        blocks += [index[None, :] == index[:, None] - step + r for r in range(1, step + 1)]
+        predicted = head.finish(residual, q, torch.cat(keys, dim=2), torch.cat(values, dim=2),
+                                torch.cat(blocks, dim=1))
+        yield predicted
+        inputs = torch.cat((start, predicted[:, :-1]), dim=1)
+
+
+def chained_predictions(head: FeatureHead, features: torch.Tensor, next_ids: torch.Tensor, steps: int,
+                        noise: float = 0.0):
+    """EAGLE-1's unrolled steps: step s reads step s - 1's predictions at every position, and
+    attends to them too (cheaper than `round_predictions`, but later steps see predicted
+    context where drafting sees the target's)."""
+    t = features.shape[1]
+    positions = torch.arange(1, t + 1, device=features.device)
+    inputs = features
+    for _ in range(steps):
+        noisy = inputs + noise * torch.randn_like(inputs) if noise > 0 else inputs
+        predicted = head(noisy, next_ids, positions)
+        yield predicted
+        inputs = torch.cat((head.fuse_features(features[:, :1]), predicted[:, :-1].detach()), dim=1)
+
+
 def head_losses(head: FeatureHead, batch: dict, *, noise: float, unroll: int, cls_weight: float,
-                step_weights=(1.0, 0.7), prompt_loss: bool = False) -> tuple[torch.Tensor, dict]:
+                step_weights=(1.0, 0.7), prompt_loss: bool = False, reg_weight: float = 1.0,
+                test_time: bool = False) -> tuple[torch.Tensor, dict]:
+    """The loss over `unroll` draft steps: feature regression (weight `reg_weight`) plus soft
+    cross-entropy against the target's distribution (`cls_weight`). With `test_time` the steps
+    run as drafting runs them (`round_predictions`) and weigh 0.8^s; otherwise as EAGLE-1."""
     features, next_ids, mask = batch["features"], batch["next_ids"], batch["loss_mask"]
     if prompt_loss:  # fixed text the target only read still shows how its features move
         mask = mask | batch["prompt_mask"]
-    b, t, _ = features.shape
-    positions = torch.arange(1, t + 1, device=features.device)
-    targets = features[:, 1:]  # f_{j+1} for inputs j = 0..t-2
+    t = features.shape[1]
+    d = head.config.hidden_size
+    targets = features[:, 1:, -d:]  # the final state f_{j+1} for inputs j = 0..t-2
     with torch.no_grad():
         target_logp = F.log_softmax(head.subset_logits(targets), dim=-1)
-    inputs = features
+    unrolled = round_predictions if test_time else chained_predictions
     total, logs = 0.0, {}
-    for step in range(unroll):
-        noisy = inputs + noise * torch.randn_like(inputs) if noise > 0 else inputs
-        predicted = head(noisy, next_ids, positions)
-        pred = predicted[:, :-1]
-        m = mask[:, : t - 1]
-        reg = F.smooth_l1_loss(pred[m], targets[m])
-        logp = F.log_softmax(head.subset_logits(pred[m]), dim=-1)
-        cls = -(target_logp[m].exp() * logp).sum(-1).mean()
-        total = total + step_weights[min(step, len(step_weights) - 1)] * (reg + cls_weight * cls)
+    for step, predicted in enumerate(unrolled(head, features, next_ids, unroll, noise)):
+        m = mask[:, : t - 1].clone()
+        m[:, :step] = False  # no round of this many steps starts before position 0
+        pred = predicted[:, :-1][m]
+        reg = F.smooth_l1_loss(pred, targets[m]) if reg_weight else pred.new_zeros(())
+        cls = -(target_logp[m].exp() * F.log_softmax(head.subset_logits(pred), dim=-1)).sum(-1).mean()
+        weight = 0.8 ** step if test_time else step_weights[min(step, len(step_weights) - 1)]
+        total = total + weight * (reg_weight * reg + cls_weight * cls)
         logs[f"reg{step + 1}"], logs[f"cls{step + 1}"] = float(reg.detach()), float(cls.detach())
-        # The next step reads its own predictions: input j becomes f̂_j (made at j-1).
-        inputs = torch.cat((features[:, :1], predicted[:, :-1].detach()), dim=1)
     return total, logs
 
 
 @torch.no_grad()
 def agreement(head: FeatureHead, sequences: list[Sequence], lm_head: torch.Tensor, steps: int = 2,
               tokens_per_batch: int = 4096) -> list[float]:
-    """Teacher-forced top-1 agreement with the target's greedy token, per draft step."""
+    """Teacher-forced top-1 agreement with the target's greedy token, per draft step, with the
+    steps run as drafting runs them (`round_predictions`)."""
     head.eval()
-    hits, count = [0] * steps, 0
+    hits, count = [0] * steps, [0] * steps
+    d = head.config.hidden_size
     for batch in batches(sequences, tokens_per_batch, None, device=lm_head.device):
         features, next_ids, mask = batch["features"], batch["next_ids"], batch["loss_mask"]
         t = features.shape[1]
-        positions = torch.arange(1, t + 1, device=features.device)
-        m = mask[:, : t - 1]
-        truth = (features[:, 1:][m] @ lm_head.t()).argmax(-1)
-        inputs = features
-        for step in range(steps):
-            predicted = head(inputs, next_ids, positions)
+        truth = (features[:, 1:, -d:] @ lm_head.t()).argmax(-1)
+        for step, predicted in enumerate(round_predictions(head, features, next_ids, steps)):
+            m = mask[:, : t - 1].clone()
+            m[:, :step] = False
             guess = head.subset[head.subset_logits(predicted[:, :-1][m]).argmax(-1)]
-            hits[step] += int((guess == truth).sum())
-            inputs = torch.cat((features[:, :1], predicted[:, :-1]), dim=1)
-        count += int(m.sum())
+            hits[step] += int((guess == truth[m]).sum())
+            count[step] += int(m.sum())
     head.train()
-    return [h / max(1, count) for h in hits]
+    return [h / max(1, c) for h, c in zip(hits, count)]
 
 
 def training_progress(step: int, total_steps: int, elapsed_share: float | None = None) -> float:
@@ -200,10 +252,13 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
                cls_weight: float = 0.1, validation: float = 0.04, seed: int = 0, max_minutes: float | None = None,
                init: str = "random", prompt_loss: bool = False, passages: list[Sequence] = (),
                start_from: FeatureHead | None = None, max_steps: int | None = None,
+               feature_layers: tuple[int, ...] = (), reg_weight: float = 1.0, test_time: bool = False,
                log=print) -> tuple[FeatureHead, dict]:
     """Train a head on `sequences` (answers; a share of their requests validates) plus `passages`
     (read text: training only, and left out of the vocabulary subset, which answers choose).
-    `start_from` continues an existing head (its subset kept) instead of starting anew."""
+    `start_from` continues an existing head (its subset kept) instead of starting anew; with
+    `feature_layers` (the sequences' features then hold those layers before the final state) the
+    head reads them through a fusion that starts by passing the final state through."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     train, val = split_by_request(sequences, validation, seed)
@@ -219,6 +274,11 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
         head.subset.copy_(subset)
         if init == "target":
             head.init_from_target(target)
+    feature_layers = tuple(feature_layers)
+    if feature_layers and not head.config.feature_layers:
+        head = FeatureHead.widened(head, feature_layers)
+    if head.config.feature_layers != feature_layers:
+        raise ValueError(f"the head reads layers {list(head.config.feature_layers)}, the data holds {list(feature_layers)}")
     # The head trains where the target is (the stored features come to it a batch at a time).
     device = target.get_output_embeddings().weight.device
     head.to(device)
@@ -249,7 +309,7 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(lr, step, total_steps, warmup_steps, elapsed_share)
             loss, logs = head_losses(head, batch, noise=noise, unroll=unroll, cls_weight=cls_weight,
-                                     prompt_loss=prompt_loss)
+                                     prompt_loss=prompt_loss, reg_weight=reg_weight, test_time=test_time)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -277,7 +337,8 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
             "best_step": best["step"], "steps": step, "subset_size": subset_size, "epochs": epochs,
             "epochs_run": round(step / steps_per_epoch, 2),
             "noise": noise, "unroll": unroll, "cls_weight": cls_weight, "lr": lr, "init": init,
-            "prompt_loss": prompt_loss,
+            "prompt_loss": prompt_loss, "feature_layers": list(feature_layers), "reg_weight": reg_weight,
+            "test_time": test_time,
             "tokens_per_batch": tokens_per_batch,
             "train_seconds": round(time.monotonic() - started, 1)}
     return head.eval(), info
@@ -309,19 +370,28 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", help="where the head trains (e.g. cuda)")
     parser.add_argument("--start-from", type=Path, help="continue this head (its folder) instead of starting anew")
     parser.add_argument("--max-steps", type=int, help="stop training after this many steps")
+    parser.add_argument("--feature-layers", type=parse_layers, default=(),
+                        help="fuse these intermediate layers with the final state, e.g. 2,15 (EAGLE-3; the corpus "
+                             "must hold them: training.corpus --feature-layers or training.layers)")
+    parser.add_argument("--reg-weight", type=float, default=1.0,
+                        help="weight of the feature-regression loss (0: learn the tokens only, as EAGLE-3)")
+    parser.add_argument("--test-time", action="store_true",
+                        help="unrolled steps attend as drafting does (EAGLE-3's training-time test)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     target, _ = load_teacher(args.target, args.device, torch.float32)
     for p in target.parameters():
         p.requires_grad_(False)
-    sequences = [s for folder in args.corpus for s in read_sequences(Corpus(folder), args.fraction)]
+    sequences = [s for folder in args.corpus
+                 for s in read_sequences(Corpus(folder), args.fraction, feature_layers=args.feature_layers)]
     head, info = train_head(target, sequences, subset_size=args.subset, epochs=args.epochs,
                             tokens_per_batch=args.tokens_per_batch, lr=args.lr, noise=args.noise,
                             unroll=args.unroll, cls_weight=args.cls_weight, init=args.init, seed=args.seed,
                             prompt_loss=args.prompt_loss, max_minutes=args.max_minutes,
                             start_from=FeatureHead.load(args.start_from) if args.start_from else None,
-                            max_steps=args.max_steps, log=lambda m: print(m, flush=True))
+                            max_steps=args.max_steps, feature_layers=args.feature_layers,
+                            reg_weight=args.reg_weight, test_time=args.test_time, log=lambda m: print(m, flush=True))
     info["fraction"] = args.fraction
     head.save(args.out, extra={"training": info})
     print(json.dumps(info))

@@ -53,10 +53,13 @@ class Replay:
 
 
 @torch.inference_mode()
-def target_features(target, ids: list[int]) -> torch.Tensor:
-    """[len(ids), d]: the target's final hidden state at every position."""
-    hidden = target.get_decoder()(input_ids=torch.tensor([ids], device=target.device)).last_hidden_state[0]
-    return hidden.to(torch.float32)
+def target_features(target, ids: list[int], layers: tuple[int, ...] = ()) -> torch.Tensor:
+    """[len(ids), (k + 1) · d]: at every position the states of the k `layers` (none by default)
+    and the target's final hidden state, as the decode loop hands them to a feature head."""
+    out = target.get_decoder()(input_ids=torch.tensor([ids], device=target.device),
+                               output_hidden_states=bool(layers))
+    states = [out.hidden_states[i][0] for i in layers] + [out.last_hidden_state[0]]
+    return torch.cat(states, dim=-1).to(torch.float32)
 
 
 def replay_greedy(prompt: list[int], answer: list[int], propose, observe) -> Replay:
@@ -148,7 +151,8 @@ def greedy_answers(pair, prompts: list[str], max_new_tokens: int) -> list[tuple[
 
 
 def heldout_acceptance(head: FeatureHead, target, answers, gamma: int = 4, copy_n: int = 0) -> dict:
-    replays = (replay_rounds(head, prompt, answer, target_features(target, prompt + answer), gamma, copy_n)
+    layers = tuple(head.config.feature_layers)
+    replays = (replay_rounds(head, prompt, answer, target_features(target, prompt + answer, layers), gamma, copy_n)
                for prompt, answer in answers)
     return sum(replays, Replay(0, 0, 0, 0)).report(len(answers), gamma)
 
@@ -161,13 +165,15 @@ def step_cost(head: FeatureHead, target, context: int = 96, calls: int = 60) -> 
     device = target.device
     ids = torch.randint(0, target.config.vocab_size, (1, context), device=device)
     cache = DynamicCache(config=target.config)
-    out = target.get_decoder()(input_ids=ids, cache=cache, use_cache=True)
-    features = out.last_hidden_state[0].float()
+    layers = tuple(head.config.feature_layers)
+    out = target.get_decoder()(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(layers))
+    features = torch.cat([out.hidden_states[i][0] for i in layers] + [out.last_hidden_state[0]], dim=-1).float()
     drafter = FeatureDrafter(head)
     drafter.start(ids[0].tolist(), features[:-1])
     policy, sampling = FixedGamma(1), SamplingConfig(temperature=0.0)
     drafter.propose(ids[0].tolist(), policy, 1, sampling, None)
-    step_input = features[-1:]
+    # A draft step reads the head's own d-wide prediction, never the fused states.
+    step_input = features[-1:, -head.config.hidden_size :]
 
     def draft_step():
         drafter.cache.rollback(context)

@@ -7,7 +7,8 @@ or sampled at a temperature among the `SAMPLE_CANDIDATES` most likely tokens. Ea
 keeps its tokens (up to and including the first stop token), the target's top-k next-token
 log-probabilities at temperature 1 at every answer step (what distillation matches) and,
 with `features=True`, the target's final hidden state at every position it was fed (what a
-feature-level draft reads). Both come out of the generating forward: no second pass.
+feature-level draft reads), and with `feature_layers` the states of those intermediate layers
+too (what a fused-feature head reads). All come out of the generating forward: no second pass.
 
 The corpus (`corpus.py`) and the draft LM's trainer (`train_draft.py`) both answer through
 `answer_batch` / `answer_all`.
@@ -34,6 +35,7 @@ class Answer:
     features: torch.Tensor | None  # [len(prefix) + len(tokens) - 1, d] final hidden state at each fed position
     top_ids: torch.Tensor  # [len(tokens), k] the target's most likely next tokens at each answer step
     top_logp: torch.Tensor  # [len(tokens), k] their log-probabilities (temperature 1)
+    layer_features: torch.Tensor | None = None  # [as features, len(feature_layers) · d] those layers' states
 
 
 def left_padded(prefixes: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,7 +52,7 @@ def left_padded(prefixes: list[list[int]], pad_id: int) -> tuple[torch.Tensor, t
 @torch.inference_mode()
 def answer_batch(model, prefixes: list[list[int]], *, max_new_tokens: int, stops: set[int], pad_id: int,
                  temperature: float = 0.0, topk: int = TOPK, generator: torch.Generator | None = None,
-                 features: bool = True) -> list[Answer]:
+                 features: bool = True, feature_layers: tuple[int, ...] = ()) -> list[Answer]:
     """Answer left-padded prefixes together, keeping top-k log-probs (and hidden states).
 
     Runs the decoder body and the LM head separately so that the hidden state the head reads
@@ -60,11 +62,14 @@ def answer_batch(model, prefixes: list[list[int]], *, max_new_tokens: int, stops
     body, head = model.get_decoder(), model.get_output_embeddings()
     ids, mask = (t.to(device) for t in left_padded(prefixes, pad_id))
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
-    out = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    layers = tuple(feature_layers) if features else ()
+    out = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+               output_hidden_states=bool(layers))
     # Everything a step makes stays on the model's device until the batch ends, and whether every
     # row has stopped is read back only every few steps: on a GPU a read-back per step would keep
     # the host from queueing the next step while the device works.
     step_features = [out.last_hidden_state.float()] if features else []
+    step_layers = [_layer_states(out, layers)] if layers else []
     stop_tensor = torch.tensor(sorted(stops), device=device)
     done = torch.zeros(len(prefixes), dtype=torch.bool, device=device)
     tokens, top_i, top_v = [], [], []
@@ -86,14 +91,22 @@ def answer_batch(model, prefixes: list[list[int]], *, max_new_tokens: int, stops
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         positions = positions[:, -1:] + 1
         out = body(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, cache=out.cache,
-                   use_cache=True)
+                   use_cache=True, output_hidden_states=bool(layers))
         if features:
             step_features.append(out.last_hidden_state.float())
+        if layers:
+            step_layers.append(_layer_states(out, layers))
     return _answers(prefixes, torch.stack(tokens, 1).cpu(), torch.stack(top_i, 1).cpu(), torch.stack(top_v, 1).cpu(),
-                    torch.cat(step_features, 1).cpu() if features else None, stops)
+                    torch.cat(step_features, 1).cpu() if features else None, stops,
+                    torch.cat(step_layers, 1).cpu() if layers else None)
 
 
-def _answers(prefixes, generated, top_i, top_v, features, stops) -> list[Answer]:
+def _layer_states(out, layers: tuple[int, ...]) -> torch.Tensor:
+    """[rows, n, len(layers) · d] float16: the chosen intermediate layers side by side."""
+    return torch.cat([out.hidden_states[i] for i in layers], dim=-1).half()
+
+
+def _answers(prefixes, generated, top_i, top_v, features, stops, layer_features=None) -> list[Answer]:
     """Each row's answer cut after its first stop token, with what was kept for it."""
     width = max(len(p) for p in prefixes)
     answers = []
@@ -103,11 +116,12 @@ def _answers(prefixes, generated, top_i, top_v, features, stops) -> list[Answer]
             if token in stops:
                 answer = answer[: i + 1]
                 break
-        kept = None
-        if features is not None:  # [rows, width + steps - 1, d]: the prefix's and the answer's fed positions
-            start = width - len(prefix)
-            kept = features[row, start : start + len(prefix) + len(answer) - 1].half().clone()
-        answers.append(Answer(answer, kept, top_i[row, : len(answer)].clone(), top_v[row, : len(answer)].clone()))
+        # [rows, width + steps - 1, ...]: the prefix's and the answer's fed positions
+        fed = slice(width - len(prefix), width + len(answer) - 1)
+        kept = None if features is None else features[row, fed].half().clone()
+        layers = None if layer_features is None else layer_features[row, fed].clone()
+        answers.append(Answer(answer, kept, top_i[row, : len(answer)].clone(), top_v[row, : len(answer)].clone(),
+                              layers))
     return answers
 
 
