@@ -156,8 +156,40 @@ def test_the_head_command_widens_a_head_and_continues_it_on_the_layers(tmp_path)
     layers.main(["--corpus", str(out), "--feature-layers", "1", "--target", str(tmp_path / "target"),
                  "--device", "cpu"])
     eagle.main([*common, "--out", str(tmp_path / "fused"), "--start-from", str(tmp_path / "plain"),
-                "--feature-layers", "1", "--reg-weight", "0", "--test-time", "--unroll", "3", "--max-steps", "2"])
+                "--feature-layers", "1", "--reg-weight", "0", "--test-time", "--unroll", "3", "--max-steps", "2",
+                "--rejected-weight", "2"])
     plain, fused = FeatureHead.load(tmp_path / "plain"), FeatureHead.load(tmp_path / "fused")
     info = json.loads((tmp_path / "fused" / "feature_head.json").read_text())["training"]
     assert fused.config.feature_layers == LAYERS and info["continued"] and info["test_time"]
+    assert info["rejected_weight"] == 2 and 0 <= info["rejected_share"] <= 1
     assert torch.equal(fused.subset, plain.subset)
+
+
+def test_on_policy_weights_fall_on_the_positions_the_starting_head_loses(tmp_path):
+    model, tokenizer = load_tiny(tmp_path)
+    out = tmp_path / "corpus"
+    build(model, tokenizer, out, 2, feature_layers=LAYERS)
+    sequences = eagle.read_sequences(corpus_module.Corpus(out), feature_layers=LAYERS)
+    head = tiny_fused_head(model)
+    lm_head = model.lm_head.weight.detach()
+    share = eagle.weigh_rejections(head, sequences, lm_head, weight=3.0)
+    assert 0 < share < 1
+    d = model.config.hidden_size
+    for seq in sequences[:5]:
+        with torch.no_grad():
+            predicted = head(seq.features[None].float(), seq.ids[None, 1:], torch.arange(1, len(seq.ids)))[0]
+        guess = head.subset[head.subset_logits(predicted[:-1]).argmax(-1)]
+        truth = (seq.features[1:, -d:].float() @ lm_head.t()).argmax(-1)
+        expected = torch.where(guess != truth, 3.0, 1.0)
+        torch.testing.assert_close(seq.weights[:-1], expected)
+    # Weights of 1 leave the loss as it was; weights elsewhere change it.
+    batch = eagle.collate(sequences[:4])
+    plain = dict(batch, weights=torch.ones_like(batch["weights"]))
+    torch.manual_seed(0)
+    unweighted, _ = eagle.head_losses(head, plain, noise=0.0, unroll=2, cls_weight=1.0, test_time=True)
+    torch.manual_seed(0)
+    without, _ = eagle.head_losses(head, {k: v for k, v in plain.items() if k != "weights"}, noise=0.0, unroll=2,
+                                   cls_weight=1.0, test_time=True)
+    weighted, _ = eagle.head_losses(head, batch, noise=0.0, unroll=2, cls_weight=1.0, test_time=True)
+    torch.testing.assert_close(unweighted, without)
+    assert not torch.allclose(weighted, unweighted)

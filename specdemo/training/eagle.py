@@ -40,6 +40,8 @@ class Sequence:
     answer_start: int
     request: str
     read: bool = False  # a passage the target read (passages.py), not an answer it wrote
+    # [L - 1] loss weight per input position (None: 1 everywhere); see `weigh_rejections`
+    weights: torch.Tensor | None = None
 
 
 def read_sequences(corpus: Corpus, fraction: float = 1.0, max_len: int = 448, read: bool = False,
@@ -129,16 +131,52 @@ def collate(seqs: list[Sequence]) -> dict:
     next_ids = torch.zeros(len(seqs), width, dtype=torch.long)
     loss_mask = torch.zeros(len(seqs), width, dtype=torch.bool)
     prompt_mask = torch.zeros(len(seqs), width, dtype=torch.bool)
+    weights = torch.ones(len(seqs), width)
     for row, s in enumerate(seqs):
         n = len(s.ids) - 1
         features[row, :n] = s.features[:n].float()
+        if s.weights is not None:
+            weights[row, :n] = s.weights[:n]
         next_ids[row, :n] = s.ids[1:]
         # input j predicts f_{j+1}; it must exist (j+1 <= L-2) and predict an answer token
         # (x_{j+2} with j+2 >= answer_start).
         loss_mask[row, max(0, s.answer_start - 2) : n - 1] = True
         # The request's own positions: text the target read rather than wrote.
         prompt_mask[row, : max(0, s.answer_start - 2)] = True
-    return {"features": features, "next_ids": next_ids, "loss_mask": loss_mask, "prompt_mask": prompt_mask}
+    return {"features": features, "next_ids": next_ids, "loss_mask": loss_mask, "prompt_mask": prompt_mask,
+            "weights": weights}
+
+
+@torch.no_grad()
+def weigh_rejections(head: FeatureHead, sequences: list[Sequence], lm_head: torch.Tensor, weight: float,
+                     tokens_per_batch: int = 4096) -> float:
+    """On-policy data: give `weight` to the positions where `head` (the head being continued)
+    drafts a first token the target rejects under greedy decoding, 1 elsewhere, so training
+    dwells on the rounds this head loses. Returns the share of answer positions so marked."""
+    head.eval()
+    d = head.config.hidden_size
+    marked = total = 0
+    for seq in sequences:
+        seq.weights = None
+    groups = length_groups(sequences, tokens_per_batch)
+    for group in groups:
+        batch = collate([sequences[i] for i in group])
+        batch = {k: v.to(lm_head.device) for k, v in batch.items()}
+        features, next_ids = batch["features"], batch["next_ids"]
+        predicted = next(round_predictions(head, features, next_ids, 1))
+        guess = head.subset[head.subset_logits(predicted[:, :-1]).argmax(-1)]
+        truth = (features[:, 1:, -d:] @ lm_head.t()).argmax(-1)
+        rejected = (guess != truth).cpu()
+        answer = batch["loss_mask"][:, :-1].cpu()
+        marked += int((rejected & answer).sum())
+        total += int(answer.sum())
+        for row, i in enumerate(group):
+            n = len(sequences[i].ids) - 1
+            w = torch.ones(n)
+            w[: n - 1][rejected[row, : n - 1]] = weight
+            sequences[i].weights = w
+    head.train()
+    return marked / max(1, total)
 
 
 def round_predictions(head: FeatureHead, features: torch.Tensor, next_ids: torch.Tensor, steps: int,
@@ -203,7 +241,9 @@ def head_losses(head: FeatureHead, batch: dict, *, noise: float, unroll: int, cl
         m[:, :step] = False  # no round of this many steps starts before position 0
         pred = predicted[:, :-1][m]
         reg = F.smooth_l1_loss(pred, targets[m]) if reg_weight else pred.new_zeros(())
-        cls = -(target_logp[m].exp() * F.log_softmax(head.subset_logits(pred), dim=-1)).sum(-1).mean()
+        w = batch["weights"][:, : t - 1][m] if "weights" in batch else None
+        ce = -(target_logp[m].exp() * F.log_softmax(head.subset_logits(pred), dim=-1)).sum(-1)
+        cls = ce.mean() if w is None else (w * ce).sum() / w.sum()
         weight = 0.8 ** step if test_time else step_weights[min(step, len(step_weights) - 1)]
         total = total + weight * (reg_weight * reg + cls_weight * cls)
         logs[f"reg{step + 1}"], logs[f"cls{step + 1}"] = float(reg.detach()), float(cls.detach())
@@ -253,12 +293,14 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
                init: str = "random", prompt_loss: bool = False, passages: list[Sequence] = (),
                start_from: FeatureHead | None = None, max_steps: int | None = None,
                feature_layers: tuple[int, ...] = (), reg_weight: float = 1.0, test_time: bool = False,
-               log=print) -> tuple[FeatureHead, dict]:
+               rejected_weight: float = 1.0, log=print) -> tuple[FeatureHead, dict]:
     """Train a head on `sequences` (answers; a share of their requests validates) plus `passages`
     (read text: training only, and left out of the vocabulary subset, which answers choose).
     `start_from` continues an existing head (its subset kept) instead of starting anew; with
     `feature_layers` (the sequences' features then hold those layers before the final state) the
-    head reads them through a fusion that starts by passing the final state through."""
+    head reads them through a fusion that starts by passing the final state through.
+    `rejected_weight` ≠ 1 weighs the positions where the starting head's first draft is rejected
+    (`weigh_rejections`)."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     train, val = split_by_request(sequences, validation, seed)
@@ -283,9 +325,14 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
     device = target.get_output_embeddings().weight.device
     head.to(device)
     head.bind(target)
+    lm_head = target.get_output_embeddings().weight.detach()
+    rejected_share = None
+    if rejected_weight != 1.0:
+        rejected_share = weigh_rejections(head, train, lm_head, rejected_weight)
+        log(f"on-policy: {rejected_share:.3f} of answer positions rejected by the starting head, "
+            f"weighted {rejected_weight:g}")
     passage_tokens = sum(int(s.ids.numel() - s.answer_start) for s in passages)
     train = train + list(passages)
-    lm_head = target.get_output_embeddings().weight.detach()
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     steps_per_epoch = len(length_groups(train, tokens_per_batch))
@@ -338,7 +385,7 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
             "epochs_run": round(step / steps_per_epoch, 2),
             "noise": noise, "unroll": unroll, "cls_weight": cls_weight, "lr": lr, "init": init,
             "prompt_loss": prompt_loss, "feature_layers": list(feature_layers), "reg_weight": reg_weight,
-            "test_time": test_time,
+            "test_time": test_time, "rejected_weight": rejected_weight, "rejected_share": rejected_share,
             "tokens_per_batch": tokens_per_batch,
             "train_seconds": round(time.monotonic() - started, 1)}
     return head.eval(), info
@@ -377,6 +424,8 @@ def main(argv=None) -> int:
                         help="weight of the feature-regression loss (0: learn the tokens only, as EAGLE-3)")
     parser.add_argument("--test-time", action="store_true",
                         help="unrolled steps attend as drafting does (EAGLE-3's training-time test)")
+    parser.add_argument("--rejected-weight", type=float, default=1.0,
+                        help="weigh the positions where the starting head's first draft is rejected (on-policy data)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -391,7 +440,8 @@ def main(argv=None) -> int:
                             prompt_loss=args.prompt_loss, max_minutes=args.max_minutes,
                             start_from=FeatureHead.load(args.start_from) if args.start_from else None,
                             max_steps=args.max_steps, feature_layers=args.feature_layers,
-                            reg_weight=args.reg_weight, test_time=args.test_time, log=lambda m: print(m, flush=True))
+                            reg_weight=args.reg_weight, test_time=args.test_time,
+                            rejected_weight=args.rejected_weight, log=lambda m: print(m, flush=True))
     info["fraction"] = args.fraction
     head.save(args.out, extra={"training": info})
     print(json.dumps(info))
