@@ -192,3 +192,21 @@ def test_the_head_command_reads_several_corpora_and_continues_a_head(tmp_path):
     assert info["continued"] and info["steps"] == 2
     assert torch.equal(second.subset, first.subset)  # a continued head keeps its vocabulary
     assert not torch.equal(second.fc.weight, first.fc.weight)
+
+
+def test_near_duplicate_requests_are_refused_by_word_trigram_overlap():
+    seen = request_source.NearDuplicates(threshold=0.5)
+    seen.add("How do I keep my sourdough starter alive while I travel for two weeks?")
+    assert seen.is_near("How do I keep my sourdough starter alive while I travel for three weeks?")
+    assert seen.is_near("how do i keep my SOURDOUGH starter alive while i travel for two weeks")
+    assert not seen.is_near("What should a night-shift nurse eat to stay alert until morning?")
+    assert not seen.is_near("Why do I keep my sourdough starter in the fridge?")
+
+
+def test_self_written_requests_are_asked_as_sampled_personas_in_sampled_formats():
+    import random
+
+    asks = [request_source.persona_ask(random.Random(seed), "a question", "Explain tides.") for seed in range(40)]
+    assert len({a for a in asks}) > 30
+    assert len({p for p in request_source.PERSONAS if any(p in a for a in asks)}) > 10
+    assert all("Explain tides." in a and a.endswith("Reply with the new request only.") for a in asks)

@@ -4,7 +4,8 @@
 
 Pipeline, every stage resumable (stop it at any time, run it again and it goes on):
 1. requests: written templates (`prompts.py`) plus requests the target writes itself at
-   high temperature (self-instruct), deduplicated, held-out requests excluded;
+   high temperature (self-instruct) as sampled personas would ask them in sampled formats,
+   near-duplicates (word 3-gram overlap ≥ 0.5) and held-out requests refused;
 2. answers, a shard of `batch` requests at a time: greedy, or sampled at temperature 1 on
    every `--sample-every`-th shard; later shards also ask follow-up questions on earlier
    exchanges and ask for summaries of passages the target wrote;
@@ -122,8 +123,9 @@ def self_instruct(model, tokenizer, corpus: Corpus, count: int, *, batch: int, s
     """Requests the target writes itself, appended batch by batch so a stop loses one batch. Stops
     at `deadline` (a `time.monotonic()` value) too; a later run writes the rest."""
     found = _read_jsonl(corpus.self_instruct_path)
-    seen = {r["messages"][0]["content"].lower() for r in found}
-    seen |= {p.lower() for p in request_source.heldout_prompts()}
+    seen = request_source.NearDuplicates()
+    for text in [r["messages"][0]["content"] for r in found] + request_source.heldout_prompts():
+        seen.add(text)
     examples = request_source.written_prompts() + request_source.CHAT + request_source.CODE
     round_index = len(found) // max(1, batch) + 1000
     attempts = 0
@@ -137,11 +139,7 @@ def self_instruct(model, tokenizer, corpus: Corpus, count: int, *, batch: int, s
         asks = []
         for _ in range(batch):
             example = rng.choice(examples).splitlines()[0][:120]
-            asks.append(
-                f"Here is an example of something a user asked an AI assistant: \"{example}\"\n"
-                f"Write {rng.choice(SELF_INSTRUCT_KINDS)} that a different user might ask, on a different "
-                "subject. Reply with the new request only."
-            )
+            asks.append(request_source.persona_ask(rng, rng.choice(SELF_INSTRUCT_KINDS), example))
         prefixes = [encode_chat(tokenizer, [{"role": "user", "content": a}]) for a in asks]
         generator = torch.Generator(device=model.device).manual_seed(seed + round_index)
         answers = answer_batch(model, prefixes, max_new_tokens=48, stops=stops, pad_id=pad_id,
@@ -151,8 +149,8 @@ def self_instruct(model, tokenizer, corpus: Corpus, count: int, *, batch: int, s
             text = tokenizer.decode([t for t in answer.tokens if t not in stops], skip_special_tokens=True)
             text = text.strip().strip('"').strip()
             first = text.splitlines()[0].strip() if text else ""
-            if 12 <= len(first) <= 300 and first.lower() not in seen and first.endswith(("?", ".", "!")):
-                seen.add(first.lower())
+            if 12 <= len(first) <= 300 and first.endswith(("?", ".", "!")) and not seen.is_near(first):
+                seen.add(first)
                 fresh.append({"category": "self-instruct", "messages": [{"role": "user", "content": first}]})
         _append_jsonl(corpus.self_instruct_path, fresh)
         found += fresh

@@ -236,3 +236,60 @@ def summarise(passage: str, rng: random.Random) -> dict:
         "What is the main idea of this text?", "Give a short summary of the following:",
     ])
     return {"category": "summarisation", "messages": [{"role": "user", "content": f"{ask}\n\n{passage}"}]}
+
+
+# Who asks, and in which shape: crossed with the request kinds, they make the target write
+# requests that no template produces (persona-driven self-instruct).
+PERSONAS = [
+    "a nurse on a night shift", "a retired carpenter", "a first-year law student", "a bakery owner",
+    "a teenager learning to code", "a high-school chemistry teacher", "a long-distance truck driver",
+    "a museum guide", "a new parent", "a freelance translator", "a farmer planning next season",
+    "a hobby astronomer", "a small-town librarian", "a marathon runner", "a game designer",
+    "a city bus mechanic", "a graduate student in linguistics", "a wedding planner", "a beekeeper",
+    "a software tester", "a travel blogger", "an accountant at tax time", "a community gardener",
+    "a violin student", "a paramedic", "a landlord of two flats", "a data journalist", "a chess coach",
+]
+FORMATS = [
+    "", " and asks for the answer as a numbered list", " and asks for a table", " and asks for one short paragraph",
+    " and asks for a step-by-step plan", " and asks for an email draft", " and asks for a short poem",
+    " and asks for a JSON object", " and asks for three options with pros and cons", " and asks for a one-line answer",
+    " and asks for an example", " and asks for a comparison",
+]
+
+
+def persona_ask(rng: random.Random, kind: str, example: str) -> str:
+    """A request to the target to write a new user request, as someone particular would ask it."""
+    return (f"Here is an example of something a user asked an AI assistant: \"{example}\"\n"
+            f"Now imagine {rng.choice(PERSONAS)}. Write {kind} this person might ask an AI assistant"
+            f"{rng.choice(FORMATS)}, on a subject of their own life or work. Reply with the new request only.")
+
+
+def shingles(text: str, n: int = 3) -> set[tuple[str, ...]]:
+    """The word n-grams of a request, lower-cased without punctuation (the whole text if shorter)."""
+    words = re.findall(r"[a-z0-9']+", text.lower())
+    return {tuple(words[i : i + n]) for i in range(max(1, len(words) - n + 1))}
+
+
+class NearDuplicates:
+    """Requests seen so far, to refuse one whose word 3-grams overlap an earlier one's by at least
+    `threshold` (Jaccard): templated rewrites of the same request add little to learn from."""
+
+    def __init__(self, threshold: float = 0.5):
+        self.threshold = threshold
+        self.sets: list[set] = []
+        self.index: dict[tuple, list[int]] = {}
+
+    def add(self, text: str) -> None:
+        grams = shingles(text)
+        for gram in grams:
+            self.index.setdefault(gram, []).append(len(self.sets))
+        self.sets.append(grams)
+
+    def is_near(self, text: str) -> bool:
+        grams = shingles(text)
+        shared: dict[int, int] = {}
+        for gram in grams:
+            for i in self.index.get(gram, ()):
+                shared[i] = shared.get(i, 0) + 1
+        return any(common / (len(grams) + len(self.sets[i]) - common) >= self.threshold
+                   for i, common in shared.items())
