@@ -157,3 +157,25 @@ def test_a_head_reading_layers_the_target_lacks_is_refused(fused_pair, tmp_path)
     (tmp_path / "feature_head.json").write_text(json.dumps({**config, "feature_layers": [0, 9]}))
     with pytest.raises(ModelLoadError, match=r"reads the target's layers \[9\].*has 2 layers"):
         specdemo.load_pair(fused_pair.target_ref, str(tmp_path), device="cpu", dtype="float64")
+
+
+@pytest.mark.slow
+def test_compiled_steps_hand_a_fused_head_its_layers_and_stay_lossless(fused_pair, monkeypatch):
+    seen: list[tuple[int, torch.Tensor]] = []
+    original = feature_drafter.FeatureDrafter.observe
+
+    def recording(self, sequence, verified_from, target_logits, target_features=None):
+        seen.append((verified_from, target_features.clone()))
+        return original(self, sequence, verified_from, target_logits, target_features)
+
+    monkeypatch.setattr(feature_drafter.FeatureDrafter, "observe", recording)
+    prompt = PROMPTS[0]
+    ar = specdemo.generate(fused_pair, prompt, method="ar", max_new_tokens=20)
+    compiled = specdemo.generate(fused_pair, prompt, method="sd", max_new_tokens=20, gamma=3, cache="static",
+                                 compile=True)
+    assert compiled.token_ids == ar.token_ids
+    truth = teacher_forced_states(fused_pair.target, list(ar.prompt_ids) + ar.token_ids, LAYERS)
+    assert seen and all(f.shape[-1] == 3 * fused_pair.target.config.hidden_size for _, f in seen)
+    for verified_from, features in seen:  # compiled kernels sum in another order
+        torch.testing.assert_close(features, truth[verified_from - 1 : verified_from - 1 + features.shape[0]],
+                                   atol=1e-5, rtol=1e-4)
