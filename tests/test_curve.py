@@ -175,3 +175,20 @@ def test_installing_a_head_writes_card_and_summary_and_heads_the_changelog_with_
     assert saved["changelog"] == ["0.254 acceptance, 2.02 tokens per round: the curve's 800 k point.",
                                   "0.101: the first head."]
     assert (tmp_path / "README.md").read_text(encoding="utf-8") == render_card(saved)
+
+
+def test_a_fused_head_trained_with_the_eagle3_recipe_says_what_it_reads_and_how_it_was_trained():
+    from specdemo.training.card import render_card
+
+    fused = {**card_row(200_000, 0.31), "feature_layers": [2, 15], "reg_weight": 0.0, "test_time": True,
+             "unroll": 4, "rejected_weight": 3.0}
+    text = render_card(minimal_summary(curve=[fused]))
+    assert "reads the target's layers 2 and 15 beside its final hidden state" in text
+    procedure = text.split("## Training procedure")[1].split("## Evaluation")[0]
+    assert "4 unrolled steps" in procedure
+    assert "no feature regression" in procedure
+    assert "training-time test" in procedure
+    assert "weighted 3 (on-policy)" in procedure
+    plain = render_card(minimal_summary())
+    assert "reads the target's final hidden state f_j" in plain
+    assert "training-time test" not in plain and "on-policy" not in plain

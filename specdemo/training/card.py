@@ -120,6 +120,17 @@ def _installed(summary: dict) -> dict:
     return summary.get("installed") or summary["curve"][-1]
 
 
+def _reads(head: dict) -> str:
+    """What the head reads at position j: the final state alone, or fused layers (EAGLE-3)."""
+    layers = head.get("feature_layers")
+    if not layers:
+        return "At position j it reads the target's final hidden state f_j and the embedding of\nthe next token."
+    names = " and ".join(str(i) for i in layers)
+    return ("At position j it reads the target's layers " + names + " beside its final hidden state f_j\n"
+            "(fused features, as in EAGLE-3: a linear fusion mixes them into one state) and the embedding\n"
+            "of the next token.")
+
+
 def _what(summary: dict) -> str:
     head = _installed(summary)
     init = "from the target's last layer" if head.get("init") == "target" else "at random"
@@ -127,8 +138,7 @@ def _what(summary: dict) -> str:
 
 A one-layer feature-level draft head in the style of EAGLE, trained for the target
 [{TARGET}](https://huggingface.co/{TARGET}). It is the draft of specdemo's
-embedded pair. At position j it reads the target's final hidden state f_j and the embedding of
-the next token. One decoder layer (initialised {init}) predicts the next hidden state, and the
+embedded pair. {_reads(head)} One decoder layer (initialised {init}) predicts the next hidden state, and the
 target's own LM head scores it, restricted to the {head['subset_size']:,} most frequent answer
 tokens. Its q is a full-vocabulary distribution that is zero outside that subset, so verification
 and EGAG's entropy stay exact.
@@ -216,6 +226,13 @@ def _procedure(summary: dict) -> str:
               f"{head.get('unroll', 2)} unrolled steps"]
     if head.get("prompt_loss"):
         recipe.append("the requests' own positions included in the loss")
+    if head.get("reg_weight") == 0:
+        recipe.append("no feature regression (the tokens' distribution only, as EAGLE-3)")
+    if head.get("test_time"):
+        recipe.append("the unrolled steps attending as drafting does (EAGLE-3's training-time test)")
+    if head.get("rejected_weight", 1.0) != 1.0:
+        recipe.append(f"positions where the starting head's first draft was rejected weighted "
+                      f"{head['rejected_weight']:g} (on-policy)")
     return f"""## Training procedure
 
 `python -m specdemo.training.eagle` (called by `specdemo.training.curve`). Each position j of a
