@@ -25,7 +25,7 @@ import torch
 from specdemo.engine.feature_head import FeatureHead
 
 from .corpus import Corpus, default_dir
-from .eagle import read_sequences, train_head
+from .eagle import add_recipe_arguments, read_sequences, recipe, train_head
 from .evaluate import greedy_answers, heldout_acceptance, round_speedup, step_cost, verification_cost
 from .prompts import heldout_prompts
 
@@ -145,6 +145,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-steps", type=int, help="stop each slice's training after this many steps")
     parser.add_argument("--label", help="name the points of this run (as a --candidate of another curve)")
     parser.add_argument("--install", action="store_true", help="put the last head into the package, with its card")
+    add_recipe_arguments(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -162,15 +163,17 @@ def main(argv=None) -> int:
     corpus = Corpus(args.corpus)
     rows = []
     head = None
-    passages = read_sequences(Corpus(args.passages), read=True) if args.passages else []
+    passages = (read_sequences(Corpus(args.passages), read=True, feature_layers=args.feature_layers)
+                if args.passages else [])
     start_from = FeatureHead.load(args.start_from) if args.start_from else None
     for fraction in [float(f) for f in args.fractions.split(",")]:
-        sequences = read_sequences(corpus, fraction)
+        sequences = read_sequences(corpus, fraction, feature_layers=args.feature_layers)
         torch.set_num_threads(args.train_threads or args.threads)
         head, info = train_head(pair.target, sequences, subset_size=args.subset, epochs=args.epochs,
                                 tokens_per_batch=args.tokens_per_batch, cls_weight=args.cls_weight, init=args.init, lr=args.lr,
                                 prompt_loss=args.prompt_loss, max_minutes=args.max_minutes, passages=passages,
-                                start_from=start_from, max_steps=args.max_steps, log=lambda m: print(m, flush=True))
+                                start_from=start_from, max_steps=args.max_steps, **recipe(args),
+                                log=lambda m: print(m, flush=True))
         torch.set_num_threads(args.threads)
         head.save(args.out / f"head-{fraction:g}", extra={"training": {**info, "fraction": fraction}})
         point = {"fraction": fraction, **info, **heldout_acceptance(head, pair.target, answers, args.gamma),

@@ -391,6 +391,26 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
     return head.eval(), info
 
 
+def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    """The recipe's flags, shared by this command and the learning curve (`curve.py`)."""
+    parser.add_argument("--unroll", type=int, default=2, help="draft steps trained per position (γ as drafted)")
+    parser.add_argument("--feature-layers", type=parse_layers, default=(),
+                        help="fuse these intermediate layers with the final state, e.g. 2,15 (EAGLE-3; the corpus "
+                             "must hold them: training.corpus --feature-layers or training.layers)")
+    parser.add_argument("--reg-weight", type=float, default=1.0,
+                        help="weight of the feature-regression loss (0: learn the tokens only, as EAGLE-3)")
+    parser.add_argument("--test-time", action="store_true",
+                        help="unrolled steps attend as drafting does (EAGLE-3's training-time test)")
+    parser.add_argument("--rejected-weight", type=float, default=1.0,
+                        help="weigh the positions where the starting head's first draft is rejected (on-policy data)")
+
+
+def recipe(args: argparse.Namespace) -> dict:
+    """`train_head`'s keyword arguments from the flags `add_recipe_arguments` declares."""
+    return {"unroll": args.unroll, "feature_layers": args.feature_layers, "reg_weight": args.reg_weight,
+            "test_time": args.test_time, "rejected_weight": args.rejected_weight}
+
+
 def main(argv=None) -> int:
     from .corpus import load_teacher
 
@@ -405,7 +425,6 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens-per-batch", type=int, default=4096)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--noise", type=float, default=0.05)
-    parser.add_argument("--unroll", type=int, default=2)
     parser.add_argument("--cls-weight", type=float, default=0.1, help="weight of the distribution loss")
     parser.add_argument("--init", choices=["target", "random"], default="random",
                         help="start the decoder layer from the target's last layer, or at random")
@@ -417,15 +436,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", help="where the head trains (e.g. cuda)")
     parser.add_argument("--start-from", type=Path, help="continue this head (its folder) instead of starting anew")
     parser.add_argument("--max-steps", type=int, help="stop training after this many steps")
-    parser.add_argument("--feature-layers", type=parse_layers, default=(),
-                        help="fuse these intermediate layers with the final state, e.g. 2,15 (EAGLE-3; the corpus "
-                             "must hold them: training.corpus --feature-layers or training.layers)")
-    parser.add_argument("--reg-weight", type=float, default=1.0,
-                        help="weight of the feature-regression loss (0: learn the tokens only, as EAGLE-3)")
-    parser.add_argument("--test-time", action="store_true",
-                        help="unrolled steps attend as drafting does (EAGLE-3's training-time test)")
-    parser.add_argument("--rejected-weight", type=float, default=1.0,
-                        help="weigh the positions where the starting head's first draft is rejected (on-policy data)")
+    add_recipe_arguments(parser)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -436,12 +447,10 @@ def main(argv=None) -> int:
                  for s in read_sequences(Corpus(folder), args.fraction, feature_layers=args.feature_layers)]
     head, info = train_head(target, sequences, subset_size=args.subset, epochs=args.epochs,
                             tokens_per_batch=args.tokens_per_batch, lr=args.lr, noise=args.noise,
-                            unroll=args.unroll, cls_weight=args.cls_weight, init=args.init, seed=args.seed,
+                            cls_weight=args.cls_weight, init=args.init, seed=args.seed,
                             prompt_loss=args.prompt_loss, max_minutes=args.max_minutes,
                             start_from=FeatureHead.load(args.start_from) if args.start_from else None,
-                            max_steps=args.max_steps, feature_layers=args.feature_layers,
-                            reg_weight=args.reg_weight, test_time=args.test_time,
-                            rejected_weight=args.rejected_weight, log=lambda m: print(m, flush=True))
+                            max_steps=args.max_steps, **recipe(args), log=lambda m: print(m, flush=True))
     info["fraction"] = args.fraction
     head.save(args.out, extra={"training": info})
     print(json.dumps(info))
