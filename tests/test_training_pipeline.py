@@ -210,3 +210,24 @@ def test_self_written_requests_are_asked_as_sampled_personas_in_sampled_formats(
     assert len({a for a in asks}) > 30
     assert len({p for p in request_source.PERSONAS if any(p in a for a in asks)}) > 10
     assert all("Explain tides." in a and a.endswith("Reply with the new request only.") for a in asks)
+
+
+def test_a_resumed_run_never_repeats_a_round_of_self_written_requests(tmp_path, monkeypatch):
+    """Rounds that keep few requests must not be asked again after a restart: a repeated round
+    asks the same questions with the same seed and keeps nothing."""
+    model, tokenizer = load_tiny(tmp_path)
+    asked: list[tuple[str, ...]] = []
+    real = corpus_module.answer_batch
+
+    def recording(model, prefixes, **kwargs):
+        asked.append(tuple(tokenizer.decode(p) for p in prefixes))
+        return real(model, prefixes, **kwargs)
+
+    monkeypatch.setattr(corpus_module, "answer_batch", recording)
+    corpus = corpus_module.Corpus(tmp_path / "corpus")
+    kwargs = dict(batch=4, seed=0, stops={tokenizer.eos_token_id}, pad_id=tokenizer.pad_token_id, log=lambda m: None)
+    corpus_module.self_instruct(model, tokenizer, corpus, 2, **kwargs)
+    first_run = len(asked)
+    corpus_module.self_instruct(model, tokenizer, corpus, 4, **kwargs)  # resumed, asking for more
+    assert first_run >= 1 and len(asked) > first_run
+    assert len(set(asked)) == len(asked)

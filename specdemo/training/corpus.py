@@ -127,7 +127,10 @@ def self_instruct(model, tokenizer, corpus: Corpus, count: int, *, batch: int, s
     for text in [r["messages"][0]["content"] for r in found] + request_source.heldout_prompts():
         seen.add(text)
     examples = request_source.written_prompts() + request_source.CHAT + request_source.CODE
-    round_index = len(found) // max(1, batch) + 1000
+    # Rounds are counted, not inferred from the requests kept: a resumed run that repeated a round
+    # would ask the same questions with the same seed and keep nothing from it.
+    rounds_path = corpus.root / "self_instruct_rounds.txt"
+    round_index = 1000 + (int(rounds_path.read_text()) if rounds_path.is_file() else len(found) // max(1, batch))
     attempts = 0
     while len(found) < count and attempts < 4 * count // max(1, batch) + 4:
         if deadline is not None and time.monotonic() > deadline:
@@ -153,6 +156,7 @@ def self_instruct(model, tokenizer, corpus: Corpus, count: int, *, batch: int, s
                 seen.add(first)
                 fresh.append({"category": "self-instruct", "messages": [{"role": "user", "content": first}]})
         _append_jsonl(corpus.self_instruct_path, fresh)
+        rounds_path.write_text(str(round_index - 1000))
         found += fresh
         log(f"self-instruct: {len(found)}/{count} requests")
     return found[:count]
