@@ -192,3 +192,18 @@ def test_a_fused_head_trained_with_the_eagle3_recipe_says_what_it_reads_and_how_
     plain = render_card(minimal_summary())
     assert "reads the target's final hidden state f_j" in plain
     assert "training-time test" not in plain and "on-policy" not in plain
+
+
+def test_the_curve_is_also_read_against_distinct_requests():
+    from specdemo.training.card import render_card
+    from specdemo.training.curve import figure
+
+    rows = [{**point(100_000, 0.10), "train_requests": 1_000}, {**point(400_000, 0.20), "train_requests": 2_000}]
+    reading = extrapolate(rows, "acceptance", 0.40, by="train_requests")
+    assert reading["gain_per_doubling"] == 0.1 and reading["by"] == "train_requests"
+    assert abs(reading["needed"] - 8_000) <= 1  # doubling the requests twice more
+    text = render_card(minimal_summary(extrapolation=[reading]))
+    assert "against distinct requests, acceptance grew by 0.100 per doubling and would reach 0.4 at about 8 k requests" in text
+    fig = figure([{**r, "tokens_per_round": 1.5} for r in rows], None)
+    assert [list(t.x) for t in fig.data if t.xaxis == "x2" and t.name == "feature head: acceptance"] == [[1_000, 2_000]]
+    assert fig.layout.xaxis2.title.text == "distinct training requests"

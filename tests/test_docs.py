@@ -165,6 +165,11 @@ def test_quoted_module_commands_name_flags_their_module_declares(page, command):
     source_file = path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__main__.py"
     assert source_file.is_file(), f"{page}: `{command}` names no module"
     source = source_file.read_text(encoding="utf-8")
+    # Flags a module shares with its siblings are declared in the sibling it imports them from.
+    for sibling in re.findall(r"^from \.(\w+) import", source, flags=re.MULTILINE):
+        sibling_file = source_file.parent / f"{sibling}.py"
+        if sibling_file.is_file():
+            source += sibling_file.read_text(encoding="utf-8")
     flags = re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", command)
     unknown = [flag for flag in flags if f'"{flag}"' not in source and f'"{flag.replace("--no-", "--", 1)}"' not in source]
     assert unknown == [], f"{page}: `{command}` uses flags {module} does not declare"

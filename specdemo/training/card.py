@@ -79,15 +79,21 @@ def _candidates(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _size(count: int) -> str:
+    return f"{count / 1e6:.0f} M" if count >= 1e6 else f"{count / 1e3:.0f} k"
+
+
 def _reading(summary: dict) -> str:
     """What the curve says about the data a goal needs, in words."""
     parts = []
     for e in summary.get("extrapolation", []):
         name = "acceptance" if e["measure"] == "acceptance" else "tokens per round"
-        needed = e["tokens_needed"]
-        size = f"{needed / 1e6:.0f} M" if needed >= 1e6 else f"{needed / 1e3:.0f} k"
+        if e.get("by") == "train_requests":
+            parts.append(f"against distinct requests, {name} grew by {e['gain_per_doubling']:.3f} per doubling "
+                         f"and would reach {e['goal']} at about {_size(e['needed'])} requests")
+            continue
         parts.append(f"{name} grew by {e['gain_per_doubling']:.3f} per doubling of the training tokens and would "
-                     f"reach {e['goal']} at about {size} tokens")
+                     f"reach {e['goal']} at about {_size(e['tokens_needed'])} tokens")
     if not parts:
         return "The curve has too few sizes (or does not rise) to read a trend from."
     return ("Read as a straight line in log-tokens: " + "; ".join(parts)

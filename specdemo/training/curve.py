@@ -65,22 +65,26 @@ def lm_draft_cost(pair_lm, calls: int = 60, context: int = 96) -> float:
     return medians["draft"] / medians["target"]
 
 
-def extrapolate(rows: list[dict], key: str, goal: float) -> dict | None:
-    """A straight line through (log2 training tokens, rows[key]): its gain per doubling of the
-    data and the training tokens at which it reaches `goal`. None with fewer than two sizes or
-    a line that does not rise. A straight line in log-tokens is the optimistic reading of a
-    curve that usually bends down, so the tokens it names are a lower bound."""
+def extrapolate(rows: list[dict], key: str, goal: float, by: str = "train_answer_tokens") -> dict | None:
+    """A straight line through (log2 rows[by], rows[key]), `by` the training answer tokens or the
+    distinct training requests: its gain per doubling and the size at which it reaches `goal`.
+    None with fewer than two sizes or a line that does not rise. A straight line in log-size is
+    the optimistic reading of a curve that usually bends down, so the size it names is a lower
+    bound."""
     import numpy as np
 
-    sizes = sorted({r["train_answer_tokens"] for r in rows})
+    rows = [r for r in rows if r.get(by)]
+    sizes = sorted({r[by] for r in rows})
     if len(sizes) < 2:
         return None
-    x = np.log2([r["train_answer_tokens"] for r in rows])
+    x = np.log2([r[by] for r in rows])
     slope, intercept = np.polyfit(x, [r[key] for r in rows], 1)
     if slope <= 0:
         return None
-    return {"measure": key, "goal": goal, "gain_per_doubling": round(float(slope), 4),
-            "tokens_needed": int(2 ** ((goal - intercept) / slope))}
+    needed = int(2 ** ((goal - intercept) / slope))
+    reading = {"measure": key, "goal": goal, "gain_per_doubling": round(float(slope), 4)}
+    return {**reading, "tokens_needed": needed} if by == "train_answer_tokens" else {
+        **reading, "by": by, "needed": needed}
 
 
 def candidate_name(point: dict) -> str:
@@ -90,23 +94,38 @@ def candidate_name(point: dict) -> str:
 
 
 def figure(rows: list[dict], lm_point: dict | None, candidates: list[dict] = ()):
+    """Acceptance against the training answer tokens (left) and against the distinct training
+    requests (right): a head that learns templates rises with tokens, one that generalises
+    with requests."""
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
-    fig = go.Figure()
-    xs = [r["train_answer_tokens"] for r in rows]
-    fig.add_trace(go.Scatter(x=xs, y=[r["acceptance"] for r in rows], mode="lines+markers", name="feature head: acceptance"))
-    fig.add_trace(go.Scatter(x=xs, y=[r["tokens_per_round"] / 5 for r in rows], mode="lines+markers",
-                             name="feature head: tokens per round ÷ 5", line=dict(dash="dot")))
-    if lm_point:
-        fig.add_trace(go.Scatter(x=[lm_point["train_answer_tokens"]], y=[lm_point["acceptance"]], mode="markers",
-                                 marker=dict(symbol="x", size=12), name="previous draft LM: acceptance"))
-    for c in candidates:
-        fig.add_trace(go.Scatter(x=[c["train_answer_tokens"]], y=[c["acceptance"]], mode="markers",
-                                 marker=dict(symbol="diamond", size=11), name=f"{candidate_name(c)}: acceptance"))
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
+                        subplot_titles=("against training answer tokens", "against distinct training requests"))
+    for col, by in ((1, "train_answer_tokens"), (2, "train_requests")):
+        first = col == 1
+        heads = [r for r in rows if r.get(by)]
+        xs = [r[by] for r in heads]
+        fig.add_trace(go.Scatter(x=xs, y=[r["acceptance"] for r in heads], mode="lines+markers",
+                                 name="feature head: acceptance", legendgroup="head", showlegend=first,
+                                 line=dict(color="#636efa")), row=1, col=col)
+        fig.add_trace(go.Scatter(x=xs, y=[r["tokens_per_round"] / 5 for r in heads], mode="lines+markers",
+                                 name="feature head: tokens per round ÷ 5", legendgroup="tpr", showlegend=first,
+                                 line=dict(dash="dot", color="#00cc96")), row=1, col=col)
+        if lm_point and lm_point.get(by):
+            fig.add_trace(go.Scatter(x=[lm_point[by]], y=[lm_point["acceptance"]], mode="markers",
+                                     marker=dict(symbol="x", size=12, color="#ef553b"), legendgroup="lm",
+                                     showlegend=first, name="previous draft LM: acceptance"), row=1, col=col)
+        for i, c in enumerate(candidates):
+            if c.get(by):
+                fig.add_trace(go.Scatter(x=[c[by]], y=[c["acceptance"]], mode="markers",
+                                         marker=dict(symbol="diamond", size=11), legendgroup=f"candidate-{i}",
+                                         showlegend=first, name=f"{candidate_name(c)}: acceptance"), row=1, col=col)
+        fig.update_xaxes(type="log", title_text="training answer tokens" if first else "distinct training requests",
+                         row=1, col=col)
     fig.add_hline(y=0.40, line_dash="dash", annotation_text="target acceptance 0.40")
-    fig.update_layout(title="Held-out greedy acceptance at γ = 4 against training tokens",
-                      xaxis_title="training answer tokens", yaxis_title="acceptance (accepted ÷ drafted)",
-                      xaxis_type="log", template="plotly_white")
+    fig.update_yaxes(title_text="acceptance (accepted ÷ drafted)", row=1, col=1)
+    fig.update_layout(title="Held-out greedy acceptance at γ = 4", template="plotly_white")
     return fig
 
 
@@ -215,7 +234,8 @@ def main(argv=None) -> int:
                "held_out_prompts": len(answers), "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
                "verify_cost": verify_cost,
                "extrapolation": [e for e in (extrapolate(rows, "acceptance", 0.40),
-                                             extrapolate(rows, "tokens_per_round", 2.6)) if e],
+                                             extrapolate(rows, "tokens_per_round", 2.6),
+                                             extrapolate(rows, "acceptance", 0.40, by="train_requests")) if e],
                "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                            "threads": args.threads, "train_threads": args.train_threads or args.threads,
                            "torch": torch.__version__, "python": sys.version.split()[0]},
