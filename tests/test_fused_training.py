@@ -8,6 +8,7 @@ end to end on a tiny target.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 
@@ -193,3 +194,38 @@ def test_on_policy_weights_fall_on_the_positions_the_starting_head_loses(tmp_pat
     weighted, _ = eagle.head_losses(head, batch, noise=0.0, unroll=2, cls_weight=1.0, test_time=True)
     torch.testing.assert_close(unweighted, without)
     assert not torch.allclose(weighted, unweighted)
+
+
+def test_held_out_agreement_is_the_share_of_answer_tokens_the_drafter_guesses_from_the_true_context(tmp_path):
+    """Step 1 of `heldout_agreement` counts, over every token of a greedy answer, whether the
+    drafter's first draft from the true context before it is that token."""
+    model, _ = load_tiny(tmp_path)
+    head = tiny_fused_head(model)
+    answers = []
+    for prompt in ([1, 5, 9, 13], [1, 7, 7, 30, 2]):
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(10):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        answers.append((prompt, ids[len(prompt):]))
+    # A vocabulary of the answers' two commonest tokens makes a random head right some of the time.
+    common = [t for t, _ in collections.Counter(t for _, answer in answers for t in answer).most_common(2)]
+    head.subset[: len(common)] = torch.tensor(common)
+    head.subset[len(common):] = common[0]
+    head.bind(model)
+    hits = total = 0
+    for prompt, answer in answers:
+        full = prompt + answer
+        features = evaluate.target_features(model, full, LAYERS)
+        for k in range(len(answer)):
+            drafter = FeatureDrafter(head)
+            context = full[: len(prompt) + k]
+            drafter.start(context, features[: len(context) - 1])
+            with torch.inference_mode():
+                proposal = drafter.propose(context, FixedGamma(1), 1, SamplingConfig(temperature=0.0), None)
+            hits += int(proposal.tokens[0]) == answer[k]
+            total += 1
+    report = evaluate.heldout_agreement(head, model, answers)
+    assert 0 < hits < total  # a test that could tell a wrong count from a right one
+    assert report["heldout_agreement_step1"] == round(hits / total, 4)
+    assert 0 <= report["heldout_agreement_step2"] <= 1

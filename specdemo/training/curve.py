@@ -26,7 +26,8 @@ from specdemo.engine.feature_head import FeatureHead
 
 from .corpus import Corpus, default_dir
 from .eagle import add_recipe_arguments, read_sequences, recipe, train_head
-from .evaluate import greedy_answers, heldout_acceptance, round_speedup, step_cost, verification_cost
+from .evaluate import (greedy_answers, heldout_acceptance, heldout_agreement, round_speedup, step_cost,
+                       verification_cost)
 from .prompts import heldout_prompts
 
 
@@ -196,7 +197,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
         head.save(args.out / f"head-{fraction:g}", extra={"training": {**info, "fraction": fraction}})
         point = {"fraction": fraction, **info, **heldout_acceptance(head, pair.target, answers, args.gamma),
-                 **step_cost(head, pair.target)}
+                 **heldout_agreement(head, pair.target, answers), **step_cost(head, pair.target)}
         point["predicted_speedup"] = round_speedup(point["tokens_per_round"], point["cost_ratio"], args.gamma,
                                                    verify_cost)
         if args.label:

@@ -158,6 +158,22 @@ def heldout_acceptance(head: FeatureHead, target, answers, gamma: int = 4, copy_
 
 
 @torch.inference_mode()
+def heldout_agreement(head: FeatureHead, target, answers, steps: int = 2) -> dict:
+    """Teacher-forced top-1 agreement with the target's greedy token on the held-out answers, per
+    draft step, measured as validation agreement is (`eagle.agreement`). Beside the validation
+    figure it tells a head that learned its training requests from one that learned the target;
+    beside acceptance it tells either from the compounding of a round's steps."""
+    from .eagle import Sequence, agreement
+
+    layers = tuple(head.config.feature_layers)
+    sequences = [Sequence(torch.tensor(prompt + answer), target_features(target, prompt + answer, layers)[:-1],
+                          len(prompt), str(i)) for i, (prompt, answer) in enumerate(answers)]
+    lm_head = target.get_output_embeddings().weight.detach()
+    return {f"heldout_agreement_step{s + 1}": round(a, 4)
+            for s, a in enumerate(agreement(head, sequences, lm_head, steps))}
+
+
+@torch.inference_mode()
 def step_cost(head: FeatureHead, target, context: int = 96, calls: int = 60) -> dict:
     """Median seconds of one draft step against one one-token target forward, same thread."""
     from transformers import DynamicCache
@@ -262,7 +278,7 @@ def main(argv=None) -> int:
         return 0
     head = FeatureHead.load(args.head).bind(pair.target)
     report = {**heldout_acceptance(head, pair.target, answers, args.gamma, args.copy_n), "copy_n": args.copy_n,
-              **step_cost(head, pair.target)}
+              **heldout_agreement(head, pair.target, answers), **step_cost(head, pair.target)}
     report["verify_cost"] = verification_cost(pair.target, args.gamma + 1)
     drafted_share = 1.0 - report["copied_rounds"] / max(1, report["rounds"])
     report["predicted_speedup"] = round_speedup(report["tokens_per_round"], report["cost_ratio"], args.gamma,
