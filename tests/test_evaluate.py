@@ -34,3 +34,23 @@ def test_verification_and_draft_lm_costs_are_measured_relative_to_one_target_for
     ratio = verification_cost(tiny_pair.target, tokens=5, context=16, calls=5)
     assert ratio > 0 and ratio == round(ratio, 3)
     assert lm_draft_cost(tiny_pair, calls=5, context=16) > 0
+
+
+def test_suite_requests_are_evaluated_as_the_benchmark_feeds_them_and_their_answers_are_greedy_ar(tiny_pair, tmp_path):
+    import json
+
+    from specdemo import generate
+    from specdemo.training.evaluate import greedy_answers, suite_prompt_ids
+
+    questions = tmp_path / "question.jsonl"
+    questions.write_text("\n".join(json.dumps(q) for q in [
+        {"question_id": 1, "category": "writing", "turns": ["Write a haiku.", "Now make it rhyme."]},
+        {"question_id": 2, "category": "math", "turns": ["What is two plus two?"]},
+    ]))
+    ids = suite_prompt_ids(tiny_pair, questions)
+    # A question of several turns is asked by its first turn alone, through the chat template.
+    assert ids == [tiny_pair.encode("Write a haiku.", chat=True), tiny_pair.encode("What is two plus two?", chat=True)]
+    answers = greedy_answers(tiny_pair, ids, max_new_tokens=5)
+    assert [prompt for prompt, _ in answers] == ids
+    expected = generate(tiny_pair, ids[1], method="ar", max_new_tokens=5, temperature=0.0).token_ids
+    assert answers[1][1] == list(expected) and len(expected) > 0

@@ -139,8 +139,19 @@ def table_acceptance(corpus: NgramTable, answers, gamma: int = 4) -> dict:
             "drafted_per_round": round(total.drafted / max(1, total.rounds), 3)}
 
 
-def greedy_answers(pair, prompts: list[str], max_new_tokens: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, the target's greedy answer) for each prompt, through the decode loop's AR."""
+def suite_prompt_ids(pair, source) -> list[list[int]]:
+    """Each request of a benchmark suite (a JSONL file in any shape `bench.suite` reads) as the
+    chat-templated ids the benchmark feeds the decoders; a question of several turns gives its
+    first. These requests were written by hand, not by the training templates, so acceptance on
+    them tells a head that learned the target from one that learned the templates."""
+    from specdemo.bench.suite import conversation, encode_prompt, load_suite
+
+    return [encode_prompt(pair, conversation(item, 1, []), chat=True) for item in load_suite(source)]
+
+
+def greedy_answers(pair, prompts: list[str] | list[list[int]], max_new_tokens: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, the target's greedy answer) for each prompt (text, or ids as they are),
+    through the decode loop's AR."""
     from specdemo import generate
 
     out = []
@@ -251,7 +262,12 @@ def main(argv=None) -> int:
                         help="measure instead an n-gram table (this n) filled with the corpus's answers")
     parser.add_argument("--corpus", type=Path, default=default_dir())
     parser.add_argument("--answers", type=Path,
-                        help="a JSON file of held-out (prompt ids, greedy answer) pairs, as the curve caches them")
+                        help="a JSON file of held-out (prompt ids, greedy answer) pairs, as the curve caches them; "
+                             "written from --prompts when it does not exist yet")
+    parser.add_argument("--prompts", default="heldout",
+                        help="the requests the answers come from when --answers is not given: heldout (the "
+                             "templated held-out prompts), suite (the benchmark's hand-written suite) or a suite "
+                             "JSONL file (ours, or Spec-Bench / MT-bench question.jsonl)")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--copy-n", type=int, default=0,
                         help="copy from the context first, as SD's copy_n does (0 = the head alone)")
@@ -262,10 +278,17 @@ def main(argv=None) -> int:
         parser.error("give a head folder or --corpus-table N")
     torch.set_num_threads(args.threads)
     pair = load_pair("embedded", draft=None)
-    if args.answers:
+    if args.answers and args.answers.is_file():
         answers = [tuple(a) for a in json.loads(args.answers.read_text())]
-    else:
+    elif args.prompts == "heldout":
         answers = greedy_answers(pair, heldout_prompts(), args.max_new_tokens)
+    else:
+        from specdemo.bench.suite import DEFAULT_SUITE
+
+        source = DEFAULT_SUITE if args.prompts == "suite" else args.prompts
+        answers = greedy_answers(pair, suite_prompt_ids(pair, source), args.max_new_tokens)
+    if args.answers and not args.answers.is_file():  # computed once, then read by later evaluations
+        args.answers.write_text(json.dumps(answers))
     if args.corpus_table:
         corpus = Corpus(args.corpus)
         pairs = []
