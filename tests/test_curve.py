@@ -207,3 +207,27 @@ def test_the_curve_is_also_read_against_distinct_requests():
     fig = figure([{**r, "tokens_per_round": 1.5} for r in rows], None)
     assert [list(t.x) for t in fig.data if t.xaxis == "x2" and t.name == "feature head: acceptance"] == [[1_000, 2_000]]
     assert fig.layout.xaxis2.title.text == "distinct training requests"
+
+
+def test_the_card_gives_the_head_on_hand_written_requests_beside_the_held_out_and_validation_agreement():
+    from specdemo.training.card import render_card
+
+    shipped = {**card_row(1_000_000, 0.305), "heldout_agreement_step1": 0.624, "heldout_agreement_step2": 0.571}
+    suite = {"prompts": 50, "acceptance": 0.175, "tokens_per_round": 1.68, "agreement_step1": 0.47,
+             "agreement_step2": 0.399}
+    text = render_card(minimal_summary(installed=shipped, hand_written=suite))
+    evaluation = text.split("## Evaluation")[1].split("## Limitations")[0]
+    assert "50 hand-written requests" in evaluation and "accepted 0.175 (1.68 tokens" in evaluation
+    assert "0.470 / 0.399, against\n0.624 / 0.571 on the held-out prompts and" in evaluation
+    assert "acceptance falls to 0.175" in text.split("## Limitations")[1]
+    without = render_card(minimal_summary())
+    assert "hand-written" not in without and "has not been measured" in without
+
+
+def test_a_candidate_whose_steps_were_not_clocked_alone_shows_dashes_not_a_borrowed_cost():
+    from specdemo.training.card import _candidates
+
+    arm = {"name": "EAGLE-3 recipe", "train_answer_tokens": 113_905, "acceptance": 0.2955, "tokens_per_round": 2.148,
+           "validation_agreement": 0.678}
+    row = _candidates({"candidates": [arm]}).splitlines()[-1]
+    assert row == "| EAGLE-3 recipe | 113,905 | 0.295 | 2.15 | 0.678 | – | – |"

@@ -11,7 +11,8 @@ of the head it replaces forward.
 
 The summary's required keys are the ones `curve.py` writes (curve, previous_draft_lm, corpus,
 held_out_prompts, gamma, max_new_tokens, verify_cost, extrapolation, machine, command). Optional:
-candidates, passages, notes, data_note, installed (the shipped head's point when it is not the
+candidates, passages, notes, data_note, hand_written (the shipped head on the benchmark suite:
+prompts, acceptance, tokens_per_round, agreement_step1/2), installed (the shipped head's point when it is not the
 curve's last one, with `continued_from` naming its earlier stages), reproduce (command lines),
 changelog (one line per earlier head).
 """
@@ -62,6 +63,11 @@ def _times(value) -> str:
     return "–" if value is None or value != value else f"{value:.2f}×"
 
 
+def _ratio(value) -> str:
+    """A step-cost ratio, or a dash for a candidate whose steps were not clocked on their own."""
+    return "–" if value is None else f"{value:.3f}"
+
+
 def _candidates(summary: dict) -> str:
     """Other drafts measured on the same held-out answers, as a table (nothing if none)."""
     points = summary.get("candidates") or []
@@ -75,7 +81,7 @@ def _candidates(summary: dict) -> str:
         agreement = c.get("validation_agreement", c.get("validation_agreement_step1"))
         lines.append(f"| {c['name']} | {c['train_answer_tokens']:,} | {c['acceptance']:.3f} | "
                      f"{c['tokens_per_round']:.2f} | {'' if agreement is None else f'{agreement:.3f}'} | "
-                     f"{c['cost_ratio']:.3f} | {_times(c['predicted_speedup'])} |")
+                     f"{_ratio(c.get('cost_ratio'))} | {_times(c.get('predicted_speedup'))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -283,9 +289,27 @@ The previous draft (a 4-layer, 8 M-parameter LM trained on {lm['train_answer_tok
 the same way through the decode loop: acceptance {lm['acceptance']:.3f}, {lm['tokens_per_round']:.2f} tokens per
 round, cost ratio {lm['cost_ratio']:.3f}{lm_predicted}. It stays selectable as the `embedded-lm` preset.
 
+{_hand_written(summary)}
+
 {_candidates(summary)}
 `curve.csv` beside this file holds the curve's numbers; `curve.html` draws them.
 """
+
+
+def _hand_written(summary: dict) -> str:
+    """The shipped head on requests no template wrote (the benchmark suite), when measured."""
+    suite = summary.get("hand_written")
+    if not suite:
+        return ""
+    head = _installed(summary)
+    elsewhere = [f"{head['heldout_agreement_step1']:.3f} / {head['heldout_agreement_step2']:.3f} on the held-out prompts"
+                 ] if "heldout_agreement_step1" in head else []
+    elsewhere.append(f"{head['validation_agreement_step1']:.3f} / {head['validation_agreement_step2']:.3f} on its "
+                     "validation requests")
+    return (f"On the benchmark suite's {suite['prompts']} hand-written requests (`evaluate --prompts suite`), whose\n"
+            f"wording no training template produced, the head is accepted {suite['acceptance']:.3f} "
+            f"({suite['tokens_per_round']:.2f} tokens\nper round). Its teacher-forced agreement there is "
+            f"{suite['agreement_step1']:.3f} / {suite['agreement_step2']:.3f}, against\n" + " and ".join(elsewhere) + ".")
 
 
 def _limitations(summary: dict) -> str:
@@ -298,11 +322,18 @@ def _limitations(summary: dict) -> str:
   well-trained draft reaches. The curve above says how much more data that would take.
 - It drafts only the {head['subset_size']:,} most frequent answer tokens; any other token is
   always the target's.
-- The training requests are English and follow templates close to the held-out prompts. Text far
-  from them (other languages, long documents) has not been measured.
+- The training requests are English and follow templates close to the held-out prompts. {_far_text(summary)}
 - Costs and predicted speedups were measured on a 2-core x86-64 CPU. On a GPU, where a 135 M target
   is bound by kernel launches, the balance differs.
 """
+
+
+def _far_text(summary: dict) -> str:
+    suite = summary.get("hand_written")
+    if not suite:
+        return "Text far\n  from them (other languages, long documents) has not been measured."
+    return (f"On hand-written\n  requests its acceptance falls to {suite['acceptance']:.3f}; other languages "
+            "and long documents have not been measured.")
 
 
 def _reproduce(summary: dict) -> str:
