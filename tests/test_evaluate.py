@@ -54,3 +54,16 @@ def test_suite_requests_are_evaluated_as_the_benchmark_feeds_them_and_their_answ
     assert [prompt for prompt, _ in answers] == ids
     expected = generate(tiny_pair, ids[1], method="ar", max_new_tokens=5, temperature=0.0).token_ids
     assert answers[1][1] == list(expected) and len(expected) > 0
+
+
+def test_the_share_of_answer_tokens_outside_the_subset_counts_answers_not_prompts():
+    from types import SimpleNamespace
+
+    import torch
+
+    from specdemo.training.evaluate import outside_subset_share
+
+    head = SimpleNamespace(subset=torch.tensor([1, 2, 3]))
+    answers = [([9, 9, 9], [1, 2, 7]), ([8], [3, 5, 3, 1, 2])]
+    assert outside_subset_share(head, answers) == round(2 / 8, 4)
+    assert outside_subset_share(head, []) == 0.0

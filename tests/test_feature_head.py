@@ -87,3 +87,29 @@ def test_step_cost_counts_the_subset_head():
     target = tiny_target()
     small, large = tiny_head(target, 8), tiny_head(target, 40)
     assert large.step_macs() - small.step_macs() == 32 * 32
+
+
+def test_a_head_widened_to_more_tokens_keeps_its_weights_and_its_logits_on_the_old_subset():
+    target = tiny_target()
+    head = tiny_head(target, subset_size=24)
+    wider = head.with_subset_size(40).bind(target)
+    assert wider.config.subset_size == 40 and len(set(wider.subset.tolist())) == 40
+    assert set(head.subset.tolist()) <= set(wider.subset.tolist())
+    features, ids, positions = torch.randn(1, 5, 32, dtype=torch.float64), torch.randint(0, 64, (1, 5)), torch.arange(1, 6)
+    predicted = head(features, ids, positions)[0, -1]
+    torch.testing.assert_close(wider(features, ids, positions)[0, -1], predicted)
+    old, new = head.full_logits(predicted), wider.full_logits(predicted)
+    torch.testing.assert_close(new[head.subset], old[head.subset])
+    added = sorted(set(wider.subset.tolist()) - set(head.subset.tolist()))
+    assert added == [t for t in range(64) if t not in set(head.subset.tolist())][:16]  # the lowest ids it lacked
+    assert torch.isfinite(new[added]).all() and torch.softmax(new, -1)[added].sum() > 0
+    assert head.with_subset_size(64).config.subset_size == 64
+
+
+def test_a_subset_smaller_than_the_heads_or_larger_than_the_vocabulary_is_refused():
+    import pytest
+
+    head = tiny_head(tiny_target(), subset_size=24)
+    for size in (8, 65):
+        with pytest.raises(ValueError, match="between 24 and 64"):
+            head.with_subset_size(size)

@@ -262,6 +262,20 @@ class FeatureHead(nn.Module):
             wide.fuse.weight[:, -d:].copy_(torch.eye(d))
         return wide
 
+    def with_subset_size(self, size: int) -> "FeatureHead":
+        """The same head drafting over `size` tokens: its subset plus the lowest ids it lacks (a
+        BPE vocabulary numbers its merges roughly by frequency). Only LM-head rows are selected,
+        so no weight changes; this measures what the subset's limit costs. Bind it afterwards."""
+        vocab = self.config.vocab_size
+        if not self.config.subset_size <= size <= vocab:
+            raise ValueError(f"a subset of {size} tokens: give between {self.config.subset_size} and {vocab}")
+        taken = set(self.subset.tolist())
+        added = [t for t in range(vocab) if t not in taken][: size - len(taken)]
+        wider = type(self)(HeadConfig(**{**asdict(self.config), "subset_size": size}))
+        wider.load_state_dict({k: v for k, v in self.state_dict().items() if k != "subset"}, strict=False)
+        wider.subset.copy_(torch.tensor(sorted(taken.union(added)), dtype=torch.long))
+        return wider.to(device=self.fc.weight.device, dtype=self.fc.weight.dtype).eval()
+
     # -- files ------------------------------------------------------------------------
     def save(self, folder: Path, dtype: torch.dtype = torch.float16, extra: dict | None = None) -> None:
         from safetensors.torch import save_file

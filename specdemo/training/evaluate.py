@@ -184,6 +184,14 @@ def heldout_agreement(head: FeatureHead, target, answers, steps: int = 2) -> dic
             for s, a in enumerate(agreement(head, sequences, lm_head, steps))}
 
 
+def outside_subset_share(head: FeatureHead, answers) -> float:
+    """The share of answer tokens the head cannot draft at all, being outside its subset: each one
+    ends its round's run of accepted drafts, whatever the head predicts."""
+    subset = set(head.subset.tolist())
+    tokens = [t for _, answer in answers for t in answer]
+    return round(sum(t not in subset for t in tokens) / max(1, len(tokens)), 4)
+
+
 @torch.inference_mode()
 def step_cost(head: FeatureHead, target, context: int = 96, calls: int = 60) -> dict:
     """Median seconds of one draft step against one one-token target forward, same thread."""
@@ -271,6 +279,9 @@ def main(argv=None) -> int:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--copy-n", type=int, default=0,
                         help="copy from the context first, as SD's copy_n does (0 = the head alone)")
+    parser.add_argument("--subset", type=int, metavar="N",
+                        help="draft over N tokens: the head's subset plus the lowest ids it lacks (up to the "
+                             "vocabulary), to measure what the subset's limit costs")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -299,9 +310,13 @@ def main(argv=None) -> int:
                   "corpus_answer_tokens": sum(len(a) for _, a in pairs)}
         print(json.dumps(report, indent=1))
         return 0
-    head = FeatureHead.load(args.head).bind(pair.target)
+    head = FeatureHead.load(args.head)
+    if args.subset:
+        head = head.with_subset_size(args.subset)
+    head = head.bind(pair.target)
     report = {**heldout_acceptance(head, pair.target, answers, args.gamma, args.copy_n), "copy_n": args.copy_n,
-              **heldout_agreement(head, pair.target, answers), **step_cost(head, pair.target)}
+              **heldout_agreement(head, pair.target, answers), "subset_size": head.config.subset_size,
+              "outside_subset": outside_subset_share(head, answers), **step_cost(head, pair.target)}
     report["verify_cost"] = verification_cost(pair.target, args.gamma + 1)
     drafted_share = 1.0 - report["copied_rounds"] / max(1, report["rounds"])
     report["predicted_speedup"] = round_speedup(report["tokens_per_round"], report["cost_ratio"], args.gamma,
