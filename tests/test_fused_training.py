@@ -141,6 +141,13 @@ def test_a_fused_head_trains_with_the_training_time_test_and_is_evaluated(tmp_pa
     answers = [(s.ids[: s.answer_start].tolist(), s.ids[s.answer_start :].tolist()) for s in sequences[:4]]
     report = evaluate.heldout_acceptance(head, model, answers, gamma=3)
     assert report["rounds"] > 0 and 0 <= report["acceptance"] <= 1
+    # Per group (a suite's categories): one label for all is the whole; two labels split the prompts.
+    whole = evaluate.heldout_acceptance(head, model, answers, gamma=3, groups=["all"] * 4)["by_group"]["all"]
+    assert whole == {"prompts": 4, "acceptance": report["acceptance"], "tokens_per_round": report["tokens_per_round"]}
+    split = evaluate.heldout_acceptance(head, model, answers, gamma=3, groups=["a", "b", "a", "b"])["by_group"]
+    assert list(split) == ["a", "b"] and split["a"]["prompts"] == split["b"]["prompts"] == 2
+    with pytest.raises(ValueError, match="3 group labels for 4 answers"):
+        evaluate.heldout_acceptance(head, model, answers, gamma=3, groups=["a"] * 3)
     assert evaluate.step_cost(head, model, context=16, calls=3)["draft_macs"] == head.step_macs()
 
 

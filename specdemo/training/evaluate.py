@@ -161,11 +161,25 @@ def greedy_answers(pair, prompts: list[str] | list[list[int]], max_new_tokens: i
     return out
 
 
-def heldout_acceptance(head: FeatureHead, target, answers, gamma: int = 4, copy_n: int = 0) -> dict:
+def heldout_acceptance(head: FeatureHead, target, answers, gamma: int = 4, copy_n: int = 0,
+                       groups: list[str] | None = None) -> dict:
+    """Acceptance and tokens per round over all answers; with `groups` (a label per answer, e.g.
+    the suite's categories) also per group, under "by_group", to tell which kind of request fails."""
     layers = tuple(head.config.feature_layers)
-    replays = (replay_rounds(head, prompt, answer, target_features(target, prompt + answer, layers), gamma, copy_n)
-               for prompt, answer in answers)
-    return sum(replays, Replay(0, 0, 0, 0)).report(len(answers), gamma)
+    replays = [replay_rounds(head, prompt, answer, target_features(target, prompt + answer, layers), gamma, copy_n)
+               for prompt, answer in answers]
+    report = sum(replays, Replay(0, 0, 0, 0)).report(len(answers), gamma)
+    if groups is not None:
+        if len(groups) != len(answers):
+            raise ValueError(f"{len(groups)} group labels for {len(answers)} answers")
+        by_group = {}
+        for label in dict.fromkeys(groups):
+            members = [r for r, g in zip(replays, groups) if g == label]
+            summary = sum(members, Replay(0, 0, 0, 0))
+            by_group[label] = {"prompts": len(members), "acceptance": round(summary.acceptance, 4),
+                               "tokens_per_round": round(summary.tokens_per_round, 3)}
+        report["by_group"] = by_group
+    return report
 
 
 @torch.inference_mode()
@@ -289,15 +303,20 @@ def main(argv=None) -> int:
         parser.error("give a head folder or --corpus-table N")
     torch.set_num_threads(args.threads)
     pair = load_pair("embedded", draft=None)
-    if args.answers and args.answers.is_file():
-        answers = [tuple(a) for a in json.loads(args.answers.read_text())]
-    elif args.prompts == "heldout":
-        answers = greedy_answers(pair, heldout_prompts(), args.max_new_tokens)
-    else:
-        from specdemo.bench.suite import DEFAULT_SUITE
+    suite = None  # (prompt ids, categories) of a suite's requests
+    if args.prompts != "heldout":
+        from specdemo.bench.suite import DEFAULT_SUITE, load_suite
 
         source = DEFAULT_SUITE if args.prompts == "suite" else args.prompts
-        answers = greedy_answers(pair, suite_prompt_ids(pair, source), args.max_new_tokens)
+        suite = (suite_prompt_ids(pair, source), [item.category for item in load_suite(source)])
+    if args.answers and args.answers.is_file():
+        answers = [tuple(a) for a in json.loads(args.answers.read_text())]
+    elif suite is None:
+        answers = greedy_answers(pair, heldout_prompts(), args.max_new_tokens)
+    else:
+        answers = greedy_answers(pair, suite[0], args.max_new_tokens)
+    # Per-category figures only when the answers are those of this suite's requests, in its order.
+    groups = suite[1] if suite and [list(p) for p, _ in answers] == suite[0] else None
     if args.answers and not args.answers.is_file():  # computed once, then read by later evaluations
         args.answers.write_text(json.dumps(answers))
     if args.corpus_table:
@@ -314,7 +333,7 @@ def main(argv=None) -> int:
     if args.subset:
         head = head.with_subset_size(args.subset)
     head = head.bind(pair.target)
-    report = {**heldout_acceptance(head, pair.target, answers, args.gamma, args.copy_n), "copy_n": args.copy_n,
+    report = {**heldout_acceptance(head, pair.target, answers, args.gamma, args.copy_n, groups), "copy_n": args.copy_n,
               **heldout_agreement(head, pair.target, answers), "subset_size": head.config.subset_size,
               "outside_subset": outside_subset_share(head, answers), **step_cost(head, pair.target)}
     report["verify_cost"] = verification_cost(pair.target, args.gamma + 1)
