@@ -231,3 +231,28 @@ def test_a_resumed_run_never_repeats_a_round_of_self_written_requests(tmp_path, 
     corpus_module.self_instruct(model, tokenizer, corpus, 4, **kwargs)  # resumed, asking for more
     assert first_run >= 1 and len(asked) > first_run
     assert len(set(asked)) == len(asked)
+
+
+def test_requests_built_on_earlier_answers_take_turns_as_follow_up_summary_passage_question_and_translation(tmp_path):
+    from types import SimpleNamespace
+
+    texts = [f"Tides rise twice a day near harbour {i}. The Moon pulls the sea toward it. Sailors plan their trips by "
+             f"the tide tables. Fishing boats wait for high water." for i in range(8)]
+    corpus = corpus_module.Corpus(tmp_path)
+    corpus_module._save_atomic({"messages": [[{"role": "user", "content": f"Tell me about tides, part {i}."}]
+                                             for i in range(8)],
+                                "answers": [[100 + i] * 30 for i in range(8)], "max_new_tokens": 32},
+                               corpus.shard_path(0))
+    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: texts[ids[0] - 100])
+    derived = corpus_module.derived_requests(corpus, tokenizer, index=4, lag=4, count=8, seed=0, stops=set())
+    kinds = [r["category"] for r in derived]
+    assert kinds == ["multi-turn", "summarisation", "rag", "translation"] * 2
+    for request in derived:
+        content = request["messages"][-1]["content"]
+        if request["category"] == "rag":  # the whole passage as context, then one question any passage answers
+            passage = content.split("Context:\n")[1].split("\n\nQuestion: ")[0]
+            assert passage in texts and content.split("\n\nQuestion: ")[1] in request_source.PASSAGE_QUESTIONS
+        if request["category"] == "translation":  # the first one to three sentences of a passage, into a language
+            ask, excerpt = content.split("\n\n")
+            assert any(language in ask for language in request_source.LANGUAGES)
+            assert any(t.startswith(excerpt) for t in texts) and excerpt.endswith(".")

@@ -191,7 +191,8 @@ def requests_for(corpus: Corpus, count: int, extra: list[dict], seed: int) -> li
 
 def derived_requests(corpus: Corpus, tokenizer, index: int, lag: int, count: int, seed: int,
                      stops: set[int]) -> list[dict]:
-    """Follow-ups and summaries built on an earlier shard's finished answers."""
+    """Requests built on an earlier shard's finished answers, in turn: a follow-up, a summary, a
+    question to answer from the answer as a passage, and a translation of its first sentences."""
     source = index - lag
     if count <= 0 or source < 0 or not corpus.shard_path(source).exists():
         return []
@@ -206,10 +207,15 @@ def derived_requests(corpus: Corpus, tokenizer, index: int, lag: int, count: int
     rng.shuffle(candidates)
     derived = []
     for i, (messages, text) in enumerate(candidates[:count]):
-        if i % 2 == 0:
+        kind = i % 4
+        if kind == 0:
             derived.append(request_source.follow_up(messages, text, rng))
-        else:
+        elif kind == 1:
             derived.append(request_source.summarise(text, rng))
+        elif kind == 2:
+            derived.append(request_source.passage_question(text, rng))
+        else:
+            derived.append(request_source.passage_translation(text, rng))
     return derived
 
 
@@ -284,7 +290,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=6000, help="written requests to draw (more than the plan holds appends new ones)")
     parser.add_argument("--self-instruct", type=int, default=1500, help="requests the target writes itself")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--derived-per-shard", type=int, default=16, help="follow-ups and summaries per shard")
+    parser.add_argument("--derived-per-shard", type=int, default=16, help="requests per shard built on earlier answers: follow-ups, summaries, questions about "
+                             "them as passages, translations of them")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--sample-every", type=int, default=4, help="every N-th shard is sampled at T=1 (0: never)")
     parser.add_argument("--minutes", type=float, help="stop after this long (run again to go on)")

@@ -238,6 +238,38 @@ def summarise(passage: str, rng: random.Random) -> dict:
     return {"category": "summarisation", "messages": [{"role": "user", "content": f"{ask}\n\n{passage}"}]}
 
 
+# Questions any passage can answer, asked as a retrieval prompt asks them: the answer has to be
+# read off the given text, which the summaries and follow-ups alone never demand.
+PASSAGE_QUESTIONS = [
+    "What is the text mainly about?", "Which two details does the text give? Quote them.",
+    "What example does the text use, if any?", "What does the text say first, and what does it say last?",
+    "According to the text, why does this matter?",
+    "Which words in the text name a number, a place or a person? Quote them, or say there are none.",
+]
+PASSAGE_INSTRUCTIONS = [
+    "Answer the question using only the context below.",
+    "Read the context and answer from it alone. Quote the words you rely on.",
+    "Use the passage to answer. If the passage does not say, reply that it does not say.",
+]
+
+
+def passage_question(passage: str, rng: random.Random) -> dict:
+    """A question to be answered from a passage the target wrote itself, in a retrieval prompt's shape."""
+    ask, question = rng.choice(PASSAGE_INSTRUCTIONS), rng.choice(PASSAGE_QUESTIONS)
+    content = f"{ask}\n\nContext:\n{passage}\n\nQuestion: {question}"
+    return {"category": "rag", "messages": [{"role": "user", "content": content}]}
+
+
+def passage_translation(passage: str, rng: random.Random) -> dict:
+    """A translation of running text (the passage's first sentences), not of one template sentence."""
+    sentences = re.split(r"(?<=[.!?])\s+", passage.strip())
+    excerpt = " ".join(sentences[: rng.choice([1, 2, 3])])
+    language = rng.choice(LANGUAGES)
+    ask = rng.choice([f"Translate into {language}:", f"Translate this text into {language}:",
+                      f"Please translate the following into {language}."])
+    return {"category": "translation", "messages": [{"role": "user", "content": f"{ask}\n\n{excerpt}"}]}
+
+
 # Who asks, and in which shape: crossed with the request kinds, they make the target write
 # requests that no template produces (persona-driven self-instruct).
 PERSONAS = [
