@@ -40,14 +40,15 @@ def test_suite_requests_are_evaluated_as_the_benchmark_feeds_them_and_their_answ
     import json
 
     from specdemo import generate
-    from specdemo.training.evaluate import greedy_answers, suite_prompt_ids
+    from specdemo.training.evaluate import greedy_answers, suite_requests
 
     questions = tmp_path / "question.jsonl"
     questions.write_text("\n".join(json.dumps(q) for q in [
         {"question_id": 1, "category": "writing", "turns": ["Write a haiku.", "Now make it rhyme."]},
         {"question_id": 2, "category": "math", "turns": ["What is two plus two?"]},
     ]))
-    ids = suite_prompt_ids(tiny_pair, questions)
+    ids, categories = suite_requests(tiny_pair, questions)
+    assert categories == ["writing", "math"]
     # A question of several turns is asked by its first turn alone, through the chat template.
     assert ids == [tiny_pair.encode("Write a haiku.", chat=True), tiny_pair.encode("What is two plus two?", chat=True)]
     answers = greedy_answers(tiny_pair, ids, max_new_tokens=5)

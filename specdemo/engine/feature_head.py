@@ -102,6 +102,14 @@ class HeadCache:
         self.length = min(self.length, length)
 
 
+def filled_subset(chosen: list[int], size: int, vocab_size: int) -> torch.Tensor:
+    """`chosen` token ids, then the lowest ids not among them up to `size`, sorted by id: a BPE
+    vocabulary numbers its merges roughly by frequency, so low ids are the next most likely."""
+    taken = set(chosen)
+    chosen = list(chosen) + [t for t in range(vocab_size) if t not in taken][: size - len(taken)]
+    return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
 class FeatureHead(nn.Module):
     def __init__(self, config: HeadConfig):
         super().__init__()
@@ -263,17 +271,15 @@ class FeatureHead(nn.Module):
         return wide
 
     def with_subset_size(self, size: int) -> "FeatureHead":
-        """The same head drafting over `size` tokens: its subset plus the lowest ids it lacks (a
-        BPE vocabulary numbers its merges roughly by frequency). Only LM-head rows are selected,
-        so no weight changes; this measures what the subset's limit costs. Bind it afterwards."""
+        """The same head drafting over `size` tokens: its subset plus the lowest ids it lacks
+        (`filled_subset`). Only LM-head rows are selected, so no weight changes; this measures
+        what the subset's limit costs. Bind it afterwards."""
         vocab = self.config.vocab_size
         if not self.config.subset_size <= size <= vocab:
             raise ValueError(f"a subset of {size} tokens: give between {self.config.subset_size} and {vocab}")
-        taken = set(self.subset.tolist())
-        added = [t for t in range(vocab) if t not in taken][: size - len(taken)]
         wider = type(self)(HeadConfig(**{**asdict(self.config), "subset_size": size}))
         wider.load_state_dict({k: v for k, v in self.state_dict().items() if k != "subset"}, strict=False)
-        wider.subset.copy_(torch.tensor(sorted(taken.union(added)), dtype=torch.long))
+        wider.subset.copy_(filled_subset(self.subset.tolist(), size, vocab))
         return wider.to(device=self.fc.weight.device, dtype=self.fc.weight.dtype).eval()
 
     # -- files ------------------------------------------------------------------------

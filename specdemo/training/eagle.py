@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdemo.engine.feature_head import FeatureHead, HeadConfig
+from specdemo.engine.feature_head import FeatureHead, HeadConfig, filled_subset
 
 from .corpus import Corpus, default_dir, parse_layers
 from .layers import stored_layers
@@ -83,11 +83,7 @@ def frequent_tokens(sequences: list[Sequence], size: int, vocab_size: int, alway
     for s in sequences:
         counts.update(s.ids[s.answer_start :].tolist())
     chosen = list(dict.fromkeys([t for t in always if 0 <= t < vocab_size] + [t for t, _ in counts.most_common()]))
-    chosen = chosen[:size]
-    if len(chosen) < size:  # a small corpus: fill with the lowest ids not yet taken
-        taken = set(chosen)
-        chosen += [t for t in range(vocab_size) if t not in taken][: size - len(chosen)]
-    return torch.tensor(sorted(chosen), dtype=torch.long)
+    return filled_subset(chosen[:size], size, vocab_size)  # a small corpus is filled with the lowest ids
 
 
 def split_by_request(sequences: list[Sequence], validation: float, seed: int):

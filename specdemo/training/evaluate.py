@@ -139,14 +139,15 @@ def table_acceptance(corpus: NgramTable, answers, gamma: int = 4) -> dict:
             "drafted_per_round": round(total.drafted / max(1, total.rounds), 3)}
 
 
-def suite_prompt_ids(pair, source) -> list[list[int]]:
+def suite_requests(pair, source) -> tuple[list[list[int]], list[str]]:
     """Each request of a benchmark suite (a JSONL file in any shape `bench.suite` reads) as the
-    chat-templated ids the benchmark feeds the decoders; a question of several turns gives its
-    first. These requests were written by hand, not by the training templates, so acceptance on
-    them tells a head that learned the target from one that learned the templates."""
+    chat-templated ids the benchmark feeds the decoders, with its category; a question of several
+    turns gives its first. These requests were written by hand, not by the training templates, so
+    acceptance on them tells a head that learned the target from one that learned the templates."""
     from specdemo.bench.suite import conversation, encode_prompt, load_suite
 
-    return [encode_prompt(pair, conversation(item, 1, []), chat=True) for item in load_suite(source)]
+    items = load_suite(source)
+    return [encode_prompt(pair, conversation(item, 1, []), chat=True) for item in items], [i.category for i in items]
 
 
 def greedy_answers(pair, prompts: list[str] | list[list[int]], max_new_tokens: int) -> list[tuple[list[int], list[int]]]:
@@ -305,10 +306,9 @@ def main(argv=None) -> int:
     pair = load_pair("embedded", draft=None)
     suite = None  # (prompt ids, categories) of a suite's requests
     if args.prompts != "heldout":
-        from specdemo.bench.suite import DEFAULT_SUITE, load_suite
+        from specdemo.bench.suite import DEFAULT_SUITE
 
-        source = DEFAULT_SUITE if args.prompts == "suite" else args.prompts
-        suite = (suite_prompt_ids(pair, source), [item.category for item in load_suite(source)])
+        suite = suite_requests(pair, DEFAULT_SUITE if args.prompts == "suite" else args.prompts)
     if args.answers and args.answers.is_file():
         answers = [tuple(a) for a in json.loads(args.answers.read_text())]
     elif suite is None:
