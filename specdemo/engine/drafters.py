@@ -86,9 +86,10 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
     fed = 0
     for i in range(budget):
         entropy = normalized_entropy(probs)
-        if i > 0 and policy.needs_token_stats:
-            entropy_now, top_prob = torch.stack([entropy, probs.max()]).tolist()
-            if not policy.keep_drafting(entropy_now, top_prob):
+        if policy.needs_token_stats and (i > 0 or getattr(policy, "reads_first_token", False)):
+            entropy_now, top_prob, *last_q = torch.cat([torch.stack([entropy, probs.max()]), *chosen_q[-1:]]).tolist()
+            if not policy.keep_drafting(entropy_now, top_prob, position=i, vocab=probs.shape[-1],
+                                        last_q=last_q[0] if last_q else None):
                 break
         token = pick(probs, sampling, generator)
         tokens.append(token)

@@ -22,7 +22,7 @@ from .feature_drafter import FeatureDrafter
 from .feature_head import FeatureHead
 from .params import DecodeParams
 from .params import parse_shape
-from .policies import ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma
+from .policies import AdaEDLStop, ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma, TokenEntropyStop
 from .tree_drafting import DynamicTree, EntropyTree, StaticTree, TreeDrafter
 
 
@@ -107,6 +107,12 @@ register(Method("sd-heuristic", "SD (+2/−1)", True, "the pair's draft, transfo
                 lambda pair, p: (_model_drafter(pair, p), HeuristicGamma(p.gamma))))
 register(Method("sd-confidence", "SD (confidence)", True, "the pair's draft, stop drafting when its top probability < 0.4",
                 lambda pair, p: (_model_drafter(pair, p), ConfidenceStop(p.gamma_max))))
+register(Method("adaedl", "AdaEDL", True, "the pair's draft up to γ_max, stopping when AdaEDL's entropy bound on "
+                "the next draft's acceptance falls below λ", lambda pair, p: (
+                    _model_drafter(pair, p), AdaEDLStop(p.gamma_max, p.adaedl_lambda, p.adaedl_scale))))
+register(Method("egag-token", "EGAG-token", True, "the pair's draft up to γ_max, stopping when a position's "
+                "(smoothed) normalised entropy exceeds a threshold", lambda pair, p: (
+                    _model_drafter(pair, p), TokenEntropyStop(p.gamma_max, p.entropy_stop, p.token_ema))))
 
 register(Method("beam", "Beam search", False, "the target alone, beam search (num_beams) through transformers' "
                 "generate; not greedy decoding, so its text differs from AR's",

@@ -100,7 +100,8 @@ def parse_shape(spec: str) -> tuple[int, ...]:
         raise ValueError(f"tree_shape must be children per depth, integers from 1 to {MAX_TREE_WIDTH} separated by "
                          f"commas (e.g. 3,2,1,1), at most 64 depths; got {spec!r}")
     return shape
-_COPYING = ("sd", "egag", "sd-heuristic", "sd-confidence")  # the methods that draft with the pair's draft
+_TOKEN_STOPS = ("adaedl", "egag-token")  # per-token stopping rules, capped by gamma_max
+_COPYING = ("sd", "egag", "sd-heuristic", "sd-confidence", *_TOKEN_STOPS)  # the methods that draft with the pair's draft
 
 SCHEMA: tuple[Param, ...] = (
     Param("max_new_tokens", int, 128, "stop after this many new tokens", "Max new tokens",
@@ -118,9 +119,21 @@ SCHEMA: tuple[Param, ...] = (
     Param("gamma_min", int, 1, "smallest γ (egag-tree: smallest depth)", "EGAG: γ min", methods=("egag", "egag-tree"),
           **_GAMMA),
     Param("gamma_max", int, 4, "largest γ (egag-tree: largest depth)", "EGAG: γ max",
-          methods=("egag", "sd-confidence", "egag-tree"), **_GAMMA),
+          methods=("egag", "sd-confidence", "egag-tree", *_TOKEN_STOPS), **_GAMMA),
     Param("ema", float, 0.9, "entropy smoothing β (0 = none)", "EGAG: entropy EMA β", methods=("egag", "egag-tree"),
           low=0.0, high=1.0, high_open=True, allowed="a number in [0, 1) (0 = no smoothing)", slider=(0.0, 0.99, 0.01)),
+    Param("adaedl_lambda", float, 0.5, "AdaEDL: stop drafting once the bound 1 − √(scale·H) on the next draft's "
+          "acceptance falls below λ", "AdaEDL: λ (stop below this bound)", methods=("adaedl",), low=0.0, high=1.0,
+          allowed="a number in [0, 1]", slider=(0.0, 1.0, 0.05)),
+    Param("adaedl_scale", float, 1.0, "AdaEDL: the scale of the entropy (in nats) under the square root",
+          "AdaEDL: entropy scale", methods=("adaedl",), low=0.0, low_open=True, allowed="a number > 0",
+          slider=(0.05, 4.0, 0.05)),
+    Param("entropy_stop", float, 0.15, "EGAG per token: stop drafting once a position's normalised entropy "
+          "(smoothed by token_ema) exceeds this", "EGAG-token: entropy threshold", methods=("egag-token",),
+          low=0.0, high=1.0, allowed="a number in [0, 1]", slider=(0.0, 1.0, 0.01)),
+    Param("token_ema", float, 0.0, "EGAG per token: smoothing β of the entropy along a round (0 = none)",
+          "EGAG-token: entropy EMA β", methods=("egag-token",), low=0.0, high=1.0, high_open=True,
+          allowed="a number in [0, 1) (0 = no smoothing)", slider=(0.0, 0.99, 0.01)),
     Param("ngram_n", int, 3, "n of the n-gram table", "NASD: n of the n-gram table", methods=("nasd",),
           low=2, high=16),
     Param("ngram_storage", str, "basic", "table kind", "NASD: table kind", methods=("nasd",),
@@ -164,6 +177,10 @@ class DecodeParams:
     gamma_min: int = PARAMS["gamma_min"].default
     gamma_max: int = PARAMS["gamma_max"].default
     ema: float = PARAMS["ema"].default
+    adaedl_lambda: float = PARAMS["adaedl_lambda"].default
+    adaedl_scale: float = PARAMS["adaedl_scale"].default
+    entropy_stop: float = PARAMS["entropy_stop"].default
+    token_ema: float = PARAMS["token_ema"].default
     ngram_n: int = PARAMS["ngram_n"].default
     ngram_storage: str = PARAMS["ngram_storage"].default
     top_k_filler: int = PARAMS["top_k_filler"].default

@@ -4,8 +4,12 @@ A policy is per-generation state. The decode loop asks it, in order:
   `round_gamma(first_entropy)`  the γ of the round, given the drafter's normalised
                                 entropy at the first draft position (None if the
                                 policy does not need it, see `needs_first_entropy`),
-  `keep_drafting(entropy, top_prob)`  after each drafted token (only when
-                                `needs_token_stats`: it costs a host sync per token),
+  `keep_drafting(entropy, top_prob, position=, vocab=, last_q=)`  before each draft after
+                                the first (only when `needs_token_stats`: it costs a host
+                                sync per token; `reads_first_token` asks before the first
+                                one too), with the drafter's normalised entropy and top
+                                probability at that position, its index in the round, the
+                                vocabulary size and q of the previous draft,
   `update(drafted, accepted)`   after verification.
 """
 
@@ -20,8 +24,9 @@ class _Policy:
 
     needs_first_entropy = False
     needs_token_stats = False
+    reads_first_token = False  # keep_drafting is asked at position 0 too (a stop there drafts nothing)
 
-    def keep_drafting(self, entropy: float, top_prob: float) -> bool:
+    def keep_drafting(self, entropy: float, top_prob: float, **where) -> bool:
         return True
 
     def update(self, drafted: int, accepted: int) -> None:
@@ -95,5 +100,90 @@ class ConfidenceStop(_Policy):
     def round_gamma(self, first_entropy: float | None) -> int:
         return self.gamma_max
 
-    def keep_drafting(self, entropy: float, top_prob: float) -> bool:
+    def keep_drafting(self, entropy: float, top_prob: float, **where) -> bool:
         return top_prob >= self.threshold
+
+
+@dataclass
+class StopNote:
+    """Why a round stopped before its cap: the rule's name, the value it read and the threshold."""
+
+    rule: str
+    value: float
+    threshold: float
+    position: int
+
+
+class _TokenStop(_Policy):
+    """Draft up to γ_max tokens, asking `stop_value` at each position after the first; the round
+    ends where it crosses the threshold. `stops` keeps, per round, where and why it ended (None
+    when it ran to its cap), for the trace's readers."""
+
+    needs_token_stats = True
+    rule = ""
+
+    def round_gamma(self, first_entropy: float | None) -> int:
+        self.stops.append(None)
+        self.start_round()
+        return self.gamma_max
+
+    def start_round(self) -> None:
+        pass
+
+    def keep_drafting(self, entropy: float, top_prob: float, **where) -> bool:
+        value = self.stop_value(entropy, top_prob, **where)
+        position = where.get("position", 0)
+        if position == 0 or not self.crosses(value):
+            return True
+        self.stops[-1] = StopNote(self.rule, value, self.threshold, position)
+        return False
+
+    def crosses(self, value: float) -> bool:
+        return value > self.threshold
+
+
+@dataclass
+class AdaEDLStop(_TokenStop):
+    """AdaEDL: stop drafting once the entropy lower bound on the next draft's acceptance,
+    1 − √(scale·H(q)) with H in nats, falls below λ (`threshold`).
+
+    The bound follows from acceptance = 1 − TV(p, q) with Pinsker's inequality and the draft's
+    entropy standing in for its divergence from the target; `scale` absorbs how loose that is.
+    λ is fixed here (the paper also adapts it to the running acceptance rate)."""
+
+    gamma_max: int
+    threshold: float = 0.5
+    scale: float = 1.0
+    stops: list = field(default_factory=list)
+    rule = "acceptance bound"
+
+    def stop_value(self, entropy: float, top_prob: float, vocab: int = 0, **where) -> float:
+        nats = entropy * math.log(vocab) if vocab > 1 else entropy
+        return 1.0 - math.sqrt(max(0.0, self.scale * nats))
+
+    def crosses(self, value: float) -> bool:
+        return value < self.threshold
+
+
+@dataclass
+class TokenEntropyStop(_TokenStop):
+    """EGAG per token: stop once a draft position's normalised entropy, smoothed within the
+    round (Ĥ_0 = H_0, Ĥ_i = β·Ĥ_{i−1} + (1 − β)·H_i, β = ema), exceeds the threshold."""
+
+    gamma_max: int
+    threshold: float = 0.15
+    ema: float = 0.0
+    stops: list = field(default_factory=list)
+    smoothed: float | None = field(default=None, init=False)
+    reads_first_token = True
+    rule = "entropy"
+
+    def start_round(self) -> None:
+        self.smoothed = None
+
+    def stop_value(self, entropy: float, top_prob: float, **where) -> float:
+        if self.smoothed is None:
+            self.smoothed = entropy
+        else:
+            self.smoothed = self.ema * self.smoothed + (1.0 - self.ema) * entropy
+        return self.smoothed

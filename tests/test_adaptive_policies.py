@@ -1,0 +1,82 @@
+"""Per-token stopping rules (AdaEDL, EGAG per token): where they stop, and that they stay lossless."""
+
+import math
+
+import pytest
+
+import specdemo
+from specdemo.engine.policies import AdaEDLStop, StopNote, TokenEntropyStop
+from tests.test_lossless_sampling import joint_p_value, small_vocab_pair  # noqa: F401 (a fixture)
+
+PROMPTS = ["w5 w6 w7 w8", "w10 w20 w30 w10 w20 w30 w10 w20", [1, 40, 41, 42, 43, 44, 45, 46]]
+
+
+def test_adaedl_stops_where_the_entropy_bound_falls_below_lambda():
+    policy = AdaEDLStop(gamma_max=6, threshold=0.5, scale=1.0)
+    assert policy.round_gamma(None) == 6
+    vocab = math.e ** 4  # log V = 4 nats, so a normalised entropy h is 4h nats
+    assert policy.keep_drafting(0.01, 0.99, position=1, vocab=vocab)  # 1 − √0.04 = 0.8
+    assert not policy.keep_drafting(0.1, 0.5, position=2, vocab=vocab)  # 1 − √0.4 ≈ 0.37
+    note = policy.stops[-1]
+    assert isinstance(note, StopNote) and note.position == 2 and note.rule == "acceptance bound"
+    assert note.value == pytest.approx(1 - math.sqrt(0.4))
+
+
+def test_adaedl_never_stops_before_the_first_draft():
+    policy = AdaEDLStop(gamma_max=4, threshold=0.9)
+    policy.round_gamma(None)
+    assert policy.keep_drafting(1.0, 0.01, position=0, vocab=100)
+    assert policy.stops == [None]
+
+
+def test_egag_token_smooths_entropy_within_a_round_and_restarts_each_round():
+    policy = TokenEntropyStop(gamma_max=8, threshold=0.3, ema=0.5)
+    assert policy.reads_first_token
+    policy.round_gamma(None)
+    assert policy.keep_drafting(0.9, 0.2, position=0)  # the first draft is always made; Ĥ = 0.9
+    policy.round_gamma(None)  # a new round forgets the last one
+    assert policy.keep_drafting(0.1, 0.9, position=0)  # Ĥ = 0.1
+    assert policy.keep_drafting(0.4, 0.5, position=1)  # Ĥ = 0.25
+    assert not policy.keep_drafting(0.5, 0.4, position=2)  # Ĥ = 0.375
+    assert policy.stops[-1].value == pytest.approx(0.375)
+
+
+def test_egag_token_without_smoothing_reads_each_position():
+    policy = TokenEntropyStop(gamma_max=8, threshold=0.3)
+    policy.round_gamma(None)
+    policy.keep_drafting(0.0, 1.0, position=0)
+    assert not policy.keep_drafting(0.31, 0.5, position=1)
+
+
+STOPS = [
+    ("adaedl", dict(adaedl_lambda=0.5)),
+    ("adaedl", dict(adaedl_lambda=0.8, adaedl_scale=0.5)),
+    ("egag-token", dict(entropy_stop=0.05)),
+    ("egag-token", dict(entropy_stop=0.2, token_ema=0.5)),
+]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("method, params", STOPS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(STOPS)])
+def test_greedy_output_is_exactly_ars(tiny_pair, method, params, cache):
+    short_rounds = 0
+    for prompt in PROMPTS:
+        reference = specdemo.generate(tiny_pair, prompt, method="ar", max_new_tokens=40, cache=cache).token_ids
+        for gamma_max, copy_n in ((2, 0), (6, 0), (6, 4)):
+            result = specdemo.generate(tiny_pair, prompt, method=method, max_new_tokens=40, gamma_max=gamma_max,
+                                       copy_n=copy_n, cache=cache, **params)
+            assert result.token_ids == reference, (method, params, prompt, gamma_max, copy_n)
+            short_rounds += sum(0 < len(r.drafted) < r.gamma for r in result.rounds if r.source != "copy")
+    assert short_rounds, "some rounds stopped before γ_max, so the rule was exercised"
+
+
+# The 8-token model's draft is nearly flat (normalised entropy about 0.99): these thresholds make
+# rounds of every length from 1 to γ_max = 3, so the stopping rule is what the test exercises.
+@pytest.mark.parametrize("method, params", [
+    ("adaedl", dict(temperature=1.0, copy_n=0, adaedl_lambda=0.45, adaedl_scale=0.1)),
+    ("egag-token", dict(temperature=1.0, copy_n=0, entropy_stop=0.993, token_ema=0.3)),
+    ("egag-token", dict(temperature=0.9, top_p=0.95, copy_n=0, entropy_stop=0.99)),
+])
+def test_sampling_follows_the_target_distribution(small_vocab_pair, method, params):  # noqa: F811
+    p_value = joint_p_value(small_vocab_pair, method, params)
+    assert p_value > 1e-3, f"{method} {params}: χ² p-value {p_value:.2g}"
