@@ -1,4 +1,4 @@
-"""Start the speculative-decoding playground: `python app.py [--host H] [--port P] [--share] [--public]`."""
+"""Start the speculative-decoding playground: `python app.py [--host H] [--port P] [--share] [--public] [--threads N]`."""
 
 from __future__ import annotations
 
@@ -13,15 +13,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--share", action="store_true", help="also open a temporary public gradio.live link")
     parser.add_argument("--public", action="store_true", help="public mode, as on a Hugging Face Space: only the presets in SPECDEMO_ALLOWED_PRESETS "
                              "(default: embedded), no typed model ids or paths, capped prompt and output lengths")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads for decoding (default: SPECDEMO_THREADS, else 1 on a machine of "
+                             "2 cores or fewer, where the browser shares the cores, else torch's choice)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    from specdemo.app.ui import build_demo, launch  # after parsing, so --help is instant
+    from specdemo.app.ui import build_demo, launch, serving_threads  # after parsing, so --help is instant
     from specdemo.models.choice import default_preset
 
-    demo = build_demo(public=args.public, default_preset=default_preset())
+    try:
+        threads = serving_threads(args.threads)
+    except ValueError as error:
+        build_parser().error(str(error))
+    print(f"decoding on {threads} torch thread(s); loading and warming the default pair …", flush=True)
+    demo = build_demo(public=args.public, default_preset=default_preset(), preload=True)
     launch(demo, server_name=args.host, server_port=args.port, share=args.share)
 
 

@@ -6,6 +6,7 @@ import inspect
 
 import pandas as pd
 import pytest
+import torch
 
 from specdemo.app import forms, handlers
 from specdemo.app.handlers import Request, RunUpdate, make_request
@@ -38,7 +39,7 @@ def test_make_request_validates_once_and_keeps_the_params():
         make_request(PROMPT, "tiny", "", "", {"max_new_tokens": 9}, PRESETS, Limits(max_new_tokens=8))
 
 
-def test_stream_run_yields_loading_rounds_and_the_final_comparison(tiny_pair):
+def test_stream_run_yields_loading_each_method_and_the_final_comparison(tiny_pair):
     loaded = []
 
     def load(req):
@@ -49,35 +50,57 @@ def test_stream_run_yields_loading_rounds_and_the_final_comparison(tiny_pair):
     assert all(isinstance(u, RunUpdate) for u in updates)
     first, last = updates[0], updates[-1]
     assert loaded == [("target-folder", "draft-folder")]
-    # The first update clears the page: three slots shown, waiting, empty charts and no files.
+    # The first update clears the page: three slots shown, waiting, the charts hidden and no files.
     assert first.status.startswith("Loading **target-folder** + **draft-folder**")
     assert first.shown == 3 and sorted(first.panels) == [0, 1, 2] and first.files == (None, None, None)
-    # Slots follow the page's order, AR first; every round updates its method's slot.
-    rounds = [u for u in updates[1:-1] if u.panels]
-    slots = [next(iter(u.panels)) for u in rounds]
-    assert slots == sorted(slots) and set(slots) == {0, 1, 2}
-    assert rounds[0].status.startswith("**AR** (1/3): round 1")
-    # The table grows a row per finished method; charts arrive at least when a method ends.
+    assert first.charts_shown is False and first.figures is None
+    # Slots follow the page's order, AR first: each is marked running, then filled once when its method ends.
+    panel_updates = [(slot, "sd-panel-state running" in html) for u in updates[1:] for slot, html in u.panels.items()]
+    assert panel_updates == [(0, True), (0, False), (1, True), (1, False), (2, True), (2, False)]
+    assert updates[1].status == "**AR** (1/3): decoding …"
+    # The table grows a row per finished method.
     tables = [u.table for u in updates[1:] if u.table is not None]
     assert [len(t) for t in tables] == [1, 2, 3, 3]
-    assert [r.method for r in updates[-1].results] == ["ar", "sd", "egag"]
-    assert sum(u.figures is not None for u in updates[1:]) >= 3
-    assert set(last.figures) == set(handlers.charts.CHART_NAMES)
+    assert [r.method for r in last.results] == ["ar", "sd", "egag"]
     summary_csv, rounds_csv, tokens_csv = last.files
     summary = pd.read_csv(summary_csv)
     assert list(summary.method) == ["ar", "sd", "egag"]
     assert summary.loc[summary.method != "ar", "matches_ar"].all()  # greedy: lossless
+    assert (summary.threads == torch.get_num_threads()).all()
     assert last.status.startswith("Done in") and len(pd.read_csv(rounds_csv))
+    assert f"{torch.get_num_threads()} torch thread" in last.status
     # One row per drafted token: as many as the methods drafted, with the trace's columns.
     tokens = pd.read_csv(tokens_csv)
     assert list(tokens.columns) == TOKEN_COLUMNS
     assert len(tokens) == sum(len(r.drafted) for result in last.results for r in result.rounds)
 
 
+def test_while_a_method_decodes_the_page_gets_a_status_line_and_nothing_else(tiny_pair):
+    # Every round's status is let through here (interval 0); the page's own interval is a second.
+    updates = list(handlers.decode_methods(tiny_pair, request(["ar", "sd", "sd-tree"], max_new_tokens=24),
+                                           status_interval_s=0))
+    *during, last = updates
+    round_updates = [u for u in during if u.status and ": round " in u.status]
+    assert len(round_updates) >= 10
+    for update in round_updates:
+        assert (update.panels, update.figures, update.table, update.files, update.charts_shown) == ({}, None, None,
+                                                                                                    None, None)
+    # No figure is sent before every method has ended; then all of them, once, and the sections shown.
+    assert all(u.figures is None for u in during)
+    assert set(last.figures) == set(handlers.charts.CHART_NAMES)
+    assert last.charts_shown is True and last.trees_shown is True  # SD-tree drafted trees
+    assert handlers.STATUS_INTERVAL_S >= 0.5
+
+
+def test_the_tree_charts_stay_hidden_without_a_tree_method(tiny_pair):
+    last = list(handlers.decode_methods(tiny_pair, request(["ar", "sd"])))[-1]
+    assert last.charts_shown is True and last.trees_shown is False
+
+
 def test_closing_the_stream_ends_the_method_in_flight(tiny_pair):
-    stream = handlers.stream_run(request(["ar", "sd"], max_new_tokens=64), lambda req: tiny_pair)
-    seen = [next(stream) for _ in range(4)]  # loading, then AR's first rounds
-    assert seen[-1].status.startswith("**AR** (1/2)")
+    stream = handlers.decode_methods(tiny_pair, request(["ar", "sd"], max_new_tokens=64), status_interval_s=0)
+    seen = [next(stream) for _ in range(4)]  # AR starts, then its first rounds
+    assert seen[-1].status.startswith("**AR** (1/2): round")
     stream.close()
     assert list(stream) == []
 

@@ -14,6 +14,7 @@ from gradio_client.exceptions import AppError  # noqa: E402
 import torch  # noqa: E402
 
 from specdemo.app import ui  # noqa: E402
+from specdemo.app.charts import CHART_NAMES  # noqa: E402
 from specdemo.app.limits import Limits  # noqa: E402
 from specdemo.models.loading import Preset  # noqa: E402
 from specdemo.bench.tables import ROUND_COLUMNS, SUMMARY_COLUMNS, TOKEN_COLUMNS  # noqa: E402
@@ -94,21 +95,23 @@ def test_a_draft_with_another_tokenizer_is_refused(client, server, tmp_path_fact
         compare(client, target=tiny_target, draft=str(root), methods="sd")
 
 
-def test_run_streams_round_by_round(client):
+def test_run_sends_each_panel_once_and_the_charts_at_the_end(client):
     job = client.submit(prompt="w3 w4 w5", methods=["ar", "sd"], max_new_tokens=12, api_name="/run")
     final = job.result(timeout=120)
     outputs = job.outputs()
-    # At least one update per AR round (12) and per SD round, plus start and finish.
-    assert len(outputs) >= 12 + 2
     assert final[0].startswith("Done in")
     ar_panel, sd_panel = latest(outputs, 1), latest(outputs, 2)
     assert "sd-tok sd-target" in ar_panel and 'data-method="ar"' in ar_panel
     assert 'data-method="sd"' in sd_panel and "sd-tok" in sd_panel
-    assert final[-2] and final[-1]  # the two CSV downloads
-    # Each SD update adds a round, so the panel's token count grows step by step.
+    assert final[-6] and final[-5]  # the summary and per-round CSV downloads
+    # Each panel arrives twice: marked running, then whole when its method ends (never round by round).
     sd_updates = [o[2] for o in outputs if isinstance(o[2], str) and 'data-method="sd"' in o[2]]
-    counts = [u.count("sd-tok ") for u in sd_updates]
-    assert len(counts) > 3 and counts == sorted(counts)
+    assert [("sd-panel-state running" in u, "sd-tok " in u) for u in sd_updates][-2:] == [(True, False), (False, True)]
+    # The charts' values come once, in the last update.
+    charts = [k for k, value in enumerate(final) if isinstance(value, dict) and "plot" in value]
+    assert len(charts) == len(CHART_NAMES)
+    assert [n for n, o in enumerate(outputs) if any(isinstance(o[k], dict) and "plot" in o[k] for k in charts)] == [
+        len(outputs) - 1]
 
 
 def latest(outputs, index):
@@ -178,6 +181,50 @@ def test_app_arguments():
     assert (args.host, args.port, args.share, args.public) == ("0.0.0.0", 7861, True, True)
     defaults = app.build_parser().parse_args([])
     assert (defaults.host, defaults.port, defaults.share, defaults.public) == (None, None, False, False)
+
+
+def test_threads_come_from_the_flag_then_the_environment_then_the_machine(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv(ui.THREADS_ENV, "2")
+        assert ui.serving_threads(1) == 1 and torch.get_num_threads() == 1
+        assert ui.serving_threads() == 2 and torch.get_num_threads() == 2
+        monkeypatch.delenv(ui.THREADS_ENV)
+        assert ui.serving_threads(cores=2) == ui.SMALL_MACHINE_THREADS == torch.get_num_threads()
+        for bad in (0, "two"):
+            with pytest.raises(ValueError, match="threads must be an integer ≥ 1"):
+                ui.serving_threads(bad)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_app_applies_threads_and_preloads_the_default_pair(monkeypatch):
+    import app
+
+    before, built = torch.get_num_threads(), {}
+    monkeypatch.setattr(ui, "build_demo", lambda **options: built.update(options) or "demo")
+    monkeypatch.setattr(ui, "launch", lambda demo, **options: built.update(launched=demo))
+    try:
+        app.main(["--threads", "1"])
+        assert torch.get_num_threads() == 1
+        assert built["preload"] is True and built["launched"] == "demo"
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_warm_up_runs_every_default_method_before_the_first_run(tmp_path):
+    from types import SimpleNamespace
+
+    from specdemo.app import handlers
+
+    ran, pair = [], SimpleNamespace(draft=object(), draft_kind="lm", close=lambda: None)
+    cache = ui.PairCache(lambda target, draft, **_: pair, limit=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(handlers, "generate", lambda pair, prompt, method, **params: ran.append((pair, method)))
+        ready = ui.preload_pair(cache, Preset("p", "target", "draft", ""))
+        assert ready.wait(30)
+    assert ran == [(pair, "ar"), (pair, "sd"), (pair, "nasd"), (pair, "egag")]
+    assert cache.get("target", "draft") is pair and len(cache) == 1  # the first Run finds it loaded and warm
 
 
 def test_zero_gpu_is_a_no_op_off_spaces(monkeypatch):

@@ -125,6 +125,8 @@ def test_charts_share_round_axis_and_race_uses_time(results):
     assert "seconds" in figures["race"].layout.xaxis.title.text
     race = figures["race"].data[1]
     assert list(race.y)[-1] == results[1].stats["new_tokens"]
+    # Its time axis is the engine's own clock (the trace's timestamps), never the page's.
+    assert list(race.x) == [0.0, results[1].prefill_seconds, *(r.end_seconds for r in results[1].rounds)]
     assert list(race.x) == sorted(race.x)
 
 

@@ -1,23 +1,25 @@
 """The page's engine controls (KV cache, compile), generated from `ENGINE_SCHEMA`.
 
-The Playground tab (`playgroundtab`) places them in its "Advanced settings" accordion and
-passes their values through `engine_options`; `first_round_status` is the line to show between Run and the first round.
+The Playground tab (`playgroundtab`) places them in its "Advanced settings" accordion; the
+handlers parse their values through `engine_options` and show `first_round_status` between Run
+and the first round. Gradio is imported only where the controls are made, so the handlers
+never load it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-import gradio as gr
-
 from ..engine.params import ENGINE_SCHEMA, EngineOptions
 
 ENGINE_NAMES = tuple(spec.name for spec in ENGINE_SCHEMA)  # the page's engine inputs, in the schema's order
 
 
-def engine_controls(initial: EngineOptions | None = None) -> dict[str, gr.components.Component]:
+def engine_controls(initial: EngineOptions | None = None) -> dict[str, Any]:
     """One control per engine option, created in the current Blocks context: a dropdown for a
     choice (cache), a checkbox for a flag (compile). Returned by name, in `ENGINE_NAMES` order."""
+    import gradio as gr  # here, so the handlers can parse the options without loading Gradio
+
     initial = initial or EngineOptions()
     controls: dict[str, gr.components.Component] = {}
     for spec in ENGINE_SCHEMA:

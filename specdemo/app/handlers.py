@@ -31,18 +31,21 @@ from . import charts, viz
 from ..bench.compare import run_comparison, tabulate
 from ..bench.tables import summary_frame
 from ..engine.decoding import generate, iter_generate
-from ..engine.methods import METHODS, parse_methods
-from ..engine.params import ENGINE_SCHEMA, PARAMS, DecodeParams, EngineOptions
+from ..engine.methods import DEFAULT_METHODS, METHODS, parse_methods
+from ..engine.params import PARAMS, DecodeParams, EngineOptions
 from ..engine.trace import GenerationResult
 from ..models.loading import ModelPair, Preset, draft_kind_of, load_pair
+from .engine_controls import engine_options, first_round_status
 from .limits import Limits
 
 log = logging.getLogger(__name__)
 
 PairLoader = Callable[..., ModelPair]
-# Charts are redrawn at most this often while a method runs (and always when it ends):
-# serialising four Plotly figures after every round would cost more than the round.
-CHART_INTERVAL_S = 0.5
+# While a method decodes the page gets a one-line status at most this often, and nothing else:
+# on a small machine the browser and the server's rendering share the cores the decode runs on,
+# so drawing during a run would slow the very speeds the page reports. A method's panel is sent
+# once, when it ends; the charts once, when every method has ended.
+STATUS_INTERVAL_S = 1.0
 EXPORT_ROOT = Path(tempfile.gettempdir()) / "specdemo-exports"
 EXPORT_TTL_S = 3600
 PARAM_NAMES = tuple(PARAMS)  # the decoding parameters every decoding endpoint takes, in the schema's order
@@ -90,14 +93,20 @@ class PairCache:
                 self._pairs.popitem()[1].close()
 
 
+WARM_UP_PROMPT = "Name three colours of the rainbow, then count from one to five."
+
+
 def _warm_up(pair: ModelPair) -> None:
-    """Run each model once so the first method timed on the page does not pay for
-    one-off kernel selection and allocation (which would flatter every later method)."""
-    try:
-        method = "sd" if pair.draft is not None else "ar"
-        generate(pair, [int(next(iter(pair.eos_ids), 1))] * 4, method, max_new_tokens=3, gamma=2, seed=0)
-    except Exception:  # a failed warm-up only costs timing accuracy
-        log.debug("warm-up failed", exc_info=True)
+    """Run every default method the pair can run, briefly, so that a page's first Run is timed like
+    its second: one-off kernel choices, allocations and the shapes of each method's verification
+    are paid here, never in a visitor's numbers."""
+    for name in DEFAULT_METHODS:
+        if METHODS[name].unavailable(pair) is not None:
+            continue
+        try:
+            generate(pair, WARM_UP_PROMPT, name, max_new_tokens=16, seed=0, chat=False)
+        except Exception:  # a failed warm-up only costs timing accuracy
+            log.debug("warm-up of %s failed", name, exc_info=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -154,9 +163,6 @@ def write_csvs(summary: pd.DataFrame, rounds: pd.DataFrame, tokens: pd.DataFrame
 # ---------------------------------------------------------------------------------------
 # Form values → a request
 
-ENGINE_NAMES = tuple(spec.name for spec in ENGINE_SCHEMA)
-
-
 @dataclass
 class Request:
     prompt: str
@@ -202,7 +208,7 @@ def make_request(prompt, preset, target, draft, values: Mapping[str, Any], prese
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("prompt is empty: type some text to continue")
     decode = DecodeParams.from_values(**{name: values[name] for name in PARAM_NAMES if name in values})
-    engine = EngineOptions.from_values(**{name: values.get(name) for name in ENGINE_NAMES})
+    engine = engine_options(values)
     limits = limits or Limits()
     limits.check_models(preset, target, draft, known=presets)
     limits.check_new_tokens(decode.max_new_tokens)
@@ -244,7 +250,9 @@ class RunUpdate:
     status: str | None = None
     panels: dict[int, str] = field(default_factory=dict)  # slot (index in request.methods) → panel HTML
     shown: int | None = None  # how many panel slots are visible (set when a run starts)
-    figures: dict[str, Any] | None = None  # viz.all_figures, by name
+    figures: dict[str, Any] | None = None  # charts.all_charts, by name (sent once, at the end of a run)
+    charts_shown: bool | None = None  # the chart sections instead of their placeholder
+    trees_shown: bool | None = None  # the tree charts' section (tree methods only)
     table: pd.DataFrame | None = None  # viz.display_table of the summary so far
     why: str | None = None  # viz.explain of the summary so far
     files: tuple[str | None, ...] | None = None  # (summary, rounds, tokens CSV); all None clears
@@ -254,8 +262,8 @@ class RunUpdate:
 
 def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: Limits | None = None,
                gpu: Callable[[Callable], Callable] = gpu) -> Iterator[RunUpdate]:
-    """Load the pair, then decode with each of request.methods in turn (AR first), yielding after
-    every round; panel slot k shows the k-th method in that order.
+    """Load the pair, then decode with each of request.methods in turn (AR first); panel slot k
+    shows the k-th method in that order.
 
     Closing the generator (Stop, a closed tab) closes the method's round iterator, so
     decoding ends with the round in flight.
@@ -264,7 +272,7 @@ def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: L
     yield RunUpdate(
         status=f"Loading **{request.target}**" + (f" + **{request.draft}**" if request.draft else "") + " …",
         shown=len(names), panels={k: viz.render_panel(name, state="waiting") for k, name in enumerate(names)},
-        figures=charts.all_charts([]), table=viz.display_table(summary_frame([])), why="", files=(None, None, None),
+        charts_shown=False, table=viz.display_table(summary_frame([])), why="", files=(None, None, None),
     )
     try:
         pair = load(request)
@@ -281,7 +289,7 @@ def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: L
 
 
 def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = None,
-                   chart_interval_s: float = CHART_INTERVAL_S) -> Iterator[RunUpdate]:
+                   status_interval_s: float = STATUS_INTERVAL_S) -> Iterator[RunUpdate]:
     """The decoding half of `stream_run`, on a loaded pair (the part ZeroGPU runs on the GPU)."""
     names = viz.method_order(request.methods)
     results: list[GenerationResult] = []
@@ -290,31 +298,42 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
     for k, name in enumerate(names):
         label = viz.method_label(name)
         if request.engine.first_round_note:
-            yield RunUpdate(status=f"**{label}**: {request.engine.first_round_note} the first run of a model "
-                                   "compiles its decode steps (not counted in tokens/s)")
+            yield RunUpdate(status=f"**{label}**: {first_round_status(request.engine)}")
         try:
-            result = yield from decode_one(pair, request, limits, k, name, results, chart_interval_s)
+            result = yield from decode_one(pair, request, limits, k, name, status_interval_s)
         except _MethodFailed as failure:
             errors.append(f"{label}: {failure}")
             continue
         if result is not None:
             results.append(result)
             partial = summary_frame(results)
-            yield RunUpdate(table=viz.display_table(partial), why=viz.explain(partial), results=list(results))
+            yield RunUpdate(panels={k: viz.render_panel(name, result, pair.tokenizer)},
+                            table=viz.display_table(partial), why=viz.explain(partial), results=list(results))
     if not results:
         yield RunUpdate(status="⚠️ nothing ran: " + "; ".join(errors))
         return
     comparison = tabulate(pair, results)
     files = write_csvs(comparison.summary, comparison.rounds, comparison.tokens)
-    elapsed = time.perf_counter() - started
-    done = f"Done in {elapsed:.1f} s{request.note}. Hover a token for its round and what decided it; download the numbers below."
+    yield RunUpdate(status=done_status(request, results, errors, time.perf_counter() - started),
+                    figures=charts.all_charts(results, pair.tokenizer), charts_shown=True,
+                    trees_shown=any(r.tree is not None for result in results for r in result.rounds),
+                    table=viz.display_table(comparison.summary), why=viz.explain(comparison.summary), files=files,
+                    results=list(results))
+
+
+def done_status(request: Request, results: list[GenerationResult], errors: list[str], elapsed: float) -> str:
+    """The status line of a finished run: how long it took, on how many threads, and what to do next."""
+    decoding = sum(r.seconds for r in results)
+    threads = ", ".join(sorted({str(r.threads) for r in results}))
+    done = (f"Done in {elapsed:.1f} s{request.note} ({decoding:.1f} s decoding, {threads} torch "
+            f"thread{'' if threads == '1' else 's'}; the charts and panels were drawn after the timed rounds). "
+            "Hover a token for its round and what decided it; download the numbers below.")
     notes = [r.note for r in results if r.note]  # e.g. AR without a cache stopped early
     if notes:
         done += " ℹ️ " + "; ".join(notes) + "."
     if errors:
         done += " ⚠️ " + "; ".join(errors)
-    yield RunUpdate(status=done, figures=charts.all_charts(results, pair.tokenizer), table=viz.display_table(comparison.summary),
-                    why=viz.explain(comparison.summary), files=files, results=list(results))
+    return done
 
 
 class _MethodFailed(Exception):
@@ -322,12 +341,10 @@ class _MethodFailed(Exception):
 
 
 def decode_one(pair: ModelPair, request: Request, limits: Limits | None, k: int, name: str,
-               before: list[GenerationResult], chart_interval_s: float = CHART_INTERVAL_S,
-               ) -> Generator[RunUpdate, None, GenerationResult | None]:
-    """One method decoding into panel k, an update per round; returns its last result.
-    before: the results of the methods that ran earlier (drawn in the charts beside it)."""
+               status_interval_s: float = STATUS_INTERVAL_S) -> Generator[RunUpdate, None, GenerationResult | None]:
+    """One method decoding into panel k; returns its last result. While it decodes, only a
+    status line is sent, at most every status_interval_s (see STATUS_INTERVAL_S)."""
     label, of = viz.method_label(name), len(viz.method_order(request.methods))
-    render_cache: dict = {}
     try:
         rounds = iter_generate(pair, request.prompt, name, limits=limits, decode=request.params,
                                **request.engine.as_kwargs())
@@ -335,22 +352,17 @@ def decode_one(pair: ModelPair, request: Request, limits: Limits | None, k: int,
         yield RunUpdate(status=f"⚠️ {label}: {error}", warning=f"{label}: {error}",
                         panels={k: viz.render_panel(name, state="error", message=str(error))})
         raise _MethodFailed(str(error)) from None
-    last_chart, chart_cost = 0.0, 0.0
-    result = None
+    yield RunUpdate(status=f"**{label}** ({k + 1}/{of}): decoding …",
+                    panels={k: viz.render_panel(name, state="running", message="decoding; the tokens appear "
+                                                "when this method ends, so that drawing never slows it")})
+    result, last_status = None, time.perf_counter()
     try:
         for result in rounds:
-            update = RunUpdate(
-                panels={k: viz.render_panel(name, result, pair.tokenizer, cache=render_cache)},
-                status=f"**{label}** ({k + 1}/{of}): round {len(result.rounds)}, "
-                       f"{len(result.tokens)}/{request.params.max_new_tokens} tokens",
-            )
             now = time.perf_counter()
-            # On a slow machine drawing must not crowd out decoding: keep it to ~20%.
-            if result.done or now - last_chart >= max(chart_interval_s, 4 * chart_cost):
-                update.figures = charts.all_charts(before + [result], pair.tokenizer)
-                last_chart = time.perf_counter()
-                chart_cost = last_chart - now
-            yield update
+            if now - last_status >= status_interval_s and not result.done:
+                last_status = now
+                yield RunUpdate(status=f"**{label}** ({k + 1}/{of}): round {len(result.rounds)}, "
+                                       f"{len(result.tokens)}/{request.params.max_new_tokens} tokens")
     except Exception as error:  # a failure inside a method must not take the page down
         log.exception("decoding %s failed", name)
         message = readable_failure(error)

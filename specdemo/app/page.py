@@ -40,7 +40,8 @@ class TabContext:
     load(target, draft) returns a cached pair; gpu decorates the GPU work (ZeroGPU);
     export() gives a fresh folder for a run's files; queue_id is the concurrency group every
     decoding event shares; follow(request, updates) relays a run's updates, stopping it when
-    the visitor's tab closes and tidying the visitor's session after it.
+    the visitor's tab closes and tidying the visitor's session after it; ready, when given, is
+    set once the default pair has been loaded and warmed at startup.
     """
 
     presets: Mapping[str, Preset]
@@ -51,6 +52,7 @@ class TabContext:
     export: Callable[[], Path]
     queue_id: str = GPU_QUEUE
     follow: Callable[[gr.Request | None, Iterator], Iterator] = _relay
+    ready: threading.Event | None = None  # set once the default pair is loaded and warm (None: loaded on demand)
 
 
 def session_id(request: gr.Request | None) -> str | None:

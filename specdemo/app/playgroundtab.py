@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import gradio as gr
+from gradio.context import Context
 
 from . import charts as charts_module
 from . import forms, handlers, viz
@@ -37,6 +38,8 @@ RUN_CHARTS = ("gamma", "entropy", "accepted", "race")
 WHY_CHARTS = ("entropy_acceptance", "position_acceptance")
 TREE_CHARTS = ("tree_rounds", "tree")
 TABLE_CHARTS = ("break_even",)
+PLACEHOLDER = ("*The charts of γ, entropy, accepted drafts and the race appear here when a run ends. They are "
+               "drawn after the timed rounds, from the trace's own clock, so that drawing never slows a decoder.*")
 
 
 @dataclass
@@ -66,13 +69,17 @@ class Outputs:
     summary_file: gr.DownloadButton
     rounds_file: gr.DownloadButton
     tokens_file: gr.DownloadButton
+    placeholder: gr.Markdown  # stands in for the charts until a run ends
+    chart_groups: list[gr.Column]  # shown once a run ends
+    trees: gr.Column  # shown once a run of a tree method ends
 
     @property
     def files(self) -> tuple[gr.DownloadButton, ...]:
         return self.summary_file, self.rounds_file, self.tokens_file
 
     def all(self) -> list[Any]:
-        return [self.status, *self.panels, *self.charts, self.table, self.why, *self.files]
+        return [self.status, *self.panels, *self.charts, self.table, self.why, *self.files, self.placeholder,
+                *self.chart_groups, self.trees]
 
     def apply(self, update: RunUpdate) -> dict:
         """A handler's RunUpdate mapped onto these components (the ones it leaves as None stay)."""
@@ -88,6 +95,13 @@ class Outputs:
             out.update({self.panels[k]: html for k, html in update.panels.items()})
         if update.figures is not None:
             out.update({chart: update.figures[name] for chart, name in zip(self.charts, CHARTS)})
+        if update.charts_shown is not None:
+            out[self.placeholder] = gr.update(visible=not update.charts_shown)
+            out.update({group: gr.update(visible=update.charts_shown) for group in self.chart_groups})
+            if not update.charts_shown:
+                out[self.trees] = gr.update(visible=False)
+        if update.trees_shown is not None:
+            out[self.trees] = gr.update(visible=update.trees_shown)
         if update.table is not None:
             out[self.table] = update.table
         if update.why is not None:
@@ -105,6 +119,7 @@ def build_tab(ctx: TabContext, initial: Mapping[str, Any]) -> None:
     outputs = _outputs(initial)
     _wire_run(ctx, inputs, outputs)
     _wire_compare(ctx, inputs)
+    _wire_ready(ctx, outputs.status)
 
 
 def preset_label(preset: Preset) -> str:
@@ -177,7 +192,7 @@ def _offer_methods(ctx: TabContext, preset_name: str, chosen: list[str] | None):
 
 
 def _outputs(initial: Mapping[str, Any]) -> Outputs:
-    status = gr.Markdown("Press **Run** to decode the prompt with every selected method.", elem_id="sd-status")
+    status = gr.Markdown(READY, elem_id="sd-status")
     gr.HTML(viz.legend_html(), css_template=viz.TOKEN_CSS, elem_id="sd-legend")
     with gr.Column(elem_id="sd-panels"):
         shown = viz.method_order(initial["methods"])
@@ -186,32 +201,36 @@ def _outputs(initial: Mapping[str, Any]) -> Outputs:
                     visible=k < len(shown), css_template=viz.TOKEN_CSS, elem_classes=["sd-slot"])
             for k, name in enumerate(shown + [m for m in METHODS if m not in shown])
         ][:len(METHODS)]
-    empty = charts_module.all_charts([])
     plots: dict[str, gr.Plot] = {}
 
     def chart_rows(names: tuple[str, ...]) -> None:
         for i in range(0, len(names), 2):
             with gr.Row(equal_height=True):
-                plots.update({name: gr.Plot(empty[name], show_label=False, elem_classes=["sd-chart"],
-                                            elem_id=f"sd-chart-{name}") for name in names[i : i + 2]})
+                plots.update({name: gr.Plot(show_label=False, elem_classes=["sd-chart"], elem_id=f"sd-chart-{name}")
+                              for name in names[i : i + 2]})
 
-    gr.Markdown("### How each method ran", elem_classes=["sd-section"])
-    chart_rows(RUN_CHARTS)
-    gr.Markdown("### Why drafts were kept", elem_classes=["sd-section"])
-    chart_rows(WHY_CHARTS)
-    gr.Markdown("### Trees of drafts (tree methods)", elem_classes=["sd-section"])
-    chart_rows(TREE_CHARTS)
+    placeholder = gr.Markdown(PLACEHOLDER, elem_id="sd-charts-placeholder")
+    with gr.Column(visible=False, elem_id="sd-run-charts") as run_charts:
+        gr.Markdown("### How each method ran", elem_classes=["sd-section"])
+        chart_rows(RUN_CHARTS)
+        gr.Markdown("### Why drafts were kept", elem_classes=["sd-section"])
+        chart_rows(WHY_CHARTS)
+    with gr.Column(visible=False, elem_id="sd-tree-charts") as trees:
+        gr.Markdown("### Trees of drafts (tree methods)", elem_classes=["sd-section"])
+        chart_rows(TREE_CHARTS)
     gr.Markdown("### Comparison", elem_classes=["sd-section"])
     table = gr.Dataframe(viz.display_table(summary_frame([])), interactive=False, show_label=False,
                          elem_id="sd-table", wrap=True)
     why = gr.Markdown("")
-    chart_rows(TABLE_CHARTS)
+    with gr.Column(visible=False, elem_id="sd-table-charts") as table_charts:
+        chart_rows(TABLE_CHARTS)
     with gr.Row():
         summary_file = gr.DownloadButton("Comparison table (CSV)", interactive=False, elem_id="sd-summary-csv")
         rounds_file = gr.DownloadButton("Per-round trace (CSV)", interactive=False, elem_id="sd-rounds-csv")
         tokens_file = gr.DownloadButton("Per-token decisions (CSV)", interactive=False, elem_id="sd-tokens-csv")
     charts = [plots[name] for name in CHARTS]
-    return Outputs(status, panels, charts, table, why, summary_file, rounds_file, tokens_file)
+    return Outputs(status, panels, charts, table, why, summary_file, rounds_file, tokens_file, placeholder,
+                   [run_charts, table_charts], trees)
 
 
 # --------------------------------------------------------------------------- events
@@ -246,6 +265,28 @@ def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs) -> None:
         show_progress="hidden", concurrency_id=ctx.queue_id,
     )
     wire_stop(inputs.stop_btn, outputs.status, event)
+
+
+READY = "Press **Run** to decode the prompt with every selected method."
+WARMING = ("⏳ Loading the default model pair and warming it up, so that the first Run is timed like the "
+           "next ones …")
+
+
+def _wire_ready(ctx: TabContext, status: gr.Markdown) -> None:
+    """A page opened while the default pair still loads says so, and says when it is ready."""
+    if ctx.ready is None:
+        return
+
+    def wait_until_ready():
+        if ctx.ready.is_set():
+            return
+        yield WARMING
+        ctx.ready.wait()
+        yield READY
+
+    # The Blocks being built (the page), whose load event fires when a visitor opens it.
+    Context.root_block.load(wait_until_ready, outputs=[status], api_visibility="private", concurrency_limit=None,
+                       show_progress="hidden")
 
 
 def _wire_compare(ctx: TabContext, inputs: Inputs) -> None:

@@ -9,10 +9,13 @@ layout and events live in its own module beside its handlers (`playgroundtab` wi
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import threading
 from typing import Any, Mapping
 
 import gradio as gr
+import torch
 
 from . import benchtab, playgroundtab, sweeptab, viz
 from .examples import DEFAULT_PROMPT
@@ -26,7 +29,15 @@ from ..models.loading import PRESETS, Preset, load_pair
 from ..engine.methods import DEFAULT_METHODS
 from ..engine.params import DecodeParams
 
+log = logging.getLogger(__name__)
+
 DEFAULTS = DecodeParams()
+THREADS_ENV = "SPECDEMO_THREADS"
+# Measured with the page benchmark (docs/benchmark.md): on a 2-core machine that also runs the
+# visitor's browser, one torch thread decodes faster than two, whose spin-waiting workers stall
+# whenever the browser or the server takes a core. A machine with more cores keeps torch's choice.
+SMALL_MACHINE_CORES = 2
+SMALL_MACHINE_THREADS = 1
 INTRO = (
     "# Speculative decoding playground\n"
     "One target model, four ways to decode it: **AR** (the target alone), **SD** (a small draft model "
@@ -50,13 +61,15 @@ def build_demo(
     public: bool = False,
     defaults: Mapping[str, Any] | None = None,
     limits: Limits | None = None,
+    preload: bool = False,
 ) -> gr.Blocks:
     """The page's Blocks, queued so GPU work runs one request at a time.
 
     pair_loader: called as loader(target, draft, device=..., dtype=...) (default `load_pair`);
     tests pass presets with a tiny local pair. public: turn public mode on (it is also on
     for a Space or with SPECDEMO_PUBLIC=1); limits: the deployment's limits, read from the
-    environment when not given. defaults: initial values of the page's inputs by parameter name (prompt, methods,
+    environment when not given. preload: load and warm the default pair in the background from
+    the start, so that the first Run is timed like the second. defaults: initial values of the page's inputs by parameter name (prompt, methods,
     max_new_tokens, temperature, ...), e.g. a shorter run for a slow machine.
     """
     limits = limits or Limits.from_env(public=True if public else None)
@@ -70,10 +83,12 @@ def build_demo(
         demo.specdemo_presets = served  # type: ignore[attr-defined]
         runs = RunningSessions(tidy=functools.partial(forget_replaced_components, demo))
         runs.watch(demo)
+        default = default_preset if default_preset in served else next(iter(served))
+        ready = preload_pair(cache, served[default]) if preload else None
         ctx = TabContext(
-            presets=served, default_preset=default_preset if default_preset in served else next(iter(served)),
+            presets=served, default_preset=default,
             load=lambda target, draft: cache.get(target, draft, device=device, dtype=dtype),
-            limits=limits, gpu=gpu, export=export_dir, queue_id=GPU_QUEUE, follow=runs.follow,
+            limits=limits, gpu=gpu, export=export_dir, queue_id=GPU_QUEUE, follow=runs.follow, ready=ready,
         )
         gr.Markdown(INTRO, elem_id="sd-intro")
         with gr.Tab("Playground", elem_id="sd-playground-tab"):
@@ -85,6 +100,41 @@ def build_demo(
 
     demo.queue(default_concurrency_limit=1, max_size=limits.queue_size)
     return demo
+
+
+def preload_pair(cache: PairCache, preset: Preset) -> threading.Event:
+    """Load and warm `preset`'s pair in a background thread; the event is set when it is done
+    (also when it failed: the first Run then loads it and reports the error)."""
+    ready = threading.Event()
+
+    def load() -> None:
+        try:
+            cache.get(preset.target, preset.draft)
+        except Exception:
+            log.exception("preloading %s failed", preset.name)
+        finally:
+            ready.set()
+
+    threading.Thread(target=load, name="specdemo-preload", daemon=True).start()
+    return ready
+
+
+def serving_threads(requested: int | None = None, cores: int | None = None) -> int:
+    """Set and return torch's CPU threads for serving: `requested` (app.py --threads), else
+    SPECDEMO_THREADS, else one thread on a machine of two cores or fewer (see SMALL_MACHINE_THREADS)
+    and torch's own choice elsewhere. ValueError for a count below 1."""
+    value = requested if requested is not None else os.environ.get(THREADS_ENV) or None
+    if value is None:
+        cores = cores if cores is not None else os.cpu_count() or 1
+        value = SMALL_MACHINE_THREADS if cores <= SMALL_MACHINE_CORES else torch.get_num_threads()
+    try:
+        threads = int(value)
+    except (TypeError, ValueError):
+        threads = 0
+    if threads < 1:
+        raise ValueError(f"threads must be an integer ≥ 1 (--threads or {THREADS_ENV}), got {value!r}")
+    torch.set_num_threads(threads)
+    return threads
 
 
 def served_presets(limits: Limits, known: Mapping[str, Preset]) -> dict[str, Preset]:

@@ -21,8 +21,8 @@ SUMMARY_COLUMNS = [
     "method", "label", "drafter", "new_tokens", "seconds", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
     "mean_accepted_tokens", "copied_rounds", "target_forwards", "draft_forwards", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "mean_entropy", "matches_ar", "perplexity", "stop_reason", "temperature", "seed",
-    "cache", "compile_seconds", "alpha", "rounds", "draft_seconds", "verify_seconds", "entropy_auc", "entropy_auc_n",
-    "note",
+    "cache", "compile_seconds", "threads", "alpha", "rounds", "draft_seconds", "verify_seconds", "entropy_auc",
+    "entropy_auc_n", "note",
 ]
 
 ROUND_COLUMNS = [

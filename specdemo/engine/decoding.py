@@ -59,7 +59,8 @@ def iter_generate(
         limits.check_request(prompt_ids, decode_params.max_new_tokens)
     pair.check_fits(prompt_ids, decode_params.max_new_tokens)
     seed = decode_params.seed if decode_params.seed is not None else random.randrange(2**31)
-    result = GenerationResult(method, {**decode_params.as_dict(), "seed": seed}, prompt_ids, note=note)
+    result = GenerationResult(method, {**decode_params.as_dict(), "seed": seed}, prompt_ids, note=note,
+                              threads=torch.get_num_threads())
     if spec.run is not None:  # a method not made of the loop's rounds (beam search)
         return spec.run(pair, decode_params, seed, result)
     drafter, policy = spec.build(pair, decode_params)

@@ -125,6 +125,7 @@ class GenerationResult:
     cache: str = "dynamic"  # the target's KV cache kind: "dynamic" or "static"
     drafter: str = "none"  # what drafted: the pair's draft, NASD's table, or none (AR)
     compile_seconds: float = 0.0  # compile and warm-up before the first round; never part of `seconds`
+    threads: int = 1  # torch's intra-op threads while it decoded (CPU speeds depend on it)
     note: str = ""  # what the method changed in the request, said to the user (e.g. a capped max_new_tokens)
     # Encoder-decoder pairs: the decoder's ids before the output (its start token); None otherwise.
     decoder_prefix: list[int] | None = None
@@ -181,5 +182,6 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "cache": result.cache,
         "drafter": result.drafter,
         "compile_seconds": result.compile_seconds,
+        "threads": result.threads,
         "note": result.note,
     }
