@@ -23,6 +23,7 @@ from .feature_head import FeatureHead
 from .params import DecodeParams
 from .params import parse_shape
 from .policies import AdaEDLStop, ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma, TokenEntropyStop
+from .rest import RestDrafter, load_datastore
 from .tree_drafting import DynamicTree, EntropyTree, StaticTree, TreeDrafter
 
 
@@ -87,6 +88,11 @@ def _nasd(pair, p: DecodeParams):
     return (TreeDrafter(drafter), _tree_policy(p)) if p.nasd_tree else (drafter, FixedGamma(p.gamma))
 
 
+def _rest_drafter(pair, p: DecodeParams) -> RestDrafter:
+    store = load_datastore(p.rest_datastore) if p.rest_datastore else None
+    return RestDrafter(store, pair.vocab_size or pair.target.config.vocab_size, pair.device)
+
+
 METHODS: dict[str, Method] = {}
 
 
@@ -113,6 +119,9 @@ register(Method("adaedl", "AdaEDL", True, "the pair's draft up to γ_max, stoppi
 register(Method("egag-token", "EGAG-token", True, "the pair's draft up to γ_max, stopping when a position's "
                 "(smoothed) normalised entropy exceeds a threshold", lambda pair, p: (
                     _model_drafter(pair, p), TokenEntropyStop(p.gamma_max, p.entropy_stop, p.token_ema))))
+register(Method("rest", "REST", False, "retrieval: the continuation of the longest match of the context's end in a "
+                "datastore (rest_datastore) or earlier in the context, fixed γ",
+                lambda pair, p: (_rest_drafter(pair, p), FixedGamma(p.gamma))))
 
 register(Method("beam", "Beam search", False, "the target alone, beam search (num_beams) through transformers' "
                 "generate; not greedy decoding, so its text differs from AR's",

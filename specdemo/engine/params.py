@@ -115,7 +115,7 @@ SCHEMA: tuple[Param, ...] = (
     Param("seed", int, None, "random seed (sampling); the same seed gives the same run",
           "Seed (empty = random)", low=0, high=2**63 - 1, optional=True, allowed="an integer ≥ 0 or empty"),
     Param("gamma", int, 3, "draft length γ", "SD / NASD: γ (draft length)",
-          methods=("sd", "nasd", "sd-heuristic"), **_GAMMA),
+          methods=("sd", "nasd", "sd-heuristic", "rest"), **_GAMMA),
     Param("gamma_min", int, 1, "smallest γ (egag-tree: smallest depth)", "EGAG: γ min", methods=("egag", "egag-tree"),
           **_GAMMA),
     Param("gamma_max", int, 4, "largest γ (egag-tree: largest depth)", "EGAG: γ max",
@@ -143,6 +143,9 @@ SCHEMA: tuple[Param, ...] = (
     Param("copy_n", int, 4, "copy from the context when its last n−1 tokens occurred before (0 = off)",
           "SD / EGAG: copy from the context (n; 0 = off)", methods=_COPYING, low=0, high=16,
           allowed="0 (off) or an integer from 2 to 16"),
+    Param("rest_datastore", str, "", "REST: a datastore file (python -m specdemo.bench.rest build CORPUS OUT); "
+          "empty = match the context alone", "REST: datastore file", methods=("rest",),
+          allowed="a path to a datastore, or empty"),
     Param("num_beams", int, 4, "beams kept by beam search", "Beam: number of beams", methods=("beam",),
           low=1, high=16),
     Param("nasd_tree", bool, False, "draft a tree of the table's continuations instead of a chain",
@@ -185,6 +188,7 @@ class DecodeParams:
     ngram_storage: str = PARAMS["ngram_storage"].default
     top_k_filler: int = PARAMS["top_k_filler"].default
     copy_n: int = PARAMS["copy_n"].default
+    rest_datastore: str = PARAMS["rest_datastore"].default
     num_beams: int = PARAMS["num_beams"].default
     nasd_tree: bool = PARAMS["nasd_tree"].default
     tree_policy: str = PARAMS["tree_policy"].default
