@@ -97,7 +97,7 @@ def test_public_sweep_caps_come_from_the_environment(monkeypatch):
     assert Limits.from_env().sweep_caps() == {"settings": 3, "prompts": 2, "repeats": 1}
 
 
-def test_stream_sweep_fills_the_charts_as_points_finish(tiny_pair, tmp_path):
+def test_stream_sweep_reports_progress_then_draws_once_at_the_end(tiny_pair, tmp_path):
     req = sweeptab.make_sweep_request(form(categories=["chat"], prompts_per_category=2), PRESETS, Limits(), SUITE)
     folder = tmp_path / "export"
     folder.mkdir()
@@ -106,10 +106,10 @@ def test_stream_sweep_fills_the_charts_as_points_finish(tiny_pair, tmp_path):
     running, last = updates[1:-1], updates[-1]
     # 5 settings × 2 prompts: an event per run, then the sweep's own "done".
     assert [u.done for u in running] == [*range(1, 2 * 5 + 1), 10] and running[-1].message == "done"
-    # Charts are redrawn once per finished prompt (its rows need AR's run), with the rows so far.
-    drawn = [u for u in running if u.figures is not None]
-    assert len(drawn) == 2 and set(drawn[0].figures) == set(sweep.FIGURES)
-    assert list(drawn[0].table.columns)[0] == "setting" and len(drawn[0].table) == 5
+    # Nothing is drawn while runs are timed: the charts and the table come once, with the last update.
+    assert all(u.figures is None and u.table is None and u.verdict is None for u in running)
+    assert set(last.figures) == set(sweep.FIGURES)
+    assert list(last.table.columns)[0] == "setting" and len(last.table) == 5
     assert last.finished and last.verdict.startswith("EGAG (γ_max 4")
     rows = pd.read_csv(last.files.rows_csv)
     assert list(rows.columns) == sweep.ROW_COLUMNS and len(rows) == 10

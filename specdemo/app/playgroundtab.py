@@ -116,7 +116,7 @@ def build_tab(ctx: TabContext, initial: Mapping[str, Any]) -> None:
     """Lay the tab out inside the current Blocks and wire /run and /compare.
     initial: the inputs' first values by parameter name (prompt, methods, max_new_tokens, ...)."""
     inputs = _inputs(ctx, initial)
-    outputs = _outputs(initial)
+    outputs = _outputs(initial, warming=ctx.ready is not None)
     _wire_run(ctx, inputs, outputs)
     _wire_compare(ctx, inputs)
     _wire_ready(ctx, outputs.status)
@@ -137,7 +137,7 @@ def preset_label(preset: Preset) -> str:
 def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> Inputs:
     with gr.Row(equal_height=False):
         with gr.Column(scale=5):
-            prompt = gr.Textbox(label="Prompt", value=initial["prompt"], lines=5, max_lines=14,
+            prompt = gr.Textbox(label="Prompt", value=initial["prompt"], lines=5, max_lines=14, elem_id="sd-prompt",
                                 placeholder="Type a prompt, or pick an example below")
             gr.Examples([[text] for _, text in EXAMPLES], inputs=[prompt],
                         example_labels=[label for label, _ in EXAMPLES], label="Examples")
@@ -191,8 +191,8 @@ def _offer_methods(ctx: TabContext, preset_name: str, chosen: list[str] | None):
     return gr.update(choices=method_choices(preset.draft), value=[m for m in chosen or [] if m in offered])
 
 
-def _outputs(initial: Mapping[str, Any]) -> Outputs:
-    status = gr.Markdown(READY, elem_id="sd-status")
+def _outputs(initial: Mapping[str, Any], warming: bool = False) -> Outputs:
+    status = gr.Markdown(WARMING if warming else READY, elem_id="sd-status")
     gr.HTML(viz.legend_html(), css_template=viz.TOKEN_CSS, elem_id="sd-legend")
     with gr.Column(elem_id="sd-panels"):
         shown = viz.method_order(initial["methods"])
@@ -273,16 +273,13 @@ WARMING = ("⏳ Loading the default model pair and warming it up, so that the fi
 
 
 def _wire_ready(ctx: TabContext, status: gr.Markdown) -> None:
-    """A page opened while the default pair still loads says so, and says when it is ready."""
+    """A page served while the default pair loads opens saying so, and says when it is ready."""
     if ctx.ready is None:
         return
 
     def wait_until_ready():
-        if ctx.ready.is_set():
-            return
-        yield WARMING
         ctx.ready.wait()
-        yield READY
+        return READY
 
     # The Blocks being built (the page), whose load event fires when a visitor opens it.
     Context.root_block.load(wait_until_ready, outputs=[status], api_visibility="private", concurrency_limit=None,

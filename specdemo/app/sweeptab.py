@@ -193,18 +193,16 @@ def sweep_events(pair: ModelPair, request: SweepRequest, warmup: bool = True) ->
 def stream_sweep(request: SweepRequest, load: Callable[[str, str | None], ModelPair],
                  export: Callable[[], Path], gpu: Callable[[Callable], Callable] = lambda fn: fn,
                  warmup: bool = True) -> Iterator[SweepUpdate]:
-    """Load the pair and sweep; the charts are redrawn whenever a (prompt, repeat) finishes."""
+    """Load the pair and sweep: progress while it runs, then the charts, table and verdict once.
+
+    Nothing is summarised or drawn while runs are timed: on a small machine the server's and the
+    browser's drawing would take the cores the timed runs need."""
     yield SweepUpdate(0, 0, "Loading the model pair …")
     pair = load(request.target, request.draft)
     rows: list[dict] = []
     event = None
     for event, rows in gpu(sweep_events)(pair, request, warmup):
-        update = SweepUpdate(event.done, event.total, event.message)
-        if event.new_rows:
-            summary = sweep.summarize_sweep(rows)
-            update.figures, update.table = sweep.sweep_figures(summary), table(summary)
-            update.verdict = sweep.verdict(summary)
-        yield update
+        yield SweepUpdate(event.done, event.total, event.message)
     result = sweep.sweep_result(pair, rows, request.settings, repeats=request.repeats, warmup=warmup,
                                 stopped=bool(event and event.stopped), tokens=event.tokens if event else None,
                                 **request.params.as_dict())
@@ -237,7 +235,8 @@ def build_tab(ctx: TabContext) -> None:
     gr.Markdown(
         "Where does fixed-γ SD peak, and does EGAG reach that peak without tuning? A sweep runs SD at each γ, "
         "EGAG at each (γ_max, EMA) and NASD at each n on the same prompts, with AR interleaved so every speedup "
-        "is a ratio from the same run. The charts fill in as prompts finish. The same run from a terminal: "
+        "is a ratio from the same run. The charts appear when the sweep ends: nothing is drawn while runs are "
+        "timed. The same run from a terminal: "
         "`python -m specdemo sweep --pair embedded`." + (f" This demo allows at most {capped}." if capped else "")
     )
     form = _inputs(ctx, initial)

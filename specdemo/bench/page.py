@@ -1,0 +1,318 @@
+"""The page benchmark: the Playground's default run in Chromium against the engine alone, in one command.
+
+    python -m specdemo.bench.page [--runs 3] [--threads 1,2] [--page-threads N] [--out DIR]
+
+It serves the page as a user does (`python app.py`, a separate process, the default pair loaded
+and warmed at startup), drives a headless Chromium on the same machine through the default run
+`--runs` times, and reads each run's comparison CSV, the file the page offers for download. Between
+page runs, this process decodes the same prompt with the same methods and settings through
+`specdemo.generate`, at each of `--threads`. Per method it prints the page's tokens/s against the
+engine's best, their ratio, and the speedups over AR on both sides; per run, the CPU seconds the
+browser and the server spent against the decode time. The server's CPU beyond decoding is its CPU
+less what the engine alone spends on the same decode at the page's thread count.
+
+Playwright (the Python package) and a Chromium are needed (`chromium_path`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import pandas as pd
+import psutil
+import torch
+
+from ..engine.decoding import generate
+from ..engine.methods import DEFAULT_METHODS
+from ..models.loading import PRESETS, load_pair
+from .chartpng import chromium_path
+
+APP = Path(__file__).resolve().parents[2] / "app.py"
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--no-first-run"]
+READY_TEXT = "to decode the prompt with every selected method"
+DONE = re.compile(r"Done in ([\d.]+) s")
+
+
+@dataclass
+class PageRun:
+    summary: pd.DataFrame  # the page's comparison CSV
+    wall_s: float  # Run pressed → "Done in" seen
+    browser_cpu_s: float
+    server_cpu_s: float
+
+    @property
+    def decode_s(self) -> float:
+        return float(self.summary["seconds"].sum())
+
+
+@dataclass
+class EngineRuns:
+    """tokens/s per (threads, method) over the repeats, and process CPU seconds per decode."""
+
+    tokens_per_s: dict[tuple[int, str], list[float]] = field(default_factory=dict)
+    cpu_s: dict[tuple[int, str], list[float]] = field(default_factory=dict)
+    new_tokens: dict[str, int] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- the served page
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def served_page(threads: int | None, port: int | None = None) -> Iterator[tuple[str, psutil.Process]]:
+    """`python app.py` on 127.0.0.1 (with `threads` torch threads, else its own choice); yields its
+    URL and process."""
+    if not APP.exists():
+        raise SystemExit(f"the page benchmark serves {APP}, which this installation lacks: run it from a checkout")
+    port = port or free_port()
+    log = tempfile.NamedTemporaryFile("w+", prefix="specdemo-page-", suffix=".log", delete=False)
+    command = [sys.executable, str(APP), "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--threads", str(threads)] if threads else []
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_port(port, server, log.name)
+        yield f"http://127.0.0.1:{port}/", psutil.Process(server.pid)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def _wait_for_port(port: int, server: subprocess.Popen, log: str, timeout_s: float = 600) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the page did not start (exit {server.returncode}); its log: {log}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise SystemExit(f"the page did not open port {port} within {timeout_s:.0f} s; its log: {log}")
+
+
+def cpu_seconds(processes: Sequence[psutil.Process]) -> dict[int, float]:
+    """user + system CPU seconds by pid (children included in their own entries)."""
+    seconds = {}
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            seconds[process.pid] = times.user + times.system
+        except psutil.Error:  # ended since it was listed
+            pass
+    return seconds
+
+
+def tree(process: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [process, *process.children(recursive=True)]
+    except psutil.Error:
+        return [process]
+
+
+def browser_processes(server: psutil.Process) -> list[psutil.Process]:
+    """Chromium's processes: this process's descendants named so, outside the server's tree."""
+    served = {p.pid for p in tree(server)}
+    return [p for p in psutil.Process().children(recursive=True)
+            if p.pid not in served and "chrom" in _name(p)]
+
+
+def _name(process: psutil.Process) -> str:
+    try:
+        return process.name().lower()
+    except psutil.Error:
+        return ""
+
+
+def spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds spent between two readings (a process new since `before` counts from zero)."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+
+
+# --------------------------------------------------------------------------- driving Chromium
+
+
+def press_run(page, server: psutil.Process, timeout_s: float = 900) -> PageRun:
+    """Press Run once, wait for "Done in", and read the comparison CSV the page offers."""
+    browser_before = cpu_seconds(browser_processes(server))
+    server_before = cpu_seconds(tree(server))
+    started = time.perf_counter()
+    page.locator("#sd-run").click()
+    page.locator("#sd-status").get_by_text(DONE).wait_for(timeout=timeout_s * 1000)
+    wall = time.perf_counter() - started
+    browser_cpu = spent(browser_before, cpu_seconds(browser_processes(server)))
+    server_cpu = spent(server_before, cpu_seconds(tree(server)))
+    with page.expect_download() as download:
+        page.locator("#sd-summary-csv").click()
+    summary = pd.read_csv(download.value.path())
+    return PageRun(summary, wall, browser_cpu, server_cpu)
+
+
+@contextmanager
+def opened_page(url: str) -> Iterator[object]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        raise SystemExit("the page benchmark needs Playwright: pip install playwright, and a Chromium "
+                         "(apt-get install chromium)") from None
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+            page.goto(url, wait_until="domcontentloaded")
+            # The page opens saying that the default pair is warming up, and says when it is ready.
+            page.locator("#sd-status").get_by_text(READY_TEXT).wait_for(timeout=900_000)
+            yield page
+        finally:
+            browser.close()
+
+
+# --------------------------------------------------------------------------- the engine alone
+
+
+def engine_pass(pair, prompt: str, methods: Sequence[str], threads: Sequence[int], runs: EngineRuns) -> None:
+    """One decode of the prompt per method at each thread count, added to `runs`."""
+    before = torch.get_num_threads()
+    try:
+        for count in threads:
+            torch.set_num_threads(count)
+            for method in methods:
+                cpu = time.process_time()
+                result = generate(pair, prompt, method, seed=0, chat=True)
+                runs.cpu_s.setdefault((count, method), []).append(time.process_time() - cpu)
+                runs.tokens_per_s.setdefault((count, method), []).append(result.stats["tokens_per_s"])
+                runs.new_tokens[method] = len(result.tokens)
+    finally:
+        torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------- the tables
+
+
+def page_threads(page_runs: Sequence[PageRun]) -> int:
+    """The thread count the page decoded on, as its CSV says."""
+    return int(page_runs[0].summary["threads"].iloc[0])
+
+
+def method_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFrame:
+    """Per method: page tok/s (median over runs) against the engine's best (any thread count)."""
+    methods = list(page_runs[0].summary["method"])
+    rows = []
+    for method in methods:
+        page_speeds = [float(r.summary.set_index("method").at[method, "tokens_per_s"]) for r in page_runs]
+        by_threads = {t: max(v) for (t, m), v in engine.tokens_per_s.items() if m == method}
+        best_threads = max(by_threads, key=by_threads.get)
+        rows.append({
+            "method": method, "page_tok_s": statistics.median(page_speeds), "page_first_run_tok_s": page_speeds[0],
+            **{f"engine_{t}t_tok_s": by_threads[t] for t in sorted(by_threads)},
+            "engine_best_tok_s": by_threads[best_threads], "engine_best_threads": best_threads,
+            "page_over_engine": statistics.median(page_speeds) / by_threads[best_threads],
+            "page_new_tokens": int(page_runs[0].summary.set_index("method").at[method, "new_tokens"]),
+            "engine_new_tokens": engine.new_tokens.get(method),
+        })
+    table = pd.DataFrame(rows).set_index("method")
+    ar = table.loc["ar"] if "ar" in table.index else None
+    if ar is not None:
+        table["page_speedup"] = table["page_tok_s"] / ar["page_tok_s"]
+        engine_at_page = f"engine_{page_threads(page_runs)}t_tok_s"
+        table["engine_speedup"] = table[engine_at_page] / ar[engine_at_page]
+        table["speedup_page_over_engine"] = table["page_speedup"] / table["engine_speedup"]
+    return table.reset_index()
+
+
+def cost_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFrame:
+    """Per page run: wall and decode seconds, browser and server CPU, and the server's CPU beyond decoding."""
+    threads = page_threads(page_runs)
+    engine_cpu = sum(statistics.median(v) for (t, _), v in engine.cpu_s.items() if t == threads)
+    rows = []
+    for k, run in enumerate(page_runs, 1):
+        overhead = max(0.0, run.server_cpu_s - engine_cpu)
+        rows.append({"run": k, "wall_s": run.wall_s, "decode_s": run.decode_s, "browser_cpu_s": run.browser_cpu_s,
+                     "server_cpu_s": run.server_cpu_s, "engine_cpu_s": engine_cpu, "server_beyond_decoding_s": overhead,
+                     "drawing_cpu_over_decode": (run.browser_cpu_s + overhead) / run.decode_s
+                     if run.decode_s else math.nan})
+    return pd.DataFrame(rows)
+
+
+def markdown(frame: pd.DataFrame, digits: int = 2) -> str:
+    """A DataFrame as a Markdown table (numbers rounded), for docs/benchmark.md."""
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return "–" if math.isnan(value) else f"{value:.{digits}f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def measure(runs: int, threads: Sequence[int], served_threads: int | None, preset: str,
+            port: int | None = None) -> tuple[list[PageRun], EngineRuns, str]:
+    """`runs` page runs, each followed by one engine pass at every thread count; also returns the prompt."""
+    chosen = PRESETS[preset]
+    pair = load_pair(chosen.target, chosen.draft)
+    methods = list(DEFAULT_METHODS)
+    engine, page_runs = EngineRuns(), []
+    with served_page(served_threads, port) as (url, server), opened_page(url) as page:
+        prompt = page.locator("#sd-prompt textarea").input_value()
+        engine_pass(pair, prompt, methods, threads, EngineRuns())  # warm, like the page's startup
+        for k in range(runs):
+            page_runs.append(press_run(page, server))
+            print(f"page run {k + 1}/{runs}: {page_runs[-1].wall_s:.1f} s", flush=True)
+            engine_pass(pair, prompt, methods, threads, engine)
+    return page_runs, engine, prompt
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m specdemo.bench.page", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="default runs pressed on the page (default 3)")
+    parser.add_argument("--threads", default="1,2", help="the engine's thread counts, comma-separated (default 1,2)")
+    parser.add_argument("--page-threads", type=int, default=None,
+                        help="the page's torch threads (default: what app.py chooses on this machine)")
+    parser.add_argument("--preset", default="embedded", help="the model pair (default: embedded, the page's default)")
+    parser.add_argument("--out", default=None, help="a folder for methods.csv and costs.csv")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    threads = [int(t) for t in args.threads.split(",") if t.strip()]
+    page_runs, engine, prompt = measure(args.runs, threads, args.page_threads, args.preset)
+    methods, costs = method_table(page_runs, engine), cost_table(page_runs, engine)
+    print(f"\n{os.cpu_count()} cores; the page decoded on {page_threads(page_runs)} thread(s); {args.runs} page runs; "
+          f"prompt {prompt[:60]!r}…")
+    print(markdown(methods))
+    print()
+    print(markdown(costs))
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        methods.to_csv(Path(args.out) / "methods.csv", index=False)
+        costs.to_csv(Path(args.out) / "costs.csv", index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
