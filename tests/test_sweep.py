@@ -29,7 +29,7 @@ def test_grid_expands_every_method_and_leaves_other_settings_empty():
     assert [s.gamma for s in settings if s.method == "sd"] == [1, 2, 3]
     assert [(s.gamma_max, s.ema) for s in settings if s.method == "egag"] == [(4, 0.0), (4, 0.9), (6, 0.0), (6, 0.9)]
     ar, sd, egag, nasd = settings[0], settings[1], settings[4], settings[-1]
-    empty = {"gamma": None, "gamma_max": None, "ema": None, "ngram_n": None, "copy_n": None, "node_budget": None}
+    empty = dict.fromkeys(sweep.SETTING_COLUMNS)
     assert ar.values() == empty and ar.params() == {}
     assert sd.values() == {**empty, "gamma": 1}
     assert sd.params() == {"gamma": 1}  # copy_n left at the parameter's default

@@ -19,7 +19,8 @@ from .common import (add_decoding_arguments, add_model_arguments, add_suite_argu
                      pair_from_args, progress_bar, read_suite,
                      suite_needs_tokenizer)
 
-GRID_PARAMS = ("gamma", "gamma_max", "ema", "ngram_n", "copy_n", "node_budget")  # lists here, single values elsewhere
+GRID_PARAMS = ("gamma", "gamma_max", "ema", "ngram_n", "copy_n", "node_budget", "adaedl_lambda", "entropy_stop",
+               "specdecpp_threshold")  # lists here, single values elsewhere
 SHOWN = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s", "acceptance_rate",
          "mean_accepted_tokens", "mean_gamma", "wasted_drafts_per_token", "target_forwards_per_token",
          "predicted_speedup", "exact_match_pct"]
@@ -47,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--copy-n", dest="copy_n", default=None,
                       help=f"SD and EGAG: copy_n values, each setting run with each (0 = no copying; default: "
                            f"{PARAMS['copy_n'].default} alone, the setting's labels unchanged)")
+    grid.add_argument("--adaedl-lambda", dest="adaedl_lambda", default=None, help="AdaEDL: thresholds λ, e.g. 0.3,0.5")
+    grid.add_argument("--entropy-stop", dest="entropy_stop", default=None, help="EGAG-token: entropy thresholds")
+    grid.add_argument("--specdecpp-threshold", dest="specdecpp_threshold", default=None,
+                      help="SpecDec++: thresholds on the predicted probability of a rejection so far")
+    grid.add_argument("--stop-cap", type=int, default=8, help="the per-token rules' largest γ (default: 8)")
     grid.add_argument("--nasd-gamma", type=int, default=PARAMS["gamma"].default,
                       help=f"NASD: γ at every n (default: {PARAMS['gamma'].default})")
     add_model_arguments(parser)
@@ -72,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ValueError(f"{name} must be an integer ≥ 1, got {value}")
     settings = expand_grid(args.gamma, args.gamma_max, args.ema, args.ngram_n, args.methods, args.copy_n, args.node_budget,
-                           gamma_min=params.gamma_min, nasd_gamma=args.nasd_gamma)
+                           args.adaedl_lambda, args.entropy_stop, args.specdecpp_threshold,
+                           gamma_min=params.gamma_min, nasd_gamma=args.nasd_gamma, stop_cap=args.stop_cap)
     # Prompts cut in the target's tokens are read once the pair is loaded; every other suite now.
     suite = None if suite_needs_tokenizer(args) else select_prompts(read_suite(args), args.categories, args.limit)
     if args.chart_png:
@@ -109,5 +116,10 @@ def _sweep_with(args, params, settings, suite) -> int:
 def print_summary(result: SweepResult) -> None:
     with pd.option_context("display.max_columns", None, "display.width", 200, "display.float_format", "{:.3f}".format):
         print(result.summary[SHOWN].to_string(index=False))
+    policies = result.policy_table
+    if not policies.empty:
+        print()
+        with pd.option_context("display.max_columns", None, "display.width", 250, "display.float_format", "{:.3f}".format):
+            print(policies.to_string(index=False))
     print()
     print(result.verdict)

@@ -14,6 +14,7 @@ The pieces, each importing only those before it:
   flops    what each model is fed: forwards, tokens, estimated FLOPs.
   rows     one row per run (the column definitions are there).
   charts   the Plotly charts, pure functions of the summary.
+  verdict  `policy_verdict`: adaptive rules against the best fixed γ, per category, bootstrapped over prompts.
   summary  `summarize_sweep`, `verdict`, and `SweepResult`, what a finished sweep leaves.
   runner   `iter_sweep`, `run_sweep`: the interleaved runs.
   report   the CSVs and the HTML page.
@@ -22,18 +23,19 @@ The pieces, each importing only those before it:
 from .charts import FIGURES, acceptance_figure, flops_figure, predicted_figure, speedup_figure, sweep_figures
 from .flops import matmul_parameters
 from .grid import (
-    AR, DEFAULT_EMAS, DEFAULT_GAMMA_MAXES, DEFAULT_GAMMAS, DEFAULT_NGRAM_NS, SETTING_COLUMNS, SWEEP_METHODS, Setting,
+    ADAPTIVE_METHODS, AR, DEFAULT_EMAS, DEFAULT_GAMMA_MAXES, DEFAULT_GAMMAS, DEFAULT_NGRAM_NS, SETTING_COLUMNS, SWEEP_METHODS, Setting,
     copy_phrase, expand_grid,
 )
 from .report import report_html, write_outputs
 from .rows import ROW_COLUMNS, rows_frame
 from .runner import Progress, SweepEvent, iter_sweep, run_sweep
 from .summary import SUMMARY_COLUMNS, SweepResult, summarize_sweep, sweep_result, verdict
+from .verdict import VERDICT_COLUMNS, policy_sentence, policy_verdict
 
 __all__ = [
-    "AR", "DEFAULT_EMAS", "DEFAULT_GAMMAS", "DEFAULT_GAMMA_MAXES", "DEFAULT_NGRAM_NS", "FIGURES", "ROW_COLUMNS",
+    "ADAPTIVE_METHODS", "AR", "DEFAULT_EMAS", "DEFAULT_GAMMAS", "DEFAULT_GAMMA_MAXES", "DEFAULT_NGRAM_NS", "FIGURES", "ROW_COLUMNS",
     "SETTING_COLUMNS", "SUMMARY_COLUMNS", "SWEEP_METHODS", "Progress", "Setting", "SweepEvent", "SweepResult",
     "acceptance_figure", "copy_phrase", "expand_grid", "flops_figure", "iter_sweep", "matmul_parameters",
     "predicted_figure", "report_html", "rows_frame", "run_sweep", "speedup_figure", "summarize_sweep",
-    "sweep_figures", "sweep_result", "verdict", "write_outputs",
+    "sweep_figures", "sweep_result", "verdict", "write_outputs", "VERDICT_COLUMNS", "policy_sentence", "policy_verdict",
 ]

@@ -62,9 +62,27 @@ def speedup_figure(summary: pd.DataFrame):
                         textposition="bottom center", marker=dict(size=9, symbol="triangle-up"),
                         error_y=_errors(trees, "speedup_vs_ar"),
                         hovertemplate="budget %{text}: %{x:.2f} nodes/round, %{y:.2f}× AR<extra>SD-tree</extra>")
+    _add_stopping_rules(fig, summary)
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey", annotation_text="AR")
     return _layout(fig, "Speedup over AR against γ (EGAG at its mean γ, trees at their nodes per round)",
                    "γ (EGAG: mean γ; SD-tree: nodes per round)", "speedup (× AR)")
+
+
+_STOPPING_RULES = {"adaedl": "adaedl_lambda", "egag-token": "entropy_stop", "specdecpp": "specdecpp_threshold",
+                   "sd-confidence": None, "sd-heuristic": None, "rest": None}
+
+
+def _add_stopping_rules(fig, summary: pd.DataFrame) -> None:
+    """Rules that stop drafting as they go, and REST, placed at the drafts they made per round."""
+    for method, axis in _STOPPING_RULES.items():
+        part = summary[summary.method == method]
+        if part.empty:
+            continue
+        text = [fmt(v) for v in part[axis]] if axis else ["" for _ in range(len(part))]
+        fig.add_scatter(name=f"{part.label.iloc[0].split(' ')[0]} (drafts per round)", x=part.nodes_per_round,
+                        y=part.speedup_vs_ar, mode="markers+text", text=text, textposition="top center",
+                        marker=dict(size=9, symbol="circle-open"), error_y=_errors(part, "speedup_vs_ar"),
+                        hovertemplate="%{text}: %{x:.2f} drafts/round, %{y:.2f}× AR<extra>" + method + "</extra>")
 
 
 def acceptance_figure(summary: pd.DataFrame):

@@ -13,12 +13,18 @@ import pandas as pd
 from ...engine.methods import BASELINES, METHODS
 from ...engine.params import PARAMS, DecodeParams
 
-SWEEP_METHODS = ("sd", "egag", "nasd", "sd-tree")
+SWEEP_METHODS = ("sd", "egag", "nasd", "sd-tree", "adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic",
+                 "rest")
+# The methods that set their draft length as they go, against which the best fixed γ is judged.
+ADAPTIVE_METHODS = ("egag", "adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic")
+# Each per-token rule's threshold: the grid's axis and the parameter it sets.
+STOP_AXES = {"adaedl": "adaedl_lambda", "egag-token": "entropy_stop", "specdecpp": "specdecpp_threshold"}
+DEFAULT_STOP_CAP = 8  # the per-token rules draft at most this many tokens a round
 DEFAULT_GAMMAS = (1, 2, 3, 4, 6, 8)
 DEFAULT_GAMMA_MAXES = (2, 4, 6, 8)
 DEFAULT_EMAS = (0.0, 0.5, 0.9)
 DEFAULT_NGRAM_NS = (2, 3, 4)
-SETTING_COLUMNS = ["gamma", "gamma_max", "ema", "ngram_n", "copy_n", "node_budget"]
+SETTING_COLUMNS = ["gamma", "gamma_max", "ema", "ngram_n", "copy_n", "node_budget", *STOP_AXES.values()]
 
 
 def fmt(value: Any) -> str:
@@ -40,6 +46,9 @@ class Setting:
     copy_n: int | None = None  # SD and EGAG: None leaves the parameter's default
     gamma_min: int | None = None  # EGAG's floor, fixed over the grid
     node_budget: int | None = None  # SD-tree: the most nodes a round drafts
+    adaedl_lambda: float | None = None
+    entropy_stop: float | None = None
+    specdecpp_threshold: float | None = None
 
     @property
     def key(self) -> str:
@@ -57,6 +66,18 @@ class Setting:
             return f"NASD n={self.ngram_n} (γ={self.gamma})"
         if self.method == "sd-tree":
             return f"SD-tree {self.node_budget} nodes"
+        if self.method in STOP_AXES:
+            symbol = {"adaedl": "λ", "egag-token": "H >", "specdecpp": "P(reject) >"}[self.method]
+            value = getattr(self, STOP_AXES[self.method])
+            return f"{self.method_label} {symbol} {fmt(value)} (γ ≤ {self.gamma_max})"
+        if self.method in ("rest", "sd-heuristic"):
+            return f"{self.method_label} γ={self.gamma}"
+        if self.method == "sd-confidence":
+            return f"{self.method_label} (γ ≤ {self.gamma_max})"
+        return self.method_label
+
+    @property
+    def method_label(self) -> str:
         return METHODS[self.method].label if self.method in METHODS else self.method
 
     def params(self) -> dict[str, Any]:
@@ -89,7 +110,8 @@ def _values(name: str, values: Iterable | str | None) -> list:
     out = []
     for value in values:
         number = float(value)
-        out.append(number if name == "ema" else int(number) if number.is_integer() else number)
+        keep_float = name == "ema" or name in STOP_AXES.values()
+        out.append(number if keep_float else int(number) if number.is_integer() else number)
     return list(dict.fromkeys(out))
 
 
@@ -101,49 +123,44 @@ def expand_grid(
     methods: str | Sequence[str] | None = None,
     copy_n: Iterable[int] | str | None = None,
     node_budget: Iterable[int] | str | None = None,
+    adaedl_lambda: Iterable[float] | str | None = None,
+    entropy_stop: Iterable[float] | str | None = None,
+    specdecpp_threshold: Iterable[float] | str | None = None,
     *,
     gamma_min: int = 1,
     nasd_gamma: int = PARAMS["gamma"].default,
+    stop_cap: int = DEFAULT_STOP_CAP,
 ) -> list[Setting]:
     """AR, then SD at each γ, EGAG at each (γ_max, EMA) with γ_min fixed, NASD at each n
     (with γ = nasd_gamma), SD-tree at each node budget (its other tree parameters as the
-    shared decoding parameters say). Values may be lists or comma-separated strings ("1,2,4"). With
-    copy_n values, SD's and EGAG's settings are repeated for each (0 = no copying); without,
-    they copy as the parameter's default says.
+    shared decoding parameters say), and each per-token rule (adaedl, egag-token, specdecpp) at
+    each of its thresholds with at most `stop_cap` drafts a round. Values may be lists or
+    comma-separated strings ("1,2,4"). With copy_n values, SD's and EGAG's settings are repeated
+    for each (0 = no copying); without, they copy as the parameter's default says.
 
-    methods picks among sd, egag and nasd (AR always runs), and may add the baselines
-    (beam, draft, ar-nocache), each run once per prompt as a reference; by default every
-    method whose grid is given (NASD only when ngram_n is). Every setting is validated here, so
-    a bad value fails before any model runs.
+    methods picks among SWEEP_METHODS (AR always runs), and may add the baselines (beam, draft,
+    ar-nocache), each run once per prompt as a reference; by default every method whose grid is
+    given (NASD only when ngram_n is). A per-token rule picked without its thresholds runs at
+    its parameter's default; sd-confidence (γ ≤ stop_cap), sd-heuristic and rest (γ = nasd_gamma)
+    have no grid. Every setting is validated here, so a bad value fails before any model runs.
     """
-    gammas, maxes, emas, ns, budgets = (_values(n, v) for n, v in (
-        ("gamma", gamma), ("gamma_max", gamma_max), ("ema", ema), ("ngram_n", ngram_n), ("node_budget", node_budget)))
-    if methods is None:
-        chosen = [m for m, ok in (("sd", gammas), ("egag", maxes and emas), ("nasd", ns), ("sd-tree", budgets)) if ok]
-    else:
-        names = methods.split(",") if isinstance(methods, str) else list(methods)
-        chosen = list(dict.fromkeys(n.strip().lower() for n in names if n and n.strip() and n.strip().lower() != "ar"))
-        unknown = [n for n in chosen if n not in SWEEP_METHODS and n not in BASELINES]
-        if unknown:
-            raise ValueError(f"sweep methods: unknown {', '.join(map(repr, unknown))}; choose from "
-                             f"{', '.join(SWEEP_METHODS)} (AR always runs), or the baselines "
-                             f"{', '.join(BASELINES)} (run once each, beside AR)")
-        missing = {"sd": ("gamma", gammas), "egag": ("gamma_max and ema", maxes and emas), "nasd": ("ngram_n", ns),
-                   "sd-tree": ("node_budget", budgets)}
-        empty = [f"{m} needs {missing[m][0]}" for m in chosen if m in missing and not missing[m][1]]
-        if empty:
-            raise ValueError("sweep grid: " + "; ".join(empty))
+    grids = {name: _values(name, values) for name, values in (
+        ("gamma", gamma), ("gamma_max", gamma_max), ("ema", ema), ("ngram_n", ngram_n), ("node_budget", node_budget),
+        ("adaedl_lambda", adaedl_lambda), ("entropy_stop", entropy_stop),
+        ("specdecpp_threshold", specdecpp_threshold))}
+    chosen = _chosen_methods(methods, grids)
     copies = _values("copy_n", copy_n) or [None]
     settings = [AR]
     if "sd" in chosen:
-        settings += [Setting("sd", gamma=g, copy_n=c) for c in copies for g in gammas]
+        settings += [Setting("sd", gamma=g, copy_n=c) for c in copies for g in grids["gamma"]]
     if "egag" in chosen:
         settings += [Setting("egag", gamma_max=g, ema=e, gamma_min=gamma_min, copy_n=c)
-                     for c in copies for g in maxes for e in emas]
+                     for c in copies for g in grids["gamma_max"] for e in grids["ema"]]
     if "nasd" in chosen:
-        settings += [Setting("nasd", gamma=nasd_gamma, ngram_n=n) for n in ns]
+        settings += [Setting("nasd", gamma=nasd_gamma, ngram_n=n) for n in grids["ngram_n"]]
     if "sd-tree" in chosen:
-        settings += [Setting("sd-tree", node_budget=b) for b in budgets]
+        settings += [Setting("sd-tree", node_budget=b) for b in grids["node_budget"]]
+    settings += _adaptive_settings(chosen, grids, stop_cap, nasd_gamma)
     # Baselines have no grid: each runs once per prompt, a reference beside AR.
     settings += [Setting(name) for name in chosen if name in BASELINES]
     for setting in settings:
@@ -151,4 +168,39 @@ def expand_grid(
             DecodeParams.from_values(**setting.params())
         except ValueError as error:
             raise ValueError(f"sweep grid, {setting.label}: {error}") from None
+    return settings
+
+
+def _chosen_methods(methods, grids: dict[str, list]) -> list[str]:
+    """The methods to sweep: those asked (validated), or by default each whose grid is given."""
+    if methods is None:
+        given = {"sd": grids["gamma"], "egag": grids["gamma_max"] and grids["ema"], "nasd": grids["ngram_n"],
+                 "sd-tree": grids["node_budget"], **{m: grids[axis] for m, axis in STOP_AXES.items()}}
+        return [m for m, ok in given.items() if ok]
+    names = methods.split(",") if isinstance(methods, str) else list(methods)
+    chosen = list(dict.fromkeys(n.strip().lower() for n in names if n and n.strip() and n.strip().lower() != "ar"))
+    unknown = [n for n in chosen if n not in SWEEP_METHODS and n not in BASELINES]
+    if unknown:
+        raise ValueError(f"sweep methods: unknown {', '.join(map(repr, unknown))}; choose from "
+                         f"{', '.join(SWEEP_METHODS)} (AR always runs), or the baselines "
+                         f"{', '.join(BASELINES)} (run once each, beside AR)")
+    missing = {"sd": ("gamma", grids["gamma"]), "egag": ("gamma_max and ema", grids["gamma_max"] and grids["ema"]),
+               "nasd": ("ngram_n", grids["ngram_n"]), "sd-tree": ("node_budget", grids["node_budget"])}
+    empty = [f"{m} needs {missing[m][0]}" for m in chosen if m in missing and not missing[m][1]]
+    if empty:
+        raise ValueError("sweep grid: " + "; ".join(empty))
+    return chosen
+
+
+def _adaptive_settings(chosen: list[str], grids: dict[str, list], stop_cap: int, gamma: int) -> list[Setting]:
+    """The per-token rules at each threshold (their parameter's default when none is given), then
+    the rules without a grid."""
+    settings = []
+    for method, axis in STOP_AXES.items():
+        if method in chosen:
+            values = grids[axis] or [PARAMS[axis].default] if axis in PARAMS else grids[axis]
+            settings += [Setting(method, gamma_max=stop_cap, **{axis: v}) for v in values]
+    if "sd-confidence" in chosen:
+        settings.append(Setting("sd-confidence", gamma_max=stop_cap))
+    settings += [Setting(m, gamma=gamma) for m in ("sd-heuristic", "rest") if m in chosen]
     return settings

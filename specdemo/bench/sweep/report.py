@@ -45,6 +45,10 @@ def report_html(result: SweepResult, path: str | Path | None = None, plotlyjs: s
         f"{meta.get('transformers')}; {meta.get('prompts')} prompts × {meta.get('repeats')} repeats; {params}; "
         f"{meta.get('time')}" + ("; STOPPED EARLY" if result.stopped else ""))
     definitions = html.escape(rows.__doc__.split("Definitions of the row columns")[1])
+    policies = result.policy_table
+    policy_html = ("<h2>Adaptive draft length against the best fixed γ (95% bootstrap interval over prompts)</h2>\n"
+                   + policies.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="", border=0,
+                                      classes="summary")) if not policies.empty else ""
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>specdemo sweep</title>
 <style>
@@ -59,6 +63,7 @@ pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px
 <p class="verdict">{html.escape(result.verdict)}</p>
 <h2>Summary (mean over repeats; *_std: std over repeats)</h2>
 {table}
+{policy_html}
 {''.join(parts)}
 <h2>Definitions</h2>
 <pre>Definitions of the row columns{definitions}</pre>

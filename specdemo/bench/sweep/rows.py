@@ -42,8 +42,11 @@ ROW_COLUMNS = [
     # beyond the required columns
     "copy_n", "setting", "label", "category", "prompt_index", "order", "seed", "prompt_tokens", "new_tokens", "seconds",
     "rounds", "copied_rounds", "drafted", "accepted", "rejected_rounds", "alpha", "cost_ratio", "draft_seconds",
-    "verify_seconds", "stop_reason", "node_budget", "nodes_per_round",
+    "verify_seconds", "stop_reason", "node_budget", "nodes_per_round", "adaedl_lambda", "entropy_stop",
+    "specdecpp_threshold",
 ]
+# Methods that stop drafting as they go: Leviathan's prediction reads their mean drafts per drafting round.
+_VARYING_GAMMA = ("adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic")
 
 
 def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
@@ -69,7 +72,8 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
             cost = math.nan
         else:
             cost = ratio(ratio(stats["draft_seconds"], d_forwards), ar_step)
-        gamma = mean_gamma if setting.method == "egag" else setting.gamma
+        gamma = (mean_gamma if setting.method == "egag" else _mean_drafts(result) if setting.method in _VARYING_GAMMA
+                 else setting.gamma)
         predicted = leviathan_speedup(alpha, float(gamma), cost) if setting.method != "ar" and gamma else math.nan
         row = {
             "method": setting.method, **setting.values(), "prompt_id": item.id, "repeat": repeat,
@@ -93,6 +97,11 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
     return rows
 
 
+def _mean_drafts(result) -> float:
+    drafting = [len(r.drafted) for r in result.rounds if r.drafted]
+    return sum(drafting) / len(drafting) if drafting else math.nan
+
+
 def ratio(numerator: float, denominator: float) -> float:
     try:
         return numerator / denominator if denominator and math.isfinite(denominator) and denominator > 0 else math.nan
@@ -109,5 +118,6 @@ def rows_frame(rows: Sequence[dict]) -> pd.DataFrame:
 def typed_settings(frame: pd.DataFrame) -> pd.DataFrame:
     for name in ("gamma", "gamma_max", "ngram_n", "copy_n", "node_budget"):
         frame[name] = pd.to_numeric(frame[name]).astype("Int64")
-    frame["ema"] = pd.to_numeric(frame["ema"]).astype(float)
+    for name in ("ema", "adaedl_lambda", "entropy_stop", "specdecpp_threshold"):
+        frame[name] = pd.to_numeric(frame[name]).astype(float)
     return frame

@@ -25,6 +25,7 @@ from .charts import sweep_figures
 from .flops import matmul_parameters
 from .grid import AR, SETTING_COLUMNS, Setting, copy_phrase, fmt
 from .rows import ratio, rows_frame, typed_settings
+from .verdict import policy_sentence, policy_verdict
 
 # Metrics of the summary, each with a *_std beside it; how one repeat's value is taken over its prompts.
 _SUMMARY_METRICS = {
@@ -56,7 +57,14 @@ class SweepResult:
 
     @property
     def verdict(self) -> str:
-        return verdict(self.summary, self.tokens)
+        """The sentence on EGAG, then, when the sweep ran fixed γ and an adaptive rule, the bootstrap comparison."""
+        comparison = policy_sentence(self.policy_table)
+        return " ".join(part for part in (verdict(self.summary, self.tokens), comparison) if part)
+
+    @property
+    def policy_table(self) -> pd.DataFrame:
+        """Per category and overall: the best fixed γ against the adaptive settings (see `verdict.py`)."""
+        return policy_verdict(self.rows)
 
     @property
     def figures(self) -> dict[str, Any]:
