@@ -11,6 +11,7 @@ from typing import Sequence
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..engine.params import ENGINE_SCHEMA, SCHEMA, DecodeParams, EngineOptions, Param
 from ..models.loading import EMBEDDED, PRESETS, load_pair
+from ..models.precision import PRECISIONS
 
 # What the command line says instead of the schema's default, where its default differs.
 _CLI_DEFAULT_NOTE = {"chat": "on for the embedded pairs, off otherwise", "seed": "random"}
@@ -21,10 +22,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--pair", default=None, choices=sorted(PRESETS),
                        help="a model-pair preset (default: embedded, unless --target is given)")
     group.add_argument("--target", default=None, help="target: hub id, local folder or .gguf file")
-    group.add_argument("--draft", default=None, help="draft for sd/egag: hub id, local folder or .gguf file")
+    group.add_argument("--draft", default=None, help="draft for sd/egag: hub id, local folder, .gguf file, or "
+                                                     "self:PRECISION (the target's own weights, e.g. self:int8)")
     group.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: cuda if available)")
     group.add_argument("--dtype", default=None,
-                       help="float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on GPU)")
+                       help=f"both models' precision, one of {', '.join(PRECISIONS)} "
+                            "(default: float32 on CPU, bfloat16 on GPU)")
+    group.add_argument("--target-dtype", default=None, metavar="PRECISION",
+                       help="the target's precision (default: --dtype); int8 is the fastest int8 path measured "
+                            "on the device (docs/precision-and-memory.md)")
+    group.add_argument("--draft-dtype", default=None, metavar="PRECISION",
+                       help="the draft's precision (default: --dtype); --draft self:int8 drafts with the "
+                            "target's own weights in int8")
 
 
 def _flag_help(spec: Param) -> str:
@@ -90,9 +99,13 @@ def default_chat(args: argparse.Namespace) -> bool:
 
 
 def pair_from_args(args: argparse.Namespace):
+    precisions = dict(dtype=args.dtype, target_dtype=getattr(args, "target_dtype", None),
+                      draft_dtype=getattr(args, "draft_dtype", None))
     if args.target:
-        return load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
-    return load_pair(args.pair or EMBEDDED, device=args.device, dtype=args.dtype)
+        return load_pair(args.target, args.draft, device=args.device, **precisions)
+    if args.draft:  # a preset's target with another draft (e.g. --pair embedded --draft self:int8)
+        return load_pair(PRESETS[args.pair or EMBEDDED].target, args.draft, device=args.device, **precisions)
+    return load_pair(args.pair or EMBEDDED, device=args.device, **precisions)
 
 
 def add_suite_arguments(parser: argparse.ArgumentParser, repeats: int, what: str) -> None:

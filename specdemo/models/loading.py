@@ -28,6 +28,7 @@ from ..engine.feature_head import FeatureHead, is_feature_head
 from ..engine.few_rows import use_few_row_products
 from .embedded import DEFAULT_DRAFT, EMBEDDED_HEAD, EMBEDDED_LM, load_embedded_draft, load_embedded_target
 from .errors import ModelLoadError
+from .precision import Precision, quantize, resolve_precision, self_draft, self_draft_precision
 from .tokens import check_token_ids, collect_eos_ids, default_device, encode_chat, resolve_dtype
 
 
@@ -52,6 +53,8 @@ def draft_kind_of(draft: str | None) -> str | None:
         return None
     if draft == EMBEDDED:
         draft = DEFAULT_DRAFT
+    if self_draft_precision(draft) is not None:
+        return "model"
     return "feature-head" if draft == EMBEDDED_HEAD or is_feature_head(draft) else "model"
 
 
@@ -92,6 +95,9 @@ class ModelPair:
     draft_ref: str | None = None
     vocab_size: int | None = None  # logits are cut to this when the two models pad their vocab differently
     eos_ids: frozenset[int] = field(default_factory=frozenset)
+    # Each model's precision as loaded (`specdemo.models.precision`); None where not recorded.
+    target_precision: Precision | None = None
+    draft_precision: Precision | None = None
 
     def __post_init__(self) -> None:
         if not self.eos_ids:
@@ -176,10 +182,16 @@ def load_pair(
     device: str | None = None,
     dtype: str | torch.dtype | None = None,
     trust_remote_code: bool = False,
+    *,
+    target_dtype: str | torch.dtype | None = None,
+    draft_dtype: str | torch.dtype | None = None,
 ) -> ModelPair:
-    """Load a target and an optional draft (hub id, local folder, .gguf file, or a preset name).
+    """Load a target and an optional draft (hub id, local folder, .gguf file, a preset name, or
+    `self:PRECISION`: the target's own weights at that precision, e.g. `self:int8`).
 
     `load_pair("embedded")` is the offline default; `load_pair("qwen2.5-1.5b")` any preset.
+    `target_dtype` and `draft_dtype` (float32, bfloat16, float16, int8, int4, ...: see
+    `specdemo.models.precision`) set each model's precision; `dtype` sets both where they are not given.
     """
     if not isinstance(target, str) or not target.strip():
         raise ValueError("target must be a model id, a local folder, a .gguf file or a preset name")
@@ -190,7 +202,8 @@ def load_pair(
         preset = PRESETS[target]
         target, draft = preset.target, preset.draft
     device = device or str(default_device())
-    torch_dtype = resolve_dtype(dtype, device)
+    target_precision, draft_precision = _pair_precisions(device, dtype, target_dtype, draft_dtype, draft)
+    torch_dtype = target_precision.float_dtype
 
     if target == EMBEDDED:
         target_model, tokenizer = load_embedded_target(device=device, dtype=torch_dtype)
@@ -198,34 +211,60 @@ def load_pair(
         tokenizer = load_tokenizer(target, trust_remote_code)
         target_model = load_model(target, device, torch_dtype, trust_remote_code)
 
-    draft_model = None
-    vocab_size = None
+    draft_model = vocab_size = None
     if draft is not None:
-        if is_encoder_decoder_model(target_model) and (draft in (EMBEDDED, EMBEDDED_LM, EMBEDDED_HEAD)
-                                                         or is_feature_head(draft)):
-            raise ModelLoadError(
-                f"{draft!r} drafts for a decoder-only target; {target!r} is an encoder-decoder model "
-                f"({architecture(target_model.config)}): give it an encoder-decoder draft with its tokenizer, "
-                "e.g. a smaller model of the same family"
-            )
-        if draft in (EMBEDDED, EMBEDDED_LM, EMBEDDED_HEAD):
-            draft_model = load_embedded_draft(target_model, kind=draft, device=device, dtype=torch_dtype)
-        elif is_feature_head(draft):
-            draft_model = load_feature_head(draft, target_model, device, torch_dtype)
-        else:
-            draft_tokenizer = _optional_tokenizer(draft, trust_remote_code)
-            if draft_tokenizer is not None:
-                check_same_tokenizer(tokenizer, draft_tokenizer, target, draft)
-            draft_model = load_model(draft, device, torch_dtype, trust_remote_code)
-            check_same_kind(target_model, draft_model, target, draft)
+        draft_model = _load_draft(draft, target, target_model, tokenizer, device, draft_precision, trust_remote_code)
         if not isinstance(draft_model, FeatureHead):  # a head predicts over the target's own vocabulary
             vocab_size = shared_vocab_size(target_model, draft_model, tokenizer, target, draft)
+    # Last, so that a feature head and a self-draft read the target's float weights.
+    target_model = quantize(target_model, target_precision)
     if torch.device(device).type == "cpu":
-        for model in (target_model, draft_model):
-            if model is not None:
+        # A quantized model's linear layers run their library's kernels, not float products.
+        for model, precision in ((target_model, target_precision), (draft_model, draft_precision)):
+            if model is not None and not (precision.quantized and not isinstance(model, FeatureHead)):
                 use_few_row_products(model)
     return ModelPair(target_model, tokenizer, draft_model, name=name, target_ref=target, draft_ref=draft,
-                     vocab_size=vocab_size)
+                     vocab_size=vocab_size, target_precision=target_precision,
+                     draft_precision=draft_precision if draft is not None else None)
+
+
+def _pair_precisions(device, dtype, target_dtype, draft_dtype, draft: str | None):
+    """Each model's `Precision`: its own setting, else `dtype`; a `self:` draft names its own."""
+    own = self_draft_precision(draft)
+    if own is not None and draft_dtype not in (None, "", "auto", own):
+        raise ValueError(f"draft {draft!r} names its precision ({own}); draft_dtype {draft_dtype!r} contradicts it")
+    target_precision = resolve_precision(target_dtype if target_dtype not in (None, "") else dtype, device)
+    draft_precision = resolve_precision(own or (draft_dtype if draft_dtype not in (None, "") else dtype), device)
+    return target_precision, draft_precision
+
+
+def _load_draft(draft: str, target: str, target_model, tokenizer, device, precision: Precision,
+                trust_remote_code: bool):
+    """The draft of a pair, at its precision, checked against the target it drafts for."""
+    if self_draft_precision(draft) is not None:
+        return self_draft(target_model, precision)
+    embedded = draft in (EMBEDDED, EMBEDDED_LM, EMBEDDED_HEAD)
+    if is_encoder_decoder_model(target_model) and (embedded or is_feature_head(draft)):
+        raise ModelLoadError(
+            f"{draft!r} drafts for a decoder-only target; {target!r} is an encoder-decoder model "
+            f"({architecture(target_model.config)}): give it an encoder-decoder draft with its tokenizer, "
+            "e.g. a smaller model of the same family"
+        )
+    if precision.quantized and draft_kind_of(draft) == "feature-head":
+        raise ValueError(f"draft_dtype {precision.name}: the feature head {draft!r} runs in a float dtype "
+                         "(float32, bfloat16 or float16); int8 and int4 quantize draft LMs and self-drafts")
+    dtype = precision.float_dtype
+    if embedded:
+        draft_model = load_embedded_draft(target_model, kind=draft, device=device, dtype=dtype)
+    elif is_feature_head(draft):
+        return load_feature_head(draft, target_model, device, dtype)
+    else:
+        draft_tokenizer = _optional_tokenizer(draft, trust_remote_code)
+        if draft_tokenizer is not None:
+            check_same_tokenizer(tokenizer, draft_tokenizer, target, draft)
+        draft_model = load_model(draft, device, dtype, trust_remote_code)
+        check_same_kind(target_model, draft_model, target, draft)
+    return draft_model if isinstance(draft_model, FeatureHead) else quantize(draft_model, precision)
 
 
 def draft_kind_of(draft: str | None) -> str | None:
@@ -235,6 +274,8 @@ def draft_kind_of(draft: str | None) -> str | None:
         return None
     if draft in (EMBEDDED, EMBEDDED_HEAD, EMBEDDED_LM):
         return "feature-head" if (DEFAULT_DRAFT if draft == EMBEDDED else draft) == EMBEDDED_HEAD else "model"
+    if self_draft_precision(draft) is not None:
+        return "model"
     return "feature-head" if is_feature_head(draft) else "model"
 
 
@@ -382,7 +423,8 @@ def _explain(ref: str, error: Exception, what: str) -> str:
 
 def _output_size(model) -> int:
     head = model.get_output_embeddings()
-    return head.weight.shape[0] if head is not None else model.config.vocab_size
+    # out_features: a quantized linear layer's weight is packed (or a method, in torch.ao's).
+    return getattr(head, "out_features", None) or head.weight.shape[0] if head is not None else model.config.vocab_size
 
 
 def _context_length(model) -> int:

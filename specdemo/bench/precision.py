@@ -1,0 +1,164 @@
+"""Precision measured side by side: AR speed of each target precision against float32's and
+against the bytes-per-token roofline, how far a quantized target's greedy text moves from the
+float32 target's, and the acceptance of each draft precision and of the quantized self-draft.
+
+    python -m specdemo.bench.precision ar --dtypes float32,bfloat16,int8-dynamic,int8-weight-only
+    python -m specdemo.bench.precision drafts --draft embedded-lm --dtypes float32,bfloat16,int8 --self int8
+
+Runs are interleaved (every precision on a prompt before the next prompt), greedy, on the
+first prompts of the shipped suite's categories, at the thread count given (default one).
+Prints a table and, with --csv, writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import pandas as pd
+import torch
+
+from ..engine.decoding import generate
+from ..models.loading import EMBEDDED, load_pair
+from ..models.precision import weight_bytes
+from .suite import DEFAULT_SUITE, encode_prompt, load_suite, select_prompts
+from .tables import target_perplexity
+
+
+def suite_prompts(pair, per_category: int, categories: str | None) -> list[list[int]]:
+    """Chat-encoded ids of the first prompts of each category of the shipped suite."""
+    suite = load_suite(DEFAULT_SUITE)
+    chosen = select_prompts(suite, categories.split(",") if categories else None, per_category)
+    return [encode_prompt(pair, item, chat=True) for item in chosen]
+
+
+def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
+    """Bytes per second this process reads a large float32 tensor at its thread count (the best of
+    `repeats` sums): the roofline's bandwidth on a CPU, whose datasheet figure no table holds."""
+    data = torch.ones(megabytes * 2**20 // 4)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return data.numel() * 4 / best
+
+
+def token_match(ids: list[int], reference: list[int]) -> float:
+    """The share of positions where two outputs hold the same token (over the longer one)."""
+    longest = max(len(ids), len(reference))
+    return sum(a == b for a, b in zip(ids, reference)) / longest if longest else 1.0
+
+
+def measure_targets(target: str, dtypes: list[str], prompts_per_category: int, categories: str | None,
+                    max_new_tokens: int, repeats: int) -> pd.DataFrame:
+    """One row per target precision: AR tokens/s (mean over runs), its ratio to float32's, weight
+    bytes, the roofline bound, and the greedy text's token match and perplexity under float32."""
+    pairs = {d: load_pair(target, target_dtype=d, device="cpu") for d in dict.fromkeys(["float32", *dtypes])}
+    prompts = suite_prompts(pairs["float32"], prompts_per_category, categories)
+    seconds = {d: 0.0 for d in pairs}
+    tokens = {d: 0 for d in pairs}
+    outputs: dict[str, list] = {d: [] for d in pairs}
+    for repeat in range(repeats + 1):  # the first pass warms every kernel up and is not counted
+        for ids in prompts:
+            for dtype, pair in pairs.items():
+                result = generate(pair, ids, method="ar", max_new_tokens=max_new_tokens, temperature=0.0)
+                if repeat:
+                    seconds[dtype] += result.seconds
+                    tokens[dtype] += len(result.tokens)
+                if repeat == 1:
+                    outputs[dtype].append(result)
+    bandwidth = read_bandwidth()
+    rows = []
+    for dtype, pair in pairs.items():
+        reference = outputs["float32"]
+        rows.append({
+            "target": dtype, "library": pair.target_precision.library,
+            "ar_tokens_per_s": tokens[dtype] / seconds[dtype],
+            "weight_bytes": weight_bytes(pair.target),
+            "roofline_tokens_per_s": bandwidth / weight_bytes(pair.target),
+            "token_match_vs_float32": _mean(token_match(r.token_ids, f.token_ids)
+                                            for r, f in zip(outputs[dtype], reference)),
+            "perplexity_under_float32": _mean(target_perplexity(pairs["float32"], r) for r in outputs[dtype]),
+        })
+    frame = pd.DataFrame(rows)
+    frame.insert(3, "vs_float32", frame.ar_tokens_per_s / frame.ar_tokens_per_s.iloc[0])
+    frame["of_roofline"] = frame.ar_tokens_per_s / frame.roofline_tokens_per_s
+    return frame
+
+
+def measure_drafts(target: str, draft: str, dtypes: list[str], self_dtypes: list[str], prompts_per_category: int,
+                   categories: str | None, max_new_tokens: int, method: str = "sd") -> pd.DataFrame:
+    """One row per draft: `draft` at each precision, then `self:P` for each self precision, all with
+    the float32 target; greedy acceptance, draft seconds per drafted token, and speed against AR."""
+    drafts = [(draft, d) for d in dtypes] + [(f"self:{d}", None) for d in self_dtypes]
+    pairs = {f"{ref} {d or ''}".strip(): load_pair(target, ref, device="cpu", draft_dtype=d) for ref, d in drafts}
+    prompts = suite_prompts(next(iter(pairs.values())), prompts_per_category, categories)
+    totals = {name: dict(drafted=0, accepted=0, draft_seconds=0.0, seconds=0.0, tokens=0, ar_seconds=0.0)
+              for name in pairs}
+    for warm, ids in [(True, prompts[0])] + [(False, p) for p in prompts]:
+        for name, pair in pairs.items():
+            ar = generate(pair, ids, method="ar", max_new_tokens=max_new_tokens)
+            sd = generate(pair, ids, method=method, max_new_tokens=max_new_tokens, copy_n=0)
+            if ar.token_ids != sd.token_ids:
+                raise AssertionError(f"{name}: {method} left AR's tokens")
+            if not warm:
+                _add(totals[name], sd, ar)
+    rows = []
+    for name, pair in pairs.items():
+        t = totals[name]
+        rows.append({"draft": name, "library": pair.draft_precision.library, "draft_weight_bytes": weight_bytes(pair.draft),
+                     "acceptance_rate": t["accepted"] / t["drafted"],
+                     "draft_ms_per_token": 1000 * t["draft_seconds"] / t["drafted"],
+                     f"{method}_tokens_per_s": t["tokens"] / t["seconds"], "speedup_vs_ar": t["ar_seconds"] / t["seconds"]})
+    return pd.DataFrame(rows)
+
+
+def _add(total: dict, result, ar) -> None:
+    stats = result.stats
+    total["drafted"] += stats["drafted"]
+    total["accepted"] += stats["accepted"]
+    total["draft_seconds"] += stats["draft_seconds"]
+    total["seconds"] += result.seconds
+    total["tokens"] += len(result.tokens)
+    total["ar_seconds"] += ar.seconds * len(result.tokens) / max(1, len(ar.tokens))
+
+
+def _mean(values) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return sum(values) / len(values) if values else math.nan
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdemo.bench.precision", description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("ar", "drafts"))
+    parser.add_argument("--target", default=EMBEDDED, help="the target (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--draft", default="embedded-lm", help="drafts: the draft LM measured at each precision")
+    parser.add_argument("--dtypes", default="float32,bfloat16,int8", help="comma-separated precisions")
+    parser.add_argument("--self", dest="self_dtypes", default="", help="drafts: self-draft precisions (e.g. int8)")
+    parser.add_argument("--method", default="sd", help="drafts: the drafting method (default: sd)")
+    parser.add_argument("--per-category", type=int, default=1, help="prompts per suite category (default: 1)")
+    parser.add_argument("--categories", default=None, help="comma-separated suite categories (default: all)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=1, help="ar: timed passes over the prompts (default: 1)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    parser.add_argument("--csv", default=None, help="write the table here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    if args.what == "ar":
+        frame = measure_targets(args.target, dtypes, args.per_category, args.categories, args.max_new_tokens,
+                                args.repeats)
+    else:
+        frame = measure_drafts(args.target, args.draft, dtypes, [d for d in args.self_dtypes.split(",") if d],
+                               args.per_category, args.categories, args.max_new_tokens, args.method)
+    with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.3f}".format):
+        print(frame.to_string(index=False))
+    if args.csv:
+        frame.to_csv(args.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

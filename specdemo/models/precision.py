@@ -1,0 +1,224 @@
+"""A model's precision: float32, bfloat16 and float16 as torch dtypes, int8 and int4 through a
+quantization library, and the bytes its weights take.
+
+A quantized model is first loaded in a float dtype (float32 on a CPU, bfloat16 on a GPU: the
+dtype its activations keep), then its linear layers are swapped for quantized ones. The
+embedding stays in that float dtype (a lookup reads one row a token). Which library runs
+each quantized precision was chosen by measurement (docs/precision-and-memory.md):
+
+  int8                  the fastest int8 path measured on the device: `int8-dynamic` on a CPU,
+                        `int8-weight-only` on a GPU
+  int8-dynamic          torch.ao's dynamic quantization (x86/fbgemm kernels: int8 weights, each
+                        position's activations quantized on the fly, on their own); CPU only
+  int8-weight-only      torchao's `Int8WeightOnlyConfig` (int8 weights, float activations)
+  int8-dynamic-activation  torchao's `Int8DynamicActivationInt8WeightConfig`
+  int4                  torchao: `Int4WeightOnlyConfig` on a GPU (group 128); on a CPU
+                        `IntxWeightOnlyConfig(int4, group 32)`, 4-bit values held one a byte
+
+Greedy decoding stays lossless against the target as loaded: an int8 target's speculative
+output equals the same int8 target's AR output. It is not the float32 target's output.
+
+May import torch (and torchao when a precision asks for it); nothing of specdemo outside
+``engine`` and ``models``.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+from .errors import ModelLoadError
+
+FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+QUANTIZED = ("int8", "int8-dynamic", "int8-weight-only", "int8-dynamic-activation", "int4")
+PRECISIONS = ("float32", "bfloat16", "float16", *QUANTIZED)
+# The prefix of a draft made of the target's own weights at another precision (`self:int8`).
+SELF_DRAFT = "self:"
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A resolved precision: its name, the float dtype the model is loaded (and computes) in, and
+    for a quantized one the scheme that quantizes its linear layers after loading."""
+
+    name: str
+    float_dtype: torch.dtype
+    scheme: str | None = None  # a QUANTIZED name other than the device-dependent "int8"
+
+    @property
+    def quantized(self) -> bool:
+        return self.scheme is not None
+
+    @property
+    def library(self) -> str:
+        """Which library and kernels run it, as the docs' tables say."""
+        return LIBRARIES.get(self.scheme or "", f"torch {str(self.float_dtype).removeprefix('torch.')}")
+
+
+LIBRARIES = {
+    "int8-dynamic": "torch.ao dynamic int8 (x86/fbgemm)",
+    "int8-weight-only": "torchao Int8WeightOnlyConfig",
+    "int8-dynamic-activation": "torchao Int8DynamicActivationInt8WeightConfig",
+    "int4": "torchao int4 weight-only",
+}
+
+
+def resolve_precision(value: str | torch.dtype | None, device: str | torch.device) -> Precision:
+    """A precision name (None or "auto": bfloat16 on a GPU, float32 on a CPU) for `device`;
+    ValueError naming the accepted values."""
+    cuda = torch.device(device).type == "cuda"
+    base = torch.bfloat16 if cuda else torch.float32
+    if isinstance(value, torch.dtype):
+        name = next((n for n, d in FLOATS.items() if d == value), str(value))
+        return Precision(name, value)
+    name = ALIASES.get(value, value) if isinstance(value, str) else value
+    if name in (None, "", "auto"):
+        return Precision("bfloat16" if cuda else "float32", base)
+    if name in FLOATS:
+        return Precision(name, FLOATS[name])
+    if name not in QUANTIZED:
+        raise ValueError(f"dtype must be one of {', '.join(PRECISIONS)} (or fp32, bf16, fp16), got {value!r}")
+    scheme = ("int8-weight-only" if cuda else "int8-dynamic") if name == "int8" else name
+    if scheme == "int8-dynamic" and cuda:
+        raise ValueError("dtype int8-dynamic runs on the CPU only (torch.ao's x86 kernels); on a GPU use int8 "
+                         "or int8-weight-only")
+    return Precision(name, base, scheme)
+
+
+def quantize(model: torch.nn.Module, precision: Precision) -> torch.nn.Module:
+    """Swap the linear layers of a loaded float model for `precision`'s quantized ones (in place
+    where the library allows; the model to use is returned). Float precisions pass through."""
+    if not precision.quantized:
+        return model
+    try:
+        if precision.scheme == "int8-dynamic":
+            return _torch_ao_dynamic(model)
+        _torchao(model, precision.scheme, next(model.parameters()).device)
+    except ImportError as error:
+        raise ModelLoadError(f"dtype {precision.name} needs a library this install lacks ({error}); "
+                             "`pip install torchao` serves int8 and int4, or use int8-dynamic on a CPU") from error
+    except (RuntimeError, NotImplementedError) as error:
+        raise ModelLoadError(f"dtype {precision.name} is not served on this device by {precision.library}: "
+                             f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
+    return model
+
+
+def _torch_ao_dynamic(model: torch.nn.Module) -> torch.nn.Module:
+    from torch.ao.quantization import quantize_dynamic
+
+    # torch.ao's eager quantization is deprecated in favour of torchao, whose int8 paths measured
+    # 2 to 3 times slower on the CPU (docs/precision-and-memory.md); it stays the CPU's int8 until
+    # a faster one is measured, and its warnings are not the caller's to act on.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        model = quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+    for module in model.modules():
+        if type(module) is DynamicLinear:
+            module.__class__ = RowwiseDynamicLinear
+    return model
+
+
+# A verification feeds γ + 1 ≤ 65 positions (a tree a few more); a prompt's prefill may feed more.
+ROWWISE_LIMIT = 128
+
+
+class RowwiseDynamicLinear(DynamicLinear):
+    """torch.ao's dynamic int8 linear with each position's activations quantized on their own.
+
+    The library quantizes a whole input with one scale, so a position's output would depend on
+    the positions fed beside it: a verification of γ + 1 drafts would not compute what AR's
+    one-token steps compute, and greedy speculative decoding would leave AR's text. Inputs of up
+    to ROWWISE_LIMIT rows therefore go one row at a time (per-token scales). A longer input (a
+    long prompt's prefill) goes in one call: every method prefills the same rows, so they still
+    agree."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if not 2 <= rows <= ROWWISE_LIMIT:
+            return super().forward(x)
+        flat = x.reshape(rows, x.shape[-1])
+        out = torch.cat([super(RowwiseDynamicLinear, self).forward(flat[i : i + 1]) for i in range(rows)])
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _torchao(model: torch.nn.Module, scheme: str, device: torch.device) -> None:
+    from torchao.quantization import (Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
+                                      Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_)
+    from torchao.quantization.granularity import PerGroup
+
+    if scheme == "int8-weight-only":
+        config = Int8WeightOnlyConfig()
+    elif scheme == "int8-dynamic-activation":
+        config = Int8DynamicActivationInt8WeightConfig()
+    elif device.type == "cuda":
+        config = Int4WeightOnlyConfig(group_size=128)
+    else:
+        config = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))
+    quantize_(model, config)
+
+
+def self_draft_precision(draft: str | None) -> str | None:
+    """The precision named by a `self:PRECISION` draft spec, else None."""
+    if isinstance(draft, str) and draft.startswith(SELF_DRAFT):
+        return draft[len(SELF_DRAFT):].strip() or "int8"
+    return None
+
+
+def self_draft(target_float: torch.nn.Module, precision: Precision) -> torch.nn.Module:
+    """The target's own weights (as loaded, before any quantization of the target) at `precision`."""
+    draft = copy.deepcopy(target_float)
+    if draft.dtype != precision.float_dtype:
+        draft = draft.to(precision.float_dtype)
+    return quantize(draft, precision).eval()
+
+
+def weight_bytes(model: torch.nn.Module | None) -> int:
+    """Bytes the model's weights take as held in memory: parameters and buffers, quantized
+    layers' packed weights included, each tensor counted once (tied weights, shared storage)."""
+    if model is None:
+        return 0
+    # Held until the sum is done: a packed weight's unpacked copy is fresh, and a freed one's
+    # address could be reused by the next and wrongly read as shared.
+    parts = [part for tensor in _weight_tensors(model) for part in _storage_parts(tensor)]
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for part in parts:
+        key = (part.untyped_storage().data_ptr(), part.storage_offset())
+        if key not in seen:
+            seen.add(key)
+            total += part.numel() * part.element_size()
+    return total
+
+
+def _weight_tensors(model: torch.nn.Module):
+    yield from model.parameters()
+    yield from model.buffers()
+    for module in model.modules():
+        packed = getattr(module, "_packed_params", None)
+        if packed is not None and hasattr(packed, "_weight_bias"):
+            weight, bias = packed._weight_bias()
+            yield weight
+            if bias is not None:
+                yield bias
+
+
+def _storage_parts(tensor: torch.Tensor):
+    """The plain tensors behind a tensor (a torchao subclass holds its data and scales apart)."""
+    names = getattr(tensor, "tensor_data_names", None)
+    if names:
+        for name in names:
+            yield from _storage_parts(getattr(tensor, name))
+        return
+    if tensor.is_quantized:  # torch.ao's qint8 tensor: one byte a value, plus its scales
+        yield tensor.int_repr()
+        if tensor.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            yield tensor.q_per_channel_scales()
+        return
+    yield tensor

@@ -1,0 +1,170 @@
+"""Each model's precision: float dtypes, int8 and int4 through their libraries, the quantized
+self-draft, and losslessness against the target as loaded (greedy and χ²-tested sampling)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+import torch
+
+import specdemo
+from specdemo.models.errors import ModelLoadError
+from specdemo.models.precision import Precision, resolve_precision, weight_bytes
+from tests.chi2 import pooled_chisquare
+from tests.tiny import build_tiny_pair, write_tiny_head
+
+PROMPT = "w5 w6 w7 w5 w6"
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("precision")
+    build_tiny_pair(root, dtype="float32")
+    return root / "target", root / "draft"
+
+
+def load(folders, **precisions):
+    target, draft = folders
+    return specdemo.load_pair(str(target), str(draft), device="cpu", **precisions)
+
+
+def test_names_resolve_to_a_float_dtype_and_a_scheme():
+    assert resolve_precision(None, "cpu") == Precision("float32", torch.float32)
+    assert resolve_precision("bf16", "cpu") == Precision("bfloat16", torch.bfloat16)
+    assert resolve_precision(torch.float16, "cpu").name == "float16"
+    # The CPU's int8 is the path measured fastest there; its activations stay float32.
+    assert resolve_precision("int8", "cpu") == Precision("int8", torch.float32, "int8-dynamic")
+    assert resolve_precision("int8", "cpu").library.startswith("torch.ao")
+    assert resolve_precision("int4", "cpu").quantized
+
+
+@pytest.mark.parametrize("bad", ["int3", "float8", "fp64x"])
+def test_an_unknown_precision_is_refused_naming_the_choices(bad):
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, int8"):
+        resolve_precision(bad, "cpu")
+
+
+def test_dtype_is_shorthand_for_both_and_each_model_takes_its_own(folders):
+    both = load(folders, dtype="bfloat16")
+    assert both.target.dtype == both.draft.dtype == torch.bfloat16
+    mixed = load(folders, dtype="bfloat16", draft_dtype="float32")
+    assert (mixed.target.dtype, mixed.draft.dtype) == (torch.bfloat16, torch.float32)
+    assert (mixed.target_precision.name, mixed.draft_precision.name) == ("bfloat16", "float32")
+
+
+def test_quantized_weights_take_fewer_bytes(folders):
+    full, int8 = load(folders), load(folders, target_dtype="int8")
+    assert weight_bytes(int8.target) < 0.5 * weight_bytes(full.target)
+    # Half, but for buffers that stay float32 (the rotary frequencies).
+    assert weight_bytes(load(folders, target_dtype="bfloat16").target) == pytest.approx(weight_bytes(full.target) / 2,
+                                                                                         rel=0.01)
+    assert weight_bytes(int8.draft) == weight_bytes(full.draft)  # the draft keeps its own precision
+
+
+@pytest.mark.parametrize("target_dtype", ["int8", "int8-weight-only", "int4", "bfloat16"])
+@pytest.mark.parametrize("method", ["sd", "egag", "nasd"])
+def test_greedy_methods_equal_ar_at_the_targets_precision(folders, target_dtype, method):
+    pair = load(folders, target_dtype=target_dtype, draft_dtype="int8")
+    ar = specdemo.generate(pair, PROMPT, method="ar", max_new_tokens=24)
+    result = specdemo.generate(pair, PROMPT, method=method, max_new_tokens=24)
+    assert result.token_ids == ar.token_ids
+    assert result.stats["drafted"] > 0
+
+
+def test_the_self_draft_is_the_targets_own_weights_quantized(folders):
+    target, _ = folders
+    pair = specdemo.load_pair(str(target), "self:int8", device="cpu")
+    assert pair.draft_kind == "model" and pair.drafter_name == "draft model (self:int8)"
+    assert pair.draft_precision.name == "int8" and pair.target_precision.name == "float32"
+    assert weight_bytes(pair.draft) < 0.5 * weight_bytes(pair.target)
+    ar = specdemo.generate(pair, PROMPT, method="ar", max_new_tokens=24)
+    sd = specdemo.generate(pair, PROMPT, method="sd", max_new_tokens=24, copy_n=0)
+    assert sd.token_ids == ar.token_ids
+    # Its own weights, a little rounded: it agrees with the target far more than a noisy copy.
+    other = specdemo.generate(load(folders), PROMPT, method="sd", max_new_tokens=24, copy_n=0)
+    assert sd.stats["acceptance_rate"] > max(0.8, other.stats["acceptance_rate"])
+
+
+def test_a_self_draft_names_its_own_precision(folders):
+    target, _ = folders
+    assert specdemo.load_pair(str(target), "self:bfloat16", device="cpu").draft.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="names its precision"):
+        specdemo.load_pair(str(target), "self:int8", device="cpu", draft_dtype="bfloat16")
+
+
+def test_a_feature_head_is_not_quantized(folders, tmp_path):
+    target, _ = folders
+    write_tiny_head(tmp_path / "head", target)
+    with pytest.raises(ValueError, match="feature head .* runs in a float dtype"):
+        specdemo.load_pair(str(target), str(tmp_path / "head"), device="cpu", draft_dtype="int8")
+    # An int8 target keeps its head: the head read the float weights before the target was quantized.
+    pair = specdemo.load_pair(str(target), str(tmp_path / "head"), device="cpu", dtype="float64",
+                              target_dtype="int8")
+    ar = specdemo.generate(pair, PROMPT, method="ar", max_new_tokens=16)
+    assert specdemo.generate(pair, PROMPT, method="sd", max_new_tokens=16).token_ids == ar.token_ids
+
+
+def test_the_command_line_carries_each_models_precision(folders, monkeypatch):
+    from specdemo.cli import common
+
+    parser = argparse.ArgumentParser()
+    common.add_model_arguments(parser)
+    target, draft = folders
+    args = parser.parse_args(["--target", str(target), "--draft", str(draft), "--device", "cpu",
+                              "--target-dtype", "int8", "--draft-dtype", "bf16"])
+    pair = common.pair_from_args(args)
+    assert (pair.target_precision.name, pair.draft_precision.name) == ("int8", "bfloat16")
+
+
+def test_a_library_that_cannot_serve_a_precision_is_named(folders, monkeypatch):
+    import specdemo.models.precision as precision
+
+    def unavailable(*args):
+        raise ImportError("No module named 'torchao'")
+
+    monkeypatch.setattr(precision, "_torchao", unavailable)
+    with pytest.raises(ModelLoadError, match="int8-weight-only needs a library"):
+        load(folders, target_dtype="int8-weight-only")
+
+
+# -- sampling: an int8 target's own distribution, χ²-tested --------------------------------
+
+SAMPLES = 1200
+IDS = [3, 4, 5, 3, 4, 5, 3, 4]
+
+
+@pytest.fixture(scope="module")
+def small_int8_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vocab8-int8")
+    build_tiny_pair(root, vocab=8, head_scale=1.5, draft_noise=0.6, hidden=32, layers=1)
+    pair = specdemo.load_pair(str(root / "target"), str(root / "draft"), device="cpu", target_dtype="int8",
+                              draft_dtype="float32")
+    return dataclasses.replace(pair, eos_ids=frozenset({10_000}))  # every run yields both tokens
+
+
+def int8_joint(pair) -> torch.Tensor:
+    """p(t1) · p(t2 | t1) of the int8 target as loaded, at temperature 1."""
+    with torch.inference_mode():
+        first = torch.softmax(pair.target(input_ids=torch.tensor([IDS])).logits[0, -1].double(), -1)
+        rows = [first[t] * torch.softmax(pair.target(input_ids=torch.tensor([IDS + [t]])).logits[0, -1].double(), -1)
+                for t in range(8)]
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("method", ["sd", "nasd"])
+def test_sampling_follows_the_int8_targets_distribution(small_int8_pair, method):
+    assert small_int8_pair.target_precision.quantized
+    counts = torch.zeros(8, 8, dtype=torch.float64)
+    drafted = accepted = 0
+    for seed in range(SAMPLES):
+        result = specdemo.generate(small_int8_pair, IDS, method=method, max_new_tokens=3, gamma=2, seed=seed,
+                                   temperature=1.0, copy_n=0)
+        t1, t2 = result.token_ids[:2]
+        counts[t1, t2] += 1
+        drafted += result.stats["drafted"]
+        accepted += result.stats["accepted"]
+    assert 0 < accepted < drafted
+    expected = int8_joint(small_int8_pair).flatten() * SAMPLES
+    assert pooled_chisquare(counts.flatten(), expected) > 1e-3
