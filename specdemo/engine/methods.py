@@ -22,7 +22,9 @@ from .feature_drafter import FeatureDrafter
 from .feature_head import FeatureHead
 from .params import DecodeParams
 from .params import parse_shape
-from .policies import AdaEDLStop, ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma, TokenEntropyStop
+from .acceptance_head import cached_acceptance_head, round_features
+from .policies import (AdaEDLStop, ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma, PredictedRejectionStop,
+                       TokenEntropyStop)
 from .rest import RestDrafter, load_datastore
 from .tree_drafting import DynamicTree, EntropyTree, StaticTree, TreeDrafter
 
@@ -119,6 +121,11 @@ register(Method("adaedl", "AdaEDL", True, "the pair's draft up to γ_max, stoppi
 register(Method("egag-token", "EGAG-token", True, "the pair's draft up to γ_max, stopping when a position's "
                 "(smoothed) normalised entropy exceeds a threshold", lambda pair, p: (
                     _model_drafter(pair, p), TokenEntropyStop(p.gamma_max, p.entropy_stop, p.token_ema))))
+register(Method("specdecpp", "SpecDec++", True, "the pair's draft up to γ_max, stopping when a trained head's "
+                "predicted probability of a rejection so far exceeds a threshold", lambda pair, p: (
+                    _model_drafter(pair, p), PredictedRejectionStop(
+                        p.gamma_max, cached_acceptance_head(p.specdecpp_head or None), round_features,
+                        p.specdecpp_threshold))))
 register(Method("rest", "REST", False, "retrieval: the continuation of the longest match of the context's end in a "
                 "datastore (rest_datastore) or earlier in the context, fixed γ",
                 lambda pair, p: (_rest_drafter(pair, p), FixedGamma(p.gamma))))

@@ -17,6 +17,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from .kv_policy import DEFAULT_SINKS, KV_POLICIES, check_policy
 from .sampling import SamplingConfig
 
 NGRAM_STORAGES = ("basic", "onelevel")
@@ -100,7 +101,7 @@ def parse_shape(spec: str) -> tuple[int, ...]:
         raise ValueError(f"tree_shape must be children per depth, integers from 1 to {MAX_TREE_WIDTH} separated by "
                          f"commas (e.g. 3,2,1,1), at most 64 depths; got {spec!r}")
     return shape
-_TOKEN_STOPS = ("adaedl", "egag-token")  # per-token stopping rules, capped by gamma_max
+_TOKEN_STOPS = ("adaedl", "egag-token", "specdecpp")  # per-token stopping rules, capped by gamma_max
 _COPYING = ("sd", "egag", "sd-heuristic", "sd-confidence", *_TOKEN_STOPS)  # the methods that draft with the pair's draft
 
 SCHEMA: tuple[Param, ...] = (
@@ -134,6 +135,12 @@ SCHEMA: tuple[Param, ...] = (
     Param("token_ema", float, 0.0, "EGAG per token: smoothing β of the entropy along a round (0 = none)",
           "EGAG-token: entropy EMA β", methods=("egag-token",), low=0.0, high=1.0, high_open=True,
           allowed="a number in [0, 1) (0 = no smoothing)", slider=(0.0, 0.99, 0.01)),
+    Param("specdecpp_threshold", float, 0.5, "SpecDec++: stop drafting before the draft that lifts the predicted "
+          "probability of a rejection so far above this", "SpecDec++: rejection threshold", methods=("specdecpp",),
+          low=0.0, high=1.0, allowed="a number in [0, 1]", slider=(0.0, 1.0, 0.05)),
+    Param("specdecpp_head", str, "", "SpecDec++: a folder with an acceptance head (python -m "
+          "specdemo.training.specdecpp); empty = the one shipped for the embedded pair", "SpecDec++: head folder",
+          methods=("specdecpp",), allowed="a folder, or empty"),
     Param("ngram_n", int, 3, "n of the n-gram table", "NASD: n of the n-gram table", methods=("nasd",),
           low=2, high=16),
     Param("ngram_storage", str, "basic", "table kind", "NASD: table kind", methods=("nasd",),
@@ -163,6 +170,16 @@ SCHEMA: tuple[Param, ...] = (
     Param("tree_shape", str, "3,2,1,1", "a static tree's children per node at each depth", "Tree: static shape",
           methods=_TREE_DRAFTING, allowed="children per depth separated by commas, e.g. 3,2,1,1"),
     Param("chat", bool, False, "wrap the prompt in the chat template (instruct models)", "Chat template"),
+    # KV-cache policies (kv_policy.py): on the draft's cache lossless, on the target's not.
+    Param("draft_kv", str, "full", "the draft model's KV cache: full, streaming (sinks + recent window) or l2 "
+          "(smallest key norms); lossless, the target still verifies", "Draft KV cache",
+          methods=(*_COPYING, "draft"), choices=KV_POLICIES),
+    Param("target_kv", str, "full", "the target's KV cache: full, streaming or l2; anything but full changes the "
+          "output (the run is then not lossless)", "Target KV cache", choices=KV_POLICIES),
+    Param("kv_budget", int, 256, "positions a streaming or l2 cache keeps", "KV budget (positions)",
+          low=1, high=2**20, allowed="an integer ≥ 1"),
+    Param("kv_sinks", int, DEFAULT_SINKS, "first positions a streaming or l2 cache always keeps (attention sinks)",
+          "KV sinks", low=0, high=1024, allowed="an integer from 0 to 1024"),
 )
 PARAMS: dict[str, Param] = {p.name: p for p in SCHEMA}
 
@@ -184,6 +201,8 @@ class DecodeParams:
     adaedl_scale: float = PARAMS["adaedl_scale"].default
     entropy_stop: float = PARAMS["entropy_stop"].default
     token_ema: float = PARAMS["token_ema"].default
+    specdecpp_threshold: float = PARAMS["specdecpp_threshold"].default
+    specdecpp_head: str = PARAMS["specdecpp_head"].default
     ngram_n: int = PARAMS["ngram_n"].default
     ngram_storage: str = PARAMS["ngram_storage"].default
     top_k_filler: int = PARAMS["top_k_filler"].default
@@ -197,6 +216,10 @@ class DecodeParams:
     max_width: int = PARAMS["max_width"].default
     tree_shape: str = PARAMS["tree_shape"].default
     chat: bool = PARAMS["chat"].default
+    draft_kv: str = PARAMS["draft_kv"].default
+    target_kv: str = PARAMS["target_kv"].default
+    kv_budget: int = PARAMS["kv_budget"].default
+    kv_sinks: int = PARAMS["kv_sinks"].default
 
     @classmethod
     def from_values(cls, **values: Any) -> "DecodeParams":
@@ -227,6 +250,8 @@ class DecodeParams:
             raise ValueError(f"gamma_min ({self.gamma_min}) must not exceed gamma_max ({self.gamma_max})")
         if self.copy_n == 1:
             raise ValueError(f"copy_n must be {PARAMS['copy_n'].allowed}, got 1 (a context needs a token or more)")
+        check_policy(self.draft_kv, self.kv_budget, self.kv_sinks, "draft_kv")
+        check_policy(self.target_kv, self.kv_budget, self.kv_sinks, "target_kv")
 
     @property
     def sampling(self) -> SamplingConfig:

@@ -187,3 +187,31 @@ class TokenEntropyStop(_TokenStop):
         else:
             self.smoothed = self.ema * self.smoothed + (1.0 - self.ema) * entropy
         return self.smoothed
+
+
+@dataclass
+class PredictedRejectionStop(_TokenStop):
+    """SpecDec++: a trained head predicts each draft's rejection given the drafts before it were
+    kept; the round stops before the draft that would lift P(any rejection so far) =
+    1 − Π(1 − r_i) above the threshold. `head` maps a position's statistics to r_i (see
+    engine.acceptance_head); `features` builds its input."""
+
+    gamma_max: int
+    head: object
+    features: object
+    threshold: float = 0.5
+    stops: list = field(default_factory=list)
+    kept: float = field(default=1.0, init=False)  # Π(1 − r_i) over the round's positions so far
+    lowest_top: float = field(default=1.0, init=False)
+    reads_first_token = True
+    rule = "predicted rejection"
+
+    def start_round(self) -> None:
+        self.kept, self.lowest_top = 1.0, 1.0
+
+    def stop_value(self, entropy: float, top_prob: float, position: int = 0, last_q: float | None = None,
+                   **where) -> float:
+        self.lowest_top = min(self.lowest_top, top_prob)
+        reject = self.head.reject_probability(self.features(entropy, top_prob, position, last_q, self.lowest_top))
+        self.kept *= 1.0 - reject
+        return 1.0 - self.kept
