@@ -59,9 +59,11 @@ def parameter_bytes(model: torch.nn.Module) -> int:
 def kv_bytes_per_token(config, dtype_bytes: int) -> int:
     """layers × 2 (keys and values) × kv_heads × head_dim × bytes per element."""
     config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    # A feature head's config (one layer, `num_kv_heads`) is read as well as a transformers one.
+    heads = (getattr(config, "num_key_value_heads", None) or getattr(config, "num_kv_heads", None)
+             or config.num_attention_heads)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return config.num_hidden_layers * 2 * heads * head_dim * dtype_bytes
+    return getattr(config, "num_hidden_layers", 1) * 2 * heads * head_dim * dtype_bytes
 
 
 @dataclass(frozen=True)

