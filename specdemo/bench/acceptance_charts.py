@@ -14,7 +14,11 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 import pandas as pd
-import plotly.graph_objects as go
+
+try:
+    import plotly.graph_objects as go
+except ImportError:  # a bare GPU image has no plotly: the benchmark still runs, only its figures need it
+    go = None
 
 from .acceptance import BreakEven, describe_auc, entropy_auc, entropy_bins, position_acceptance
 
