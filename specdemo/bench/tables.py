@@ -14,6 +14,8 @@ import torch
 from ..engine.seq2seq import decoder_start
 from ..engine.methods import METHODS, is_lossless, matches_reference
 from ..engine.sampling import probabilities
+from ..engine.kv_policy import lossless_under
+from ..engine.memory import MEMORY_STATS
 from ..engine.trace import GenerationResult
 from .acceptance import entropy_auc
 
@@ -22,7 +24,7 @@ SUMMARY_COLUMNS = [
     "mean_accepted_tokens", "copied_rounds", "target_forwards", "draft_forwards", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "mean_entropy", "matches_ar", "perplexity", "stop_reason", "temperature", "seed",
     "cache", "compile_seconds", "threads", "alpha", "rounds", "draft_seconds", "verify_seconds", "entropy_auc",
-    "entropy_auc_n", "note",
+    "entropy_auc_n", "note", "target_kv", "draft_kv", *MEMORY_STATS,
 ]
 
 ROUND_COLUMNS = [
@@ -61,9 +63,11 @@ def summary_frame(
         # Only a lossless method owes AR its tokens; beam search and the draft alone are left blank.
         row["matches_ar"] = (
             matches_reference(result.token_ids, result.params, reference.token_ids)
-            if reference is not None and greedy and is_lossless(result.method) else None
+            if reference is not None and greedy and is_lossless(result.method) and lossless_under(result.params)
+            else None
         )
         row["perplexity"] = (perplexities or {}).get(result.method, math.nan)
+        row["target_kv"], row["draft_kv"] = result.params.get("target_kv"), result.params.get("draft_kv")
         row["temperature"] = result.params.get("temperature")
         row["seed"] = result.params.get("seed")
         row["entropy_auc"], row["entropy_auc_n"] = entropy_auc(tokens_frame([result]))

@@ -19,6 +19,7 @@ import torch
 from .clock import phase_clock
 from .context_copy import CopyFirstDrafter
 from .drafters import Drafter, NgramDrafter, Proposal, top_ids
+from .kv_policy import prepare_caches
 from .lm import CACHE_KINDS, buckets_up_to
 from .methods import Method, get_method
 from .nocache import recomputing_lm
@@ -132,6 +133,7 @@ def _rounds(
     reads_features = drafter is not None and getattr(drafter, "reads_target_features", False)
     if reads_features:
         target.read_features(drafter.feature_layers)
+    result.memory = prepare_caches(params, pair, target, drafter)  # KV policies and the memory record
     target_top_k = getattr(drafter, "target_top_k", 0)
     result.cache = cache
     result.drafter = describe_drafter(pair, drafter, params)

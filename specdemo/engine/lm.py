@@ -23,6 +23,10 @@ generations, so a graph is compiled once per model and bucket.
 
 Encoder-decoder models (T5, BART, ...) go through `seq2seq.EncoderDecoderLM`, a `CachedLM`
 whose source runs through the encoder once.
+
+A dynamic cache may be given a KV policy (`set_kv_policy`, see `kv_policy.py`): it then keeps
+a bounded set of positions, and new tokens are fed at their true positions. Every cache
+records the most bytes its keys and values held (`kv_bytes_peak`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import weakref
 import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
+
+from .kv_policy import KVPolicy, check_cache_takes, compress, kv_bytes
 
 CACHE_KINDS = ("dynamic", "static")
 
@@ -135,6 +141,11 @@ class CachedLM:
         self.compiled = compile
         self.buckets = tuple(sorted(set(buckets)))
         self._step = None
+        self.kv_policy = KVPolicy()
+        self.evicted = 0  # positions a KV policy dropped: the cache holds length − evicted
+        self._compressed_at = 0  # the length at the last compression (no rollback goes below it)
+        self.kv_bytes_peak = 0
+        self.kv_peak_sink: tuple[dict, str] | None = None  # (a record, its key), kept at the peak too
         if cache == "static":
             if not max_length or max_length < 1:
                 raise ValueError("cache: a static cache needs max_length ≥ 1")
@@ -161,6 +172,8 @@ class CachedLM:
     def rollback(self, length: int) -> None:
         """Forget every cached position from `length` on."""
         surplus = self.length - length
+        if surplus > 0 and self.evicted:
+            surplus = self._rollback_compressed(length)
         if surplus > 0:
             if self.kind == "static":
                 self._set_length(length)
@@ -169,6 +182,50 @@ class CachedLM:
                 self.cache.crop(-surplus)
             self.length = length
         del self.cached_ids[length:]
+
+    def _rollback_compressed(self, length: int) -> int:
+        """Positions to crop to roll a compressed cache back to `length`: all of them for 0, else
+        those after `length`, which must all have been added since the last compression."""
+        if length == 0:
+            surplus, self.evicted, self._compressed_at = self.length - self.evicted, 0, 0
+            return surplus
+        if length < self._compressed_at - 1:
+            raise RuntimeError(f"cannot roll a compressed cache back to {length}: positions before "
+                               f"{self._compressed_at - 1} may have been evicted")
+        return self.length - length
+
+    # -- KV policies and memory (kv_policy.py) ------------------------------------------------
+    def set_kv_policy(self, policy: KVPolicy, who: str = "kv") -> None:
+        """Keep at most `policy.budget` committed positions from now on (before the prefill)."""
+        if policy.compresses and (self.kind != "dynamic" or self.compiled):
+            raise ValueError(f"{who}={policy.kind}: KV policies compress the dynamic cache; this run uses the "
+                             f"{self.kind} cache{' with compile' if self.compiled else ''}: use cache='dynamic' "
+                             "without compile")
+        check_cache_takes(self.cache, policy, who)
+        self.kv_policy = policy
+
+    def _compress(self) -> None:
+        """Apply the KV policy to what the cache holds now (committed positions only: see `logits`)."""
+        if self.kv_policy.compresses and self.length - self.evicted > self.kv_policy.budget:
+            self.evicted += compress(self.cache, self.kv_policy)
+            self._compressed_at = self.length
+
+    def _positions(self, n: int) -> dict:
+        """position_ids for n new tokens where positions were evicted: their true positions, since
+        transformers would count them from the cache's (smaller) length."""
+        if not self.evicted:
+            return {}
+        return {"position_ids": torch.arange(self.length, self.length + n, device=self.device).view(1, -1)}
+
+    def _note_kv(self) -> None:
+        if self.kind == "static" and self.kv_bytes_peak:
+            return  # allocated whole by the first forward: its size never changes
+        held = kv_bytes(self.cache)
+        if held > self.kv_bytes_peak:
+            self.kv_bytes_peak = held
+            if self.kv_peak_sink is not None:
+                record, key = self.kv_peak_sink
+                record[key] = max(record.get(key, 0), held)
 
     def _set_length(self, length: int) -> None:
         # In place: the length tensors keep their addresses (a captured graph reads them). Under
@@ -232,7 +289,7 @@ class CachedLM:
         elif n_hidden:
             logits, hidden = forward_with_features(
                 self.model, self.feature_layers, input_ids=new_ids.view(1, -1), attention_mask=self._explicit_mask(n),
-                cache=self.cache, use_cache=True,
+                cache=self.cache, use_cache=True, **self._positions(n),
             )
             self.forwards += 1
             self.length += n
@@ -245,10 +302,12 @@ class CachedLM:
                 cache=self.cache,
                 use_cache=True,
                 logits_to_keep=n_logits,
+                **self._positions(n),
             )
             self.forwards += 1
             self.length += n
             logits = output.logits[0, -n_logits:]
+        self._note_kv()
         if self.vocab_size is not None:
             logits = logits[..., : self.vocab_size]
         return logits
@@ -285,6 +344,7 @@ class CachedLM:
         # At least n_logits (n_hidden) tokens must go through the model to get their outputs.
         keep = min(keep, len(sequence) + k - max(n_logits, n_hidden))
         self.rollback(keep)
+        self._compress()  # only committed positions are cached now: none of them is rolled back later
         new = sequence[keep:]
         ids = torch.tensor(new, dtype=torch.long, device=self.device)
         logits = self.feed(torch.cat([ids, then]) if k else ids, n_logits, n_hidden)
@@ -301,6 +361,9 @@ class CachedLM:
             self.logits(sequence, 1, n_hidden=len(sequence))
             return self.hidden
         if len(sequence) > len(self.cached_ids) or sequence[: len(self.cached_ids)] != self.cached_ids:
+            if self.kv_policy.compresses:  # in chunks of the budget, compressed between them: a bounded peak
+                for end in range(self.kv_policy.budget, len(sequence), self.kv_policy.budget):
+                    self.logits(sequence[:end], 1)
             self.logits(sequence, 1)
         return None
 
@@ -316,6 +379,9 @@ class CachedLM:
         and then every draft in row order; `keep_tree_path` keeps the accepted ones.
         Always eager: a tree's shape changes every round.
         """
+        if self.kv_policy.compresses:
+            raise ValueError(f"trees index the cache by position; a compressed cache ({self.kv_policy.kind}) "
+                             "cannot verify one: use a chain method or the full cache")
         if getattr(self.model.config, "_attn_implementation", None) not in ("sdpa", "eager"):
             raise ValueError("trees need the model's attention to take a custom mask (sdpa or eager); "
                              f"this model uses {self.model.config._attn_implementation!r}")
@@ -344,6 +410,7 @@ class CachedLM:
             logits = self.model(**kwargs, logits_to_keep=n + 1).logits
         self.forwards += 1
         self.length += m + n
+        self._note_kv()
         self.cached_ids.extend(new)
         logits = logits[0, -(n + 1) :]
         return logits[..., : self.vocab_size] if self.vocab_size is not None else logits

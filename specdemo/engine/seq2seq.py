@@ -120,6 +120,7 @@ class EncoderDecoderLM(CachedLM):
                             cache=self.cache, use_cache=True)
         self.forwards += 1
         self.length += n
+        self._note_kv()
         logits = output.logits[0, -n_logits:]
         if self.vocab_size is not None:
             logits = logits[..., : self.vocab_size]
@@ -127,6 +128,12 @@ class EncoderDecoderLM(CachedLM):
 
     def warm_up(self) -> float:
         return 0.0
+
+    def set_kv_policy(self, policy, who: str = "kv") -> None:
+        if policy.compresses:
+            raise ValueError(f"{who}={policy.kind}: KV policies run on decoder-only models; "
+                             f"{type(self.model).__name__} is an encoder-decoder model: use {who}=full")
+        self.kv_policy = policy
 
     def close(self) -> None:
         self.cache = None

@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .memory import MEMORY_STATS
+
 # Where a generated token came from.
 ACCEPTED = "accepted"  # a draft the target kept
 CORRECTED = "corrected"  # the target's token after a rejected draft
@@ -129,6 +131,8 @@ class GenerationResult:
     note: str = ""  # what the method changed in the request, said to the user (e.g. a capped max_new_tokens)
     # Encoder-decoder pairs: the decoder's ids before the output (its start token); None otherwise.
     decoder_prefix: list[int] | None = None
+    # Weight bytes and peak KV-cache bytes of each model (memory.MEMORY_STATS), kept up to date by the run.
+    memory: dict[str, int] = field(default_factory=dict)
 
     @property
     def output_context(self) -> list[int]:
@@ -184,4 +188,5 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "compile_seconds": result.compile_seconds,
         "threads": result.threads,
         "note": result.note,
+        **{name: result.memory.get(name, 0) for name in MEMORY_STATS},
     }

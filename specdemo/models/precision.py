@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
+from ..engine.memory import weight_bytes  # noqa: F401  (re-exported: a model's bytes at its precision)
 from .errors import ModelLoadError
 
 FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -177,48 +178,3 @@ def self_draft(target_float: torch.nn.Module, precision: Precision) -> torch.nn.
     if draft.dtype != precision.float_dtype:
         draft = draft.to(precision.float_dtype)
     return quantize(draft, precision).eval()
-
-
-def weight_bytes(model: torch.nn.Module | None) -> int:
-    """Bytes the model's weights take as held in memory: parameters and buffers, quantized
-    layers' packed weights included, each tensor counted once (tied weights, shared storage)."""
-    if model is None:
-        return 0
-    # Held until the sum is done: a packed weight's unpacked copy is fresh, and a freed one's
-    # address could be reused by the next and wrongly read as shared.
-    parts = [part for tensor in _weight_tensors(model) for part in _storage_parts(tensor)]
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for part in parts:
-        key = (part.untyped_storage().data_ptr(), part.storage_offset())
-        if key not in seen:
-            seen.add(key)
-            total += part.numel() * part.element_size()
-    return total
-
-
-def _weight_tensors(model: torch.nn.Module):
-    yield from model.parameters()
-    yield from model.buffers()
-    for module in model.modules():
-        packed = getattr(module, "_packed_params", None)
-        if packed is not None and hasattr(packed, "_weight_bias"):
-            weight, bias = packed._weight_bias()
-            yield weight
-            if bias is not None:
-                yield bias
-
-
-def _storage_parts(tensor: torch.Tensor):
-    """The plain tensors behind a tensor (a torchao subclass holds its data and scales apart)."""
-    names = getattr(tensor, "tensor_data_names", None)
-    if names:
-        for name in names:
-            yield from _storage_parts(getattr(tensor, name))
-        return
-    if tensor.is_quantized:  # torch.ao's qint8 tensor: one byte a value, plus its scales
-        yield tensor.int_repr()
-        if tensor.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
-            yield tensor.q_per_channel_scales()
-        return
-    yield tensor
