@@ -49,7 +49,7 @@ def test_egag_token_without_smoothing_reads_each_position():
 
 
 STOPS = [
-    ("adaedl", dict(adaedl_lambda=0.5)),
+    ("adaedl", dict(adaedl_lambda=0.5, adaedl_scale=1.0)),
     ("adaedl", dict(adaedl_lambda=0.8, adaedl_scale=0.5)),
     ("egag-token", dict(entropy_stop=0.05)),
     ("egag-token", dict(entropy_stop=0.2, token_ema=0.5)),

@@ -126,10 +126,11 @@ SCHEMA: tuple[Param, ...] = (
     Param("adaedl_lambda", float, 0.5, "AdaEDL: stop drafting once the bound 1 − √(scale·H) on the next draft's "
           "acceptance falls below λ", "AdaEDL: λ (stop below this bound)", methods=("adaedl",), low=0.0, high=1.0,
           allowed="a number in [0, 1]", slider=(0.0, 1.0, 0.05)),
-    Param("adaedl_scale", float, 1.0, "AdaEDL: the scale of the entropy (in nats) under the square root",
+    # 0.1: on the embedded pair's training traces, 1 − √(0.1·H) is near the observed acceptance (docs/adaptive-drafting.md).
+    Param("adaedl_scale", float, 0.1, "AdaEDL: the scale of the entropy (in nats) under the square root",
           "AdaEDL: entropy scale", methods=("adaedl",), low=0.0, low_open=True, allowed="a number > 0",
           slider=(0.05, 4.0, 0.05)),
-    Param("entropy_stop", float, 0.15, "EGAG per token: stop drafting once a position's normalised entropy "
+    Param("entropy_stop", float, 0.25, "EGAG per token: stop drafting once a position's normalised entropy "
           "(smoothed by token_ema) exceeds this", "EGAG-token: entropy threshold", methods=("egag-token",),
           low=0.0, high=1.0, allowed="a number in [0, 1]", slider=(0.0, 1.0, 0.01)),
     Param("token_ema", float, 0.0, "EGAG per token: smoothing β of the entropy along a round (0 = none)",

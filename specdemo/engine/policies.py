@@ -25,6 +25,7 @@ class _Policy:
     needs_first_entropy = False
     needs_token_stats = False
     reads_first_token = False  # keep_drafting is asked at position 0 too (a stop there drafts nothing)
+    budget = 0  # the most nodes a round's tree may hold (tree policies; a chain policy drafts no tree)
 
     def keep_drafting(self, entropy: float, top_prob: float, **where) -> bool:
         return True
@@ -153,7 +154,7 @@ class AdaEDLStop(_TokenStop):
 
     gamma_max: int
     threshold: float = 0.5
-    scale: float = 1.0
+    scale: float = 0.1
     stops: list = field(default_factory=list)
     rule = "acceptance bound"
 
@@ -171,7 +172,7 @@ class TokenEntropyStop(_TokenStop):
     round (Ĥ_0 = H_0, Ĥ_i = β·Ĥ_{i−1} + (1 − β)·H_i, β = ema), exceeds the threshold."""
 
     gamma_max: int
-    threshold: float = 0.15
+    threshold: float = 0.25
     ema: float = 0.0
     stops: list = field(default_factory=list)
     smoothed: float | None = field(default=None, init=False)
