@@ -16,6 +16,9 @@ from ..roofline import bandwidth_for
 from .forced import ForcedAcceptance
 from .stages import StageContext
 
+MIN_TRANSFORMERS = "5.24"  # pyproject's floor: the first with `cache=`
+
+
 # (what, the callable, the arguments our code passes): each is bound, never called.
 def _calls():
     from transformers import CompileConfig
@@ -46,8 +49,13 @@ def bind_calls() -> list[str]:
             inspect.signature(function).bind(*args, **kwargs)
         except (TypeError, ValueError) as error:
             problems.append(f"{what}: {error}")
+    import transformers
+    from packaging.version import Version
     from transformers import CompileConfig
 
+    if Version(transformers.__version__) < Version(MIN_TRANSFORMERS):
+        problems.append(f"transformers {transformers.__version__} < {MIN_TRANSFORMERS}: every model call passes "
+                        "cache=, which older versions ignore (carry its wheel: docs/gpu.md)")
     if not hasattr(CompileConfig(), "_compile_all_devices"):
         problems.append("CompileConfig has no _compile_all_devices (hf-generate-static sets it off CUDA)")
     return problems

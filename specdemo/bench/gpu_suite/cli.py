@@ -100,8 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     tools.add_argument("--part-mib", type=int, default=None,
                        help="part size in MiB (default: what a call takes beside the tracked tree)")
     tools.add_argument("--head", type=Path, default=None, help="with --pack: also carry this feature head folder")
-    tools.add_argument("--readme", type=Path, default=None, metavar="SUMMARY",
-                       help="copy this summary's GPU table into README.md and stop")
+    tools.add_argument("--reports", type=Path, default=None, metavar="DIR",
+                       help="draw the HTML reports of a run made without plotly from its CSVs, and stop")
+    tools.add_argument("--readme", type=Path, nargs="+", default=None, metavar="SUMMARY",
+                       help="copy these summaries' GPU tables (rows together) into README.md and stop")
     return parser
 
 
@@ -127,6 +129,17 @@ def selected(names: str) -> list[Stage]:
     if unknown:
         raise ValueError(f"unknown stage(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     return [s for s in STAGES if s.name in wanted]
+
+
+def redraw_reports(folder: Path) -> list[Path]:
+    """Each benchmark of a results folder (its rows CSV has a .meta.json beside it) as an HTML report."""
+    from ..report import load_result, write_outputs
+
+    written = []
+    for meta in sorted(folder.glob("*.meta.json")):
+        stem = str(meta)[: -len(".meta.json")]
+        written += write_outputs(load_result(stem + ".csv"), report=stem + ".html")
+    return written
 
 
 def _logger(start: float):
@@ -165,9 +178,13 @@ def main(argv: list[str] | None = None) -> int:
             packed = pack(args.pack, args.part_mib * MiB if args.part_mib else None, args.head)
             print("\n".join([f"wrote {args.pack}", *carry_plan(packed)]))
             return 0
+        if args.reports is not None:
+            for path in redraw_reports(args.reports):
+                print(f"wrote {path}")
+            return 0
         if args.readme is not None:
             fill_readme(args.readme, Path("README.md"))
-            print(f"README.md: GPU table from {args.readme}")
+            print(f"README.md: GPU table from {', '.join(map(str, args.readme))}")
             return 0
         if args.threads:
             torch.set_num_threads(args.threads)

@@ -96,9 +96,28 @@ def table_block(text: str) -> str:
     return match.group(0)
 
 
-def fill_readme(summary: Path, readme: Path) -> None:
-    """Replace the README's GPU table with the summary's."""
-    block = table_block(summary.read_text(encoding="utf-8"))
+def merge_blocks(blocks: list[str]) -> str:
+    """One table from several runs' blocks (say, one per transfer): the first's device line, every
+    run's command and measured rows."""
+    head, commands, rows = [], [], []
+    for index, block in enumerate(blocks):
+        lines = block.splitlines()[1:-1]
+        table = next(i for i, line in enumerate(lines) if line.startswith("| "))
+        if index == 0:
+            head = [line for line in lines[:table] if line and not line.startswith("`")]
+        commands += [line for line in lines[:table] if line.startswith("`")]
+        rows += [line for line in lines[table + 2:] if NOT_MEASURED not in line]
+        header = lines[table: table + 2]
+    if not rows:
+        rows = [line for line in blocks[0].splitlines() if line.startswith("| ") and NOT_MEASURED in line]
+    spaced = [part for command in commands for part in (command, "")]  # one paragraph each
+    return "\n".join([START, *head, "", *spaced, *header, *rows, END])
+
+
+def fill_readme(summaries: Path | list[Path], readme: Path) -> None:
+    """Replace the README's GPU table with the summaries' (their rows together)."""
+    summaries = [summaries] if isinstance(summaries, Path) else list(summaries)
+    block = merge_blocks([table_block(s.read_text(encoding="utf-8")) for s in summaries])
     text = readme.read_text(encoding="utf-8")
     table_block(text)  # the README must have the block to replace
     readme.write_text(re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S),
