@@ -168,3 +168,20 @@ def test_sampling_follows_the_int8_targets_distribution(small_int8_pair, method)
     assert 0 < accepted < drafted
     expected = int8_joint(small_int8_pair).flatten() * SAMPLES
     assert pooled_chisquare(counts.flatten(), expected) > 1e-3
+
+
+def test_a_configuration_presets_precisions_and_caches_and_explicit_flags_win(folders):
+    from specdemo.cli import common
+
+    parser = argparse.ArgumentParser()
+    common.add_model_arguments(parser)
+    common.add_decoding_arguments(parser)
+    target, draft = folders
+    args = parser.parse_args(["--target", str(target), "--draft", str(draft), "--device", "cpu",
+                              "--config", "low-memory", "--kv-budget", "64"])
+    params = common.decode_params(args, chat_default=False)
+    assert (params.target_kv, params.draft_kv, params.kv_budget) == ("streaming", "streaming", 64)
+    pair = common.pair_from_args(args)
+    assert pair.target_precision.quantized and pair.draft_precision.quantized
+    result = specdemo.generate(pair, PROMPT, method="sd", decode=params.replace(max_new_tokens=16))
+    assert result.stats["target_kv_bytes_peak"] > 0

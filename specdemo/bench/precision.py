@@ -3,7 +3,7 @@ against the bytes-per-token roofline, how far a quantized target's greedy text m
 float32 target's, and the acceptance of each draft precision and of the quantized self-draft.
 
     python -m specdemo.bench.precision ar --dtypes float32,bfloat16,int8-dynamic,int8-weight-only
-    python -m specdemo.bench.precision drafts --draft embedded-lm --dtypes float32,bfloat16,int8 --self int8
+    python -m specdemo.bench.precision drafts --drafts embedded-lm:float32,embedded-lm:int8,embedded-head,self:int8
 
 Runs are interleaved (every precision on a prompt before the next prompt), greedy, on the
 first prompts of the shipped suite's categories, at the thread count given (default one).
@@ -64,8 +64,8 @@ def measure_targets(target: str, dtypes: list[str], prompts_per_category: int, c
         for ids in prompts:
             for dtype, pair in pairs.items():
                 result = generate(pair, ids, method="ar", max_new_tokens=max_new_tokens, temperature=0.0)
-                if repeat:
-                    seconds[dtype] += result.seconds
+                if repeat:  # decoding alone: the prefill is another workload
+                    seconds[dtype] += result.seconds - result.prefill_seconds
                     tokens[dtype] += len(result.tokens)
                 if repeat == 1:
                     outputs[dtype].append(result)
@@ -88,12 +88,11 @@ def measure_targets(target: str, dtypes: list[str], prompts_per_category: int, c
     return frame
 
 
-def measure_drafts(target: str, draft: str, dtypes: list[str], self_dtypes: list[str], prompts_per_category: int,
-                   categories: str | None, max_new_tokens: int, method: str = "sd") -> pd.DataFrame:
-    """One row per draft: `draft` at each precision, then `self:P` for each self precision, all with
-    the float32 target; greedy acceptance, draft seconds per drafted token, and speed against AR."""
-    drafts = [(draft, d) for d in dtypes] + [(f"self:{d}", None) for d in self_dtypes]
-    pairs = {f"{ref} {d or ''}".strip(): load_pair(target, ref, device="cpu", draft_dtype=d) for ref, d in drafts}
+def measure_drafts(target: str, drafts: list[str], prompts_per_category: int, categories: str | None,
+                   max_new_tokens: int, method: str = "sd") -> pd.DataFrame:
+    """One row per draft spec "REF[:PRECISION]" (self-drafts: "self:int8"), each with the float32
+    target; greedy acceptance, draft seconds per drafted token, and speed against AR on the same pair."""
+    pairs = {spec: _draft_pair(target, spec) for spec in drafts}
     prompts = suite_prompts(next(iter(pairs.values())), prompts_per_category, categories)
     totals = {name: dict(drafted=0, accepted=0, draft_seconds=0.0, seconds=0.0, tokens=0, ar_seconds=0.0)
               for name in pairs}
@@ -115,14 +114,22 @@ def measure_drafts(target: str, draft: str, dtypes: list[str], self_dtypes: list
     return pd.DataFrame(rows)
 
 
+def _draft_pair(target: str, spec: str):
+    """The pair for a draft spec: "embedded-lm:int8" (a draft at a precision) or "self:int8"."""
+    if spec.startswith("self:"):
+        return load_pair(target, spec, device="cpu")
+    ref, _, dtype = spec.partition(":")
+    return load_pair(target, ref, device="cpu", draft_dtype=dtype or None)
+
+
 def _add(total: dict, result, ar) -> None:
     stats = result.stats
     total["drafted"] += stats["drafted"]
     total["accepted"] += stats["accepted"]
     total["draft_seconds"] += stats["draft_seconds"]
-    total["seconds"] += result.seconds
+    total["seconds"] += result.seconds - result.prefill_seconds
     total["tokens"] += len(result.tokens)
-    total["ar_seconds"] += ar.seconds * len(result.tokens) / max(1, len(ar.tokens))
+    total["ar_seconds"] += ar.seconds - ar.prefill_seconds
 
 
 def _mean(values) -> float:
@@ -134,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdemo.bench.precision", description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("ar", "drafts"))
     parser.add_argument("--target", default=EMBEDDED, help="the target (default: the embedded SmolLM2-135M)")
-    parser.add_argument("--draft", default="embedded-lm", help="drafts: the draft LM measured at each precision")
-    parser.add_argument("--dtypes", default="float32,bfloat16,int8", help="comma-separated precisions")
-    parser.add_argument("--self", dest="self_dtypes", default="", help="drafts: self-draft precisions (e.g. int8)")
+    parser.add_argument("--dtypes", default="float32,bfloat16,int8", help="ar: comma-separated target precisions")
+    parser.add_argument("--drafts", default="embedded-lm:float32,embedded-lm:bfloat16,embedded-lm:int8,embedded-head,"
+                        "self:int8", help="drafts: comma-separated REF[:PRECISION] drafts, or self:PRECISION")
     parser.add_argument("--method", default="sd", help="drafts: the drafting method (default: sd)")
     parser.add_argument("--per-category", type=int, default=1, help="prompts per suite category (default: 1)")
     parser.add_argument("--categories", default=None, help="comma-separated suite categories (default: all)")
@@ -151,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         frame = measure_targets(args.target, dtypes, args.per_category, args.categories, args.max_new_tokens,
                                 args.repeats)
     else:
-        frame = measure_drafts(args.target, args.draft, dtypes, [d for d in args.self_dtypes.split(",") if d],
-                               args.per_category, args.categories, args.max_new_tokens, args.method)
+        frame = measure_drafts(args.target, [d for d in args.drafts.split(",") if d], args.per_category,
+                               args.categories, args.max_new_tokens, args.method)
     with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.3f}".format):
         print(frame.to_string(index=False))
     if args.csv:

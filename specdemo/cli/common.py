@@ -11,7 +11,7 @@ from typing import Sequence
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..engine.params import ENGINE_SCHEMA, SCHEMA, DecodeParams, EngineOptions, Param
 from ..models.loading import EMBEDDED, PRESETS, load_pair
-from ..models.precision import PRECISIONS
+from ..models.precision import CONFIGURATIONS, PRECISIONS
 
 # What the command line says instead of the schema's default, where its default differs.
 _CLI_DEFAULT_NOTE = {"chat": "on for the embedded pairs, off otherwise", "seed": "random"}
@@ -31,6 +31,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--target-dtype", default=None, metavar="PRECISION",
                        help="the target's precision (default: --dtype); int8 is the fastest int8 path measured "
                             "on the device (docs/precision-and-memory.md)")
+    group.add_argument("--config", default=None, choices=sorted(CONFIGURATIONS),
+                       help="a configuration of precisions and KV caches: short-text (full caches), long-text "
+                            "(the draft's cache streams, 1024 tokens) or low-memory (int8 models, both caches "
+                            "streaming, lossy); flags given explicitly win")
     group.add_argument("--draft-dtype", default=None, metavar="PRECISION",
                        help="the draft's precision (default: --dtype); --draft self:int8 drafts with the "
                             "target's own weights in int8")
@@ -78,7 +82,7 @@ def _add_flag(group, spec: Param) -> None:
 def decode_params(args: argparse.Namespace, chat_default: bool, exclude: Sequence[str] = ()) -> DecodeParams:
     """The validated parameters of a parsed command line (ValueError naming the field);
     the excluded ones keep the schema's default."""
-    values = {spec.name: getattr(args, spec.name) for spec in SCHEMA if spec.name not in exclude}
+    values = {spec.name: configured(args, spec.name) for spec in SCHEMA if spec.name not in exclude}
     if values["chat"] is None:
         values["chat"] = chat_default
     return DecodeParams.from_values(**values)
@@ -98,9 +102,17 @@ def default_chat(args: argparse.Namespace) -> bool:
     return preset is not None and preset.target == EMBEDDED
 
 
+def configured(args: argparse.Namespace, name: str):
+    """A setting as the command line gives it, else as its --config preset sets it, else None."""
+    value = getattr(args, name, None)
+    if value is None and getattr(args, "config", None):
+        value = CONFIGURATIONS[args.config].get(name)
+    return value
+
+
 def pair_from_args(args: argparse.Namespace):
-    precisions = dict(dtype=args.dtype, target_dtype=getattr(args, "target_dtype", None),
-                      draft_dtype=getattr(args, "draft_dtype", None))
+    precisions = dict(dtype=args.dtype, target_dtype=configured(args, "target_dtype"),
+                      draft_dtype=configured(args, "draft_dtype"))
     if args.target:
         return load_pair(args.target, args.draft, device=args.device, **precisions)
     if args.draft:  # a preset's target with another draft (e.g. --pair embedded --draft self:int8)

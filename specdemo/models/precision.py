@@ -178,3 +178,17 @@ def self_draft(target_float: torch.nn.Module, precision: Precision) -> torch.nn.
     if draft.dtype != precision.float_dtype:
         draft = draft.to(precision.float_dtype)
     return quantize(draft, precision).eval()
+
+
+# The three configurations of the research plan, as presets of precision and KV policy (decoding
+# parameters beside the models' precisions). `--config NAME` on the command line; any setting
+# given explicitly wins over the preset's.
+CONFIGURATIONS: dict[str, dict[str, object]] = {
+    # Short text at the most tokens/s: full caches, each model at its device's default precision.
+    "short-text": {"max_new_tokens": 128},
+    # Long text at bounded memory: the draft's cache streams (lossless), the target keeps its own.
+    "long-text": {"max_new_tokens": 1024, "draft_kv": "streaming", "kv_budget": 256, "kv_sinks": 4},
+    # Extreme memory: an int8 target and draft, both caches streaming in a small window (lossy).
+    "low-memory": {"target_dtype": "int8", "draft_dtype": "int8", "max_new_tokens": 1024, "draft_kv": "streaming",
+                   "target_kv": "streaming", "kv_budget": 128, "kv_sinks": 4},
+}
