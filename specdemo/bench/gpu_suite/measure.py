@@ -93,7 +93,7 @@ def ratio(result: BenchResult, method: str, other: BenchResult | None = None, ot
 def headline(pair_name: str, mode: Mode, result: BenchResult, assisted: BenchResult | None = None,
              round_overhead: float = math.nan) -> dict:
     """One row of the README's table. `assisted` is the run holding SD and hf-assisted with one draft
-    LM (the same run for a synthetic pair; the embedded-lm pair's for the embedded one)."""
+    LM, when not `result` itself."""
     assisted = assisted if assisted is not None else result
     return {
         "pair": pair_name, "mode": mode.name,

@@ -84,7 +84,8 @@ def run_embedded(ctx: StageContext) -> None:
                     ratio = overhead(ctx, pair, prompt_ids(pair, prompts[:1], True), mode, f"embedded-{mode.name}")
             finally:
                 pair.close()
-        ctx.headline.append(headline("embedded (head)", mode, results["embedded"], results["embedded-lm"], ratio))
+        # transformers' assisted generation runs a draft LM, never the head: its ratio is the LM pair's row.
+        ctx.headline.append(headline("embedded (head)", mode, results["embedded"], round_overhead=ratio))
         ctx.headline.append(headline("embedded-lm", mode, results["embedded-lm"]))
         ctx.note(_verdict(ctx.headline[-2], mode))
 
