@@ -284,3 +284,46 @@ def test_the_packed_target_reproduces_the_embedded_pairs_greedy_output(tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     replay = json.loads(out.stdout.strip().splitlines()[-1])
     assert replay["gguf"].startswith(str(assembled)) and replay["ids"] == reference
+
+
+# --------------------------------------------------------------------------- the command line
+
+def test_budgets_are_given_for_every_stage_or_by_name():
+    from specdemo.bench.gpu_suite.stages import parse_minutes
+
+    assert parse_minutes("5") == (5.0, {})
+    assert parse_minutes("4,synthetic=6,embedded=2.5") == (4.0, {"synthetic": 6.0, "embedded": 2.5})
+    with pytest.raises(ValueError, match="minutes"):
+        parse_minutes("soon")
+
+
+def test_an_earlier_transfer_waits_for_the_missing_parts_and_skips_the_embedded_stages(tmp_path, fake_gguf):
+    from specdemo.bench.gpu_suite import main
+
+    packed = pack(tmp_path / "pack", part_bytes=4096)
+    packed.parts[-1].unlink()
+    out = tmp_path / "out"
+    code = main(["--stages", "carry,embedded,lossless", "--carry", str(tmp_path / "pack"), "--out", str(out),
+                 "--device", "cpu", "--minutes", "1,carry=2"])
+    summary = (out / "summary.md").read_text(encoding="utf-8")
+    assert code == 0
+    assert "| carry | waiting for part(s) part-02" in summary and "| 2 |" in summary
+    assert "| embedded | skipped: the embedded target's part(s) part-02 are not here yet" in summary
+
+
+def test_several_runs_fill_one_readme_table(tmp_path):
+    from specdemo.bench.gpu_suite.summary import headline_table
+
+    summaries = []
+    for index, pair in enumerate(["pythia-1.4b/70m", "embedded (head)"]):
+        path = tmp_path / f"summary-{index}.md"
+        block = headline_table([{"pair": pair, "mode": "compiled+static", "ar_tokens_per_s": 100.0 + index}],
+                               [("device", "NVIDIA H100 80GB HBM3 (cuda)")], f"run {index}")
+        path.write_text("# GPU suite\n\n" + "\n".join(block) + "\n", encoding="utf-8")
+        summaries.append(path)
+    readme = tmp_path / "README.md"
+    readme.write_text(table_block((ROOT / "README.md").read_text(encoding="utf-8")) + "\n", encoding="utf-8")
+    fill_readme(summaries, readme)
+    filled = readme.read_text(encoding="utf-8")
+    assert "| pythia-1.4b/70m | compiled+static | 100.0 |" in filled and "| embedded (head) |" in filled
+    assert "`run 0`" in filled and "`run 1`" in filled and NOT_MEASURED not in filled

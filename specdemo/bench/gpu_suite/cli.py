@@ -19,7 +19,7 @@ from .checks import run_cuda_paths
 from .head import run_head
 from .lossless import run_lossless
 from .pairs import cuda_probe, run_embedded, run_synthetic
-from .stages import Settings, Stage, StageContext, run_stages
+from .stages import Settings, Stage, StageContext, parse_minutes, run_stages
 from .summary import environment, fill_readme, markdown
 
 DEFAULT_CARRY = Path(".gpu_carry")
@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on a CPU")
     parser.add_argument("--tiny", action="store_true", help="rehearsal: tiny shapes, a few tokens, one repeat")
     parser.add_argument("--stages", default=",".join(s.name for s in STAGES), help="comma-separated stages to run")
-    parser.add_argument("--minutes", type=float, default=5.0, help="time budget of each stage (default: 5)")
+    parser.add_argument("--minutes", default="5", metavar="M[,STAGE=M...]",
+                        help="time budget of each stage, and of named ones, e.g. 4,synthetic=6 (default: 5)")
     parser.add_argument("--head-minutes", type=float, default=0.0, help="budget of the head stage (0: skip it)")
     parser.add_argument("--gamma", type=int, default=PARAMS["gamma"].default,
                         help="γ of SD and of hf-assisted (default: the decoders' own)")
@@ -112,9 +113,13 @@ def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
     cuda = torch.device(device).type == "cuda"
     carry = args.carry if args.carry is not None else (DEFAULT_CARRY if DEFAULT_CARRY.is_dir() else None)
     tiny = args.tiny
+    minutes, named = parse_minutes(args.minutes)
+    unknown = sorted(set(named) - {s.name for s in STAGES})
+    if unknown:
+        raise ValueError(f"--minutes names unknown stage(s) {', '.join(unknown)}")
     return Settings(
         out=args.out, device=device, dtype=args.dtype or ("bfloat16" if cuda else "float32"), tiny=tiny,
-        minutes=args.minutes, head_minutes=args.head_minutes, gamma=args.gamma,
+        minutes=minutes, stage_minutes=named, head_minutes=args.head_minutes, gamma=args.gamma,
         max_new_tokens=args.max_new_tokens or (8 if tiny else 128), repeats=args.repeats or (1 if tiny else 3),
         prompts=args.prompts or (1 if tiny else 2), rate=args.rate, seed=args.seed, carry=carry,
         bandwidth=args.bandwidth, install_head=not args.no_install,

@@ -38,6 +38,7 @@ class Settings:
     tiny: bool = False
     minutes: float = 5.0
     head_minutes: float = 0.0
+    stage_minutes: dict[str, float] = field(default_factory=dict)  # budgets given by stage name
     gamma: int = 4
     max_new_tokens: int = 128
     repeats: int = 3
@@ -53,6 +54,24 @@ class Settings:
     @property
     def cuda(self) -> bool:
         return torch.device(self.device).type == "cuda"
+
+
+def parse_minutes(text: str) -> tuple[float, dict[str, float]]:
+    """'5' → every stage 5 minutes; '4,synthetic=6,embedded=3' → 4 by default, those two by name."""
+    default, named = None, {}
+    for item in (part.strip() for part in str(text).split(",") if part.strip()):
+        name, _, value = item.rpartition("=")
+        try:
+            minutes = float(value)
+        except ValueError:
+            raise ValueError(f"--minutes: {item!r} is not a number of minutes or STAGE=MINUTES") from None
+        if minutes < 0:
+            raise ValueError(f"--minutes: {item!r} is negative")
+        if name:
+            named[name.strip()] = minutes
+        else:
+            default = minutes
+    return (5.0 if default is None else default), named
 
 
 class OutOfTime(Exception):
@@ -105,7 +124,9 @@ class Outcome:
 
 
 def run_stage(stage: Stage, settings: Settings, log: Callable[[str], None]) -> Outcome:
-    minutes = stage.budget(settings) if stage.budget else settings.minutes
+    minutes = settings.stage_minutes.get(stage.name)
+    if minutes is None:
+        minutes = stage.budget(settings) if stage.budget else settings.minutes
     if stage.needs_cuda and not settings.cuda:
         log(f"{stage.name}: {NO_CUDA}")
         return Outcome(stage, NO_CUDA, 0.0, minutes)
