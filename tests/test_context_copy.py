@@ -6,7 +6,7 @@ import torch
 
 import specdemo
 from specdemo.engine.context_copy import CopyFirstDrafter
-from specdemo.engine.drafters import Proposal
+from specdemo.engine.drafters import Drafter, Proposal
 from specdemo.engine.params import DecodeParams
 from specdemo.engine.policies import EntropyGamma, FixedGamma
 from specdemo.engine.sampling import SamplingConfig
@@ -15,23 +15,21 @@ from specdemo.engine.trace import COPIED
 GREEDY = SamplingConfig(temperature=0.0)
 
 
-class RecordingDrafter:
+class RecordingDrafter(Drafter):
     """Drafts [99] every time it is asked, and records what it was told."""
-
-    forwards = 0
 
     def __init__(self):
         self.started, self.asked, self.observed = None, [], []
 
-    def start(self, prompt_ids, *features):
+    def start(self, prompt_ids, features=None):
         self.started = (list(prompt_ids), features)
 
     def propose(self, context, policy, limit, sampling, generator):
         self.asked.append(list(context))
         return Proposal(policy.round_gamma(None), torch.tensor([99]), None, None, None)
 
-    def observe(self, sequence, verified_from, target_logits, **extras):
-        self.observed.append((list(sequence), verified_from, extras))
+    def observe(self, sequence, verified_from, target_logits, target_features=None, target_top=None):
+        self.observed.append((list(sequence), verified_from, target_features, target_top))
 
 
 def test_a_repeated_context_is_copied_as_a_point_mass_with_zero_entropy():
@@ -68,9 +66,9 @@ def test_the_wrapped_drafter_sees_every_verification_and_the_table_learns_the_ou
     inner = RecordingDrafter()
     drafter = CopyFirstDrafter(inner, n=3)
     drafter.start([1, 2, 3], "features")
-    assert inner.started == ([1, 2, 3], ("features",))
+    assert inner.started == ([1, 2, 3], "features")
     drafter.observe([1, 2, 3, 4, 9], 3, None, target_features="f")
-    assert inner.observed == [([1, 2, 3, 4, 9], 3, {"target_features": "f"})]
+    assert inner.observed == [([1, 2, 3, 4, 9], 3, "f", None)]
     # [3, 4] → 9 came from the output: the next time the context ends in [3, 4], 9 is copied.
     proposal = drafter.propose([1, 2, 3, 4, 9, 3, 4], FixedGamma(1), limit=5, sampling=GREEDY, generator=None)
     assert proposal.tokens.tolist() == [9] and proposal.source == COPIED

@@ -54,7 +54,7 @@ def test_the_head_reads_the_targets_own_states_from_the_verification_forward(hea
     seen: list[tuple[int, torch.Tensor]] = []
     original = feature_drafter.FeatureDrafter.observe
 
-    def recording(self, sequence, verified_from, target_logits, target_features=None):
+    def recording(self, sequence, verified_from, target_logits, target_features=None, target_top=None):
         seen.append((verified_from, target_features.clone()))
         return original(self, sequence, verified_from, target_logits, target_features)
 

@@ -89,7 +89,7 @@ def test_the_drafter_reads_the_chosen_layers_of_a_teacher_forced_pass(fused_pair
     seen: list[tuple[int, torch.Tensor]] = []
     original = feature_drafter.FeatureDrafter.observe
 
-    def recording(self, sequence, verified_from, target_logits, target_features=None):
+    def recording(self, sequence, verified_from, target_logits, target_features=None, target_top=None):
         seen.append((verified_from, target_features.clone()))
         return original(self, sequence, verified_from, target_logits, target_features)
 
@@ -192,7 +192,7 @@ def test_compiled_steps_hand_a_fused_head_its_layers_and_stay_lossless(fused_pai
     seen: list[tuple[int, torch.Tensor]] = []
     original = feature_drafter.FeatureDrafter.observe
 
-    def recording(self, sequence, verified_from, target_logits, target_features=None):
+    def recording(self, sequence, verified_from, target_logits, target_features=None, target_top=None):
         seen.append((verified_from, target_features.clone()))
         return original(self, sequence, verified_from, target_logits, target_features)
 

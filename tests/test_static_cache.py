@@ -244,9 +244,9 @@ def test_confidence_stopping_reads_once_each_time_it_weighs_another_draft(reques
     weighed = []
     keep_drafting = ConfidenceStop.keep_drafting
 
-    def counting(self, entropy, top_prob):
+    def counting(self, entropy, top_prob, **where):
         weighed[-1] += 1
-        return keep_drafting(self, entropy, top_prob)
+        return keep_drafting(self, entropy, top_prob, **where)
 
     monkeypatch.setattr(ConfidenceStop, "keep_drafting", counting)
     counter = _ReadCounter(monkeypatch)

@@ -18,37 +18,32 @@ from __future__ import annotations
 
 import torch
 
-from .drafters import NgramTable, Proposal
+from .drafters import Drafter, NgramTable, Proposal, WrappedDrafter
 from .trace import COPIED
 
 
-class CopyFirstDrafter:
+class CopyFirstDrafter(WrappedDrafter):
     """`inner` drafts every round the context's table cannot continue. It sees every
     verification (`observe`), also after copied rounds, so its state follows the output."""
 
-    def __init__(self, inner, n: int, device: torch.device | str = "cpu"):
+    def __init__(self, inner: Drafter, n: int, device: torch.device | str = "cpu"):
         if n < 2:
             raise ValueError(f"copy_n must be at least 2 (a context of one token or more), got {n}")
-        self.inner = inner
+        super().__init__(inner)
         self.table = NgramTable(n, storage="onelevel")
         self.device = torch.device(device)
-        self.reads_target_features = getattr(inner, "reads_target_features", False)
-        self.feature_layers = getattr(inner, "feature_layers", ())
-        self.target_top_k = getattr(inner, "target_top_k", 0)
 
-    @property
-    def forwards(self) -> int:
-        return self.inner.forwards
+    def describe(self, model_name: str | None) -> str:
+        return f"{self.inner.describe(model_name)} + context copy (n={self.table.n})"
 
     def read_source(self, source_ids: list[int]) -> None:
         """An encoder-decoder pair's source: its n-grams can be copied too (a summary quotes its article)."""
         self.table.add_sequence(source_ids)
-        if hasattr(self.inner, "read_source"):
-            self.inner.read_source(source_ids)
+        self.inner.read_source(source_ids)
 
-    def start(self, prompt_ids: list[int], *features) -> None:
+    def start(self, prompt_ids: list[int], features=None) -> None:
         self.table.add_sequence(prompt_ids)
-        self.inner.start(prompt_ids, *features)
+        self.inner.start(prompt_ids, features)
 
     def propose(self, context, policy, limit, sampling, generator) -> Proposal:
         # The table holds contexts of exactly n − 1 tokens, so a shorter context never matches.
@@ -62,19 +57,6 @@ class CopyFirstDrafter:
             return Proposal(gamma, tokens, None, zeros, entropy, source=COPIED)
         return self.inner.propose(context, policy, limit, sampling, generator)
 
-    def observe(self, sequence, verified_from, target_logits, **extras) -> None:
+    def observe(self, sequence, verified_from, target_logits, target_features=None, target_top=None) -> None:
         self.table.add_sequence(sequence, start=verified_from)
-        self.inner.observe(sequence, verified_from, target_logits, **extras)
-
-    def use_cache(self, *args, **kwargs) -> None:
-        if hasattr(self.inner, "use_cache"):
-            self.inner.use_cache(*args, **kwargs)
-
-    @property
-    def lm(self):
-        """The wrapped draft model's cached LM, where there is one (compile warm-up reads it)."""
-        return self.inner.lm
-
-    def close(self) -> None:
-        if hasattr(self.inner, "close"):
-            self.inner.close()
+        self.inner.observe(sequence, verified_from, target_logits, target_features, target_top)

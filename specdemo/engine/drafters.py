@@ -14,12 +14,11 @@ target's verified outputs; it has no q, so verification treats it as a point mas
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 
 from .seq2seq import cached_lm
-from .policies import FixedGamma
 from .sampling import SamplingConfig, normalized_entropy, pick, probabilities
 from .trace import DRAFTED
 
@@ -42,28 +41,114 @@ class Proposal:
         return cls(gamma, torch.empty(0, dtype=torch.long, device=device), None, None, round_entropy)
 
 
-class Drafter(Protocol):
-    """Proposals stay on the device: the decode loop reads a round's drafts back together with
-    the target's verdict. A drafter may set `target_top_k` > 0 to be handed, in `observe`, the
-    ids of the target's best tokens at each verified position (read back with the round too)."""
+class Drafter:
+    """What the decode loop asks of a drafter, with what a drafter that needs nothing more does.
 
-    def start(self, prompt_ids: list[int]) -> None: ...
+    A drafter declares what it reads and keeps with class attributes, and overrides only the
+    calls it needs; the loop reads the flags and calls the methods, never probing for either:
+      reads_target_features  `start` gets the target's states over the prompt and `observe` its
+                             states at the kept positions (`feature_layers` names extra layers);
+      target_top_k > 0       `observe` gets the ids of the target's best tokens at those positions;
+      drafts_tokens          False for AR's drafter, which proposes nothing (one token verified a round);
+      drafts_trees           `propose_tree` instead of `propose`;
+    and `use_cache` / `warm_up` / `close` for a drafter that keeps a model's KV cache.
+    Proposals stay on the device: the loop reads a round's drafts back with the target's verdict.
+    """
 
-    # Optional, for encoder-decoder pairs: `read_source(source_ids)`, called before `start`.
-
-    def propose(
-        self, context: list[int], policy: FixedGamma, limit: int, sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> Proposal: ...
-
-    def observe(self, sequence: list[int], verified_from: int, target_logits: torch.Tensor) -> None:
-        """The target has verified sequence[verified_from:]; target_logits[i] is its
-        next-token prediction after sequence[:verified_from + i], for i up to the number
-        of drafts it accepted."""
-        ...
+    reads_target_features = False
+    feature_layers: tuple[int, ...] = ()
+    target_top_k = 0
+    drafts_tokens = True
+    drafts_trees = False
 
     @property
-    def forwards(self) -> int: ...
+    def forwards(self) -> int:
+        """Forward passes of a draft model so far (0 for a drafter without one)."""
+        return 0
+
+    def describe(self, model_name: str | None) -> str:
+        """How the page and the benchmark name this drafter (model_name: the pair's name for its draft)."""
+        return model_name or type(self).__name__
+
+    def read_source(self, source_ids: list[int]) -> None:
+        """An encoder-decoder pair's source (the encoder's input), before `start`."""
+
+    def use_cache(self, cache: str, max_length: int | None, compile: bool = False,
+                  buckets: tuple[int, ...] = (1,)) -> None:
+        """The KV cache kind to keep (the loop matches the target's), before `start`."""
+
+    def warm_up(self) -> float:
+        """Compile and warm what was compiled; the seconds it took (never part of decoding's)."""
+        return 0.0
+
+    def start(self, prompt_ids: list[int], features: torch.Tensor | None = None) -> None:
+        """The prompt (and, for a drafter that reads them, the target's states over it)."""
+
+    def propose(self, context: list[int], policy, limit: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal:
+        raise NotImplementedError
+
+    def observe(self, sequence: list[int], verified_from: int, target_logits: torch.Tensor,
+                target_features: torch.Tensor | None = None, target_top: list[list[int]] | None = None) -> None:
+        """The target has verified sequence[verified_from:]; target_logits[i] is its
+        next-token prediction after sequence[:verified_from + i], for i up to the number
+        of drafts it accepted (target_features and target_top: the same rows, when declared)."""
+
+    def close(self) -> None:
+        """Free what the drafter holds (its cache) now, not when it is collected."""
+
+
+class NoDrafter(Drafter):
+    """AR's drafter: every round drafts nothing, and the target adds its one token."""
+
+    drafts_tokens = False
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+
+    def describe(self, model_name: str | None) -> str:
+        return "none"
+
+    def propose(self, context, policy, limit, sampling, generator) -> Proposal:
+        return Proposal.empty(0, self.device)
+
+
+class WrappedDrafter(Drafter):
+    """A drafter around another (`inner`): everything is `inner`'s unless the wrapper overrides it."""
+
+    def __init__(self, inner: Drafter):
+        self.inner = inner
+        self.reads_target_features = inner.reads_target_features
+        self.feature_layers = inner.feature_layers
+        self.target_top_k = inner.target_top_k
+
+    @property
+    def forwards(self) -> int:
+        return self.inner.forwards
+
+    def describe(self, model_name: str | None) -> str:
+        return self.inner.describe(model_name)
+
+    def read_source(self, source_ids: list[int]) -> None:
+        self.inner.read_source(source_ids)
+
+    def use_cache(self, cache, max_length, compile=False, buckets=(1,)) -> None:
+        self.inner.use_cache(cache, max_length, compile=compile, buckets=buckets)
+
+    def warm_up(self) -> float:
+        return self.inner.warm_up()
+
+    def start(self, prompt_ids, features=None) -> None:
+        self.inner.start(prompt_ids, features)
+
+    def propose(self, context, policy, limit, sampling, generator) -> Proposal:
+        return self.inner.propose(context, policy, limit, sampling, generator)
+
+    def observe(self, sequence, verified_from, target_logits, target_features=None, target_top=None) -> None:
+        self.inner.observe(sequence, verified_from, target_logits, target_features, target_top)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfig,
@@ -86,7 +171,7 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
     fed = 0
     for i in range(budget):
         entropy = normalized_entropy(probs)
-        if policy.needs_token_stats and (i > 0 or getattr(policy, "reads_first_token", False)):
+        if policy.needs_token_stats and (i > 0 or policy.reads_first_token):
             entropy_now, top_prob, *last_q = torch.cat([torch.stack([entropy, probs.max()]), *chosen_q[-1:]]).tolist()
             if not policy.keep_drafting(entropy_now, top_prob, position=i, vocab=probs.shape[-1],
                                         last_q=last_q[0] if last_q else None):
@@ -107,7 +192,9 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
     return proposal, fed
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
+    """A small LM that drafts, with its own KV cache kept across rounds."""
+
     def __init__(self, model: torch.nn.Module, vocab_size: int | None = None, cache: str = "dynamic",
                  max_length: int | None = None):
         self.lm = cached_lm(model, vocab_size, cache=cache, max_length=max_length)
@@ -116,7 +203,7 @@ class ModelDrafter:
 
     def use_cache(self, cache: str, max_length: int | None, compile: bool = False,
                   buckets: tuple[int, ...] = (1,)) -> None:
-        """Switch to a fresh cache of this kind (before `start`); the decode loop matches the target's."""
+        """Switch to a fresh cache of this kind (before `start`)."""
         self.lm.close()
         self.lm = cached_lm(self.lm.model, self.lm.vocab_size, cache=cache, max_length=max_length, compile=compile,
                             buckets=buckets)
@@ -132,10 +219,13 @@ class ModelDrafter:
     def forwards(self) -> int:
         return self.lm.forwards
 
+    def warm_up(self) -> float:
+        return self.lm.warm_up()
+
     def close(self) -> None:
         self.lm.close()
 
-    def start(self, prompt_ids: list[int]) -> None:
+    def start(self, prompt_ids: list[int], features=None) -> None:
         self.lm.prefill(prompt_ids[:-1])
 
     def propose(self, context, policy, limit, sampling, generator) -> Proposal:
@@ -146,7 +236,7 @@ class ModelDrafter:
         )
         return proposal
 
-    def observe(self, sequence, verified_from, target_logits) -> None:
+    def observe(self, sequence, verified_from, target_logits, target_features=None, target_top=None) -> None:
         # The cache holds the context, then the drafts fed back, whose ids the host has only
         # now. Those the target accepted are the cache's to keep; the next proposal rolls back
         # the rest and catches up with `sequence`.
@@ -226,7 +316,7 @@ class NgramTable:
         return drafted
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """NASD's drafter: an n-gram table grown from the prompt and every verification.
 
     The table lives on the host; the drafts go to `device` for the target to verify."""
@@ -234,16 +324,15 @@ class NgramDrafter:
     def __init__(self, n: int, storage: str = "basic", top_k_filler: int = 3,
                  device: torch.device | str = "cpu"):
         self.table = NgramTable(n, storage)
+        self.storage = storage
         self.top_k_filler = top_k_filler
+        self.target_top_k = top_k_filler
         self.device = torch.device(device)
 
-    forwards = 0
+    def describe(self, model_name: str | None) -> str:
+        return f"n-gram table (n={self.table.n}, {self.storage})"
 
-    @property
-    def target_top_k(self) -> int:
-        return self.top_k_filler
-
-    def start(self, prompt_ids: list[int]) -> None:
+    def start(self, prompt_ids: list[int], features=None) -> None:
         self.table.add_sequence(prompt_ids)
 
     def read_source(self, source_ids: list[int]) -> None:
@@ -254,7 +343,8 @@ class NgramDrafter:
         tokens = self.table.draft(context, min(gamma, limit))
         return Proposal(gamma, torch.tensor(tokens, dtype=torch.long, device=self.device), None, None, None)
 
-    def observe(self, sequence, verified_from, target_logits, target_top: list[list[int]] | None = None) -> None:
+    def observe(self, sequence, verified_from, target_logits, target_features=None,
+                target_top: list[list[int]] | None = None) -> None:
         """target_top: the target's best `target_top_k` ids at each verified position, best
         first, when the decode loop has read them back already; else taken from target_logits."""
         self.table.add_sequence(sequence, start=verified_from)

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from .drafters import Proposal, draft_round
+from .drafters import Drafter, Proposal, draft_round
 from .feature_head import FeatureHead, HeadCache
 from .sampling import SamplingConfig, probabilities
 
 
-class FeatureDrafter:
+class FeatureDrafter(Drafter):
     reads_target_features = True
 
     def __init__(self, head: FeatureHead):
@@ -86,7 +86,7 @@ class FeatureDrafter:
         proposal, _ = draft_round(self._probs(predicted, sampling), policy, limit, sampling, generator, advance)
         return proposal
 
-    def observe(self, sequence, verified_from, target_logits, target_features=None) -> None:
+    def observe(self, sequence, verified_from, target_logits, target_features=None, target_top=None) -> None:
         """target_features [accepted + 1, d]: the target's states at positions
         verified_from - 1 .. verified_from - 1 + accepted, which it verified."""
         assert target_features is not None, "the decode loop must pass the target's features"

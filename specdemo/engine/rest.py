@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .drafters import Proposal
+from .drafters import Drafter, Proposal
 
 MIN_MATCH, MAX_MATCH = 2, 16
 MAX_OCCURRENCES = 64
@@ -130,10 +130,8 @@ def context_occurrences(context: Sequence[int], length: int) -> np.ndarray:
     return hits[::-1][:MAX_OCCURRENCES]
 
 
-class RestDrafter:
+class RestDrafter(Drafter):
     """Drafts the continuation of the longest suffix match, in the datastore or the context so far."""
-
-    forwards = 0
 
     def __init__(self, store: Datastore | None, vocab_size: int, device: torch.device | str = "cpu"):
         if store is not None and store.vocab_size > vocab_size:
@@ -142,9 +140,6 @@ class RestDrafter:
         self.store = store
         self.device = torch.device(device)
         self.matched = 0  # the length of the last round's match (0: none)
-
-    def start(self, prompt_ids: list[int]) -> None:
-        pass
 
     def draft(self, context: Sequence[int], most: int) -> list[int]:
         longest = min(MAX_MATCH, len(context), self.store.window if self.store is not None else MAX_MATCH)
@@ -161,10 +156,11 @@ class RestDrafter:
         self.matched = 0
         return []
 
+    def describe(self, model_name: str | None) -> str:
+        return f"retrieval ({len(self.store):,} datastore tokens + the context)" if self.store is not None else \
+            "retrieval (the context)"
+
     def propose(self, context, policy, limit, sampling, generator) -> Proposal:
         gamma = policy.round_gamma(None)
         tokens = self.draft(context, min(gamma, limit)) if limit > 0 else []
         return Proposal(gamma, torch.tensor(tokens, dtype=torch.long, device=self.device), None, None, None)
-
-    def observe(self, sequence, verified_from, target_logits, **extras) -> None:
-        pass

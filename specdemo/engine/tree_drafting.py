@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .drafters import ModelDrafter, NgramDrafter
+from .drafters import Drafter, ModelDrafter, NgramDrafter, WrappedDrafter
 from .feature_drafter import FeatureDrafter
 from .policies import _Policy, gamma_from_entropy
 from .sampling import SamplingConfig, normalized_entropy, probabilities
@@ -104,6 +104,8 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class ModelStepper:
+    point_masses = False
+
     def __init__(self, drafter: ModelDrafter, context: list[int], sampling: SamplingConfig):
         self.lm, self.sampling, self.base = drafter.lm, sampling, len(context)
         self.fed: list[int] = []  # the nodes fed after the context
@@ -125,6 +127,8 @@ class ModelStepper:
 
 
 class FeatureStepper:
+    point_masses = False
+
     def __init__(self, drafter: FeatureDrafter, context: list[int], sampling: SamplingConfig):
         self.drafter, self.sampling = drafter, sampling
         predicted = drafter.catch_up(context)
@@ -168,7 +172,7 @@ class NgramStepper:
 
 def _expand(stepper, q, width_of, depth: int, sampling, generator):
     """(tokens, keys, q kept for verification, normalised entropy or None) for one node."""
-    if getattr(stepper, "point_masses", False):
+    if stepper.point_masses:
         total = sum(q.values())
         probs = [c / total for c in q.values()]
         entropy_nats = -sum(p * math.log(p) for p in probs)
@@ -233,22 +237,16 @@ class TreeProposal:
     source: str = DRAFTED
 
 
-class TreeDrafter:
+class TreeDrafter(WrappedDrafter):
     """A drafter that proposes a tree each round (`propose_tree`); everything else is `inner`'s."""
 
-    def __init__(self, inner):
-        self.inner = inner
+    drafts_trees = True
+
+    def __init__(self, inner: Drafter):
+        super().__init__(inner)
         self.stepper = next((s for kind, s in _STEPPERS if isinstance(inner, kind)), None)
         if self.stepper is None:
             raise ValueError(f"trees: no tree drafting for {type(inner).__name__}")
-        self.reads_target_features = getattr(inner, "reads_target_features", False)
-        self.feature_layers = getattr(inner, "feature_layers", ())
-        self.target_top_k = getattr(inner, "target_top_k", 0)
-
-    def __getattr__(self, name):  # start, observe, forwards, use_cache, close, lm, table …
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     def propose_tree(self, context, policy: _TreePolicy, limit, sampling, generator) -> TreeProposal:
         stepper = self.stepper(self.inner, context, sampling)

@@ -1,67 +1,80 @@
 """One round of a tree method: draft a tree, verify every node in one target forward, keep a path.
 
-The decode loop calls `tree_round` where a chain method drafts and verifies; what comes back
-reads like a chain round (the kept path as the accepted drafts, the first child refused after
-it as the rejected one), plus the whole tree for the trace. Afterwards the target's cache holds
+The decode loop calls `tree_round` where a chain method calls `chain_round`; its `RoundOutcome`
+reads like a chain round's (the kept path as the accepted drafts, the first child refused after
+it as the rejected one), plus the whole tree for the trace. Afterwards the writer's cache holds
 the context and the kept path only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from .drafters import top_ids
-from .lm import CachedLM
+from .rounds import Decoding, RoundOutcome, cut_verdict_at_eos
 from .sampling import SamplingConfig, probabilities
-from .trace import TreeRecord
+from .trace import DraftDecision, TreeRecord
 from .tree import DraftTree
-from .tree_drafting import TreeProposal
 from .tree_verify import verify_tree
 
 
-@dataclass
-class TreeOutcome:
-    proposal: TreeProposal
-    drafted: list[int]  # the kept path, then the first child refused after it (if any)
-    accepted: int
-    next_token: int
-    entropies: list[float]  # the drafter's normalised entropy at the root and each kept node
-    verified_logits: torch.Tensor  # [accepted + 1, V]: the target at the root and after each kept draft
-    verified_hidden: torch.Tensor | None  # their final hidden states, for a drafter that reads them
-    target_top: list[list[int]] | None  # the target's best ids at those rows, for a drafter that asks
-    record: TreeRecord
-
-
-def tree_round(target: CachedLM, drafter, policy, sequence: list[int], limit: int, sampling: SamplingConfig,
-               generator: torch.Generator | None, clock, reads_features: bool, target_top_k: int) -> TreeOutcome:
-    proposal = drafter.propose_tree(sequence, policy, limit, sampling, generator)
-    clock.lap()
+def tree_round(run: Decoding, sequence: list[int], limit: int) -> RoundOutcome:
+    """limit: the most drafts the output has room for (the writer's own token comes on top)."""
+    drafter, writer, sampling = run.drafter, run.writer, run.sampling
+    reads_features = drafter.reads_target_features
+    proposal = drafter.propose_tree(sequence, run.policy, limit, sampling, run.generator)
+    run.clock.lap()
     tree = proposal.tree
-    device = target.device
     if len(tree):
-        logits = target.tree_logits(sequence, torch.tensor(tree.draft_tokens(), device=device), tree.ancestor_mask(),
-                                    torch.tensor(tree.depths[1:]), n_hidden=reads_features)
+        logits = writer.tree_logits(sequence, torch.tensor(tree.draft_tokens(), device=writer.device),
+                                    tree.ancestor_mask(), torch.tensor(tree.depths[1:]), n_hidden=reads_features)
     else:
-        logits = target.logits(sequence, 1, 1 if reads_features else 0)
+        logits = writer.logits(sequence, 1, 1 if reads_features else 0)
     probs = torch.softmax(logits.float(), -1) if sampling.greedy else probabilities(logits, sampling)
-    verdict = verify_tree(logits if sampling.greedy else probs, tree, sampling, generator)
+    verdict = verify_tree(logits if sampling.greedy else probs, tree, sampling, run.generator)
     if len(tree):
-        target.keep_tree_path([node - 1 for node in verdict.path])
+        writer.keep_tree_path([node - 1 for node in verdict.path])
     path_tokens = [tree.tokens[node] for node in verdict.path]
-    target.note_fed(path_tokens)
+    writer.note_fed(path_tokens)
     rows = torch.tensor([0] + verdict.path, device=logits.device)
     verified = logits.index_select(0, rows)
     refused = [tree.tokens[verdict.refused[0]]] if verdict.refused else []
-    return TreeOutcome(
-        proposal=proposal, drafted=path_tokens + refused, accepted=len(path_tokens), next_token=verdict.next_token,
-        entropies=[tree.entropies[n] for n in [0] + verdict.path if n in tree.entropies],
+    record = _record(tree, probs, verdict.path, sampling)
+    drafts, accepted, next_token = cut_verdict_at_eos(path_tokens + refused, len(path_tokens), verdict.next_token,
+                                                      run.eos_ids)
+    next_p = None if next_token is None else float(probabilities(verified[accepted], sampling)[next_token])
+    entropies = [tree.entropies[n] for n in [0] + verdict.path if n in tree.entropies]
+    return RoundOutcome(
+        gamma=proposal.gamma, round_entropy=proposal.round_entropy, source=proposal.source if drafts else "",
+        drafts=drafts, accepted=accepted, next_token=next_token, entropies=entropies[: len(drafts)],
+        decisions=tree_decisions(record, drafts, accepted, next_token, next_p, sampling.greedy), next_p=next_p,
         verified_logits=verified,
-        verified_hidden=target.hidden.index_select(0, rows.to(target.hidden.device)) if reads_features else None,
-        target_top=top_ids(verified, target_top_k).tolist() if target_top_k else None,
-        record=_record(tree, probs, verdict.path, sampling),
+        verified_hidden=writer.hidden.index_select(0, rows.to(writer.hidden.device)) if reads_features else None,
+        target_top=top_ids(verified, drafter.target_top_k).tolist() if drafter.target_top_k else None, tree=record,
     )
+
+
+def tree_decisions(tree: TreeRecord, drafts: list[int], accepted: int, next_token: int | None,
+                   next_p: float | None, greedy: bool) -> list[DraftDecision]:
+    """A tree round's drafts read as a chain's: the kept path, then the first child refused after it.
+    Their p and q are the tree's own; under sampling the acceptance probability shown is min(1, p/q),
+    exact for the first child tried at a node (a later sibling is judged against the residual, which
+    the tree view shows)."""
+    decisions, parent = [], 0
+    for i, token in enumerate(drafts):
+        node = next(n for n in range(1, tree.nodes + 1)
+                    if tree.parents[n - 1] == parent and tree.tokens[n - 1] == token)
+        q, p = tree.q[node - 1], tree.p[node - 1]
+        kept = i < accepted
+        accept_prob = float(kept) if greedy else min(1.0, p / q) if q else min(1.0, p)
+        rejected_here = i == accepted and next_token is not None
+        decisions.append(DraftDecision(
+            token=token, q=1.0 if q is None else q, p=p, accept_prob=accept_prob, accepted=kept, decided=i <= accepted,
+            point_mass=q is None, correction=next_token if rejected_here else None,
+            correction_p=next_p if rejected_here else None,
+        ))
+        parent = node
+    return decisions
 
 
 def _record(tree: DraftTree, probs: torch.Tensor, path: list[int], sampling: SamplingConfig) -> TreeRecord:

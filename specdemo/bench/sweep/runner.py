@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ...engine.methods import METHODS
 from ...engine.params import DecodeParams
+from ..schedule import interleaved, turn_seed
 from ..runners import run_ours
 from ..tables import tokens_frame
 from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, select_prompts
@@ -120,34 +121,31 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
             if should_stop and should_stop():
                 yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True, tokens=tokens)
                 return
-        for repeat in range(repeats):
-            for index, (item, ids) in enumerate(zip(items, encoded)):
-                shift = (repeat + index) % len(runs)
-                order = runs[shift:] + runs[:shift]
-                seed = base_seed + 1000 * repeat + index
-                group = []
-                stop = False
-                for position, setting in enumerate(order):
-                    target.calls.clear()
-                    draft.calls.clear()
-                    run = run_ours(pair, setting.method, ids, {**shared, **setting.params()}, seed)
-                    group.append((setting, position, run, target.decoding(1 if len(ids) > 1 else 0),
-                                  draft.decoding(1 if len(ids) > 1 and METHODS[setting.method].needs_draft else 0)))
-                    done += 1
-                    stop = bool(should_stop and should_stop())
-                    last = position == len(order) - 1 or stop
-                    ranked = sorted(group, key=lambda g: runs.index(g[0]))  # rows in grid order
-                    new = group_rows(item, index, repeat, seed, ids, ranked, greedy) if last else []
-                    rows.extend(new)
-                    if last:
-                        tokens.extend(_token_rows(ranked, item, repeat))
-                    message = f"{item.id} {setting.label} (repeat {repeat + 1}/{repeats})"
-                    yield SweepEvent(done, total, message, rows, new, tokens=tokens)
-                    if stop:
-                        break
+        for repeat, index, (item, ids), order in interleaved(list(zip(items, encoded)), runs, repeats):
+            seed = turn_seed(base_seed, repeat, index)
+            group = []
+            stop = False
+            for position, setting in enumerate(order):
+                target.calls.clear()
+                draft.calls.clear()
+                run = run_ours(pair, setting.method, ids, {**shared, **setting.params()}, seed)
+                group.append((setting, position, run, target.decoding(1 if len(ids) > 1 else 0),
+                              draft.decoding(1 if len(ids) > 1 and METHODS[setting.method].needs_draft else 0)))
+                done += 1
+                stop = bool(should_stop and should_stop())
+                last = position == len(order) - 1 or stop
+                ranked = sorted(group, key=lambda g: runs.index(g[0]))  # rows in grid order
+                new = group_rows(item, index, repeat, seed, ids, ranked, greedy) if last else []
+                rows.extend(new)
+                if last:
+                    tokens.extend(_token_rows(ranked, item, repeat))
+                message = f"{item.id} {setting.label} (repeat {repeat + 1}/{repeats})"
+                yield SweepEvent(done, total, message, rows, new, tokens=tokens)
                 if stop:
-                    yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True, tokens=tokens)
-                    return
+                    break
+            if stop:
+                yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True, tokens=tokens)
+                return
         yield SweepEvent(done, total, "done", rows, finished=True, tokens=tokens)
     finally:
         target.close()
