@@ -67,13 +67,13 @@ def test_the_verdict_names_the_best_fixed_and_adaptive_settings_per_category_and
     assert "in 2 of 2 categories." in text
 
 
-def test_a_tie_is_a_tie_and_one_prompt_gives_no_interval():
+def test_a_tie_is_a_tie_and_two_prompts_give_no_interval():
     ratio, low, high = paired_ratio(pd.Series([1.0, 1.2, 0.9, 1.1]), pd.Series([1.05, 1.1, 1.0, 1.05]))
     assert low < 1 < high and low <= ratio <= high
-    ratio, low, high = paired_ratio(pd.Series([1.5]), pd.Series([1.0]))
-    assert ratio == pytest.approx(1.5) and math.isnan(low)
-    rows = _rows({"math": {"sd:gamma=3": [1.0], "adaedl:x": [1.5]}})
-    assert policy_verdict(rows).outcome.tolist() == ["one prompt: no interval", "one prompt: no interval"]
+    ratio, low, high = paired_ratio(pd.Series([1.5, 1.2]), pd.Series([1.0, 1.0]))
+    assert ratio == pytest.approx(1.8 ** 0.5) and math.isnan(low)
+    rows = _rows({"math": {"sd:gamma=3": [1.0, 1.1], "adaedl:x": [1.5, 1.4]}})
+    assert policy_verdict(rows).outcome.tolist() == ["under 3 prompts: no interval"] * 2
 
 
 def test_without_an_adaptive_run_there_is_no_comparison():

@@ -147,12 +147,14 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for adapt in (False, True):
-        for row in run_stream(pair, prompts, adapt=adapt, lr=args.lr, steps=args.steps, gamma=args.gamma,
-                              max_new_tokens=args.max_new_tokens):
+    # Frozen and adapted side by side, request by request: a stream cut short still compares both.
+    streams = [run_stream(pair, prompts, adapt=adapt, lr=args.lr, steps=args.steps, gamma=args.gamma,
+                          max_new_tokens=args.max_new_tokens) for adapt in (False, True)]
+    for pair_of_rows in zip(*streams):
+        for row in pair_of_rows:
             rows.append(row)
             print(f"{row['run']} {row['index'] + 1}/{len(prompts)}: acceptance {row['acceptance']:.2f}", flush=True)
-            pd.DataFrame(rows, columns=STREAM_COLUMNS).to_csv(out / "stream.csv", index=False)
+        pd.DataFrame(rows, columns=STREAM_COLUMNS).to_csv(out / "stream.csv", index=False)
     frame = pd.DataFrame(rows, columns=STREAM_COLUMNS)
     stream_figure(frame).write_html(out / "stream.html", include_plotlyjs="cdn")
     print(first_last(frame).to_string(index=False, float_format="{:.3f}".format))

@@ -8,7 +8,7 @@ adaptive setting tuned once on all prompts. Each comparison is the geometric mea
 category's prompts of the paired ratio adaptive / fixed, with a percentile bootstrap interval
 (scipy.stats.bootstrap) over those prompts: "beats" when the interval lies above 1, "loses"
 when below, "ties" otherwise. Both settings are picked on the same prompts they are judged on,
-which favours each of them alike; with few prompts the interval is wide (none with one prompt).
+which favours each of them alike; with few prompts the interval is wide (none under MIN_PROMPTS).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from .grid import ADAPTIVE_METHODS
 
 OVERALL = "all"
 CONFIDENCE = 0.95
+# Resampling two prompts only ever gives their two ratios and their mean: no interval below three.
+MIN_PROMPTS = 3
 VERDICT_COLUMNS = ["category", "prompts", "fixed", "fixed_speedup", "adaptive", "adaptive_speedup", "ratio",
                    "ratio_low", "ratio_high", "outcome", "tuned_once", "tuned_once_speedup", "tuned_once_ratio",
                    "tuned_once_low", "tuned_once_high", "tuned_once_outcome"]
@@ -42,11 +44,11 @@ def _best(table: pd.DataFrame, settings: list[str]) -> str | None:
 
 
 def paired_ratio(better: pd.Series, base: pd.Series, seed: int = 0) -> tuple[float, float, float]:
-    """Geometric mean of better/base over prompts, and its bootstrap interval (NaN with one prompt)."""
+    """Geometric mean of better/base over prompts, and its bootstrap interval (NaN below MIN_PROMPTS)."""
     logs = np.log((better / base).to_numpy(dtype=float))
     point = float(np.exp(logs.mean()))
-    if len(logs) < 2 or np.allclose(logs, logs[0]):
-        spread = math.nan if len(logs) < 2 else point
+    if len(logs) < MIN_PROMPTS or np.allclose(logs, logs[0]):
+        spread = math.nan if len(logs) < MIN_PROMPTS else point
         return point, spread, spread
     from scipy.stats import bootstrap
 
@@ -58,7 +60,7 @@ def paired_ratio(better: pd.Series, base: pd.Series, seed: int = 0) -> tuple[flo
 
 def outcome(low: float, high: float) -> str:
     if math.isnan(low):
-        return "one prompt: no interval"
+        return f"under {MIN_PROMPTS} prompts: no interval"
     return "beats" if low > 1.0 else "loses" if high < 1.0 else "ties"
 
 
@@ -109,8 +111,9 @@ def policy_sentence(frame: pd.DataFrame) -> str:
     overall = frame[frame.category == OVERALL].iloc[0]
     text = (f"Over all {overall.prompts} prompts the best adaptive setting, {overall.adaptive}, reached "
             f"{overall.adaptive_speedup:.2f}× AR against {overall.fixed_speedup:.2f}× for the best fixed γ "
-            f"({overall.fixed}): ratio {overall.ratio:.2f} [{overall.ratio_low:.2f}, "
-            f"{overall.ratio_high:.2f}], it {overall.outcome}.")
+            f"({overall.fixed}): ratio {overall.ratio:.2f}"
+            + (f" ({overall.outcome})." if math.isnan(overall.ratio_low) else
+               f" [{overall.ratio_low:.2f}, {overall.ratio_high:.2f}], it {overall.outcome}."))
     categories = frame[frame.category != OVERALL]
     if len(categories):
         losing = categories[categories.tuned_once_ratio < 1.0]
