@@ -30,6 +30,7 @@ from .stages import OutOfTime, StageContext
 
 # Distinct requests to draw: about 100 answer tokens each, so ≥ 10 M tokens want ~100 k of them.
 FULL_REQUESTS = 120_000
+GOAL_TOKENS = 10_000_000
 
 
 def _python(module: str, *args: str) -> list[str]:
@@ -116,8 +117,8 @@ def run_head(ctx: StageContext) -> None:
     work.mkdir(parents=True, exist_ok=True)
     _run(ctx, corpus_commands(ctx, corpus), work / "corpus.log", 0.6)
     manifest = json.loads((corpus / "manifest.json").read_text(encoding="utf-8"))
-    ctx.note(f"- corpus: {manifest['answer_tokens']:,} answer tokens from {manifest['distinct_prompts']:,} distinct "
-             f"requests in {manifest['shards']} shard(s)")
+    ctx.note(f"- corpus: {manifest['answer_tokens']:,} answer tokens (goal {GOAL_TOKENS:,}) from "
+             f"{manifest['distinct_prompts']:,} distinct requests in {manifest['shards']} shard(s)")
     _run(ctx, [train_command(ctx, corpus, head)], work / "train.log", 0.7)
     ctx.check_time("the held-out acceptance")
     scores = suite_acceptance(ctx, {"new": head, "shipped": HEAD_DIR})
