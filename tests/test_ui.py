@@ -215,12 +215,12 @@ def test_app_applies_threads_and_preloads_the_default_pair(monkeypatch):
 def test_the_warm_up_runs_every_default_method_before_the_first_run(tmp_path):
     from types import SimpleNamespace
 
-    from specdemo.app import handlers
+    from specdemo.app import page
 
     ran, pair = [], SimpleNamespace(draft=object(), draft_kind="lm", close=lambda: None)
     cache = ui.PairCache(lambda target, draft, **_: pair, limit=1)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(handlers, "generate", lambda pair, prompt, method, **params: ran.append((pair, method)))
+        patch.setattr(page, "generate", lambda pair, prompt, method, **params: ran.append((pair, method)))
         ready = ui.preload_pair(cache, Preset("p", "target", "draft", ""))
         assert ready.wait(30)
     assert ran == [(pair, "ar"), (pair, "sd"), (pair, "nasd"), (pair, "egag")]

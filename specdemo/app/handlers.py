@@ -5,20 +5,15 @@ slot, figures, the comparison table, file paths) and `compare` returns a `Compar
 `playgroundtab` only maps those onto its components. So the streaming logic is tested by
 iterating the generator (tests/test_handlers.py), without a server.
 
-Also here: the pair cache, export folders and the ZeroGPU decorator that every tab shares.
-May import engine, models, bench and the page's own viz/limits; never gradio at import
-(only `spaces` on a Hugging Face Space).
+What every tab shares (the pair cache, export folders, the ZeroGPU decorator) lives in `page`.
+May import engine, models, bench and the page's own viz/limits/page; never gradio.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import tempfile
-import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,123 +25,23 @@ import torch
 from . import charts, viz
 from ..bench.compare import run_comparison, tabulate
 from ..bench.tables import summary_frame
-from ..engine.decoding import generate, iter_generate
-from ..engine.methods import DEFAULT_METHODS, METHODS, parse_methods
+from ..engine.decoding import iter_generate
+from ..engine.methods import available_methods, parse_methods
 from ..engine.params import PARAMS, DecodeParams, EngineOptions
 from ..engine.trace import GenerationResult
-from ..models.loading import ModelPair, Preset, draft_kind_of, load_pair
+from ..models.loading import ModelPair, Preset, draft_kind_of
 from .engine_controls import engine_options, first_round_status
 from .limits import Limits
+from .page import export_dir, gpu
 
 log = logging.getLogger(__name__)
 
-PairLoader = Callable[..., ModelPair]
 # While a method decodes the page gets a one-line status at most this often, and nothing else:
 # on a small machine the browser and the server's rendering share the cores the decode runs on,
 # so drawing during a run would slow the very speeds the page reports. A method's panel is sent
 # once, when it ends; the charts once, when every method has ended.
 STATUS_INTERVAL_S = 1.0
-EXPORT_ROOT = Path(tempfile.gettempdir()) / "specdemo-exports"
-EXPORT_TTL_S = 3600
 PARAM_NAMES = tuple(PARAMS)  # the decoding parameters every decoding endpoint takes, in the schema's order
-
-
-# ---------------------------------------------------------------------------------------
-# Model pairs: loaded once, kept in a small LRU cache
-
-
-class PairCache:
-    """Pairs keyed by (target, draft, device, dtype); beyond `limit`, the least recently
-    used pair is closed so a new one can take its memory."""
-
-    def __init__(self, loader: PairLoader = load_pair, limit: int = 1, warm_up: bool = True):
-        if limit < 1:
-            raise ValueError("the pair cache must hold at least one pair")
-        self.loader = loader
-        self.limit = limit
-        self.warm_up = warm_up
-        self._pairs: OrderedDict[tuple, ModelPair] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._pairs)
-
-    def get(self, target: str, draft: str | None, device: str | None = None, dtype: str | None = None) -> ModelPair:
-        key = (target, draft, device, dtype)
-        with self._lock:
-            if key in self._pairs:
-                self._pairs.move_to_end(key)
-                return self._pairs[key]
-            # Free memory before loading, not after: two large pairs may not fit together.
-            while len(self._pairs) >= self.limit:
-                _, old = self._pairs.popitem(last=False)
-                old.close()
-            pair = self.loader(target, draft, device=device, dtype=dtype)
-            if self.warm_up:
-                _warm_up(pair)
-            self._pairs[key] = pair
-            return pair
-
-    def clear(self) -> None:
-        with self._lock:
-            while self._pairs:
-                self._pairs.popitem()[1].close()
-
-
-WARM_UP_PROMPT = "Name three colours of the rainbow, then count from one to five."
-
-
-def _warm_up(pair: ModelPair) -> None:
-    """Run every default method the pair can run, briefly, so that a page's first Run is timed like
-    its second: one-off kernel choices, allocations and the shapes of each method's verification
-    are paid here, never in a visitor's numbers."""
-    for name in DEFAULT_METHODS:
-        if METHODS[name].unavailable(pair) is not None:
-            continue
-        try:
-            generate(pair, WARM_UP_PROMPT, name, max_new_tokens=16, seed=0, chat=False)
-        except Exception:  # a failed warm-up only costs timing accuracy
-            log.debug("warm-up of %s failed", name, exc_info=True)
-
-
-# ---------------------------------------------------------------------------------------
-# ZeroGPU: on a Hugging Face Space with the `spaces` package, GPU work runs under spaces.GPU
-
-
-def on_zero_gpu() -> bool:
-    if not os.environ.get("SPACE_ID"):
-        return False
-    try:
-        import spaces  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def gpu(fn: Callable) -> Callable:
-    if on_zero_gpu():
-        import spaces
-
-        return spaces.GPU(duration=120)(fn)
-    return fn
-
-
-# ---------------------------------------------------------------------------------------
-# Exports
-
-
-def export_dir(root: Path = EXPORT_ROOT, ttl_s: float = EXPORT_TTL_S) -> Path:
-    """A fresh folder for one request's files; folders older than ttl_s are removed first.
-    (Gradio copies returned files into its own cache, so an old folder is safe to drop.)"""
-    root.mkdir(parents=True, exist_ok=True)
-    now = time.time()
-    for old in root.iterdir():
-        try:
-            if old.is_dir() and now - old.stat().st_mtime > ttl_s:
-                shutil.rmtree(old, ignore_errors=True)
-        except OSError:
-            pass  # another request removed it first
-    return Path(tempfile.mkdtemp(prefix="run-", dir=root))
 
 
 def write_csvs(summary: pd.DataFrame, rounds: pd.DataFrame, tokens: pd.DataFrame) -> tuple[str, str, str]:
@@ -191,8 +86,7 @@ def offered_methods(draft: str | None) -> list[str]:
     it: those the pair could run (the draft alone is hidden for a feature head, which cannot
     write by itself)."""
     kind = draft_kind_of(draft)
-    stand_in = SimpleNamespace(draft=object() if kind else None, draft_kind=kind)
-    return [name for name, method in METHODS.items() if method.unavailable(stand_in) is None]
+    return available_methods(SimpleNamespace(draft=object() if kind else None, draft_kind=kind))
 
 
 def make_request(prompt, preset, target, draft, values: Mapping[str, Any], presets: Mapping[str, Preset],

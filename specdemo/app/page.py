@@ -1,5 +1,6 @@
-"""What the page's tabs share: the context each tab is built with, and the bookkeeping of
-visitors' runs.
+"""What the page's tabs share: the pair cache (loaded and warmed once), export folders, the
+ZeroGPU decorator, the context each tab is built with, and the bookkeeping of visitors' runs.
+Gradio is never imported here (the tabs import it), so the handlers can share these too.
 
 `TabContext` is everything a tab's `build_tab` needs from the page (the served presets, a
 cached pair loader, the deployment's limits, the GPU decorator, the export folder, the
@@ -12,21 +13,134 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import shutil
+import tempfile
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
-import gradio as gr
-
-from ..models.loading import ModelPair, Preset
+from ..engine.decoding import generate
+from ..engine.methods import DEFAULT_METHODS, METHODS
+from ..models.loading import ModelPair, Preset, load_pair
 from .limits import Limits
+
+if TYPE_CHECKING:  # the page's shared parts never load Gradio themselves; the tabs do
+    import gradio as gr
 
 log = logging.getLogger(__name__)
 
 # Every event that decodes joins this one queue, so runs from different visitors (and from
 # different tabs) take turns on the device instead of sharing it.
 GPU_QUEUE = "gpu"
+PairLoader = Callable[..., ModelPair]
+EXPORT_ROOT = Path(tempfile.gettempdir()) / "specdemo-exports"
+EXPORT_TTL_S = 3600
+
+
+# ---------------------------------------------------------------------------------------
+# Model pairs: loaded once, kept in a small LRU cache
+
+
+class PairCache:
+    """Pairs keyed by (target, draft, device, dtype); beyond `limit`, the least recently
+    used pair is closed so a new one can take its memory."""
+
+    def __init__(self, loader: PairLoader = load_pair, limit: int = 1, warm_up: bool = True):
+        if limit < 1:
+            raise ValueError("the pair cache must hold at least one pair")
+        self.loader = loader
+        self.limit = limit
+        self.warm_up = warm_up
+        self._pairs: OrderedDict[tuple, ModelPair] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def get(self, target: str, draft: str | None, device: str | None = None, dtype: str | None = None) -> ModelPair:
+        key = (target, draft, device, dtype)
+        with self._lock:
+            if key in self._pairs:
+                self._pairs.move_to_end(key)
+                return self._pairs[key]
+            # Free memory before loading, not after: two large pairs may not fit together.
+            while len(self._pairs) >= self.limit:
+                _, old = self._pairs.popitem(last=False)
+                old.close()
+            pair = self.loader(target, draft, device=device, dtype=dtype)
+            if self.warm_up:
+                _warm_up(pair)
+            self._pairs[key] = pair
+            return pair
+
+    def clear(self) -> None:
+        with self._lock:
+            while self._pairs:
+                self._pairs.popitem()[1].close()
+
+
+WARM_UP_PROMPT = "Name three colours of the rainbow, then count from one to five."
+
+
+def _warm_up(pair: ModelPair) -> None:
+    """Run every default method the pair can run, briefly, so that a page's first Run is timed like
+    its second: one-off kernel choices, allocations and the shapes of each method's verification
+    are paid here, never in a visitor's numbers."""
+    for name in DEFAULT_METHODS:
+        if METHODS[name].unavailable(pair) is not None:
+            continue
+        try:
+            generate(pair, WARM_UP_PROMPT, name, max_new_tokens=16, seed=0, chat=False)
+        except Exception:  # a failed warm-up only costs timing accuracy
+            log.debug("warm-up of %s failed", name, exc_info=True)
+
+
+# ---------------------------------------------------------------------------------------
+# ZeroGPU: on a Hugging Face Space with the `spaces` package, GPU work runs under spaces.GPU
+
+
+def on_zero_gpu() -> bool:
+    if not os.environ.get("SPACE_ID"):
+        return False
+    try:
+        import spaces  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def gpu(fn: Callable) -> Callable:
+    if on_zero_gpu():
+        import spaces
+
+        return spaces.GPU(duration=120)(fn)
+    return fn
+
+
+# ---------------------------------------------------------------------------------------
+# Exports
+
+
+def export_dir(root: Path = EXPORT_ROOT, ttl_s: float = EXPORT_TTL_S) -> Path:
+    """A fresh folder for one request's files; folders older than ttl_s are removed first.
+    (Gradio copies returned files into its own cache, so an old folder is safe to drop.)"""
+    root.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    for old in root.iterdir():
+        try:
+            if old.is_dir() and now - old.stat().st_mtime > ttl_s:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass  # another request removed it first
+    return Path(tempfile.mkdtemp(prefix="run-", dir=root))
+
+
+# ---------------------------------------------------------------------------------------
+# The tabs' context and the visitors' runs
 
 
 def _relay(request: gr.Request | None, updates: Iterator) -> Iterator:

@@ -20,11 +20,13 @@ import torch
 from . import benchtab, playgroundtab, sweeptab, viz
 from .examples import DEFAULT_PROMPT
 from .handlers import (  # noqa: F401  (the page's handlers, re-exported for callers of `ui`)
-    PARAM_NAMES, PairCache, PairLoader, Request, RunUpdate, export_dir, fit_chat, gpu, make_request, on_zero_gpu,
-    readable_failure, resolve_models, write_csvs,
+    PARAM_NAMES, Request, RunUpdate, fit_chat, make_request, readable_failure, resolve_models, write_csvs,
 )
 from .limits import Limits
-from .page import GPU_QUEUE, RunningSessions, TabContext, forget_replaced_components  # noqa: F401
+from .page import (  # noqa: F401  (what the tabs share, re-exported for callers of `ui`)
+    GPU_QUEUE, PairCache, PairLoader, RunningSessions, TabContext, export_dir, forget_replaced_components, gpu,
+    on_zero_gpu,
+)
 from ..models.loading import PRESETS, Preset, load_pair
 from ..engine.methods import DEFAULT_METHODS
 from ..engine.params import DecodeParams

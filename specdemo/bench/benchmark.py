@@ -20,6 +20,7 @@ from ..engine.methods import is_lossless, matches_reference
 from ..engine.params import DecodeParams, EngineOptions
 from .runners import HF_METHODS, HFRunner, Run, bench_methods, parse_bench_methods, result_for_perplexity, run_ours
 from .quality import QUALITY_COLUMNS, reference_scores
+from .schedule import interleaved, turn_seed
 from .statistics import summarize
 from .suite import DEFAULT_SUITE, SuitePrompt, conversation, encode_prompt, load_suite, select_prompts
 from . import tables
@@ -78,93 +79,125 @@ def run_benchmark(
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
     names = parse_bench_methods(methods, pair)
+    prompts = _prompts(suite, categories, limit)
+    encoded = [_first_turn_ids(pair, item, decode) for item in prompts]
+    total = sum(p.turn_count for p in prompts) * len(names) * repeats + (len(names) if warmup else 0)
+    session = _Session(pair, decode, engine, names, repeats, total, progress,
+                       HFRunner(pair, decode) if any(n in HF_METHODS for n in names) else None)
+    base_seed = decode.seed if decode.seed is not None else 1234
+    warmup_compile = session.warm_up(encoded[0], base_seed) if warmup else {}
+    for repeat, index, (item, first_ids), order in interleaved(list(zip(prompts, encoded)), names, repeats):
+        seed = turn_seed(base_seed, repeat, index)
+        # A question of several turns: each method answers turn 1, then turn 2 after its own answer.
+        answers: dict[str, list[str]] = {method: [] for method in names}
+        for turn in range(1, item.turn_count + 1):
+            where = dict(repeat=repeat, prompt_index=index, item=item, turn=turn, seed=seed)
+            group = {method: session.answer(method, position, first_ids, answers[method], **where)
+                     for position, method in enumerate(order)}
+            session.record(group, repeat, index, item, turn)
+    meta = _meta(pair, decode, names, prompts, repeats, warmup)
+    meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, warmup_compile_seconds=warmup_compile)
+    return session.result(meta)
+
+
+def _prompts(suite, categories, limit) -> list[SuitePrompt]:
     items = suite if suite is not None else DEFAULT_SUITE
     if not (isinstance(items, Sequence) and items and all(isinstance(p, SuitePrompt) for p in items)):
         items = load_suite(items)
-    prompts = select_prompts(items, categories, limit)
-    encoded = []
-    for index, item in enumerate(prompts):
-        try:
-            ids = encode_prompt(pair, conversation(item, 1, []), decode.chat)
-            pair.check_fits(ids, decode.max_new_tokens)
-        except ValueError as error:
-            raise ValueError(f"prompt {item.id!r} ({item.category}): {error}") from None
-        encoded.append(ids)
-    our_params = {k: v for k, v in decode.as_dict().items() if k != "seed"}
-    hf = HFRunner(pair, decode) if any(n in HF_METHODS for n in names) else None
-    base_seed = decode.seed if decode.seed is not None else 1234
-    greedy = decode.sampling.greedy
+    return select_prompts(items, categories, limit)
 
-    def run(method, ids, seed, max_new_tokens=None) -> Run:
+
+def _first_turn_ids(pair, item: SuitePrompt, decode: DecodeParams) -> list[int]:
+    try:
+        ids = encode_prompt(pair, conversation(item, 1, []), decode.chat)
+        pair.check_fits(ids, decode.max_new_tokens)
+    except ValueError as error:
+        raise ValueError(f"prompt {item.id!r} ({item.category}): {error}") from None
+    return ids
+
+
+@dataclass
+class _Session:
+    """One benchmark run's runner and what it has gathered so far."""
+
+    pair: Any
+    decode: DecodeParams
+    engine: EngineOptions
+    names: list[str]
+    repeats: int
+    total: int
+    progress: Progress | None
+    hf: HFRunner | None
+    done: int = 0
+    rows: list[dict] = field(default_factory=list)
+    round_counts: dict[tuple[str, str, int, int], int] = field(default_factory=dict)
+    token_frames: list[pd.DataFrame] = field(default_factory=list)
+
+    def run(self, method: str, ids: list[int], seed: int, max_new_tokens: int | None = None) -> Run:
         if method in HF_METHODS:
-            return hf.run(method, ids, seed, max_new_tokens)
-        values = our_params if max_new_tokens is None else {**our_params, "max_new_tokens": max_new_tokens}
-        return run_ours(pair, method, ids, values, seed, **engine.as_kwargs())
+            return self.hf.run(method, ids, seed, max_new_tokens)
+        values = {k: v for k, v in self.decode.as_dict().items() if k != "seed"}
+        if max_new_tokens is not None:
+            values["max_new_tokens"] = max_new_tokens
+        return run_ours(self.pair, method, ids, values, seed, **self.engine.as_kwargs())
 
-    total = sum(p.turn_count for p in prompts) * len(names) * repeats + (len(names) if warmup else 0)
-    done = 0
-    warmup_compile: dict[str, float] = {}
-    if warmup:
-        # One short run each: allocator pools, lazy imports, kernel choices and compiled graphs settle first.
-        for method in names:
-            warm = run(method, encoded[0], base_seed, max_new_tokens=min(8, decode.max_new_tokens))
-            warmup_compile[method] = warm.stats.get("compile_seconds", math.nan)
-            done += 1
-            if progress:
-                progress(done, total, f"warm-up {method}")
+    def tick(self, message: str) -> None:
+        self.done += 1
+        if self.progress:
+            self.progress(self.done, self.total, message)
 
-    rows: list[dict] = []
-    round_counts: dict[tuple[str, str, int, int], int] = {}
-    token_frames: list[pd.DataFrame] = []
-    for repeat in range(repeats):
-        for index, (item, first_ids) in enumerate(zip(prompts, encoded)):
-            shift = (repeat + index) % len(names)
-            order = names[shift:] + names[:shift]
-            seed = base_seed + 1000 * repeat + index
-            # A question of several turns: each method answers turn 1, then turn 2 after its own answer.
-            answers: dict[str, list[str]] = {method: [] for method in names}
-            for turn in range(1, item.turn_count + 1):
-                group: dict[str, tuple[dict, Run | None, list[int]]] = {}
-                for position, method in enumerate(order):
-                    row = {"repeat": repeat, "prompt_index": index, "prompt_id": item.id, "turn": turn,
-                           "category": item.category, "method": method, "label": bench_methods()[method],
-                           "order": position, "seed": seed, "error": ""}
-                    ids: list[int] = []
-                    try:
-                        ids = first_ids if turn == 1 else _turn_ids(pair, item, turn, answers[method], decode)
-                        row["prompt_tokens"] = len(ids)
-                        result = run(method, ids, seed)
-                        answers[method].append(_text(pair, result))
-                    except Exception as error:  # one broken baseline must not sink a long run
-                        row["error"] = f"{type(error).__name__}: {error}"
-                        result = None
-                    group[method] = (row, result, ids)
-                    done += 1
-                    if progress:
-                        turns = f", turn {turn}/{item.turn_count}" if item.turn_count > 1 else ""
-                        progress(done, total, f"{item.id} {method} (repeat {repeat + 1}/{repeats}{turns})")
-                reference = group.get("ar", (None, None, None))[1]
-                for method in names:
-                    row, result, ids = group[method]
-                    if result is not None:
-                        _fill_row(row, result, pair, decode, ids, reference, greedy)
-                        row.update(reference_scores(row["text"], item.references_for(turn)))
-                        for drafted, accepted in result.rounds:
-                            key = (item.category, method, drafted, accepted)
-                            round_counts[key] = round_counts.get(key, 0) + 1
-                        if result.result is not None and result.result.rounds:
-                            decided = tables.tokens_frame([result.result])
-                            if not decided.empty:
-                                token_frames.append(decided.assign(repeat=repeat, prompt_index=index,
-                                                                   category=item.category)[TOKEN_COLUMNS])
-                    rows.append(row)
+    def warm_up(self, ids: list[int], seed: int) -> dict[str, float]:
+        """One short run each: allocator pools, lazy imports, kernel choices and compiled graphs settle first."""
+        compiled = {}
+        for method in self.names:
+            warm = self.run(method, ids, seed, max_new_tokens=min(8, self.decode.max_new_tokens))
+            compiled[method] = warm.stats.get("compile_seconds", math.nan)
+            self.tick(f"warm-up {method}")
+        return compiled
 
-    frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
-    rounds = pd.DataFrame([(*k, v) for k, v in round_counts.items()], columns=ROUND_COLUMNS)
-    meta = _meta(pair, decode, names, prompts, repeats, warmup)
-    meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, warmup_compile_seconds=warmup_compile)
-    tokens = pd.concat(token_frames, ignore_index=True) if token_frames else pd.DataFrame(columns=TOKEN_COLUMNS)
-    return BenchResult(frame, summarize(frame, decode.gamma, tokens), rounds, meta, tokens)
+    def answer(self, method: str, position: int, first_ids: list[int], answers: list[str], *, repeat: int,
+               prompt_index: int, item: SuitePrompt, turn: int, seed: int) -> tuple[dict, Run | None, list[int]]:
+        """One method's answer to one turn: its row so far, its run (None if it failed) and the prompt ids."""
+        row = {"repeat": repeat, "prompt_index": prompt_index, "prompt_id": item.id, "turn": turn,
+               "category": item.category, "method": method, "label": bench_methods()[method],
+               "order": position, "seed": seed, "error": ""}
+        ids: list[int] = []
+        try:
+            ids = first_ids if turn == 1 else _turn_ids(self.pair, item, turn, answers, self.decode)
+            row["prompt_tokens"] = len(ids)
+            result = self.run(method, ids, seed)
+            answers.append(_text(self.pair, result))
+        except Exception as error:  # one broken baseline must not sink a long run
+            row["error"] = f"{type(error).__name__}: {error}"
+            result = None
+        turns = f", turn {turn}/{item.turn_count}" if item.turn_count > 1 else ""
+        self.tick(f"{item.id} {method} (repeat {repeat + 1}/{self.repeats}{turns})")
+        return row, result, ids
+
+    def record(self, group: dict, repeat: int, index: int, item: SuitePrompt, turn: int) -> None:
+        """One turn's rows, in the methods' order, each compared with AR's answer on the same turn."""
+        reference = group.get("ar", (None, None, None))[1]
+        for method in self.names:
+            row, result, ids = group[method]
+            if result is not None:
+                _fill_row(row, result, self.pair, self.decode, ids, reference, self.decode.sampling.greedy)
+                row.update(reference_scores(row["text"], item.references_for(turn)))
+                for drafted, accepted in result.rounds:
+                    key = (item.category, method, drafted, accepted)
+                    self.round_counts[key] = self.round_counts.get(key, 0) + 1
+                if result.result is not None and result.result.rounds:
+                    decided = tables.tokens_frame([result.result])
+                    if not decided.empty:
+                        self.token_frames.append(decided.assign(repeat=repeat, prompt_index=index,
+                                                                category=item.category)[TOKEN_COLUMNS])
+            self.rows.append(row)
+
+    def result(self, meta: dict[str, Any]) -> BenchResult:
+        frame = pd.DataFrame(self.rows, columns=ROW_COLUMNS)
+        rounds = pd.DataFrame([(*k, v) for k, v in self.round_counts.items()], columns=ROUND_COLUMNS)
+        tokens = (pd.concat(self.token_frames, ignore_index=True) if self.token_frames
+                  else pd.DataFrame(columns=TOKEN_COLUMNS))
+        return BenchResult(frame, summarize(frame, self.decode.gamma, tokens), rounds, meta, tokens)
 
 
 def _text(pair, run: Run) -> str:

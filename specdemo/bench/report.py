@@ -22,37 +22,54 @@ from .statistics import summarize
 
 
 def make_figures(result: BenchResult) -> dict[str, Any]:
+    summary = result.summary
+    methods = list(dict.fromkeys(summary.method))
+    figures = {
+        "speedup_vs_ar": _bars(summary, "speedup_vs_ar", "speedup_vs_ar_std", "Speedup over our AR, per category",
+                               "speedup (× AR)", skip=("ar",), line=1.0),
+        "speedup_vs_hf": _bars(summary, "speedup_vs_hf", "speedup_vs_hf_std", "Speedup over transformers' generate",
+                               "speedup (× hf-generate)", skip=("hf-generate",), line=1.0),
+        "tokens_per_s": _bars(summary, "tokens_per_s_mean", "tokens_per_s_std", "Throughput", "new tokens / s"),
+        "acceptance": _accepted_per_round(result.rounds, methods),
+        "acceptance_by_category": _acceptance_by_category(result.rows, methods),
+        "predicted_vs_measured": _predicted_vs_measured(summary),
+    }
+    figures.update(acceptance_charts.why_figures(result.tokens, statistics.break_evens(result.rows, summary),
+                                                 label=lambda method: bench_methods().get(method, method)))
+    return figures
+
+
+def _layout(fig, title: str, x_title: str, y_title: str, **layout):
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, legend_title="method",
+                      template="plotly_white", **layout)
+    return fig
+
+
+def _bars(summary: pd.DataFrame, column: str, std: str | None, title: str, y_title: str,
+          skip: tuple[str, ...] = (), line: float | None = None):
+    """A bar per (category, method) of `column`, with `std` as error bars."""
     import plotly.graph_objects as go
 
-    summary = result.summary
     categories = list(dict.fromkeys(summary.category))
-    methods = list(dict.fromkeys(summary.method))
-    figures: dict[str, Any] = {}
+    fig = go.Figure()
+    for method in dict.fromkeys(summary.method):
+        if method in skip:
+            continue
+        part = summary[summary.method == method].set_index("category").reindex(categories)
+        if part[column].notna().sum() == 0:
+            continue
+        fig.add_bar(name=bench_methods().get(method, method), x=categories, y=part[column],
+                    error_y=dict(type="data", array=part[std].fillna(0)) if std else None)
+    if line is not None:
+        fig.add_hline(y=line, line_dash="dot", line_color="grey")
+    return _layout(fig, title, "category", y_title, barmode="group")
 
-    def bars(column: str, std: str | None, title: str, ytitle: str, skip: tuple[str, ...] = (), line: float | None = None):
-        fig = go.Figure()
-        for method in methods:
-            if method in skip:
-                continue
-            part = summary[summary.method == method].set_index("category").reindex(categories)
-            if part[column].notna().sum() == 0:
-                continue
-            fig.add_bar(name=bench_methods().get(method, method), x=categories, y=part[column],
-                        error_y=dict(type="data", array=part[std].fillna(0)) if std else None)
-        if line is not None:
-            fig.add_hline(y=line, line_dash="dot", line_color="grey")
-        fig.update_layout(title=title, barmode="group", xaxis_title="category", yaxis_title=ytitle,
-                          legend_title="method", template="plotly_white")
-        return fig
 
-    figures["speedup_vs_ar"] = bars("speedup_vs_ar", "speedup_vs_ar_std", "Speedup over our AR, per category",
-                                    "speedup (× AR)", skip=("ar",), line=1.0)
-    figures["speedup_vs_hf"] = bars("speedup_vs_hf", "speedup_vs_hf_std", "Speedup over transformers' generate",
-                                    "speedup (× hf-generate)", skip=("hf-generate",), line=1.0)
-    figures["tokens_per_s"] = bars("tokens_per_s_mean", "tokens_per_s_std", "Throughput", "new tokens / s")
+def _accepted_per_round(rounds: pd.DataFrame, methods: list[str]):
+    """The distribution of accepted drafts per round, over rounds that drafted something."""
+    import plotly.graph_objects as go
 
-    # Distribution of accepted drafts per round, over rounds that drafted something.
-    rounds = result.rounds[result.rounds.drafted > 0]
+    rounds = rounds[rounds.drafted > 0]
     fig = go.Figure()
     for method in methods:
         part = rounds[rounds.method == method]
@@ -61,12 +78,14 @@ def make_figures(result: BenchResult) -> dict[str, Any]:
         counts = part.groupby("accepted")["count"].sum()
         fig.add_bar(name=bench_methods().get(method, method), x=counts.index.tolist(),
                     y=(counts / counts.sum()).tolist())
-    fig.update_layout(title="Accepted drafts per round (rounds that drafted)", barmode="group",
-                      xaxis_title="drafts accepted in the round", yaxis_title="fraction of rounds",
-                      legend_title="method", template="plotly_white")
-    figures["acceptance"] = fig
+    return _layout(fig, "Accepted drafts per round (rounds that drafted)", "drafts accepted in the round",
+                   "fraction of rounds", barmode="group")
 
-    runs = result.rows[(result.rows.error.fillna("") == "") & result.rows.acceptance_rate.notna()]
+
+def _acceptance_by_category(rows: pd.DataFrame, methods: list[str]):
+    import plotly.graph_objects as go
+
+    runs = rows[(rows.error.fillna("") == "") & rows.acceptance_rate.notna()]
     fig = go.Figure()
     for method in methods:
         part = runs[runs.method == method]
@@ -74,9 +93,12 @@ def make_figures(result: BenchResult) -> dict[str, Any]:
             continue
         fig.add_box(name=bench_methods().get(method, method), x=part.category, y=part.acceptance_rate,
                     boxpoints="all", jitter=0.3)
-    fig.update_layout(title="Acceptance rate per run, by category", boxmode="group", xaxis_title="category",
-                      yaxis_title="accepted / drafted", legend_title="method", template="plotly_white")
-    figures["acceptance_by_category"] = fig
+    return _layout(fig, "Acceptance rate per run, by category", "category", "accepted / drafted", boxmode="group")
+
+
+def _predicted_vs_measured(summary: pd.DataFrame):
+    """Leviathan's predicted speedup (with the measured verification cost too) against the measured one."""
+    import plotly.graph_objects as go
 
     fig = go.Figure()
     predicted = summary[summary.predicted_speedup.notna() & summary.speedup_vs_ar.notna()]
@@ -96,12 +118,7 @@ def make_figures(result: BenchResult) -> dict[str, Any]:
     low, high = (min(0.5, values.min()), max(1.5, values.max())) if len(values) else (0.5, 1.5)
     fig.add_scatter(name="measured = predicted", x=[low, high], y=[low, high], mode="lines",
                     line=dict(dash="dot", color="grey"))
-    fig.update_layout(title="Leviathan predicted vs measured speedup over AR", xaxis_title="predicted (× AR)",
-                      yaxis_title="measured (× AR)", legend_title="method", template="plotly_white")
-    figures["predicted_vs_measured"] = fig
-    figures.update(acceptance_charts.why_figures(result.tokens, statistics.break_evens(result.rows, summary),
-                                                 label=lambda method: bench_methods().get(method, method)))
-    return figures
+    return _layout(fig, "Leviathan predicted vs measured speedup over AR", "predicted (× AR)", "measured (× AR)")
 
 
 _REPORT_SECTIONS = [
@@ -135,31 +152,8 @@ def report_html(result: BenchResult, path: str | Path | None = None, plotlyjs: s
         parts.append(f'<h2>{html.escape(title)}</h2>\n'
                      + fig.to_html(full_html=False, include_plotlyjs=include, div_id=f"fig-{name}"))
     pivot = summary.pivot_table(index="category", columns="method", values="speedup_vs_ar", sort=False)
-    shown = ["category", "method", "runs", "tokens_per_s_mean", "tokens_per_s_std", "speedup_vs_ar",
-             "speedup_vs_hf", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token",
-             "mean_gamma", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
-             "predicted_speedup_v", "cache", "compile_seconds", "errors"]
-    if summary.speedup_vs_hf_static.notna().any():
-        shown.insert(shown.index("speedup_vs_hf") + 1, "speedup_vs_hf_static")
-    shown += [c for c in QUALITY_COLUMNS if c in summary and summary[c].notna().any()]
-    shown += [c for c in ROOFLINE_COLUMNS if c in summary]
-    table = summary[shown].to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="–", border=0,
-                                   classes="summary")
-    params = ", ".join(f"{k}={v}" for k, v in meta.get("params", {}).items())
-    info = (f"pair <b>{html.escape(str(meta.get('pair')))}</b> (target {html.escape(str(meta.get('target')))}, "
-            f"draft {html.escape(str(meta.get('draft')))}; SD and EGAG drafted with "
-            f"{html.escape(str(meta.get('drafter')))}) on {html.escape(str(meta.get('device')))} "
-            f"({html.escape(str(meta.get('device_name')))}, {meta.get('threads')} threads), "
-            f"dtype {meta.get('dtype')}, our cache {meta.get('cache', '–')}, compile {meta.get('compile', '–')}; torch {meta.get('torch')}, transformers {meta.get('transformers')}; "
-            f"{meta.get('prompts')} prompts × {meta.get('repeats')} repeats; {html.escape(params)}; {meta.get('time')}")
-    bound = meta.get("roofline")
-    if bound:
-        bandwidth = bound.get("bandwidth")
-        info += (f"<br>Roofline: the target reads {bound['bytes_per_token'] / 1e6:,.2f} MB per token at a mean "
-                 f"context of {bound['context_length']:.1f} positions; "
-                 + (f"at {bandwidth / 1e9:,.1f} GB/s the bound is {bound['tokens_per_s']:,.1f} tokens/s"
-                    + (f", our AR reaches {100 * bound['ar_fraction']:.1f} % of it" if "ar_fraction" in bound else "")
-                    if bandwidth else f"no memory bandwidth is known for {html.escape(str(bound['device_name']))}"))
+    table = _summary_table(summary)
+    info = _run_info(meta)
     definitions = html.escape(statistics.__doc__.split("Definitions used in the tables (written into the report too):")[1])
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>specdemo benchmark</title>
@@ -183,6 +177,41 @@ pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px
     if path is not None:
         Path(path).write_text(page, encoding="utf-8")
     return page
+
+
+def _summary_table(summary: pd.DataFrame) -> str:
+    """The report's summary table: the columns a reader compares, in HTML."""
+    shown = ["category", "method", "runs", "tokens_per_s_mean", "tokens_per_s_std", "speedup_vs_ar",
+             "speedup_vs_hf", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token",
+             "mean_gamma", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
+             "predicted_speedup_v", "cache", "compile_seconds", "errors"]
+    if summary.speedup_vs_hf_static.notna().any():
+        shown.insert(shown.index("speedup_vs_hf") + 1, "speedup_vs_hf_static")
+    shown += [c for c in QUALITY_COLUMNS if c in summary and summary[c].notna().any()]
+    shown += [c for c in ROOFLINE_COLUMNS if c in summary]
+    return summary[shown].to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="–", border=0,
+                                  classes="summary")
+
+
+def _run_info(meta: dict[str, Any]) -> str:
+    """The paragraph that says what ran where, and the roofline when one was measured."""
+    params = ", ".join(f"{k}={v}" for k, v in meta.get("params", {}).items())
+    info = (f"pair <b>{html.escape(str(meta.get('pair')))}</b> (target {html.escape(str(meta.get('target')))}, "
+            f"draft {html.escape(str(meta.get('draft')))}; SD and EGAG drafted with "
+            f"{html.escape(str(meta.get('drafter')))}) on {html.escape(str(meta.get('device')))} "
+            f"({html.escape(str(meta.get('device_name')))}, {meta.get('threads')} threads), "
+            f"dtype {meta.get('dtype')}, our cache {meta.get('cache', '–')}, compile {meta.get('compile', '–')}; "
+            f"torch {meta.get('torch')}, transformers {meta.get('transformers')}; "
+            f"{meta.get('prompts')} prompts × {meta.get('repeats')} repeats; {html.escape(params)}; {meta.get('time')}")
+    bound = meta.get("roofline")
+    if bound:
+        bandwidth = bound.get("bandwidth")
+        info += (f"<br>Roofline: the target reads {bound['bytes_per_token'] / 1e6:,.2f} MB per token at a mean "
+                 f"context of {bound['context_length']:.1f} positions; "
+                 + (f"at {bandwidth / 1e9:,.1f} GB/s the bound is {bound['tokens_per_s']:,.1f} tokens/s"
+                    + (f", our AR reaches {100 * bound['ar_fraction']:.1f} % of it" if "ar_fraction" in bound else "")
+                    if bandwidth else f"no memory bandwidth is known for {html.escape(str(bound['device_name']))}"))
+    return info
 
 
 def write_outputs(result: BenchResult, csv: str | Path | None = None, summary_csv: str | Path | None = None,

@@ -145,74 +145,82 @@ def summarize(rows: pd.DataFrame, gamma: int | None = None, tokens: pd.DataFrame
     """One row per (category, method), plus every method over category 'all'; `tokens` (the
     benchmark's per-token frame) gives the entropy AUC."""
     ok = rows[rows.error.fillna("") == ""] if "error" in rows else rows
-    methods = list(dict.fromkeys(rows.method))
-    categories = list(dict.fromkeys(rows.category)) + [ALL]
     out = []
-    for category in categories:
+    for category in list(dict.fromkeys(rows.category)) + [ALL]:
         sub = ok if category == ALL else ok[ok.category == category]
         ar = sub[sub.method == "ar"]
         ar_step = _ratio(ar.verify_seconds.sum(), ar.target_forwards.sum()) if not ar.empty else math.nan
         sd = sub[sub.method == "sd"]
         sd_cost = _ratio(sd.draft_seconds.sum(), sd.draft_forwards.sum()) if not sd.empty else math.nan
-        for method in methods:
+        for method in dict.fromkeys(rows.method):
             mine = sub[sub.method == method]
             everything = rows[(rows.method == method) & ((rows.category == category) if category != ALL else True)]
-            per_repeat = mine.groupby("repeat")[["new_tokens", "seconds"]].sum()
-            tps = per_repeat.new_tokens / per_repeat.seconds
-            speed_ar, speed_ar_std = _speedup(sub, method, "ar")
-            speed_hf, speed_hf_std = _speedup(sub, method, "hf-generate")
-            speed_hfs, speed_hfs_std = _speedup(sub, method, "hf-generate-static")
-            drafted, accepted = mine.drafted.sum(), mine.accepted.sum()
-            trials = accepted + mine.rejected_rounds.sum()
-            matches = mine.matches_ar.dropna()
-            row = {
-                "category": category, "method": method, "label": bench_methods().get(method, method),
-                "prompts": mine.prompt_index.nunique(), "runs": len(mine), "errors": len(everything) - len(mine),
-                "new_tokens_mean": mine.new_tokens.mean(),
-                "tokens_per_s_mean": tps.mean() if len(tps) else math.nan,
-                "tokens_per_s_std": tps.std() if len(tps) > 1 else math.nan,
-                "speedup_vs_ar": speed_ar, "speedup_vs_ar_std": speed_ar_std,
-                "speedup_vs_hf": speed_hf, "speedup_vs_hf_std": speed_hf_std,
-                "speedup_vs_hf_static": speed_hfs, "speedup_vs_hf_static_std": speed_hfs_std,
-                "acceptance_rate": _ratio(accepted, drafted) if drafted else math.nan,
-                "alpha": _ratio(accepted, trials) if trials else math.nan,
-                "mean_accepted_tokens": _ratio(mine.new_tokens.sum(), mine.rounds.sum()),
-                "target_forwards_per_token": _ratio(mine.target_forwards.sum(), mine.new_tokens.sum()),
-                "mean_gamma": mine.mean_gamma.mean(),
-                "mean_drafted": _ratio(drafted, mine.rounds.sum()),
-                # Rounds copied from the context (copy_n) of all rounds; transformers' peers never copy in this sense.
-                "copied_share": (_ratio(mine.copied_rounds.sum(), mine.rounds.sum())
-                                 if mine.copied_rounds.notna().any() else math.nan),
-                "exact_match_pct": 100.0 * matches.astype(bool).mean() if len(matches) else math.nan,
-                "perplexity": mine.perplexity.mean() if mine.perplexity.notna().any() else math.nan,
-                "cost_ratio": math.nan, "verify_cost_ratio": math.nan, "predicted_speedup": math.nan,
-                "predicted_speedup_v": math.nan, "break_even_tokens": math.nan,
-                "entropy_auc": math.nan, "entropy_auc_n": 0,
-                "cache": ",".join(dict.fromkeys(everything.cache.dropna().astype(str))) if "cache" in everything else "",
-                "compile_seconds": mine.compile_seconds.mean() if "compile_seconds" in mine else math.nan,
-                # Against the suite's references, over the runs that have them (see bench.quality).
-                **{name: mine[name].mean() if name in mine and mine[name].notna().any() else math.nan
-                   for name in QUALITY_COLUMNS},
-            }
+            row = {"category": category, "method": method, **_measured(sub, mine, everything, method)}
             if tokens is not None and not tokens.empty:
                 drafts = tokens[(tokens.method == method) & ((tokens.category == category) if category != ALL else True)]
                 row["entropy_auc"], row["entropy_auc_n"] = entropy_auc(drafts)
             even = break_even(mine, ar_step)
             row["break_even_tokens"] = even.needed if even is not None else math.nan
             if method in _PREDICTABLE and not mine.empty:
-                if method == "nasd":
-                    slots = (mine.rounds * mine.mean_gamma).sum()
-                    cost = _ratio(_ratio(mine.draft_seconds.sum(), slots), ar_step)
-                else:
-                    # transformers' assistant is our draft model: price its forward from our SD.
-                    cost = _ratio(sd_cost, ar_step)
-                g = gamma if gamma is not None else row["mean_gamma"]
-                row["cost_ratio"] = cost
-                # transformers' verification is not timed apart; ours verifies the same γ+1 tokens.
-                timed = sd if method == "hf-assisted" else mine
-                verify = _ratio(_ratio(timed.verify_seconds.sum(), timed.target_forwards.sum()), ar_step)
-                row["verify_cost_ratio"] = verify
-                row["predicted_speedup"] = leviathan_speedup(row["alpha"], g, cost)
-                row["predicted_speedup_v"] = leviathan_speedup(row["alpha"], g, cost, verify)
+                row.update(_predicted(method, mine, sd, ar_step, sd_cost, gamma, row))
             out.append(row)
     return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
+
+
+def _measured(sub: pd.DataFrame, mine: pd.DataFrame, everything: pd.DataFrame, method: str) -> dict:
+    """What one method's runs in one category measured: speed, its ratios, acceptance and quality."""
+    per_repeat = mine.groupby("repeat")[["new_tokens", "seconds"]].sum()
+    tps = per_repeat.new_tokens / per_repeat.seconds
+    speed_ar, speed_ar_std = _speedup(sub, method, "ar")
+    speed_hf, speed_hf_std = _speedup(sub, method, "hf-generate")
+    speed_hfs, speed_hfs_std = _speedup(sub, method, "hf-generate-static")
+    drafted, accepted = mine.drafted.sum(), mine.accepted.sum()
+    trials = accepted + mine.rejected_rounds.sum()
+    matches = mine.matches_ar.dropna()
+    return {
+        "label": bench_methods().get(method, method),
+        "prompts": mine.prompt_index.nunique(), "runs": len(mine), "errors": len(everything) - len(mine),
+        "new_tokens_mean": mine.new_tokens.mean(),
+        "tokens_per_s_mean": tps.mean() if len(tps) else math.nan,
+        "tokens_per_s_std": tps.std() if len(tps) > 1 else math.nan,
+        "speedup_vs_ar": speed_ar, "speedup_vs_ar_std": speed_ar_std,
+        "speedup_vs_hf": speed_hf, "speedup_vs_hf_std": speed_hf_std,
+        "speedup_vs_hf_static": speed_hfs, "speedup_vs_hf_static_std": speed_hfs_std,
+        "acceptance_rate": _ratio(accepted, drafted) if drafted else math.nan,
+        "alpha": _ratio(accepted, trials) if trials else math.nan,
+        "mean_accepted_tokens": _ratio(mine.new_tokens.sum(), mine.rounds.sum()),
+        "target_forwards_per_token": _ratio(mine.target_forwards.sum(), mine.new_tokens.sum()),
+        "mean_gamma": mine.mean_gamma.mean(),
+        "mean_drafted": _ratio(drafted, mine.rounds.sum()),
+        # Rounds copied from the context (copy_n) of all rounds; transformers' peers never copy in this sense.
+        "copied_share": (_ratio(mine.copied_rounds.sum(), mine.rounds.sum())
+                         if mine.copied_rounds.notna().any() else math.nan),
+        "exact_match_pct": 100.0 * matches.astype(bool).mean() if len(matches) else math.nan,
+        "perplexity": mine.perplexity.mean() if mine.perplexity.notna().any() else math.nan,
+        "cost_ratio": math.nan, "verify_cost_ratio": math.nan, "predicted_speedup": math.nan,
+        "predicted_speedup_v": math.nan, "break_even_tokens": math.nan,
+        "entropy_auc": math.nan, "entropy_auc_n": 0,
+        "cache": ",".join(dict.fromkeys(everything.cache.dropna().astype(str))) if "cache" in everything else "",
+        "compile_seconds": mine.compile_seconds.mean() if "compile_seconds" in mine else math.nan,
+        # Against the suite's references, over the runs that have them (see bench.quality).
+        **{name: mine[name].mean() if name in mine and mine[name].notna().any() else math.nan
+           for name in QUALITY_COLUMNS},
+    }
+
+
+def _predicted(method: str, mine: pd.DataFrame, sd: pd.DataFrame, ar_step: float, sd_cost: float,
+               gamma: int | None, row: dict) -> dict:
+    """Leviathan's predicted speedup from the measured α and draft cost (and with the measured verify cost)."""
+    if method == "nasd":
+        slots = (mine.rounds * mine.mean_gamma).sum()
+        cost = _ratio(_ratio(mine.draft_seconds.sum(), slots), ar_step)
+    else:
+        # transformers' assistant is our draft model: price its forward from our SD.
+        cost = _ratio(sd_cost, ar_step)
+    g = gamma if gamma is not None else row["mean_gamma"]
+    # transformers' verification is not timed apart; ours verifies the same γ+1 tokens.
+    timed = sd if method == "hf-assisted" else mine
+    verify = _ratio(_ratio(timed.verify_seconds.sum(), timed.target_forwards.sum()), ar_step)
+    return {"cost_ratio": cost, "verify_cost_ratio": verify,
+            "predicted_speedup": leviathan_speedup(row["alpha"], g, cost),
+            "predicted_speedup_v": leviathan_speedup(row["alpha"], g, cost, verify)}
