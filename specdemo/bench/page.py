@@ -38,7 +38,9 @@ import torch
 from ..engine.decoding import generate
 from ..engine.methods import DEFAULT_METHODS
 from ..models.loading import PRESETS, load_pair
+from .benchmark import run_benchmark
 from .chartpng import chromium_path
+from .suite import ALL
 
 APP = Path(__file__).resolve().parents[2] / "app.py"
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -187,6 +189,40 @@ def opened_page(url: str) -> Iterator[object]:
             browser.close()
 
 
+def bench_tab_run(page, server: psutil.Process, category: str, timeout_s: float = 1800) -> PageRun:
+    """The Benchmark tab's default run on one category (or all), read from its summary CSV."""
+    page.get_by_role("tab", name="Benchmark").click()
+    if category != ALL:
+        page.locator("#bench-category input").click()
+        page.get_by_role("option", name=category, exact=True).click()
+    browser_before = cpu_seconds(browser_processes(server))
+    server_before = cpu_seconds(tree(server))
+    started = time.perf_counter()
+    page.locator("#bench-run").click()
+    page.locator("#bench-status").get_by_text("Done:").wait_for(timeout=timeout_s * 1000)
+    wall = time.perf_counter() - started
+    browser_cpu = spent(browser_before, cpu_seconds(browser_processes(server)))
+    server_cpu = spent(server_before, cpu_seconds(tree(server)))
+    with page.expect_download() as download:
+        page.locator("#bench-summary-csv").click()
+    summary = pd.read_csv(download.value.path())
+    page.get_by_role("tab", name="Playground").click()
+    return PageRun(summary, wall, browser_cpu, server_cpu)
+
+
+def bench_table(tab: pd.DataFrame, cli: pd.DataFrame) -> pd.DataFrame:
+    """The Benchmark tab's summary against `bench`'s on the same settings, category "all"."""
+    def rows(summary: pd.DataFrame) -> pd.DataFrame:
+        return summary[summary.category == ALL].set_index("method")
+
+    tab, cli = rows(tab), rows(cli)
+    table = pd.DataFrame({"tab_tok_s": tab.tokens_per_s_mean, "bench_tok_s": cli.tokens_per_s_mean})
+    table["tab_over_bench"] = table.tab_tok_s / table.bench_tok_s
+    table["tab_speedup_vs_ar"] = tab.speedup_vs_ar
+    table["bench_speedup_vs_ar"] = cli.speedup_vs_ar
+    return table.reset_index()
+
+
 # --------------------------------------------------------------------------- the engine alone
 
 
@@ -269,21 +305,47 @@ def markdown(frame: pd.DataFrame, digits: int = 2) -> str:
 # --------------------------------------------------------------------------- the command
 
 
+@dataclass
+class Measured:
+    page_runs: list[PageRun]
+    engine: EngineRuns
+    prompt: str
+    bench_tab: PageRun | None = None  # the Benchmark tab's run, when asked for
+    bench_cli: pd.DataFrame | None = None  # `bench`'s summary on the same settings
+
+
 def measure(runs: int, threads: Sequence[int], served_threads: int | None, preset: str,
-            port: int | None = None) -> tuple[list[PageRun], EngineRuns, str]:
-    """`runs` page runs, each followed by one engine pass at every thread count; also returns the prompt."""
+            bench_category: str | None = None, port: int | None = None) -> Measured:
+    """`runs` page runs, each followed by one engine pass at every thread count; then, when asked,
+    the Benchmark tab's default run on `bench_category` and `run_benchmark` on the same settings."""
     chosen = PRESETS[preset]
     pair = load_pair(chosen.target, chosen.draft)
-    methods = list(DEFAULT_METHODS)
     engine, page_runs = EngineRuns(), []
     with served_page(served_threads, port) as (url, server), opened_page(url) as page:
         prompt = page.locator("#sd-prompt textarea").input_value()
-        engine_pass(pair, prompt, methods, threads, EngineRuns())  # warm, like the page's startup
+        engine_pass(pair, prompt, DEFAULT_METHODS, threads, EngineRuns())  # warm, like the page's startup
         for k in range(runs):
             page_runs.append(press_run(page, server))
             print(f"page run {k + 1}/{runs}: {page_runs[-1].wall_s:.1f} s", flush=True)
-            engine_pass(pair, prompt, methods, threads, engine)
-    return page_runs, engine, prompt
+            engine_pass(pair, prompt, DEFAULT_METHODS, threads, engine)
+        measured = Measured(page_runs, engine, prompt)
+        if bench_category:
+            measured.bench_tab = bench_tab_run(page, server, bench_category)
+            measured.bench_cli = _bench_cli(pair, measured, bench_category)
+    return measured
+
+
+def _bench_cli(pair, measured: Measured, category: str) -> pd.DataFrame:
+    """`bench` with the Benchmark tab's defaults (1 prompt per category, 1 repeat, 64 tokens, seed 0)
+    on the tab's methods, at the page's thread count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(page_threads(measured.page_runs))
+    try:
+        methods = list(dict.fromkeys(measured.bench_tab.summary.method))
+        return run_benchmark(pair, methods=methods, repeats=1, limit=1, max_new_tokens=64, seed=0, chat=True,
+                             categories=None if category == ALL else category).summary
+    finally:
+        torch.set_num_threads(before)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -293,24 +355,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--page-threads", type=int, default=None,
                         help="the page's torch threads (default: what app.py chooses on this machine)")
     parser.add_argument("--preset", default="embedded", help="the model pair (default: embedded, the page's default)")
-    parser.add_argument("--out", default=None, help="a folder for methods.csv and costs.csv")
+    parser.add_argument("--bench-category", default=None,
+                        help="also run the Benchmark tab's defaults on this category (or all) against bench")
+    parser.add_argument("--out", default=None, help="a folder for methods.csv, costs.csv (and bench.csv)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
-    page_runs, engine, prompt = measure(args.runs, threads, args.page_threads, args.preset)
-    methods, costs = method_table(page_runs, engine), cost_table(page_runs, engine)
-    print(f"\n{os.cpu_count()} cores; the page decoded on {page_threads(page_runs)} thread(s); {args.runs} page runs; "
-          f"prompt {prompt[:60]!r}…")
-    print(markdown(methods))
-    print()
-    print(markdown(costs))
+    measured = measure(args.runs, threads, args.page_threads, args.preset, args.bench_category)
+    tables = {"methods": method_table(measured.page_runs, measured.engine),
+              "costs": cost_table(measured.page_runs, measured.engine)}
+    if measured.bench_tab is not None:
+        tables["bench"] = bench_table(measured.bench_tab.summary, measured.bench_cli)
+    print(f"\n{os.cpu_count()} cores; the page decoded on {page_threads(measured.page_runs)} thread(s); "
+          f"{args.runs} page runs; prompt {measured.prompt[:60]!r}…")
+    for name, table in tables.items():
+        print(f"\n{name}:\n{markdown(table)}")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        methods.to_csv(Path(args.out) / "methods.csv", index=False)
-        costs.to_csv(Path(args.out) / "costs.csv", index=False)
+        for name, table in tables.items():
+            table.to_csv(Path(args.out) / f"{name}.csv", index=False)
     return 0
 
 

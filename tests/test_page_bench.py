@@ -1,0 +1,78 @@
+"""The page benchmark's arithmetic: page against engine per method, CPU per run, the Benchmark tab
+against `bench`, from readings made up here (the timed runs themselves need a browser and minutes)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from specdemo.bench import page
+
+
+def page_run(speeds: dict[str, float], threads: int = 1, browser: float = 1.0, server: float = 12.0) -> page.PageRun:
+    summary = pd.DataFrame({"method": list(speeds), "tokens_per_s": list(speeds.values()),
+                            "new_tokens": [46] * len(speeds), "seconds": [46 / v for v in speeds.values()],
+                            "threads": [threads] * len(speeds)})
+    return page.PageRun(summary, wall_s=20.0, browser_cpu_s=browser, server_cpu_s=server)
+
+
+def engine(speeds: dict[tuple[int, str], list[float]], cpu: float = 2.0) -> page.EngineRuns:
+    return page.EngineRuns(tokens_per_s=speeds, cpu_s={key: [cpu] for key in speeds},
+                           new_tokens={method: 46 for _, method in speeds})
+
+
+RUNS = [page_run({"ar": 10.0, "sd": 18.0}), page_run({"ar": 12.0, "sd": 19.0}), page_run({"ar": 11.0, "sd": 20.0})]
+ENGINE = engine({(1, "ar"): [12.0, 11.0], (2, "ar"): [10.0], (1, "sd"): [19.0], (2, "sd"): [25.0, 24.0]})
+
+
+def test_each_method_is_set_against_the_engines_best_at_any_thread_count():
+    table = page.method_table(RUNS, ENGINE).set_index("method")
+    assert table.at["ar", "page_tok_s"] == 11.0 and table.at["ar", "page_first_run_tok_s"] == 10.0
+    assert (table.at["ar", "engine_best_tok_s"], table.at["ar", "engine_best_threads"]) == (12.0, 1)
+    assert (table.at["sd", "engine_best_tok_s"], table.at["sd", "engine_best_threads"]) == (25.0, 2)
+    assert table.at["sd", "page_over_engine"] == pytest.approx(19.0 / 25.0)
+    # Speedups compare like with like: the engine's at the thread count the page decoded on.
+    assert table.at["sd", "page_speedup"] == pytest.approx(19.0 / 11.0)
+    assert table.at["sd", "engine_speedup"] == pytest.approx(19.0 / 12.0)
+    assert table.at["sd", "speedup_page_over_engine"] == pytest.approx((19.0 / 11.0) / (19.0 / 12.0))
+
+
+def test_the_cost_of_drawing_is_the_browser_plus_the_server_beyond_decoding():
+    costs = page.cost_table(RUNS[:1], ENGINE)
+    row = costs.iloc[0]
+    decode = 46 / 10.0 + 46 / 18.0
+    assert row.decode_s == pytest.approx(decode)
+    assert row.engine_cpu_s == pytest.approx(4.0)  # the median CPU of each method's decode, summed
+    assert row.server_beyond_decoding_s == pytest.approx(12.0 - 4.0)
+    assert row.drawing_cpu_over_decode == pytest.approx((1.0 + 8.0) / decode)
+
+
+def test_cpu_spent_counts_new_processes_from_zero_and_ignores_ended_ones():
+    before = {1: 10.0, 2: 5.0, 3: 1.0}
+    after = {1: 12.5, 2: 5.0, 4: 0.75}
+    assert page.spent(before, after) == pytest.approx(2.5 + 0.0 + 0.75)
+
+
+def test_the_benchmark_tab_is_read_against_bench_on_the_all_row():
+    def summary(ar: float, sd: float) -> pd.DataFrame:
+        return pd.DataFrame({"category": ["math", "all", "math", "all"], "method": ["ar", "ar", "sd", "sd"],
+                             "tokens_per_s_mean": [0.0, ar, 0.0, sd], "speedup_vs_ar": [1, 1.0, 9, sd / ar]})
+
+    table = page.bench_table(summary(10.0, 15.0), summary(11.0, 16.0)).set_index("method")
+    assert table.at["sd", "tab_over_bench"] == pytest.approx(15.0 / 16.0)
+    assert table.at["sd", "tab_speedup_vs_ar"] == pytest.approx(1.5)
+    assert table.at["sd", "bench_speedup_vs_ar"] == pytest.approx(16.0 / 11.0)
+
+
+def test_tables_print_as_markdown():
+    text = page.markdown(pd.DataFrame({"method": ["ar"], "tok_s": [12.345], "missing": [math.nan]}))
+    assert text.splitlines() == ["| method | tok_s | missing |", "|---|---|---|", "| ar | 12.35 | – |"]
+
+
+def test_the_command_takes_the_runs_threads_and_the_benchmark_tabs_category():
+    args = page.build_parser().parse_args(["--runs", "2", "--threads", "1,2", "--page-threads", "1",
+                                           "--bench-category", "math"])
+    assert (args.runs, args.threads, args.page_threads, args.bench_category) == (2, "1,2", 1, "math")
+    assert page.APP.name == "app.py" and page.APP.exists()
