@@ -13,9 +13,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--share", action="store_true", help="also open a temporary public gradio.live link")
     parser.add_argument("--public", action="store_true", help="public mode, as on a Hugging Face Space: only the presets in SPECDEMO_ALLOWED_PRESETS "
                              "(default: embedded), no typed model ids or paths, capped prompt and output lengths")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads for decoding (default: SPECDEMO_THREADS, else 1 on a machine of "
-                             "2 cores or fewer, where the browser shares the cores, else torch's choice)")
+    parser.add_argument("--threads", default=None,
+                        help="torch CPU threads for decoding: a count, or auto (one for AR, every core for the "
+                             "drafting methods); default: SPECDEMO_THREADS, else the measured choice for a machine "
+                             "of 2 cores or fewer, else torch's")
     return parser
 
 
@@ -28,8 +29,8 @@ def main(argv: list[str] | None = None) -> None:
         threads = serving_threads(args.threads)
     except ValueError as error:
         build_parser().error(str(error))
-    print(f"decoding on {threads} torch thread(s); loading and warming the default pair …", flush=True)
-    demo = build_demo(public=args.public, default_preset=default_preset(), preload=True)
+    print(f"decoding with {threads.describe()}; loading and warming the default pair …", flush=True)
+    demo = build_demo(public=args.public, default_preset=default_preset(), preload=True, threads=threads)
     launch(demo, server_name=args.host, server_port=args.port, share=args.share)
 
 

@@ -187,13 +187,41 @@ def test_threads_come_from_the_flag_then_the_environment_then_the_machine(monkey
     before = torch.get_num_threads()
     try:
         monkeypatch.setenv(ui.THREADS_ENV, "2")
-        assert ui.serving_threads(1) == 1 and torch.get_num_threads() == 1
-        assert ui.serving_threads() == 2 and torch.get_num_threads() == 2
+        assert ui.serving_threads(1) == ui.ThreadPlan(count=1) and torch.get_num_threads() == 1
+        assert ui.serving_threads() == ui.ThreadPlan(count=2) and torch.get_num_threads() == 2
         monkeypatch.delenv(ui.THREADS_ENV)
-        assert ui.serving_threads(cores=2) == ui.SMALL_MACHINE_THREADS == torch.get_num_threads()
+        # A machine of two cores takes the measured default (docs/benchmark.md); a larger one, torch's.
+        assert ui.serving_threads(cores=2) == ui.serving_threads(ui.SMALL_MACHINE_THREADS, cores=2)
+        assert ui.serving_threads(cores=64) == ui.ThreadPlan(count=torch.get_num_threads())
         for bad in (0, "two"):
-            with pytest.raises(ValueError, match="threads must be an integer ≥ 1"):
+            with pytest.raises(ValueError, match="threads must be an integer ≥ 1 or auto"):
                 ui.serving_threads(bad)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_auto_threads_give_ar_one_thread_and_drafting_methods_every_core():
+    plan = ui.serving_threads("auto", cores=2)
+    try:
+        assert [plan.for_method(m) for m in ("ar", "ar-nocache", "draft", "beam")] == [1, 1, 1, 1]
+        assert [plan.for_method(m) for m in ("sd", "nasd", "egag", "sd-tree")] == [2, 2, 2, 2]
+        assert plan.default == 2 and "auto" in plan.describe()
+        assert ui.ThreadPlan(count=1).for_method("sd") == 1
+    finally:
+        torch.set_num_threads(plan.default)
+
+
+def test_the_page_decodes_each_method_on_its_planned_threads(tiny_pair):
+    from specdemo.app import handlers
+
+    before = torch.get_num_threads()
+    request = handlers.make_request("w3 w4 w5", "tiny", "", "", {"max_new_tokens": 6, "chat": False},
+                                    {"tiny": Preset("tiny", "target", "draft", "")}, methods=["ar", "sd"])
+    try:
+        last = list(handlers.decode_methods(tiny_pair, request, threads=ui.ThreadPlan(count=None, cores=2)))[-1]
+        assert {r.method: r.threads for r in last.results} == {"ar": 1, "sd": 2}
+        assert torch.get_num_threads() == 2  # the plan's default, for the tabs that decode next
+        assert "1, 2 torch threads" in last.status
     finally:
         torch.set_num_threads(before)
 

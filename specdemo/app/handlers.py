@@ -32,7 +32,7 @@ from ..engine.trace import GenerationResult
 from ..models.loading import ModelPair, Preset, draft_kind_of
 from .engine_controls import engine_options, first_round_status
 from .limits import Limits
-from .page import export_dir, gpu
+from .page import ThreadPlan, export_dir, gpu
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class RunUpdate:
 
 
 def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: Limits | None = None,
-               gpu: Callable[[Callable], Callable] = gpu) -> Iterator[RunUpdate]:
+               gpu: Callable[[Callable], Callable] = gpu, threads: ThreadPlan | None = None) -> Iterator[RunUpdate]:
     """Load the pair, then decode with each of request.methods in turn (AR first); panel slot k
     shows the k-th method in that order.
 
@@ -179,11 +179,11 @@ def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: L
         yield RunUpdate(status=f"⚠️ {message}", warning=message)
         return
     fit_chat(request, pair)
-    yield from gpu(decode_methods)(pair, request, limits)
+    yield from gpu(decode_methods)(pair, request, limits, threads=threads)
 
 
 def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = None,
-                   status_interval_s: float = STATUS_INTERVAL_S) -> Iterator[RunUpdate]:
+                   status_interval_s: float = STATUS_INTERVAL_S, threads: ThreadPlan | None = None) -> Iterator[RunUpdate]:
     """The decoding half of `stream_run`, on a loaded pair (the part ZeroGPU runs on the GPU)."""
     names = viz.method_order(request.methods)
     results: list[GenerationResult] = []
@@ -193,6 +193,8 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
         label = viz.method_label(name)
         if request.engine.first_round_note:
             yield RunUpdate(status=f"**{label}**: {first_round_status(request.engine)}")
+        if threads is not None:
+            torch.set_num_threads(threads.for_method(name))
         try:
             result = yield from decode_one(pair, request, limits, k, name, status_interval_s)
         except _MethodFailed as failure:
@@ -203,6 +205,8 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
             partial = summary_frame(results)
             yield RunUpdate(panels={k: viz.render_panel(name, result, pair.tokenizer)},
                             table=viz.display_table(partial), why=viz.explain(partial), results=list(results))
+    if threads is not None:  # the other tabs' work runs on the plan's default count
+        torch.set_num_threads(threads.default)
     if not results:
         yield RunUpdate(status="⚠️ nothing ran: " + "; ".join(errors))
         return
@@ -282,11 +286,12 @@ class CompareOutcome:
 
 
 def compare(request: Request, load: Callable[[Request], ModelPair], limits: Limits | None = None,
-            gpu: Callable[[Callable], Callable] = gpu) -> CompareOutcome:
+            gpu: Callable[[Callable], Callable] = gpu, threads: ThreadPlan | None = None) -> CompareOutcome:
     """Run request.methods one after another on a loaded pair and tabulate them."""
     pair = load(request)
     fit_chat(request, pair)
     comparison = gpu(run_comparison)(pair, request.prompt, request.methods, limits=limits, decode=request.params,
+                                     threads_for=threads.for_method if threads is not None else None,
                                      **request.engine.as_kwargs())
     summary_path, rounds_path, tokens_path = write_csvs(comparison.summary, comparison.rounds, comparison.tokens)
     return CompareOutcome(viz.records(comparison.summary), summary_path, rounds_path,

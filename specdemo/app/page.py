@@ -140,6 +140,34 @@ def export_dir(root: Path = EXPORT_ROOT, ttl_s: float = EXPORT_TTL_S) -> Path:
 
 
 # ---------------------------------------------------------------------------------------
+# Threads: torch's CPU threads while the page decodes
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """torch's CPU threads for each method the page decodes: `count` for every method, or, with
+    no count (auto), one thread for a method that writes one token a step (AR and the baselines:
+    bound by memory, where a second thread only spins) and `cores` for one that verifies drafts."""
+
+    count: int | None = None
+    cores: int = 1
+
+    def for_method(self, name: str) -> int:
+        if self.count is not None:
+            return self.count
+        return self.cores if name not in METHODS or METHODS[name].drafts else 1
+
+    @property
+    def default(self) -> int:
+        """The count for work that is not one method's decode (the Benchmark and Sweep tabs)."""
+        return self.count if self.count is not None else self.cores
+
+    def describe(self) -> str:
+        return (f"{self.count} torch thread{'s' if self.count != 1 else ''}" if self.count is not None
+                else f"auto: 1 torch thread for AR, {self.cores} for drafting methods")
+
+
+# ---------------------------------------------------------------------------------------
 # The tabs' context and the visitors' runs
 
 
@@ -167,6 +195,7 @@ class TabContext:
     queue_id: str = GPU_QUEUE
     follow: Callable[[gr.Request | None, Iterator], Iterator] = _relay
     ready: threading.Event | None = None  # set once the default pair is loaded and warm (None: loaded on demand)
+    threads: ThreadPlan | None = None  # torch's threads per method (None: as the process has them)
 
 
 def session_id(request: gr.Request | None) -> str | None:

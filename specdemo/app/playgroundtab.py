@@ -255,7 +255,7 @@ def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs) -> None:
         except ValueError as error:
             yield outputs.apply(RunUpdate(status=f"⚠️ {error}", warning=str(error)))
             return
-        with contextlib.closing(handlers.stream_run(req, _loader(ctx), ctx.limits, ctx.gpu)) as updates:
+        with contextlib.closing(handlers.stream_run(req, _loader(ctx), ctx.limits, ctx.gpu, ctx.threads)) as updates:
             for update in updates:
                 yield outputs.apply(update)
 
@@ -300,7 +300,7 @@ def _wire_compare(ctx: TabContext, inputs: Inputs) -> None:
         try:
             req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
                                ctx.presets, ctx.limits, methods=form["methods"])
-            outcome = handlers.compare(req, _loader(ctx), ctx.limits, ctx.gpu)
+            outcome = handlers.compare(req, _loader(ctx), ctx.limits, ctx.gpu, ctx.threads)
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
         except Exception as error:

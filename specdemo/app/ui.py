@@ -24,8 +24,8 @@ from .handlers import (  # noqa: F401  (the page's handlers, re-exported for cal
 )
 from .limits import Limits
 from .page import (  # noqa: F401  (what the tabs share, re-exported for callers of `ui`)
-    GPU_QUEUE, PairCache, PairLoader, RunningSessions, TabContext, export_dir, forget_replaced_components, gpu,
-    on_zero_gpu,
+    GPU_QUEUE, PairCache, PairLoader, RunningSessions, TabContext, ThreadPlan, export_dir,
+    forget_replaced_components, gpu, on_zero_gpu,
 )
 from ..models.loading import PRESETS, Preset, load_pair
 from ..engine.methods import DEFAULT_METHODS
@@ -64,6 +64,7 @@ def build_demo(
     defaults: Mapping[str, Any] | None = None,
     limits: Limits | None = None,
     preload: bool = False,
+    threads: ThreadPlan | None = None,
 ) -> gr.Blocks:
     """The page's Blocks, queued so GPU work runs one request at a time.
 
@@ -71,7 +72,8 @@ def build_demo(
     tests pass presets with a tiny local pair. public: turn public mode on (it is also on
     for a Space or with SPECDEMO_PUBLIC=1); limits: the deployment's limits, read from the
     environment when not given. preload: load and warm the default pair in the background from
-    the start, so that the first Run is timed like the second. defaults: initial values of the page's inputs by parameter name (prompt, methods,
+    the start, so that the first Run is timed like the second. threads: torch's threads per method
+    (`serving_threads`; None leaves them as they are). defaults: initial values of the page's inputs by parameter name (prompt, methods,
     max_new_tokens, temperature, ...), e.g. a shorter run for a slow machine.
     """
     limits = limits or Limits.from_env(public=True if public else None)
@@ -91,6 +93,7 @@ def build_demo(
             presets=served, default_preset=default,
             load=lambda target, draft: cache.get(target, draft, device=device, dtype=dtype),
             limits=limits, gpu=gpu, export=export_dir, queue_id=GPU_QUEUE, follow=runs.follow, ready=ready,
+            threads=threads,
         )
         gr.Markdown(INTRO, elem_id="sd-intro")
         with gr.Tab("Playground", elem_id="sd-playground-tab"):
@@ -121,22 +124,27 @@ def preload_pair(cache: PairCache, preset: Preset) -> threading.Event:
     return ready
 
 
-def serving_threads(requested: int | None = None, cores: int | None = None) -> int:
-    """Set and return torch's CPU threads for serving: `requested` (app.py --threads), else
-    SPECDEMO_THREADS, else one thread on a machine of two cores or fewer (see SMALL_MACHINE_THREADS)
-    and torch's own choice elsewhere. ValueError for a count below 1."""
+def serving_threads(requested: int | str | None = None, cores: int | None = None) -> ThreadPlan:
+    """torch's CPU threads for serving: `requested` (app.py --threads, a count or "auto"), else
+    SPECDEMO_THREADS, else SMALL_MACHINE_THREADS on a machine of SMALL_MACHINE_CORES cores or fewer
+    and torch's own choice elsewhere. "auto" gives AR one thread and drafting methods every core.
+    Sets torch's count for work that is not one method's decode; ValueError for a count below 1."""
     value = requested if requested is not None else os.environ.get(THREADS_ENV) or None
+    cores = cores if cores is not None else os.cpu_count() or 1
     if value is None:
-        cores = cores if cores is not None else os.cpu_count() or 1
         value = SMALL_MACHINE_THREADS if cores <= SMALL_MACHINE_CORES else torch.get_num_threads()
-    try:
-        threads = int(value)
-    except (TypeError, ValueError):
-        threads = 0
-    if threads < 1:
-        raise ValueError(f"threads must be an integer ≥ 1 (--threads or {THREADS_ENV}), got {value!r}")
-    torch.set_num_threads(threads)
-    return threads
+    if str(value).strip().lower() == "auto":
+        plan = ThreadPlan(count=None, cores=cores)
+    else:
+        try:
+            count = int(value)
+        except (TypeError, ValueError):
+            count = 0
+        if count < 1:
+            raise ValueError(f"threads must be an integer ≥ 1 or auto (--threads or {THREADS_ENV}), got {value!r}")
+        plan = ThreadPlan(count=count)
+    torch.set_num_threads(plan.default)
+    return plan
 
 
 def served_presets(limits: Limits, known: Mapping[str, Preset]) -> dict[str, Preset]:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pandas as pd
+import torch
 
 from ..engine.decoding import generate
 from ..engine.params import DecodeParams
@@ -29,10 +30,19 @@ def tabulate(pair, results: Sequence[GenerationResult]) -> Comparison:
 
 
 def run_comparison(pair, prompt, methods: Sequence[str], limits=None, decode: DecodeParams | None = None, *,
-                   cache: str | None = None, compile: bool = False, **params) -> Comparison:
+                   cache: str | None = None, compile: bool = False,
+                   threads_for: Callable[[str], int] | None = None, **params) -> Comparison:
     """Each method in turn on the same prompt; decode (a DecodeParams), params and the engine
-    options (cache, compile) as for `generate`."""
+    options (cache, compile) as for `generate`; threads_for(method), when given, sets torch's
+    threads for each method's decode."""
     decode = DecodeParams.resolve(decode, **params)
-    results = [generate(pair, prompt, method=method, limits=limits, decode=decode, cache=cache, compile=compile)
-               for method in methods]
+    results, before = [], torch.get_num_threads()
+    try:
+        for method in methods:
+            if threads_for is not None:
+                torch.set_num_threads(threads_for(method))
+            results.append(generate(pair, prompt, method=method, limits=limits, decode=decode, cache=cache,
+                                    compile=compile))
+    finally:
+        torch.set_num_threads(before)
     return tabulate(pair, results)

@@ -46,6 +46,7 @@ class Method:
     new_tokens_cap: int | None = None  # max_new_tokens above this is lowered to it, and the trace says so
     lossless: bool = True  # under greedy decoding its output is AR's, so matches_ar is asked of it
     run: Callable | None = None  # (pair, params, seed, result) → iterator of results, for a method not made of rounds
+    drafts: bool = True  # False: every step writes one token (AR and the baselines), bound by memory, not compute
 
     def unavailable(self, pair) -> str | None:
         """Why this pair cannot run the method (a sentence for the user), or None."""
@@ -104,7 +105,7 @@ def register(method: Method) -> Method:
 
 
 register(Method("ar", "AR", False, "the target alone, one token per forward",
-                lambda pair, p: (None, FixedGamma(0))))
+                lambda pair, p: (None, FixedGamma(0)), drafts=False))
 register(Method("sd", "SD", True, "the pair's draft (a model or a feature head) or a copy from the context, fixed γ",
                 lambda pair, p: (_model_drafter(pair, p), FixedGamma(p.gamma))))
 register(Method("nasd", "NASD", False, "n-gram table drafts, fixed γ (or, with nasd_tree, a tree of its continuations)",
@@ -132,13 +133,14 @@ register(Method("rest", "REST", False, "retrieval: the continuation of the longe
 
 register(Method("beam", "Beam search", False, "the target alone, beam search (num_beams) through transformers' "
                 "generate; not greedy decoding, so its text differs from AR's",
-                lambda pair, p: (None, FixedGamma(0)), lossless=False, run=run_beam))
+                lambda pair, p: (None, FixedGamma(0)), lossless=False, run=run_beam, drafts=False))
 register(Method("draft", "Draft alone", True, "the pair's draft model writing by itself, one token per forward, "
                 "with its cache and the same sampling settings", lambda pair, p: (None, FixedGamma(0)),
-                decoder="draft", lossless=False))
+                decoder="draft", lossless=False, drafts=False))
 register(Method("ar-nocache", "AR (no cache)", False, "the target alone without a KV cache: every token "
                 f"recomputes the whole prefix (at most {NOCACHE_MAX_NEW_TOKENS} new tokens)",
-                lambda pair, p: (None, FixedGamma(0)), cached=False, new_tokens_cap=NOCACHE_MAX_NEW_TOKENS))
+                lambda pair, p: (None, FixedGamma(0)), cached=False, new_tokens_cap=NOCACHE_MAX_NEW_TOKENS,
+                drafts=False))
 register(Method("sd-tree", "SD-tree", True, "the pair's draft as a tree (dynamic or static shape), verified in one forward",
                 lambda pair, p: (TreeDrafter(_plain_drafter(pair)), _tree_policy(p))))
 register(Method("egag-tree", "EGAG-tree", True, "the pair's draft as a tree: depth from the smoothed entropy, "

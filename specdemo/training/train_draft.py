@@ -22,6 +22,7 @@ held-out prompts and the draft's per-token cost is compared with the target's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -313,7 +314,7 @@ def train(draft, examples: list[Example], pad_id: int, args, device, deadline: f
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     # bfloat16 autocast: on a GPU as usual, on a CPU only where AMX makes it fast.
     use_bf16 = device.type == "cuda" or args.gen_dtype_used == "bfloat16"
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else _null()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
     stream = batches(examples, args.batch_size, random.Random(args.seed))
     history, t0 = [], time.time()
     bar = tqdm(total=args.steps, desc="train", mininterval=2.0)
@@ -349,14 +350,6 @@ def train(draft, examples: list[Example], pad_id: int, args, device, deadline: f
     draft.eval()
     return dict(steps_done=step, seconds=round(time.time() - t0, 1), final=history[-1] if history else {},
                 history=history)
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 # --------------------------------------------------------------------------- evaluation
