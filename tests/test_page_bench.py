@@ -11,10 +11,12 @@ import pytest
 from specdemo.bench import page
 
 
-def page_run(speeds: dict[str, float], threads: int = 1, browser: float = 1.0, server: float = 12.0) -> page.PageRun:
+def page_run(speeds: dict[str, float], threads: int | dict = 1, browser: float = 1.0,
+             server: float = 12.0) -> page.PageRun:
+    threads = threads if isinstance(threads, dict) else {method: threads for method in speeds}
     summary = pd.DataFrame({"method": list(speeds), "tokens_per_s": list(speeds.values()),
                             "new_tokens": [46] * len(speeds), "seconds": [46 / v for v in speeds.values()],
-                            "threads": [threads] * len(speeds)})
+                            "threads": [threads[m] for m in speeds]})
     return page.PageRun(summary, wall_s=20.0, browser_cpu_s=browser, server_cpu_s=server)
 
 
@@ -37,6 +39,15 @@ def test_each_method_is_set_against_the_engines_best_at_any_thread_count():
     assert table.at["sd", "page_speedup"] == pytest.approx(19.0 / 11.0)
     assert table.at["sd", "engine_speedup"] == pytest.approx(19.0 / 12.0)
     assert table.at["sd", "speedup_page_over_engine"] == pytest.approx((19.0 / 11.0) / (19.0 / 12.0))
+
+
+def test_a_page_with_threads_per_method_is_compared_with_the_engine_on_the_same_counts():
+    runs = [page_run({"ar": 12.0, "sd": 24.0}, threads={"ar": 1, "sd": 2})]
+    table = page.method_table(runs, ENGINE).set_index("method")
+    assert table.at["sd", "engine_speedup"] == pytest.approx(25.0 / 12.0)  # SD at 2 threads over AR at 1
+    assert table.at["sd", "page_speedup"] == pytest.approx(2.0)
+    assert list(table.page_threads) == [1, 2]
+    assert page.cost_table(runs, ENGINE).iloc[0].engine_cpu_s == pytest.approx(4.0)
 
 
 def test_the_cost_of_drawing_is_the_browser_plus_the_server_beyond_decoding():
@@ -74,5 +85,5 @@ def test_tables_print_as_markdown():
 def test_the_command_takes_the_runs_threads_and_the_benchmark_tabs_category():
     args = page.build_parser().parse_args(["--runs", "2", "--threads", "1,2", "--page-threads", "1",
                                            "--bench-category", "math"])
-    assert (args.runs, args.threads, args.page_threads, args.bench_category) == (2, "1,2", 1, "math")
+    assert (args.runs, args.threads, args.page_threads, args.bench_category) == (2, "1,2", "1", "math")
     assert page.APP.name == "app.py" and page.APP.exists()

@@ -251,10 +251,14 @@ class RunningSessions:
     def watch(self, demo: gr.Blocks) -> None:
         """Notice closed tabs: a tab closed before its run's stream opened leaves nothing for
         `follow` to notice, but the session's own heartbeat does, and fires `unload`."""
+        import gradio  # here only: the rest of this module never needs it
 
-        def tab_closed(request: gr.Request):
+        def tab_closed(request):
             self.closed(session_id(request))
 
+        # Gradio passes the visitor's request to a parameter annotated with its class; this module's
+        # annotations are strings of a name it does not import, so the class is given directly.
+        tab_closed.__annotations__ = {"request": gradio.Request}
         demo.unload(tab_closed)
 
 

@@ -32,7 +32,8 @@ SHARED_PARAMS = tuple(name for name in PARAMS if name not in GRID)  # one value 
 FORM = ("preset", "methods", *GRID, "categories", "prompts_per_category", "repeats")  # before SHARED_PARAMS
 GRID_LABELS = {"gamma": "SD: γ values", "gamma_max": "EGAG: γ_max values", "ema": "EGAG: EMA β values",
                "ngram_n": "NASD: n values", "copy_n": "SD / EGAG: copy_n values (0 = off; empty = the default)",
-               "node_budget": "SD-tree: node budgets"}
+               "node_budget": "SD-tree: node budgets", "adaedl_lambda": "AdaEDL: λ values",
+               "entropy_stop": "EGAG-token: entropy thresholds", "specdecpp_threshold": "SpecDec++: thresholds"}
 DEFAULT_CATEGORIES = ("chat", "code")
 TABLE_COLUMNS = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s", "acceptance_rate",
                  "mean_accepted_tokens", "mean_gamma", "wasted_drafts_per_token", "target_forwards_per_token",
@@ -52,6 +53,8 @@ def default_form(limits: Limits) -> dict[str, Any]:
             {"gamma": _csv(sweep.DEFAULT_GAMMAS), "gamma_max": _csv(sweep.DEFAULT_GAMMA_MAXES),
              "ema": _csv(sweep.DEFAULT_EMAS)})
     return {"methods": ["sd", "egag"], **grid, "ngram_n": _csv(sweep.DEFAULT_NGRAM_NS), "copy_n": "", "node_budget": "3,8",
+            # Empty: a per-token rule picked without thresholds runs at its parameter's default.
+            "adaedl_lambda": "", "entropy_stop": "", "specdecpp_threshold": "",
             "categories": list(DEFAULT_CATEGORIES), "prompts_per_category": 1, "repeats": 1,
             "max_new_tokens": min(64, limits.max_new_tokens), "seed": 0, "chat": True}
 
@@ -273,7 +276,10 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
                              choices=list(ctx.presets), elem_id="sweep-preset")
         methods = gr.CheckboxGroup(label="Methods (AR always runs)", value=initial["methods"],
                                    choices=[("SD (fixed γ)", "sd"), ("EGAG", "egag"), ("NASD", "nasd"),
-                                            ("SD-tree (node budgets)", "sd-tree"), ("Beam search", "beam"),
+                                            ("SD-tree (node budgets)", "sd-tree"), ("AdaEDL", "adaedl"),
+                                            ("EGAG-token", "egag-token"), ("SpecDec++", "specdecpp"),
+                                            ("SD (confidence)", "sd-confidence"), ("SD (+2/−1)", "sd-heuristic"),
+                                            ("REST", "rest"), ("Beam search", "beam"),
                                             ("Draft alone", "draft"), ("AR (no cache)", "ar-nocache")],
                                    elem_id="sweep-methods")
     with gr.Row():

@@ -245,9 +245,10 @@ def engine_pass(pair, prompt: str, methods: Sequence[str], threads: Sequence[int
 # --------------------------------------------------------------------------- the tables
 
 
-def page_threads(page_runs: Sequence[PageRun]) -> int:
-    """The thread count the page decoded on, as its CSV says."""
-    return int(page_runs[0].summary["threads"].iloc[0])
+def page_threads(page_runs: Sequence[PageRun]) -> dict[str, int]:
+    """The thread count the page decoded each method on, as its CSV says."""
+    summary = page_runs[0].summary
+    return {method: int(threads) for method, threads in zip(summary["method"], summary["threads"])}
 
 
 def method_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFrame:
@@ -267,11 +268,13 @@ def method_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFra
             "engine_new_tokens": engine.new_tokens.get(method),
         })
     table = pd.DataFrame(rows).set_index("method")
-    ar = table.loc["ar"] if "ar" in table.index else None
-    if ar is not None:
-        table["page_speedup"] = table["page_tok_s"] / ar["page_tok_s"]
-        engine_at_page = f"engine_{page_threads(page_runs)}t_tok_s"
-        table["engine_speedup"] = table[engine_at_page] / ar[engine_at_page]
+    if "ar" in table.index:
+        threads = page_threads(page_runs)
+        # The engine on the same thread counts as the page, method by method.
+        at_page = pd.Series({m: table.at[m, f"engine_{threads[m]}t_tok_s"] for m in table.index})
+        table["page_threads"] = pd.Series(threads)
+        table["page_speedup"] = table["page_tok_s"] / table.at["ar", "page_tok_s"]
+        table["engine_speedup"] = at_page / at_page["ar"]
         table["speedup_page_over_engine"] = table["page_speedup"] / table["engine_speedup"]
     return table.reset_index()
 
@@ -279,7 +282,7 @@ def method_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFra
 def cost_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFrame:
     """Per page run: wall and decode seconds, browser and server CPU, and the server's CPU beyond decoding."""
     threads = page_threads(page_runs)
-    engine_cpu = sum(statistics.median(v) for (t, _), v in engine.cpu_s.items() if t == threads)
+    engine_cpu = sum(statistics.median(v) for (t, m), v in engine.cpu_s.items() if threads.get(m) == t)
     rows = []
     for k, run in enumerate(page_runs, 1):
         overhead = max(0.0, run.server_cpu_s - engine_cpu)
@@ -339,7 +342,7 @@ def _bench_cli(pair, measured: Measured, category: str) -> pd.DataFrame:
     """`bench` with the Benchmark tab's defaults (1 prompt per category, 1 repeat, 64 tokens, seed 0)
     on the tab's methods, at the page's thread count."""
     before = torch.get_num_threads()
-    torch.set_num_threads(page_threads(measured.page_runs))
+    torch.set_num_threads(max(page_threads(measured.page_runs).values()))  # the tabs' default count
     try:
         methods = list(dict.fromkeys(measured.bench_tab.summary.method))
         return run_benchmark(pair, methods=methods, repeats=1, limit=1, max_new_tokens=64, seed=0, chat=True,
@@ -352,8 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specdemo.bench.page", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="default runs pressed on the page (default 3)")
     parser.add_argument("--threads", default="1,2", help="the engine's thread counts, comma-separated (default 1,2)")
-    parser.add_argument("--page-threads", type=int, default=None,
-                        help="the page's torch threads (default: what app.py chooses on this machine)")
+    parser.add_argument("--page-threads", default=None,
+                        help="app.py --threads: a count or auto (default: what app.py chooses on this machine)")
     parser.add_argument("--preset", default="embedded", help="the model pair (default: embedded, the page's default)")
     parser.add_argument("--bench-category", default=None,
                         help="also run the Benchmark tab's defaults on this category (or all) against bench")
@@ -369,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
               "costs": cost_table(measured.page_runs, measured.engine)}
     if measured.bench_tab is not None:
         tables["bench"] = bench_table(measured.bench_tab.summary, measured.bench_cli)
-    print(f"\n{os.cpu_count()} cores; the page decoded on {page_threads(measured.page_runs)} thread(s); "
+    print(f"\n{os.cpu_count()} cores; the page's threads by method {page_threads(measured.page_runs)}; "
           f"{args.runs} page runs; prompt {measured.prompt[:60]!r}…")
     for name, table in tables.items():
         print(f"\n{name}:\n{markdown(table)}")
