@@ -4,7 +4,7 @@ import pandas as pd
 import torch
 
 import specdemo
-from specdemo.bench.osd import first_last, run_stream, stream_figure, stream_prompts
+from specdemo.training.osd import first_last, run_stream, stream_figure, stream_prompts
 from specdemo.bench.suite import SuitePrompt
 from tests.test_feature_drafter import head_pair, with_head  # noqa: F401 (a fixture)
 

@@ -8,7 +8,7 @@ forward) and its next-token distributions, with the loss that trains the head of
 target's (greedy: AR's tokens). The same stream is run once with a frozen head, so that the
 acceptance of the adapted head is read against the same prompts in the same order.
 
-    python -m specdemo.bench.osd [--prompts 50] [--max-new-tokens 64] [--out results/osd]
+    python -m specdemo.training.osd [--prompts 50] [--max-new-tokens 64] [--out results/osd]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from ..engine.feature_head import FeatureHead
-from .suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite
+from ..bench.suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite
 
 STREAM_COLUMNS = ["run", "index", "prompt_id", "category", "drafted", "accepted", "acceptance", "new_tokens",
                   "seconds", "update_seconds", "loss"]
@@ -49,7 +49,7 @@ def target_features(pair, ids: list[int]) -> torch.Tensor:
 
 def distil(pair, ids: list[int], answer_start: int, optimizer, steps: int, unroll: int = 2) -> float:
     """A few steps on the head over one verified sequence; the last step's loss."""
-    from ..training.eagle import Sequence, collate, head_losses
+    from .eagle import Sequence, collate, head_losses
 
     head = pair.draft
     sequence = Sequence(torch.tensor(ids), target_features(pair, ids), answer_start, "stream")
@@ -128,7 +128,7 @@ def stream_figure(rows: pd.DataFrame, window: int = 10):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specdemo.bench.osd", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m specdemo.training.osd", description=__doc__.split("\n\n")[0])
     parser.add_argument("--pair", default="embedded", help="a pair that drafts with a feature head")
     parser.add_argument("--prompts", type=int, default=50, help="requests in the stream (default: 50)")
     parser.add_argument("--seed", type=int, default=0, help="the stream's order (default: 0)")
