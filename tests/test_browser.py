@@ -80,6 +80,8 @@ def test_run_renders_panels_charts_and_table(page_url, tmp_path):
         assert page.locator("#sd-tokens-csv").is_enabled()
 
         assert page.locator(".js-plotly-plot").count() >= 4
+        assert not page.locator("#sd-charts-placeholder").is_visible()
+        assert not page.locator("#sd-tree-charts").is_visible()  # no tree method ran
         # Gradio's table is virtualised, so count rows by its ARIA metadata (header + 4).
         grid = page.locator("#sd-table [role=grid]")
         assert grid.get_attribute("aria-rowcount") == "5"
@@ -212,6 +214,11 @@ def test_empty_tabs_show_placeholders_not_blank_frames(head_page_url):
             assert f"Run the {what} to fill these charts" in placeholder.inner_text()
             assert not page.locator(f"#{name}-results").is_visible()
             assert not page.locator(f"#{name}-table").is_visible()
+        # The Playground, before any run: a placeholder where the charts go, no empty frames, no tree section.
+        page.get_by_role("tab", name="Playground").click(timeout=30_000)
+        assert "appear here when a run ends" in page.locator("#sd-charts-placeholder").inner_text()
+        assert page.locator(".js-plotly-plot").count() == 0
+        assert not page.locator("#sd-run-charts").is_visible() and not page.locator("#sd-tree-charts").is_visible()
 
 
 def test_benchmark_defaults_run_on_a_feature_head_pair(head_page_url):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import socket
 import statistics
 import subprocess
@@ -46,7 +45,6 @@ APP = Path(__file__).resolve().parents[2] / "app.py"
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                 "--disable-sync", "--no-first-run"]
 READY_TEXT = "to decode the prompt with every selected method"
-DONE = re.compile(r"Done in ([\d.]+) s")
 
 
 @dataclass
@@ -160,7 +158,10 @@ def press_run(page, server: psutil.Process, timeout_s: float = 900) -> PageRun:
     server_before = cpu_seconds(tree(server))
     started = time.perf_counter()
     page.locator("#sd-run").click()
-    page.locator("#sd-status").get_by_text(DONE).wait_for(timeout=timeout_s * 1000)
+    # The last run's "Done in" stays until this run's first update: see it go, then come back.
+    for done in ("false", "true"):
+        page.wait_for_function(f"document.querySelector('#sd-status').innerText.startsWith('Done in') === {done}",
+                               timeout=timeout_s * 1000, polling=100)
     wall = time.perf_counter() - started
     browser_cpu = spent(browser_before, cpu_seconds(browser_processes(server)))
     server_cpu = spent(server_before, cpu_seconds(tree(server)))
@@ -317,10 +318,11 @@ class Measured:
     bench_cli: pd.DataFrame | None = None  # `bench`'s summary on the same settings
 
 
-def measure(runs: int, threads: Sequence[int], served_threads: int | None, preset: str,
-            bench_category: str | None = None, port: int | None = None) -> Measured:
-    """`runs` page runs, each followed by one engine pass at every thread count; then, when asked,
-    the Benchmark tab's default run on `bench_category` and `run_benchmark` on the same settings."""
+def measure(runs: int, threads: Sequence[int], served_threads: str | None, preset: str,
+            bench_category: str | None = None, screenshot: Path | None = None, port: int | None = None) -> Measured:
+    """`runs` page runs, each followed by one engine pass at every thread count (and the page after
+    the last run saved as `screenshot`); then, when asked, the Benchmark tab's default run on
+    `bench_category` and `run_benchmark` on the same settings."""
     chosen = PRESETS[preset]
     pair = load_pair(chosen.target, chosen.draft)
     engine, page_runs = EngineRuns(), []
@@ -331,6 +333,8 @@ def measure(runs: int, threads: Sequence[int], served_threads: int | None, prese
             page_runs.append(press_run(page, server))
             print(f"page run {k + 1}/{runs}: {page_runs[-1].wall_s:.1f} s", flush=True)
             engine_pass(pair, prompt, DEFAULT_METHODS, threads, engine)
+        if screenshot is not None:
+            page.screenshot(path=str(screenshot), full_page=True)
         measured = Measured(page_runs, engine, prompt)
         if bench_category:
             measured.bench_tab = bench_tab_run(page, server, bench_category)
@@ -360,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", default="embedded", help="the model pair (default: embedded, the page's default)")
     parser.add_argument("--bench-category", default=None,
                         help="also run the Benchmark tab's defaults on this category (or all) against bench")
+    parser.add_argument("--screenshot", type=Path, default=None, help="save the page after the last run here (PNG)")
     parser.add_argument("--out", default=None, help="a folder for methods.csv, costs.csv (and bench.csv)")
     return parser
 
@@ -367,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
-    measured = measure(args.runs, threads, args.page_threads, args.preset, args.bench_category)
+    measured = measure(args.runs, threads, args.page_threads, args.preset, args.bench_category, args.screenshot)
     tables = {"methods": method_table(measured.page_runs, measured.engine),
               "costs": cost_table(measured.page_runs, measured.engine)}
     if measured.bench_tab is not None:

@@ -66,6 +66,11 @@ class Drafter:
         """Forward passes of a draft model so far (0 for a drafter without one)."""
         return 0
 
+    @property
+    def draft_lm(self):
+        """The cached LM of the draft model it runs (a KV policy applies to it), or None."""
+        return None
+
     def describe(self, model_name: str | None) -> str:
         """How the page and the benchmark name this drafter (model_name: the pair's name for its draft)."""
         return model_name or type(self).__name__
@@ -125,6 +130,10 @@ class WrappedDrafter(Drafter):
     @property
     def forwards(self) -> int:
         return self.inner.forwards
+
+    @property
+    def draft_lm(self):
+        return self.inner.draft_lm
 
     def describe(self, model_name: str | None) -> str:
         return self.inner.describe(model_name)
@@ -218,6 +227,10 @@ class ModelDrafter(Drafter):
     @property
     def forwards(self) -> int:
         return self.lm.forwards
+
+    @property
+    def draft_lm(self):
+        return self.lm
 
     def warm_up(self) -> float:
         return self.lm.warm_up()

@@ -149,16 +149,6 @@ def lossless_under(params: dict) -> bool:
     return params.get("target_kv", "full") == "full"
 
 
-def _drafter_part(drafter, attribute: str):
-    """The first value of `attribute` on the drafter or the drafters it wraps (`inner`), else None."""
-    while drafter is not None:
-        value = getattr(drafter, attribute, None)
-        if value is not None and value is not False:  # an LM is falsy while its cache is empty (len 0)
-            return value
-        drafter = getattr(drafter, "inner", None)
-    return None
-
-
 def prepare_caches(params, pair, writer, drafter) -> dict[str, int]:
     """Give the model that writes (the target) and the drafter's own LM their KV policies, and
     start the run's memory record (`memory.MEMORY_STATS`), which the two LMs keep at their peaks.
@@ -167,10 +157,10 @@ def prepare_caches(params, pair, writer, drafter) -> dict[str, int]:
     from .memory import model_weight_bytes
 
     target_policy, draft_policy = policies_of(params)
-    draft_lm = _drafter_part(drafter, "lm")
-    reads_features = bool(_drafter_part(drafter, "reads_target_features"))
+    draft_lm = drafter.draft_lm
+    reads_features = drafter.reads_target_features
     compressing = target_policy.compresses or (draft_policy.compresses and draft_lm is not None)
-    if compressing and (hasattr(drafter, "propose_tree") or getattr(drafter, "drafts_trees", False)):
+    if compressing and drafter.drafts_trees:
         raise ValueError("target_kv/draft_kv: trees of drafts index the cache by position and run with the full "
                          "cache only: use a chain method (sd, egag, nasd) or full caches")
     if draft_policy.compresses and draft_lm is None and reads_features:
