@@ -79,6 +79,8 @@ def test_run_renders_panels_charts_and_table(page_url, tmp_path):
         assert re.search(r"\nq [^,]+, p [\d.e-]+ → .*the target chose '.+' \(p [\d.e-]+\)", refused), refused
         assert page.locator("#sd-tokens-csv").is_enabled()
 
+        # The charts come with the last update and are drawn once it has arrived.
+        page.locator("#sd-chart-race .js-plotly-plot").wait_for(timeout=60_000)
         assert page.locator(".js-plotly-plot").count() >= 4
         assert not page.locator("#sd-charts-placeholder").is_visible()
         assert not page.locator("#sd-tree-charts").is_visible()  # no tree method ran

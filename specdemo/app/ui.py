@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 DEFAULTS = DecodeParams()
 THREADS_ENV = "SPECDEMO_THREADS"
 # Measured with the page benchmark (docs/benchmark.md): on a 2-core machine that also runs the
-# visitor's browser, one torch thread decodes faster than two, whose spin-waiting workers stall
-# whenever the browser or the server takes a core. A machine with more cores keeps torch's choice.
+# visitor's browser, the page on one torch thread came within 0.71–1.01 of the engine's best, and with
+# "auto" (two threads for the drafting methods) within 0.66–0.98. A machine with more cores keeps
+# torch's choice.
 SMALL_MACHINE_CORES = 2
 SMALL_MACHINE_THREADS = 1
 INTRO = (
