@@ -152,23 +152,31 @@ def spent(before: dict[int, float], after: dict[int, float]) -> float:
 # --------------------------------------------------------------------------- driving Chromium
 
 
-def press_run(page, server: psutil.Process, timeout_s: float = 900) -> PageRun:
-    """Press Run once, wait for "Done in", and read the comparison CSV the page offers."""
+def timed_run(page, server: psutil.Process, button: str, wait, csv_button: str) -> PageRun:
+    """Press `button`, `wait()` for the run to end, and read the CSV behind `csv_button`; the wall
+    time and the CPU seconds Chromium and the server spent in between come with it."""
     browser_before = cpu_seconds(browser_processes(server))
     server_before = cpu_seconds(tree(server))
     started = time.perf_counter()
-    page.locator("#sd-run").click()
-    # The last run's "Done in" stays until this run's first update: see it go, then come back.
-    for done in ("false", "true"):
-        page.wait_for_function(f"document.querySelector('#sd-status').innerText.startsWith('Done in') === {done}",
-                               timeout=timeout_s * 1000, polling=100)
+    page.locator(button).click()
+    wait()
     wall = time.perf_counter() - started
     browser_cpu = spent(browser_before, cpu_seconds(browser_processes(server)))
     server_cpu = spent(server_before, cpu_seconds(tree(server)))
     with page.expect_download() as download:
-        page.locator("#sd-summary-csv").click()
-    summary = pd.read_csv(download.value.path())
-    return PageRun(summary, wall, browser_cpu, server_cpu)
+        page.locator(csv_button).click()
+    return PageRun(pd.read_csv(download.value.path()), wall, browser_cpu, server_cpu)
+
+
+def press_run(page, server: psutil.Process, timeout_s: float = 900) -> PageRun:
+    """Press Run once, wait for "Done in", and read the comparison CSV the page offers."""
+    def finished() -> None:
+        # The last run's "Done in" stays until this run's first update: see it go, then come back.
+        for done in ("false", "true"):
+            page.wait_for_function(f"document.querySelector('#sd-status').innerText.startsWith('Done in') === {done}",
+                                   timeout=timeout_s * 1000, polling=100)
+
+    return timed_run(page, server, "#sd-run", finished, "#sd-summary-csv")
 
 
 @contextmanager
@@ -196,19 +204,11 @@ def bench_tab_run(page, server: psutil.Process, category: str, timeout_s: float 
     if category != ALL:
         page.locator("#bench-category input").click()
         page.get_by_role("option", name=category, exact=True).click()
-    browser_before = cpu_seconds(browser_processes(server))
-    server_before = cpu_seconds(tree(server))
-    started = time.perf_counter()
-    page.locator("#bench-run").click()
-    page.locator("#bench-status").get_by_text("Done:").wait_for(timeout=timeout_s * 1000)
-    wall = time.perf_counter() - started
-    browser_cpu = spent(browser_before, cpu_seconds(browser_processes(server)))
-    server_cpu = spent(server_before, cpu_seconds(tree(server)))
-    with page.expect_download() as download:
-        page.locator("#bench-summary-csv").click()
-    summary = pd.read_csv(download.value.path())
+    run = timed_run(page, server, "#bench-run",
+                    lambda: page.locator("#bench-status").get_by_text("Done:").wait_for(timeout=timeout_s * 1000),
+                    "#bench-summary-csv")
     page.get_by_role("tab", name="Playground").click()
-    return PageRun(summary, wall, browser_cpu, server_cpu)
+    return run
 
 
 def bench_table(tab: pd.DataFrame, cli: pd.DataFrame) -> pd.DataFrame:
