@@ -189,6 +189,7 @@ def test_sweep_tab_runs_a_small_sweep_and_draws_its_chart(page_url):
         page.locator("#sweep-run").click()
         page.locator("#sweep-status").get_by_text("Done:", exact=False).wait_for(timeout=180_000)
         chart = page.locator("#sweep-speedup-vs-gamma-chart .js-plotly-plot")
+        chart.wait_for(timeout=60_000)  # drawn once the last update has arrived
         assert chart.count() == 1
         assert "Speedup over AR against γ" in chart.inner_text()
         assert page.locator("#sd-sweep-tab .js-plotly-plot").count() >= 4
