@@ -86,7 +86,7 @@ def test_first_two_tokens_follow_the_target_distribution(small_vocab_pair, metho
 
 def test_a_biased_correction_token_would_fail_this_test(small_vocab_pair, monkeypatch):
     """Redraw the correction from p instead of the residual (a known NASD bug): the test must notice."""
-    import specdemo.engine.decoding as decoding
+    import specdemo.engine.chain_round as chain_round
     from specdemo.engine.sampling import verify_on_device
 
     def biased_verify(target_probs, drafts, draft_probs, config, generator=None):
@@ -94,5 +94,5 @@ def test_a_biased_correction_token_would_fail_this_test(small_vocab_pair, monkey
         redrawn = torch.multinomial(target_probs[accepted], 1, generator=generator)[0]
         return torch.stack([accepted, torch.where(accepted < len(drafts), redrawn, next_token)])
 
-    monkeypatch.setattr(decoding, "verify_on_device", biased_verify)
+    monkeypatch.setattr(chain_round, "verify_on_device", biased_verify)
     assert joint_p_value(small_vocab_pair, "nasd", {"temperature": 1.0}) < 1e-3
