@@ -22,7 +22,7 @@ import torch
 from ..engine.decoding import generate
 from ..models.loading import load_pair
 from .long_suite import long_suite
-from .precision import token_match
+from .precision import show_table, token_match
 from .suite import encode_prompt
 from .tables import target_perplexity
 
@@ -108,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         frame = measure_growth(args.pair, args.budget, ints(args.new_tokens))
         if args.html:
             growth_chart(frame, args.html)
-    with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.3f}".format):
-        print(frame.to_string(index=False))
-    if args.csv:
-        frame.to_csv(args.csv, index=False)
+    show_table(frame, args.csv)
     return 0
 
 

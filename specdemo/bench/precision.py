@@ -160,12 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         frame = measure_drafts(args.target, [d for d in args.drafts.split(",") if d], args.per_category,
                                args.categories, args.max_new_tokens, args.method)
-    with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.3f}".format):
-        print(frame.to_string(index=False))
-    if args.csv:
-        frame.to_csv(args.csv, index=False)
+    show_table(frame, args.csv)
     return 0
 
+
+
+def show_table(frame: pd.DataFrame, csv: str | None) -> None:
+    """A measurement's table printed in full (three decimals), and written to `csv` when given."""
+    with pd.option_context("display.width", 200, "display.max_columns", None, "display.float_format", "{:.3f}".format):
+        print(frame.to_string(index=False))
+    if csv:
+        frame.to_csv(csv, index=False)
 
 if __name__ == "__main__":
     raise SystemExit(main())
