@@ -12,12 +12,12 @@ from specdemo.bench import page
 
 
 def page_run(speeds: dict[str, float], threads: int | dict = 1, browser: float = 1.0,
-             server: float = 12.0) -> page.PageRun:
+             server: float = 12.0, after: float = 0.0) -> page.PageRun:
     threads = threads if isinstance(threads, dict) else {method: threads for method in speeds}
     summary = pd.DataFrame({"method": list(speeds), "tokens_per_s": list(speeds.values()),
                             "new_tokens": [46] * len(speeds), "seconds": [46 / v for v in speeds.values()],
                             "threads": [threads[m] for m in speeds]})
-    return page.PageRun(summary, wall_s=20.0, browser_cpu_s=browser, server_cpu_s=server)
+    return page.PageRun(summary, wall_s=20.0, browser_cpu_s=browser, server_cpu_s=server, settle_cpu_s=after)
 
 
 def engine(speeds: dict[tuple[int, str], list[float]], cpu: float = 2.0) -> page.EngineRuns:
@@ -58,6 +58,12 @@ def test_the_cost_of_drawing_is_the_browser_plus_the_server_beyond_decoding():
     assert row.engine_cpu_s == pytest.approx(4.0)  # the median CPU of each method's decode, summed
     assert row.server_beyond_decoding_s == pytest.approx(12.0 - 4.0)
     assert row.drawing_cpu_over_decode == pytest.approx((1.0 + 8.0) / decode)
+
+
+def test_the_charts_drawn_after_the_last_update_count_as_drawing():
+    row = page.cost_table([page_run({"ar": 10.0, "sd": 18.0}, after=3.0)], ENGINE).iloc[0]
+    assert row.browser_cpu_after_s == 3.0
+    assert row.drawing_cpu_over_decode == pytest.approx((1.0 + 8.0 + 3.0) / row.decode_s)
 
 
 def test_cpu_spent_counts_new_processes_from_zero_and_ignores_ended_ones():

@@ -262,7 +262,9 @@ def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs) -> None:
     event = inputs.run_btn.click(
         forms.endpoint(run, FORM_BEFORE, FORM_AFTER, name="run", generator=True),
         inputs=inputs.event_inputs(inputs.methods), outputs=outputs.all(), api_name="run",
-        show_progress="hidden", concurrency_id=ctx.queue_id,
+        # Only the status line tracks the run: every output tracked as pending would run an animation
+        # timer in the browser for the whole run, on the cores the decoders are timed on.
+        show_progress="hidden", show_progress_on=[outputs.status], concurrency_id=ctx.queue_id,
     )
     wire_stop(inputs.stop_btn, outputs.status, event)
 
