@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 
 import pandas as pd
 import pytest
@@ -50,17 +51,21 @@ def test_stream_run_yields_loading_each_method_and_the_final_comparison(tiny_pai
     assert all(isinstance(u, RunUpdate) for u in updates)
     first, last = updates[0], updates[-1]
     assert loaded == [("target-folder", "draft-folder")]
-    # The first update clears the page: three slots shown, waiting, the charts hidden and no files.
+    # Until the last method ends only the status line changes: the last run's page stays, said to be redrawn.
     assert first.status.startswith("Loading **target-folder** + **draft-folder**")
-    assert first.shown == 3 and sorted(first.panels) == [0, 1, 2] and first.files == (None, None, None)
-    assert first.charts_shown is False and first.figures is None
-    # Slots follow the page's order, AR first: each is marked running, then filled once when its method ends.
-    panel_updates = [(slot, "sd-panel-state running" in html) for u in updates[1:] for slot, html in u.panels.items()]
-    assert panel_updates == [(0, True), (0, False), (1, True), (1, False), (2, True), (2, False)]
+    assert first.status.endswith(handlers.STALE_NOTE)
+    for update in updates[:-1]:
+        assert (update.shown, update.panels, update.figures, update.table, update.files, update.charts_shown) == (
+            None, {}, None, None, None, None)
     assert updates[1].status == "**AR** (1/3): decoding …"
-    # The table grows a row per finished method.
-    tables = [u.table for u in updates[1:] if u.table is not None]
-    assert [len(t) for t in tables] == [1, 2, 3, 3]
+    # The status line carries each finished method's speed into the next one's.
+    sd_starts = [u.status for u in updates if u.status.endswith("(2/3): decoding …")]
+    assert len(sd_starts) == 1 and re.fullmatch(r"AR ✓ [\d.]+ tok/s · \*\*SD\*\* \(2/3\): decoding …", sd_starts[0])
+    # Then, in one update, every slot in the page's order (AR first), the table and the files.
+    assert last.shown == 3 and sorted(last.panels) == [0, 1, 2]
+    assert ['data-method="ar"' in last.panels[0], 'data-method="sd"' in last.panels[1],
+            'data-method="egag"' in last.panels[2]] == [True, True, True]
+    assert len(last.table) == 3
     assert [r.method for r in last.results] == ["ar", "sd", "egag"]
     summary_csv, rounds_csv, tokens_csv = last.files
     summary = pd.read_csv(summary_csv)
@@ -121,6 +126,7 @@ def test_a_failed_load_and_a_method_without_draft_are_reported_not_raised(tiny_p
     updates = list(handlers.decode_methods(NoDraft(), request(["ar", "sd"])))
     assert any(u.warning and u.warning.startswith("SD") for u in updates)
     assert [r.method for r in updates[-1].results] == ["ar"] and updates[-1].files is not None
+    assert "sd-panel-state error" in updates[-1].panels[1]  # the failed method's slot says why, at the end too
 
 
 def test_compare_returns_the_table_files_and_texts(tiny_pair):

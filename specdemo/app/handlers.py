@@ -24,7 +24,6 @@ import torch
 
 from . import charts, viz
 from ..bench.compare import run_comparison, tabulate
-from ..bench.tables import summary_frame
 from ..engine.decoding import iter_generate
 from ..engine.methods import available_methods, parse_methods
 from ..engine.params import PARAMS, DecodeParams, EngineOptions
@@ -159,15 +158,13 @@ def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: L
     """Load the pair, then decode with each of request.methods in turn (AR first); panel slot k
     shows the k-th method in that order.
 
+    Until the last method ends, only the status line changes: the previous run's panels, charts and
+    table stay as they are, so that the browser draws nothing on the cores the decoders are timed on.
     Closing the generator (Stop, a closed tab) closes the method's round iterator, so
     decoding ends with the round in flight.
     """
-    names = viz.method_order(request.methods)  # AR first: the page's panel slots in order
-    yield RunUpdate(
-        status=f"Loading **{request.target}**" + (f" + **{request.draft}**" if request.draft else "") + " …",
-        shown=len(names), panels={k: viz.render_panel(name, state="waiting") for k, name in enumerate(names)},
-        charts_shown=False, table=viz.display_table(summary_frame([])), why="", files=(None, None, None),
-    )
+    yield RunUpdate(status=f"Loading **{request.target}**" + (f" + **{request.draft}**" if request.draft else "")
+                    + " …" + STALE_NOTE)
     try:
         pair = load(request)
     except ValueError as error:  # ModelLoadError and tokenizer mismatches are ValueErrors
@@ -182,41 +179,79 @@ def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: L
     yield from gpu(decode_methods)(pair, request, limits, threads=threads)
 
 
+STALE_NOTE = " The panels, charts and table below are redrawn when every method has ended."
+
+
 def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = None,
                    status_interval_s: float = STATUS_INTERVAL_S, threads: ThreadPlan | None = None) -> Iterator[RunUpdate]:
     """The decoding half of `stream_run`, on a loaded pair (the part ZeroGPU runs on the GPU)."""
     names = viz.method_order(request.methods)
-    results: list[GenerationResult] = []
-    errors: list[str] = []
+    progress = RunProgress(names, request.params.max_new_tokens)
+    failed: dict[int, str] = {}  # slot → the failed method's panel
     started = time.perf_counter()
     for k, name in enumerate(names):
-        label = viz.method_label(name)
         if request.engine.first_round_note:
-            yield RunUpdate(status=f"**{label}**: {first_round_status(request.engine)}")
+            yield RunUpdate(status=progress.line(k, first_round_status(request.engine)))
         if threads is not None:
             torch.set_num_threads(threads.for_method(name))
         try:
-            result = yield from decode_one(pair, request, limits, k, name, status_interval_s)
+            result = yield from decode_one(pair, request, limits, k, progress, status_interval_s)
         except _MethodFailed as failure:
-            errors.append(f"{label}: {failure}")
+            failed[k] = failure.panel
+            progress.failed(k, str(failure))
             continue
         if result is not None:
-            results.append(result)
-            partial = summary_frame(results)
-            yield RunUpdate(panels={k: viz.render_panel(name, result, pair.tokenizer)},
-                            table=viz.display_table(partial), why=viz.explain(partial), results=list(results))
+            progress.finished(k, result)
     if threads is not None:  # the other tabs' work runs on the plan's default count
         torch.set_num_threads(threads.default)
+    yield final_update(pair, request, progress, failed, time.perf_counter() - started)
+
+
+def final_update(pair: ModelPair, request: Request, progress: "RunProgress", failed: Mapping[int, str],
+                 elapsed: float) -> RunUpdate:
+    """Everything the page draws, in one update once every method has ended: the panels, the charts,
+    the table, the explanation and the CSVs."""
+    results = list(progress.results.values())
+    panels = {k: viz.render_panel(name, progress.results[k], pair.tokenizer) if k in progress.results
+              else failed.get(k, "") for k, name in enumerate(progress.names)}
     if not results:
-        yield RunUpdate(status="⚠️ nothing ran: " + "; ".join(errors))
-        return
+        return RunUpdate(status="⚠️ nothing ran: " + "; ".join(progress.errors), shown=len(progress.names),
+                         panels=panels)
     comparison = tabulate(pair, results)
-    files = write_csvs(comparison.summary, comparison.rounds, comparison.tokens)
-    yield RunUpdate(status=done_status(request, results, errors, time.perf_counter() - started),
-                    figures=charts.all_charts(results, pair.tokenizer), charts_shown=True,
-                    trees_shown=any(r.tree is not None for result in results for r in result.rounds),
-                    table=viz.display_table(comparison.summary), why=viz.explain(comparison.summary), files=files,
-                    results=list(results))
+    return RunUpdate(status=done_status(request, results, progress.errors, elapsed), shown=len(progress.names),
+                     panels=panels, figures=charts.all_charts(results, pair.tokenizer), charts_shown=True,
+                     trees_shown=any(r.tree is not None for result in results for r in result.rounds),
+                     table=viz.display_table(comparison.summary), why=viz.explain(comparison.summary),
+                     files=write_csvs(comparison.summary, comparison.rounds, comparison.tokens), results=results)
+
+
+@dataclass
+class RunProgress:
+    """What the status line says while a run decodes: the finished methods' speeds, then the one in flight."""
+
+    names: list[str]
+    max_new_tokens: int
+    results: dict[int, GenerationResult] = field(default_factory=dict)  # slot → finished method
+    errors: list[str] = field(default_factory=list)
+    _done: list[str] = field(default_factory=list)
+
+    def label(self, k: int) -> str:
+        return viz.method_label(self.names[k])
+
+    def line(self, k: int, doing: str) -> str:
+        done = " · ".join(self._done)
+        return (f"{done} · " if done else "") + f"**{self.label(k)}** ({k + 1}/{len(self.names)}): {doing}"
+
+    def rounds(self, k: int, result: GenerationResult) -> str:
+        return self.line(k, f"round {len(result.rounds)}, {len(result.tokens)}/{self.max_new_tokens} tokens")
+
+    def finished(self, k: int, result: GenerationResult) -> None:
+        self.results[k] = result
+        self._done.append(f"{self.label(k)} ✓ {result.stats['tokens_per_s']:.1f} tok/s")
+
+    def failed(self, k: int, message: str) -> None:
+        self.errors.append(f"{self.label(k)}: {message}")
+        self._done.append(f"{self.label(k)} ⚠️")
 
 
 def done_status(request: Request, results: list[GenerationResult], errors: list[str], elapsed: float) -> str:
@@ -235,38 +270,38 @@ def done_status(request: Request, results: list[GenerationResult], errors: list[
 
 
 class _MethodFailed(Exception):
-    """One method of a run failed (already shown in its panel); the others go on."""
+    """One method of a run failed; its panel says why, and the others go on."""
+
+    def __init__(self, message: str, panel: str):
+        super().__init__(message)
+        self.panel = panel
 
 
-def decode_one(pair: ModelPair, request: Request, limits: Limits | None, k: int, name: str,
+def decode_one(pair: ModelPair, request: Request, limits: Limits | None, k: int, progress: RunProgress,
                status_interval_s: float = STATUS_INTERVAL_S) -> Generator[RunUpdate, None, GenerationResult | None]:
-    """One method decoding into panel k; returns its last result. While it decodes, only a
-    status line is sent, at most every status_interval_s (see STATUS_INTERVAL_S)."""
-    label, of = viz.method_label(name), len(viz.method_order(request.methods))
+    """The method in slot k decoding; returns its last result. While it decodes, only a status
+    line is sent, at most every status_interval_s (see STATUS_INTERVAL_S)."""
+    name, label = progress.names[k], progress.label(k)
     try:
         rounds = iter_generate(pair, request.prompt, name, limits=limits, decode=request.params,
                                **request.engine.as_kwargs())
     except ValueError as error:
-        yield RunUpdate(status=f"⚠️ {label}: {error}", warning=f"{label}: {error}",
-                        panels={k: viz.render_panel(name, state="error", message=str(error))})
-        raise _MethodFailed(str(error)) from None
-    yield RunUpdate(status=f"**{label}** ({k + 1}/{of}): decoding …",
-                    panels={k: viz.render_panel(name, state="running", message="decoding; the tokens appear "
-                                                "when this method ends, so that drawing never slows it")})
+        yield RunUpdate(status=progress.line(k, f"⚠️ {error}"), warning=f"{label}: {error}")
+        raise _MethodFailed(str(error), viz.render_panel(name, state="error", message=str(error))) from None
+    yield RunUpdate(status=progress.line(k, "decoding …"))
     result, last_status = None, time.perf_counter()
     try:
         for result in rounds:
             now = time.perf_counter()
             if now - last_status >= status_interval_s and not result.done:
                 last_status = now
-                yield RunUpdate(status=f"**{label}** ({k + 1}/{of}): round {len(result.rounds)}, "
-                                       f"{len(result.tokens)}/{request.params.max_new_tokens} tokens")
+                yield RunUpdate(status=progress.rounds(k, result))
     except Exception as error:  # a failure inside a method must not take the page down
         log.exception("decoding %s failed", name)
         message = readable_failure(error)
-        yield RunUpdate(status=f"⚠️ {label} failed: {message}",
-                        panels={k: viz.render_panel(name, result, pair.tokenizer, state="error", message=message)})
-        raise _MethodFailed(message) from None
+        yield RunUpdate(status=progress.line(k, f"⚠️ failed: {message}"), warning=f"{label}: {message}")
+        raise _MethodFailed(message, viz.render_panel(name, result, pair.tokenizer, state="error",
+                                                      message=message)) from None
     finally:
         rounds.close()
     return result
