@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from transformers import (AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGeneration, LlamaConfig,
                           LlamaForCausalLM, PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration)
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 import specdemo
 
@@ -27,6 +27,19 @@ def write_tokenizer(folder: Path, vocab: int = VOCAB) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     fast.chat_template = "{% for m in messages %}<s> {{ m['content'] }} </s>{% endfor %}"
     fast.save_pretrained(folder)
+
+
+def byte_level_tokenizer(corpus: list[str], merges: int = 40) -> PreTrainedTokenizerFast:
+    """A byte-level BPE like GPT-2's, trained on `corpus`, without a chat template: the 256 byte
+    tokens, `merges` merged ones and the EOS '</s>'. Few merges keep the characters the corpus
+    lacks split into their UTF-8 bytes, one token each."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=256 + merges + 1, special_tokens=["</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
 
 
 def write_model(folder: Path, seed: int, hidden: int, layers: int, vocab: int = VOCAB,

@@ -17,13 +17,16 @@ def cut_at_eos(ids: Sequence[int], eos_ids: Collection[int]) -> list[int]:
 # Tokens of context used to decode one token's text, so multi-byte characters split
 # over several tokens come out whole on the last of them.
 _TEXT_WINDOW = 6
+# What a decoder writes for the bytes of a character whose last bytes are still to come.
+_INCOMPLETE = "\ufffd"
 
 
 def token_text(tokenizer, sequence: list[int], position: int, floor: int = 0) -> str:
-    """The text that sequence[position] adds after what comes before it."""
+    """The text that sequence[position] adds after what comes before it. A token that ends
+    inside a character adds nothing: the character is the text of the token that completes it."""
     start = max(floor, position - _TEXT_WINDOW)
-    before = tokenizer.decode(sequence[start:position]) if position > start else ""
-    upto = tokenizer.decode(sequence[start : position + 1])
+    before = tokenizer.decode(sequence[start:position]).rstrip(_INCOMPLETE) if position > start else ""
+    upto = tokenizer.decode(sequence[start : position + 1]).rstrip(_INCOMPLETE)
     if upto.startswith(before):
         return upto[len(before) :]
     return tokenizer.decode([sequence[position]])
