@@ -87,12 +87,13 @@ def test_target_loads_offline_and_second_load_uses_the_cache(target, fresh_cache
 @needs_gguf
 def test_draft_has_the_target_vocab_and_is_accepted_often(target):
     from specdemo.training import train_draft
+    from specdemo.training.prompts import heldout_prompts
 
     model, tokenizer, _ = target
     draft = embedded.load_embedded_draft(kind="embedded-lm")
     assert draft.config.vocab_size == model.config.vocab_size
     assert draft.dtype == torch.float32
-    prompts = train_draft.read_prompts(train_draft.HELDOUT_PROMPTS)[:3]
+    prompts = heldout_prompts()[:3]
     ev = train_draft.acceptance(draft, model, tokenizer, prompts, gamma=4, max_new_tokens=48,
                                 device=torch.device("cpu"))
     print(ev)

@@ -1,6 +1,6 @@
 """Replayed greedy rounds of an n-gram table filled with a corpus's answers."""
 
-from specdemo.training.evaluate import corpus_table, replay_table_rounds, table_acceptance
+from specdemo.training.evaluate import corpus_table, replay_greedy, replay_table_rounds, table_acceptance
 
 PROMPT = [1, 2, 3]
 ANSWER = [10, 11, 12, 13, 14, 15, 16, 17, 18]
@@ -25,6 +25,24 @@ def test_the_request_and_the_verified_output_come_before_the_corpus():
     table = corpus_table([([0], [2, 3, 99])], n=3)
     report = table_acceptance(table, [([2, 3, 4, 2, 3], [4, 5])], gamma=1)
     assert report["acceptance"] == 1.0 and report["tokens_per_round"] == 2.0
+
+
+def _replay_a_perfect_drafter(gamma: int, leave_room: bool):
+    def propose(sequence, limit):
+        done = len(sequence) - len(PROMPT)
+        return ANSWER[done : done + min(gamma, limit)]
+
+    return replay_greedy(PROMPT, ANSWER, propose, observe=lambda *_: None, leave_room=leave_room)
+
+
+def test_a_round_leaves_room_for_the_targets_token_unless_told_not_to():
+    # 9 answer tokens at γ = 4: (4 + 1) then the last 4 as 3 drafts + the target's own token ...
+    kept_short = _replay_a_perfect_drafter(4, leave_room=True)
+    assert (kept_short.rounds, kept_short.drafted, kept_short.accepted) == (2, 7, 7)
+    # ... or drafted to the end, where a round accepted whole adds no token of the target's.
+    to_the_end = _replay_a_perfect_drafter(4, leave_room=False)
+    assert (to_the_end.rounds, to_the_end.drafted, to_the_end.accepted) == (2, 8, 8)
+    assert kept_short.new_tokens == to_the_end.new_tokens == len(ANSWER)
 
 
 def test_verification_and_draft_lm_costs_are_measured_relative_to_one_target_forward(tiny_pair):

@@ -82,7 +82,7 @@ def test_tiny_run_produces_a_loadable_draft(tiny_target, tmp_path, capsys):
     ]) == 0
 
 
-def test_draft_rounds_accounting():
+def test_a_perfect_draft_lm_drafts_up_to_the_answers_end():
     """The SD simulation on a draft that always agrees with the 'target' answer."""
 
     class Echo(torch.nn.Module):
@@ -110,7 +110,6 @@ def test_draft_rounds_accounting():
             self.n += k
 
     prompt, answer = [1, 2, 3], [4, 5, 6, 7, 8, 9, 10]
-    rounds = train_draft.draft_rounds(Echo(prompt + answer), prompt, answer, 4, "cpu")
+    replay = train_draft.replay_draft_lm(Echo(prompt + answer), prompt, answer, 4, "cpu")
     # perfect draft: 4 accepted + bonus, then the last 2 tokens drafted and accepted
-    assert rounds == [(4, 4, 5), (2, 2, 2)]
-    assert sum(adv for _, _, adv in rounds) == len(answer)
+    assert (replay.rounds, replay.drafted, replay.accepted, replay.new_tokens) == (2, 6, 6, len(answer))

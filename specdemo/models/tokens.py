@@ -1,11 +1,14 @@
 """Token and device helpers shared by loading, the benchmark and training, written once:
-the EOS ids of a model, chat-template encoding, and the default device and dtype.
+the EOS ids of a model, chat-template encoding, the default device and dtype, and a device's
+name as a run's record gives it.
 
 May import torch; nothing of specdemo outside ``engine``.
 """
 
 from __future__ import annotations
 
+import os
+import platform
 from typing import Iterable, Sequence
 
 import torch
@@ -50,6 +53,18 @@ def default_device(device: str | torch.device | None = None) -> torch.device:
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def cpu_name() -> str:
+    """The processor's name where the platform knows it (often it does not), else its architecture."""
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's model, or the CPU with its core count: what a measurement ran on."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({cpu_name()}, {os.cpu_count()} cores)"
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:

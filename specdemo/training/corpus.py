@@ -34,7 +34,7 @@ import torch
 
 from ..models.tokens import collect_eos_ids, encode_messages
 from . import prompts as request_source
-from .generation import answer_all, answer_batch
+from .generation import answer_all, answer_batch, padding_id
 
 SELF_INSTRUCT_KINDS = [
     "a question", "a request for advice", "a how-to question", "a request to explain something",
@@ -231,7 +231,7 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
     deadline = None if minutes is None else time.monotonic() + 60 * minutes
     corpus = Corpus(out)
     stops = collect_eos_ids(model, tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = padding_id(tokenizer)
     if worker == 0:  # the target writes what is still missing of its requests; a resumed run finds them
         extra = self_instruct(model, tokenizer, corpus, self_instruct_count, batch=batch, seed=seed,
                               stops=stops, pad_id=pad_id, deadline=deadline, log=log)

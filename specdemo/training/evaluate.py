@@ -62,17 +62,22 @@ def target_features(target, ids: list[int], layers: tuple[int, ...] = ()) -> tor
     return torch.cat(states, dim=-1).to(torch.float32)
 
 
-def replay_greedy(prompt: list[int], answer: list[int], propose, observe) -> Replay:
+def replay_greedy(prompt: list[int], answer: list[int], propose, observe, leave_room: bool = True) -> Replay:
     """Greedy SD rounds over `answer` (the target's own greedy continuation of `prompt`): each
     round `propose(sequence, limit)` drafts at most `limit` ids, the prefix that matches the
     answer is kept with the target's next token, and `observe(sequence, verified_from, kept)`
-    tells the drafter what the target verified."""
+    tells the drafter what the target verified.
+
+    With `leave_room` (as the decode loop drafts) a round stops one token short of the answer's
+    end, so the target always adds its own; without it a round may draft up to the end, and one
+    accepted whole there ends the answer with no token of the target's (how the previous draft
+    LM's shipped figures were measured)."""
     sequence = list(prompt)
     end = len(prompt) + len(answer)
+    room = 1 if leave_room else 0
     total = Replay(0, 0, 0, len(answer))
     while len(sequence) < end:
-        # Leave room for the target's own token so a round never overshoots.
-        proposal = propose(sequence, end - len(sequence) - 1)
+        proposal = propose(sequence, end - len(sequence) - room)
         truth = answer[len(sequence) - len(prompt) :]
         kept = 0
         while kept < len(proposal) and proposal[kept] == truth[kept]:

@@ -38,6 +38,11 @@ class Answer:
     layer_features: torch.Tensor | None = None  # [as features, len(feature_layers) · d] those layers' states
 
 
+def padding_id(tokenizer) -> int:
+    """The id prompts are padded with: the tokenizer's pad token, or EOS where it has none."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def left_padded(prefixes: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """ids and attention mask [rows, longest prefix], each prefix ending in the last column."""
     width = max(len(p) for p in prefixes)

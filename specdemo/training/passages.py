@@ -37,6 +37,7 @@ import torch
 
 from .corpus import Corpus, _append_jsonl, _read_jsonl, _save_atomic, encode_chat
 from .corpus import default_dir as answers_dir
+from .generation import padding_id
 
 PACKAGES = ("transformers", "torch", "pandas", "numpy", "scipy", "sympy", "networkx", "gradio", "plotly",
             "huggingface_hub")
@@ -205,7 +206,7 @@ def build(model, tokenizer, out: Path, *, sources=gather, passages_per_shard: in
     deadline = None if minutes is None else time.monotonic() + 60 * minutes
     corpus = Corpus(out)
     records = plan(corpus, sources, seed, log) if worker == 0 else _read_jsonl(corpus.root / "passages.jsonl")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = padding_id(tokenizer)
     for index in range(0, -(-len(records) // passages_per_shard)):
         if max_shards is not None and index >= max_shards:
             break

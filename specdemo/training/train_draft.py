@@ -26,14 +26,12 @@ import contextlib
 import json
 import math
 import os
-import platform
 import random
 import shlex
 import statistics
 import sys
 import time
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
 
 import torch
@@ -41,12 +39,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..models.embedded import DRAFT_DIR
-from ..models.tokens import collect_eos_ids, default_device, encode_chat
-from .generation import answer_all
+from ..models.tokens import collect_eos_ids, default_device, device_name, encode_chat
+from .evaluate import Replay, replay_greedy
+from .generation import answer_all, padding_id
+from .prompts import heldout_prompts, written_prompts
 
-DATA_DIR = Path(str(files(__package__) / "data"))
-TRAIN_PROMPTS = DATA_DIR / "train_prompts.jsonl"
-HELDOUT_PROMPTS = DATA_DIR / "heldout_prompts.jsonl"
 DEFAULT_OUTPUT = DRAFT_DIR  # inside the package, where load_pair("embedded-lm") reads it
 
 # Defaults that depend on where the script runs. A 2-core CPU cannot generate thousands of
@@ -83,11 +80,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
-
-
-def read_prompts(path: Path) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line)["prompt"] for line in f if line.strip()]
 
 
 def generation_copy(target, device: torch.device, dtype_name: str):
@@ -206,7 +198,7 @@ def make_dataset(target, tokenizer, args, device) -> tuple[list[Example], dict]:
     answer per prompt and ``samples`` sampled ones, which multiply the contexts the draft sees
     around the target's typical phrasing. Returns (examples, stats)."""
     gen_model, gen_dtype = generation_copy(target, device, args.gen_dtype)
-    prompts = read_prompts(TRAIN_PROMPTS)
+    prompts = written_prompts()
     if args.num_prompts:
         prompts = prompts[: args.num_prompts]
     log(f"prompts: {len(prompts)}")
@@ -217,7 +209,7 @@ def make_dataset(target, tokenizer, args, device) -> tuple[list[Example], dict]:
         name, temperature = ("greedy", 0.0) if i == 0 else (f"sample {i}", args.temperature)
         generator = torch.Generator(device=device).manual_seed(args.seed + 100 + i)
         answers = answer_all(gen_model, prefixes, batch=args.gen_batch, progress=f"target answers ({name})",
-                             max_new_tokens=args.max_new_tokens, stops=stops, pad_id=_pad_id(tokenizer),
+                             max_new_tokens=args.max_new_tokens, stops=stops, pad_id=padding_id(tokenizer),
                              temperature=temperature, topk=args.topk, generator=generator, features=False)
         examples += [Example(p, a.tokens, a.top_ids, a.top_logp) for p, a in zip(prefixes, answers) if a.tokens]
     stats = dict(
@@ -227,10 +219,6 @@ def make_dataset(target, tokenizer, args, device) -> tuple[list[Example], dict]:
     )
     del gen_model
     return examples, stats
-
-
-def _pad_id(tokenizer) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def make_batch(examples: list[Example], pad_id: int, max_len: int):
@@ -356,37 +344,29 @@ def train(draft, examples: list[Example], pad_id: int, args, device, deadline: f
 
 
 @torch.inference_mode()
-def draft_rounds(draft, prompt: list[int], response: list[int], gamma: int, device) -> list[tuple[int, int, int]]:
-    """Greedy speculative decoding against a known target answer.
+def replay_draft_lm(draft, prompt: list[int], answer: list[int], gamma: int, device) -> Replay:
+    """Greedy speculative decoding of a draft LM against the target's known answer
+    (`evaluate.replay_greedy`): each round the draft greedily proposes up to ``gamma`` tokens
+    after the confirmed text, up to the answer's very end (no room left for the target's token,
+    as the shipped draft's figures were measured)."""
+    cache, cached = None, 0
 
-    Each round the draft greedily proposes up to ``gamma`` tokens after the confirmed text;
-    the accepted count is the length of the prefix matching the target's own tokens, and the
-    round confirms that many plus the target's correction (or bonus) token.
-    Returns (drafted, accepted, advanced) per round.
-    """
-    seq = torch.tensor([prompt + response], device=device)
-    cache, cached, pos, rounds = None, 0, 0, []
-    while pos < len(response):
-        k = min(gamma, len(response) - pos)
-        confirmed = len(prompt) + pos
-        out = draft(input_ids=seq[:, cached:confirmed], cache=cache, use_cache=True)
-        cache, cached = out.cache, confirmed
+    def propose(sequence: list[int], limit: int) -> list[int]:
+        nonlocal cache, cached
+        out = draft(input_ids=torch.tensor([sequence[cached:]], device=device), cache=cache, use_cache=True)
+        cache, cached = out.cache, len(sequence)
         proposal = [int(out.logits[0, -1].argmax())]
-        for _ in range(k - 1):
+        for _ in range(min(gamma, limit) - 1):
             out = draft(input_ids=torch.tensor([[proposal[-1]]], device=device), cache=cache, use_cache=True)
             proposal.append(int(out.logits[0, -1].argmax()))
         # Forget the speculative tokens; the next round re-feeds what was kept. A negative
         # argument (tokens to drop) means the same in old and new transformers.
-        extra = cache.get_seq_length() - confirmed
+        extra = cache.get_seq_length() - cached
         if extra > 0:
             cache.crop(-extra)
-        accepted = 0
-        while accepted < k and proposal[accepted] == response[pos + accepted]:
-            accepted += 1
-        advanced = min(accepted + 1, len(response) - pos)
-        rounds.append((k, accepted, advanced))
-        pos += advanced
-    return rounds
+        return proposal
+
+    return replay_greedy(prompt, answer, propose, observe=lambda *_: None, leave_room=False)
 
 
 def acceptance(draft, target, tokenizer, prompts: list[str], *, gamma: int, max_new_tokens: int,
@@ -394,15 +374,13 @@ def acceptance(draft, target, tokenizer, prompts: list[str], *, gamma: int, max_
     prefixes = [encode_chat(tokenizer, p) for p in prompts]
     answers = [a.tokens for a in answer_all(
         target, prefixes, batch=batch_size, progress="target greedy (held-out)", max_new_tokens=max_new_tokens,
-        stops=collect_eos_ids(target, tokenizer), pad_id=_pad_id(tokenizer), topk=1, features=False)]
-    drafted = accepted = advanced = n_rounds = 0
-    for pre, ans in tqdm(list(zip(prefixes, answers)), desc="simulate SD", mininterval=2.0):
-        for k, a, adv in draft_rounds(draft, pre, ans, gamma, device):
-            drafted, accepted, advanced, n_rounds = drafted + k, accepted + a, advanced + adv, n_rounds + 1
+        stops=collect_eos_ids(target, tokenizer), pad_id=padding_id(tokenizer), topk=1, features=False)]
+    total = Replay(0, 0, 0, 0)
+    for prefix, answer in tqdm(list(zip(prefixes, answers)), desc="simulate SD", mininterval=2.0):
+        total = total + replay_draft_lm(draft, prefix, answer, gamma, device)
     return dict(
-        gamma=gamma, prompts=len(prompts), target_tokens=advanced, rounds=n_rounds,
-        acceptance_rate=round(accepted / max(1, drafted), 4),
-        mean_accepted_tokens_per_round=round(advanced / max(1, n_rounds), 4),
+        gamma=gamma, prompts=len(prompts), target_tokens=total.new_tokens, rounds=total.rounds,
+        acceptance_rate=round(total.acceptance, 4), mean_accepted_tokens_per_round=round(total.tokens_per_round, 4),
         max_new_tokens=max_new_tokens,
     )
 
@@ -442,12 +420,6 @@ def forward_cost(draft, target, calls: int, device, context: int = 64) -> dict:
                 draft_ms=round(d * 1e3, 3), target_ms=round(t * 1e3, 3), ratio=round(d / t, 4))
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
-
-
 # --------------------------------------------------------------------------- saving
 
 
@@ -464,8 +436,13 @@ def save_draft(draft, out: Path, dtype: torch.dtype, shard: str | None) -> int:
 
 
 def write_card(out: Path, info: dict) -> None:
-    arch, data, tr, ev, cost = (info.get(k, {}) for k in ("architecture", "data", "training", "eval", "cost"))
-    lines = [
+    """The draft LM's model card (README.md), every figure from its training_info.json."""
+    lines = _card_architecture(info.get("architecture", {})) + _card_training(info) + _card_measured(info)
+    (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def _card_architecture(arch: dict) -> list[str]:
+    return [
         "# smollm2-draft",
         "",
         "A small draft model for speculative decoding with **SmolLM2-135M-Instruct** as the target,",
@@ -480,6 +457,12 @@ def write_card(out: Path, info: dict) -> None:
         f"{arch.get('bytes_on_disk', 0) / 1e6:.1f} MB as {arch.get('dtype')} safetensors. The embedding was "
         "initialised from the target's, projected on its top principal directions.",
         "",
+    ]
+
+
+def _card_training(info: dict) -> list[str]:
+    data, tr = info.get("data", {}), info.get("training", {})
+    return [
         "## Training",
         "",
         f"- Data: the target's own answers, in its chat template, to {data.get('written_prompts')} prompts written "
@@ -513,6 +496,12 @@ def write_card(out: Path, info: dict) -> None:
         info.get("command", ""),
         "```",
         "",
+    ]
+
+
+def _card_measured(info: dict) -> list[str]:
+    ev, cost = info.get("eval", {}), info.get("cost", {})
+    return [
         "## Measured",
         "",
         f"Greedy speculative decoding simulated on the {ev.get('prompts')} held-out prompts "
@@ -541,7 +530,6 @@ def write_card(out: Path, info: dict) -> None:
         + ".",
         "",
     ]
-    (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- main
@@ -605,16 +593,14 @@ def apply_presets(args, device: torch.device):
     return args
 
 
-def main(argv=None) -> int:
-    import transformers
-
+def prepare(argv=None) -> tuple[argparse.Namespace, torch.device]:
+    """The settings (flags over the machine's presets) and the device, logged; the seed set."""
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = default_device(args.device)
     apply_presets(args, device)
-    cost_device = torch.device(args.cost_device)
-    command = "python -m specdemo.training.train_draft " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    torch.device(args.cost_device)  # a mistyped --cost-device fails now, not after the training
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -624,74 +610,99 @@ def main(argv=None) -> int:
         log(f"  {key:>20} = {value}")
     log(f"  {'device':>20} = {device_name(device)}")
     seed_everything(args.seed)
-    t_start = time.time()
+    return args, device
 
-    target, tokenizer, source = load_target(args, device)
-    log(f"target: {source}: vocab {target.config.vocab_size}, {target.config.num_hidden_layers} layers, "
-        f"hidden {target.config.hidden_size}")
-    heldout = read_prompts(HELDOUT_PROMPTS)[: args.eval_prompts]
 
-    if args.eval_only:
-        from transformers import AutoModelForCausalLM
+def load_draft(folder: Path, device: torch.device):
+    from transformers import AutoModelForCausalLM
 
-        draft = AutoModelForCausalLM.from_pretrained(args.output, dtype=torch.float32).to(device).eval()
-        info_path = args.output / "training_info.json"
-        info = json.loads(info_path.read_text()) if info_path.is_file() else {}
-    else:
-        examples, data_stats = make_dataset(target, tokenizer, args, device)
-        args.gen_dtype_used = data_stats["generation_dtype"]
-        data_stats["seconds"] = round(time.time() - t_start, 1)
-        log(f"data: {data_stats}")
-        seed_everything(args.seed)
-        draft = build_draft(target, args.hidden_size, args.layers, args.intermediate_size, args.head_dim)
-        n_params = sum(p.numel() for p in draft.parameters())
-        log(f"draft: {n_params / 1e6:.2f} M parameters")
-        pad_id = _pad_id(tokenizer)
-        deadline = t_start + 60 * args.max_minutes if args.max_minutes else None
-        train_stats = train(draft, examples, pad_id, args, device, deadline)
-        size = save_draft(draft, args.output, getattr(torch, args.save_dtype), args.max_shard_size)
-        log(f"saved to {args.output} ({size / 1e6:.2f} MB)")
-        # Evaluate what was saved (rounded to half precision), not the float32 copy in memory.
-        from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
 
-        draft = AutoModelForCausalLM.from_pretrained(args.output, dtype=torch.float32).to(device).eval()
-        dc = draft.config
-        info = dict(
-            architecture=dict(layers=dc.num_hidden_layers, hidden_size=dc.hidden_size,
-                              intermediate_size=dc.intermediate_size, heads=dc.num_attention_heads,
-                              head_dim=dc.head_dim, vocab_size=dc.vocab_size, parameters=n_params,
-                              bytes_on_disk=size, dtype=args.save_dtype),
-            data=data_stats,
-            training=dict(train_stats, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-                          ce_weight=args.ce_weight, seed=args.seed, hardware=device_name(device)),
-            target_source=source, command=command, torch=torch.__version__, transformers=transformers.__version__,
-        )
 
-    if draft.config.vocab_size != target.config.vocab_size:
-        raise SystemExit(f"draft vocab {draft.config.vocab_size} != target vocab {target.config.vocab_size}")
-    if args.skip_eval and not args.eval_only:
-        info["total_seconds"] = round(time.time() - t_start, 1)
-        (args.output / "training_info.json").write_text(json.dumps(info, indent=1) + "\n")
-        write_card(args.output, info)
-        log("training done; evaluation skipped (--skip-eval)")
-        return 0
+def read_info(folder: Path) -> dict:
+    path = folder / "training_info.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_info(folder: Path, info: dict) -> None:
+    """training_info.json and the model card made from it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "training_info.json").write_text(json.dumps(info, indent=1) + "\n")
+    write_card(folder, info)
+
+
+def distil(args, target, tokenizer, device: torch.device, started: float) -> tuple[object, dict]:
+    """Write the data, train the draft and save it; the saved draft (rounded to --save-dtype, as
+    it will be evaluated and shipped, not the float32 copy in memory) and what the run did."""
+    examples, data_stats = make_dataset(target, tokenizer, args, device)
+    args.gen_dtype_used = data_stats["generation_dtype"]
+    data_stats["seconds"] = round(time.time() - started, 1)
+    log(f"data: {data_stats}")
+    seed_everything(args.seed)
+    draft = build_draft(target, args.hidden_size, args.layers, args.intermediate_size, args.head_dim)
+    n_params = sum(p.numel() for p in draft.parameters())
+    log(f"draft: {n_params / 1e6:.2f} M parameters")
+    deadline = started + 60 * args.max_minutes if args.max_minutes else None
+    train_stats = train(draft, examples, padding_id(tokenizer), args, device, deadline)
+    size = save_draft(draft, args.output, getattr(torch, args.save_dtype), args.max_shard_size)
+    log(f"saved to {args.output} ({size / 1e6:.2f} MB)")
+    draft = load_draft(args.output, device)
+    dc = draft.config
+    return draft, dict(
+        architecture=dict(layers=dc.num_hidden_layers, hidden_size=dc.hidden_size,
+                          intermediate_size=dc.intermediate_size, heads=dc.num_attention_heads,
+                          head_dim=dc.head_dim, vocab_size=dc.vocab_size, parameters=n_params,
+                          bytes_on_disk=size, dtype=args.save_dtype),
+        data=data_stats,
+        training=dict(train_stats, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
+                      ce_weight=args.ce_weight, seed=args.seed, hardware=device_name(device)),
+    )
+
+
+def measure(draft, target, tokenizer, args, device: torch.device) -> tuple[dict, dict]:
+    """Held-out greedy acceptance, and the per-token cost against the target's on --cost-device."""
+    heldout = heldout_prompts()[: args.eval_prompts]
     ev = acceptance(draft, target, tokenizer, heldout, gamma=args.gamma, max_new_tokens=args.eval_max_new_tokens,
                     device=device, batch_size=min(16, args.gen_batch))
     log(f"held-out greedy acceptance at gamma={args.gamma}: rate {ev['acceptance_rate']}, "
         f"mean tokens per round {ev['mean_accepted_tokens_per_round']} "
         f"({ev['rounds']} rounds over {ev['prompts']} prompts)")
+    cost_device = torch.device(args.cost_device)
     cost = forward_cost(draft.to(cost_device), target.to(cost_device), args.cost_calls, cost_device)
     log(f"forward cost on {cost['device']}: draft {cost['draft_ms']} ms, target {cost['target_ms']} ms, "
         f"ratio {cost['ratio']} (1/{1 / cost['ratio']:.1f})")
+    return ev, cost
 
+
+def main(argv=None) -> int:
+    import transformers
+
+    args, device = prepare(argv)
+    command = "python -m specdemo.training.train_draft " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    started = time.time()
+    target, tokenizer, source = load_target(args, device)
+    log(f"target: {source}: vocab {target.config.vocab_size}, {target.config.num_hidden_layers} layers, "
+        f"hidden {target.config.hidden_size}")
+    if args.eval_only:
+        draft, info = load_draft(args.output, device), read_info(args.output)
+    else:
+        draft, info = distil(args, target, tokenizer, device, started)
+        info.update(target_source=source, command=command, torch=torch.__version__,
+                    transformers=transformers.__version__)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise SystemExit(f"draft vocab {draft.config.vocab_size} != target vocab {target.config.vocab_size}")
+    if args.skip_eval and not args.eval_only:
+        info["total_seconds"] = round(time.time() - started, 1)
+        write_info(args.output, info)
+        log("training done; evaluation skipped (--skip-eval)")
+        return 0
+    ev, cost = measure(draft, target, tokenizer, args, device)
     info.update(eval=ev, cost=cost, eval_hardware=device_name(device),
                 eval_command=command if args.eval_only else info.get("eval_command", command))
     if not args.eval_only:
-        info["total_seconds"] = round(time.time() - t_start, 1)
+        info["total_seconds"] = round(time.time() - started, 1)
     if not (args.eval_only and args.no_card):
-        args.output.mkdir(parents=True, exist_ok=True)
-        (args.output / "training_info.json").write_text(json.dumps(info, indent=1) + "\n")
-        write_card(args.output, info)
+        write_info(args.output, info)
     log(json.dumps({"eval": ev, "cost": cost}))
     return 0
 
