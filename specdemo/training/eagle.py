@@ -283,6 +283,71 @@ def learning_rate(base: float, step: int, total_steps: int, warmup_steps: int,
     return base * warm * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def starting_head(target, train: list[Sequence], *, subset_size: int, init: str, start_from: FeatureHead | None,
+                  feature_layers: tuple[int, ...]) -> FeatureHead:
+    """A copy of `start_from` (its subset kept), or a new head over the `subset_size` tokens the
+    training answers use most; made to read `feature_layers`, on the target's device and bound
+    to it."""
+    if start_from is not None:
+        head = FeatureHead(start_from.config)
+        head.load_state_dict(start_from.state_dict())
+    else:
+        specials = [t for t in [target.config.bos_token_id, target.config.eos_token_id,
+                                getattr(target.config, "pad_token_id", None)] if t is not None]
+        subset = frequent_tokens(train, subset_size, target.config.vocab_size, specials)
+        head = FeatureHead(HeadConfig.for_target(target.config, subset_size))
+        head.subset.copy_(subset)
+        if init == "target":
+            head.init_from_target(target)
+    if feature_layers and not head.config.feature_layers:
+        head = FeatureHead.widened(head, feature_layers)
+    if head.config.feature_layers != feature_layers:
+        raise ValueError(f"the head reads layers {list(head.config.feature_layers)}, the data holds {list(feature_layers)}")
+    # The head trains where the target is (the stored features come to it a batch at a time).
+    head.to(target.get_output_embeddings().weight.device)
+    head.bind(target)
+    return head
+
+
+def fit(head: FeatureHead, train: list[Sequence], val: list[Sequence], lm_head: torch.Tensor, *, lr: float,
+        total_steps: int, tokens_per_batch: int, rng: random.Random, started: float, budget_seconds: float | None,
+        log=print, **loss_options) -> tuple[dict, int]:
+    """Train `head` for `total_steps`, or until the time budget since `started` is spent, checking
+    validation agreement every eighth of the run; the head is left at its best check. Returns
+    that check ({"agreement": per step, "step"}) and the steps run. `loss_options` go to
+    `head_losses`."""
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    best = {"agreement": [-1.0], "step": 0}
+    best_state = None
+    step = 0
+    evaluate_every = max(25, total_steps // 8)
+    warmup_steps = max(1, min(50, total_steps // 10))
+    while True:
+        for batch in batches(train, tokens_per_batch, rng, device=lm_head.device):
+            elapsed_share = None if budget_seconds is None else (time.monotonic() - started) / budget_seconds
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(lr, step, total_steps, warmup_steps, elapsed_share)
+            loss, logs = head_losses(head, batch, **loss_options)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            step += 1
+            last = training_progress(step, total_steps, elapsed_share) >= 1.0
+            if step % evaluate_every == 0 or last:
+                agree = agreement(head, val, lm_head)
+                log(f"step {step}/{total_steps} loss {float(loss.detach()):.3f} {logs} validation agreement "
+                    f"{[round(a, 3) for a in agree]} ({time.monotonic() - started:.0f} s)")
+                if agree[0] + agree[1] > best["agreement"][0] + best["agreement"][-1]:
+                    best = {"agreement": agree, "step": step}
+                    best_state = {k: v.clone() for k, v in head.state_dict().items()}
+            if last:
+                if best_state is not None:
+                    head.load_state_dict(best_state)
+                return best, step
+
+
 def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, epochs: float = 3.0,
                tokens_per_batch: int = 4096, lr: float = 1e-3, noise: float = 0.05, unroll: int = 2,
                cls_weight: float = 0.1, validation: float = 0.04, seed: int = 0, max_minutes: float | None = None,
@@ -300,27 +365,11 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
     torch.manual_seed(seed)
     rng = random.Random(seed)
     train, val = split_by_request(sequences, validation, seed)
-    if start_from is not None:
-        head = FeatureHead(start_from.config)
-        head.load_state_dict(start_from.state_dict())
-        subset_size = int(head.subset.numel())
-    else:
-        specials = [t for t in [target.config.bos_token_id, target.config.eos_token_id,
-                                getattr(target.config, "pad_token_id", None)] if t is not None]
-        subset = frequent_tokens(train, subset_size, target.config.vocab_size, specials)
-        head = FeatureHead(HeadConfig.for_target(target.config, subset_size))
-        head.subset.copy_(subset)
-        if init == "target":
-            head.init_from_target(target)
     feature_layers = tuple(feature_layers)
-    if feature_layers and not head.config.feature_layers:
-        head = FeatureHead.widened(head, feature_layers)
-    if head.config.feature_layers != feature_layers:
-        raise ValueError(f"the head reads layers {list(head.config.feature_layers)}, the data holds {list(feature_layers)}")
-    # The head trains where the target is (the stored features come to it a batch at a time).
-    device = target.get_output_embeddings().weight.device
-    head.to(device)
-    head.bind(target)
+    head = starting_head(target, train, subset_size=subset_size, init=init, start_from=start_from,
+                         feature_layers=feature_layers)
+    if start_from is not None:
+        subset_size = int(head.subset.numel())
     lm_head = target.get_output_embeddings().weight.detach()
     rejected_share = None
     if rejected_weight != 1.0:
@@ -329,48 +378,19 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
             f"weighted {rejected_weight:g}")
     passage_tokens = sum(int(s.ids.numel() - s.answer_start) for s in passages)
     train = train + list(passages)
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     steps_per_epoch = len(length_groups(train, tokens_per_batch))
     total_steps = max(1, int(steps_per_epoch * epochs))
     if max_steps is not None:
         total_steps = min(total_steps, max_steps)
-    budget_seconds = None if max_minutes is None else 60 * max_minutes
     train_tokens = sum(int(s.ids.numel() - s.answer_start) for s in train) - passage_tokens
     log(f"train: {len(train)} sequences, {train_tokens} answer tokens, {passage_tokens} passage tokens; "
         f"validation: {len(val)} sequences; "
         f"{total_steps} steps")
-    best = {"agreement": [-1.0], "step": 0}
-    best_state = None
-    step, started = 0, time.monotonic()
-    evaluate_every = max(25, total_steps // 8)
-    warmup_steps = max(1, min(50, total_steps // 10))
-    done = False
-    while not done:
-        for batch in batches(train, tokens_per_batch, rng, device=device):
-            elapsed_share = None if budget_seconds is None else (time.monotonic() - started) / budget_seconds
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(lr, step, total_steps, warmup_steps, elapsed_share)
-            loss, logs = head_losses(head, batch, noise=noise, unroll=unroll, cls_weight=cls_weight,
-                                     prompt_loss=prompt_loss, reg_weight=reg_weight, test_time=test_time)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            step += 1
-            last = training_progress(step, total_steps, elapsed_share) >= 1.0
-            if step % evaluate_every == 0 or last:
-                agree = agreement(head, val, lm_head)
-                log(f"step {step}/{total_steps} loss {float(loss.detach()):.3f} {logs} validation agreement "
-                    f"{[round(a, 3) for a in agree]} ({time.monotonic() - started:.0f} s)")
-                if agree[0] + agree[1] > best["agreement"][0] + best["agreement"][-1]:
-                    best = {"agreement": agree, "step": step}
-                    best_state = {k: v.clone() for k, v in head.state_dict().items()}
-            if last:
-                done = True
-                break
-    if best_state is not None:
-        head.load_state_dict(best_state)
+    started = time.monotonic()
+    best, step = fit(head, train, val, lm_head, lr=lr, total_steps=total_steps, tokens_per_batch=tokens_per_batch,
+                     rng=rng, started=started, budget_seconds=None if max_minutes is None else 60 * max_minutes,
+                     log=log, noise=noise, unroll=unroll, cls_weight=cls_weight, prompt_loss=prompt_loss,
+                     reg_weight=reg_weight, test_time=test_time)
     head.bind(target)
     info = {"train_sequences": len(train), "train_answer_tokens": train_tokens,
             "train_requests": len({s.request for s in train if not s.read}), "validation_sequences": len(val),
