@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 from specdemo.engine.feature_head import FeatureHead
+from specdemo.models.tokens import cpu_name
 
 from .corpus import Corpus, default_dir
 from .eagle import add_recipe_arguments, read_sequences, recipe, train_head
@@ -130,10 +130,7 @@ def figure(rows: list[dict], lm_point: dict | None, candidates: list[dict] = ())
     return fig
 
 
-def main(argv=None) -> int:
-    from specdemo.models import load_pair
-    from specdemo.models.embedded import HEAD_DIR
-
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m specdemo.training.curve", description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", type=Path, default=default_dir())
     parser.add_argument("--out", type=Path, required=True)
@@ -167,20 +164,23 @@ def main(argv=None) -> int:
     parser.add_argument("--install", action="store_true", help="put the last head into the package, with its card")
     add_recipe_arguments(parser)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    args.out.mkdir(parents=True, exist_ok=True)
+    return args
 
-    pair = load_pair("embedded", draft="embedded-lm")
-    for p in pair.target.parameters():
-        p.requires_grad_(False)
-    cached = args.out / f"heldout-answers-{args.max_new_tokens}.json"
-    if cached.is_file():  # the target's greedy answers depend only on the prompts and the length
-        answers = [tuple(a) for a in json.loads(cached.read_text())]
-    else:
-        answers = greedy_answers(pair, heldout_prompts(), args.max_new_tokens)
-        cached.write_text(json.dumps(answers))
-    verify_cost = verification_cost(pair.target, args.gamma + 1)
-    corpus = Corpus(args.corpus)
+
+def heldout_answers(pair, out: Path, max_new_tokens: int) -> list[tuple[list[int], list[int]]]:
+    """The target's greedy answers to the held-out prompts, cached in `out`: they depend only on
+    the prompts and the length."""
+    cached = out / f"heldout-answers-{max_new_tokens}.json"
+    if cached.is_file():
+        return [tuple(a) for a in json.loads(cached.read_text())]
+    answers = greedy_answers(pair, heldout_prompts(), max_new_tokens)
+    cached.write_text(json.dumps(answers))
+    return answers
+
+
+def train_slices(args, target, corpus: Corpus, answers, verify_cost: float) -> tuple[list[dict], FeatureHead | None]:
+    """A head trained on each slice of the corpus, saved with its measured point; the points and
+    the last head."""
     rows = []
     head = None
     passages = (read_sequences(Corpus(args.passages), read=True, feature_layers=args.feature_layers)
@@ -189,15 +189,15 @@ def main(argv=None) -> int:
     for fraction in [float(f) for f in args.fractions.split(",")]:
         sequences = read_sequences(corpus, fraction, feature_layers=args.feature_layers)
         torch.set_num_threads(args.train_threads or args.threads)
-        head, info = train_head(pair.target, sequences, subset_size=args.subset, epochs=args.epochs,
+        head, info = train_head(target, sequences, subset_size=args.subset, epochs=args.epochs,
                                 tokens_per_batch=args.tokens_per_batch, cls_weight=args.cls_weight, init=args.init, lr=args.lr,
                                 prompt_loss=args.prompt_loss, max_minutes=args.max_minutes, passages=passages,
                                 start_from=start_from, max_steps=args.max_steps, **recipe(args),
                                 log=lambda m: print(m, flush=True))
         torch.set_num_threads(args.threads)
         head.save(args.out / f"head-{fraction:g}", extra={"training": {**info, "fraction": fraction}})
-        point = {"fraction": fraction, **info, **heldout_acceptance(head, pair.target, answers, args.gamma),
-                 **heldout_agreement(head, pair.target, answers), **step_cost(head, pair.target)}
+        point = {"fraction": fraction, **info, **heldout_acceptance(head, target, answers, args.gamma),
+                 **heldout_agreement(head, target, answers), **step_cost(head, target)}
         point["predicted_speedup"] = round_speedup(point["tokens_per_round"], point["cost_ratio"], args.gamma,
                                                    verify_cost)
         if args.label:
@@ -205,6 +205,11 @@ def main(argv=None) -> int:
         (args.out / f"head-{fraction:g}" / "point.json").write_text(json.dumps(point, indent=1))
         rows.append(point)
         print(json.dumps(point), flush=True)
+    return rows, head
+
+
+def previous_draft_lm_point(pair, answers, args, verify_cost: float) -> dict:
+    """The previous draft LM measured on the same answers (cached in --out), with its speedup."""
     lm_cached = args.out / f"previous-draft-{args.max_new_tokens}-{args.gamma}.json"
     if lm_cached.is_file():
         lm_point = json.loads(lm_cached.read_text())
@@ -217,13 +222,18 @@ def main(argv=None) -> int:
     lm_point["predicted_speedup"] = round_speedup(lm_point["tokens_per_round"], lm_point["cost_ratio"], args.gamma,
                                                   verify_cost)
     print(json.dumps({"previous draft LM": lm_point}), flush=True)
+    return lm_point
 
+
+def write_curve(args, rows: list[dict], lm_point: dict, verify_cost: float) -> tuple[list[dict], list[dict]]:
+    """curve.csv (with --append, the slices an earlier run measured too) and curve.html; every
+    point, sorted by size, and the --candidate points drawn beside them."""
     import pandas as pd
 
     previous = args.out / "curve.csv"
     if args.append and previous.is_file():  # slices measured by an earlier (or a parallel) run
         mine = {r["train_answer_tokens"] for r in rows}
-        rows += [r for r in pd.read_csv(previous).to_dict("records") if r["train_answer_tokens"] not in mine]
+        rows = rows + [r for r in pd.read_csv(previous).to_dict("records") if r["train_answer_tokens"] not in mine]
     rows.sort(key=lambda r: r["train_answer_tokens"])
     pd.DataFrame(rows).to_csv(args.out / "curve.csv", index=False)
     candidates = [json.loads(path.read_text()) for path in args.candidate]
@@ -231,13 +241,19 @@ def main(argv=None) -> int:
         c["name"] = candidate_name(c)
         c["predicted_speedup"] = round_speedup(c["tokens_per_round"], c["cost_ratio"], args.gamma, verify_cost)
     figure(rows, lm_point, candidates).write_html(args.out / "curve.html", include_plotlyjs="cdn")
+    return rows, candidates
+
+
+def summarise(args, argv, corpus: Corpus, answers, verify_cost: float, rows: list[dict], lm_point: dict,
+              candidates: list[dict]) -> dict:
+    """curve.json: everything the model card is written from (`card.py`)."""
     summary = {"curve": rows, "previous_draft_lm": lm_point, "candidates": candidates, "corpus": corpus.manifest(),
                "held_out_prompts": len(answers), "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
                "verify_cost": verify_cost,
                "extrapolation": [e for e in (extrapolate(rows, "acceptance", 0.40),
                                              extrapolate(rows, "tokens_per_round", 2.6),
                                              extrapolate(rows, "acceptance", 0.40, by="train_requests")) if e],
-               "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+               "machine": {"cpu": cpu_name(), "cores": os.cpu_count(),
                            "threads": args.threads, "train_threads": args.train_threads or args.threads,
                            "torch": torch.__version__, "python": sys.version.split()[0]},
                "command": "python -m specdemo.training.curve " + " ".join(
@@ -249,18 +265,45 @@ def main(argv=None) -> int:
         summary["passages"] = {**text_corpus.manifest(),
                                "sources": json.loads(sources.read_text()) if sources.is_file() else {}}
     (args.out / "curve.json").write_text(json.dumps(summary, indent=1))
-    if args.install and head is not None:
-        from .card import install_card
+    return summary
 
-        card = HEAD_DIR / "card.json"
-        replaced = json.loads(card.read_text(encoding="utf-8")) if card.is_file() else None
-        if HEAD_DIR.exists():
-            shutil.rmtree(HEAD_DIR)
-        head.save(HEAD_DIR, extra={"training": rows[-1]})  # the largest slice: the head trained last
-        shutil.copy(args.out / "curve.html", HEAD_DIR / "curve.html")
-        shutil.copy(args.out / "curve.csv", HEAD_DIR / "curve.csv")
-        install_card(HEAD_DIR, summary, replaces=replaced)  # the card and card.json, which regenerates it
-        print(f"installed the head in {HEAD_DIR}")
+
+def install(head: FeatureHead, out: Path, rows: list[dict], summary: dict) -> None:
+    """Put the head trained last into the package with its curve and card; the card's changelog
+    carries that of the head it replaces."""
+    from specdemo.models.embedded import HEAD_DIR
+
+    from .card import install_card
+
+    card = HEAD_DIR / "card.json"
+    replaced = json.loads(card.read_text(encoding="utf-8")) if card.is_file() else None
+    if HEAD_DIR.exists():
+        shutil.rmtree(HEAD_DIR)
+    head.save(HEAD_DIR, extra={"training": rows[-1]})  # the largest slice: the head trained last
+    shutil.copy(out / "curve.html", HEAD_DIR / "curve.html")
+    shutil.copy(out / "curve.csv", HEAD_DIR / "curve.csv")
+    install_card(HEAD_DIR, summary, replaces=replaced)  # the card and card.json, which regenerates it
+    print(f"installed the head in {HEAD_DIR}")
+
+
+def main(argv=None) -> int:
+    from specdemo.models import load_pair
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    pair = load_pair("embedded", draft="embedded-lm")
+    for p in pair.target.parameters():
+        p.requires_grad_(False)
+    answers = heldout_answers(pair, args.out, args.max_new_tokens)
+    verify_cost = verification_cost(pair.target, args.gamma + 1)
+    corpus = Corpus(args.corpus)
+    rows, head = train_slices(args, pair.target, corpus, answers, verify_cost)
+    lm_point = previous_draft_lm_point(pair, answers, args, verify_cost)
+    rows, candidates = write_curve(args, rows, lm_point, verify_cost)
+    summary = summarise(args, argv, corpus, answers, verify_cost, rows, lm_point, candidates)
+    if args.install and head is not None:
+        install(head, args.out, rows, summary)
     return 0
 
 
