@@ -219,6 +219,26 @@ def derived_requests(corpus: Corpus, tokenizer, index: int, lag: int, count: int
     return derived
 
 
+def shard_record(requests: list[dict], prefixes: list[list[int]], answers, temperature: float, max_new_tokens: int,
+                 feature_layers: tuple[int, ...]) -> dict:
+    """What a shard stores of its requests and the target's answers to them."""
+    shard = {
+        "messages": [r["messages"] for r in requests],
+        "categories": [r["category"] for r in requests],
+        "prefixes": prefixes,
+        "answers": [a.tokens for a in answers],
+        "features": [a.features for a in answers],
+        "top_ids": [a.top_ids for a in answers],
+        "top_logp": [a.top_logp for a in answers],
+        "temperature": temperature,
+        "max_new_tokens": max_new_tokens,
+    }
+    if feature_layers:
+        shard["feature_layers"] = list(feature_layers)
+        shard["layer_features"] = [a.layer_features for a in answers]
+    return shard
+
+
 def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_count: int = 1500, batch: int = 64,
           derived_per_shard: int = 16, max_new_tokens: int = 128, sample_every: int = 4, max_prompt_tokens: int = 512,
           minutes: float | None = None, max_shards: int | None = None, seed: int = 0, worker: int = 0,
@@ -261,21 +281,8 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
         answers = answer_all(model, prefixes, batch=batch, max_new_tokens=max_new_tokens, stops=stops,
                              pad_id=pad_id, temperature=temperature, generator=generator,
                              feature_layers=feature_layers)
-        shard = {
-            "messages": [r["messages"] for r in chosen],
-            "categories": [r["category"] for r in chosen],
-            "prefixes": prefixes,
-            "answers": [a.tokens for a in answers],
-            "features": [a.features for a in answers],
-            "top_ids": [a.top_ids for a in answers],
-            "top_logp": [a.top_logp for a in answers],
-            "temperature": temperature,
-            "max_new_tokens": max_new_tokens,
-        }
-        if feature_layers:
-            shard["feature_layers"] = list(feature_layers)
-            shard["layer_features"] = [a.layer_features for a in answers]
-        _save_atomic(shard, corpus.shard_path(index))
+        _save_atomic(shard_record(chosen, prefixes, answers, temperature, max_new_tokens, feature_layers),
+                     corpus.shard_path(index))
         made = sum(len(a.tokens) for a in answers)
         log(f"shard {index}: {len(chosen)} answers, {made} tokens, T={temperature}, "
             f"{made / (time.monotonic() - started):.0f} tokens/s")

@@ -276,13 +276,11 @@ def round_speedup(tokens_per_round: float, cost_ratio: float, gamma: int, verify
     return round(tokens_per_round / (gamma * cost_ratio * drafted_share + verify_cost), 3)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     import argparse
     from pathlib import Path
 
-    from specdemo.models import load_pair
-
-    from .corpus import Corpus, default_dir
+    from .corpus import default_dir
 
     parser = argparse.ArgumentParser(prog="python -m specdemo.training.evaluate", description=__doc__.split("\n")[0])
     parser.add_argument("head", nargs="?", help="a folder written by specdemo.training.eagle")
@@ -307,8 +305,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if (args.head is None) == (args.corpus_table is None):
         parser.error("give a head folder or --corpus-table N")
-    torch.set_num_threads(args.threads)
-    pair = load_pair("embedded", draft=None)
+    return args
+
+
+def answers_to_measure(args, pair) -> tuple[list[tuple[list[int], list[int]]], list[str] | None]:
+    """The held-out (prompt ids, greedy answer) pairs --answers or --prompts names, and each one's
+    category where they are a suite's answers in its order (None otherwise)."""
     suite = None  # (prompt ids, categories) of a suite's requests
     if args.prompts != "heldout":
         from specdemo.bench.suite import DEFAULT_SUITE
@@ -324,27 +326,50 @@ def main(argv=None) -> int:
     groups = suite[1] if suite and [list(p) for p, _ in answers] == suite[0] else None
     if args.answers and not args.answers.is_file():  # computed once, then read by later evaluations
         args.answers.write_text(json.dumps(answers))
-    if args.corpus_table:
-        corpus = Corpus(args.corpus)
-        pairs = []
-        for path in corpus.shards():
-            shard = corpus.load_shard(path)
-            pairs += zip(shard["prefixes"], shard["answers"])
-        report = {**table_acceptance(corpus_table(pairs, args.corpus_table), answers, args.gamma),
-                  "corpus_answer_tokens": sum(len(a) for _, a in pairs)}
-        print(json.dumps(report, indent=1))
-        return 0
+    return answers, groups
+
+
+def corpus_table_report(args, answers) -> dict:
+    """NASD's tables, the corpus's answers behind the request's own, replayed on `answers`."""
+    from .corpus import Corpus
+
+    corpus = Corpus(args.corpus)
+    pairs = []
+    for path in corpus.shards():
+        shard = corpus.load_shard(path)
+        pairs += zip(shard["prefixes"], shard["answers"])
+    return {**table_acceptance(corpus_table(pairs, args.corpus_table), answers, args.gamma),
+            "corpus_answer_tokens": sum(len(a) for _, a in pairs)}
+
+
+def head_report(args, target, answers, groups: list[str] | None) -> dict:
+    """Acceptance, agreement, the subset's reach, the step and verification costs, and the
+    speedup they predict."""
     head = FeatureHead.load(args.head)
     if args.subset:
         head = head.with_subset_size(args.subset)
-    head = head.bind(pair.target)
-    report = {**heldout_acceptance(head, pair.target, answers, args.gamma, args.copy_n, groups), "copy_n": args.copy_n,
-              **heldout_agreement(head, pair.target, answers), "subset_size": head.config.subset_size,
-              "outside_subset": outside_subset_share(head, answers), **step_cost(head, pair.target)}
-    report["verify_cost"] = verification_cost(pair.target, args.gamma + 1)
+    head = head.bind(target)
+    report = {**heldout_acceptance(head, target, answers, args.gamma, args.copy_n, groups), "copy_n": args.copy_n,
+              **heldout_agreement(head, target, answers), "subset_size": head.config.subset_size,
+              "outside_subset": outside_subset_share(head, answers), **step_cost(head, target)}
+    report["verify_cost"] = verification_cost(target, args.gamma + 1)
     drafted_share = 1.0 - report["copied_rounds"] / max(1, report["rounds"])
     report["predicted_speedup"] = round_speedup(report["tokens_per_round"], report["cost_ratio"], args.gamma,
                                                 report["verify_cost"], drafted_share)
+    return report
+
+
+def main(argv=None) -> int:
+    from specdemo.models import load_pair
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    pair = load_pair("embedded", draft=None)
+    answers, groups = answers_to_measure(args, pair)
+    if args.corpus_table:
+        report = corpus_table_report(args, answers)
+    else:
+        report = head_report(args, pair.target, answers, groups)
     print(json.dumps(report, indent=1))
     return 0
 
