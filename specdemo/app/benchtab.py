@@ -152,7 +152,7 @@ def _inputs(ctx: TabContext) -> list[Any]:
         category = gr.Dropdown(label="Category", value=bench.ALL, choices=[bench.ALL, *bench.SUITE_CATEGORIES],
                                elem_id="bench-category", allow_custom_value=True)
         prompts = gr.Number(value=1, precision=0, label="Prompts per category")
-        repeats = gr.Number(value=1, precision=0, label="Repeats")
+        repeats = gr.Number(value=1, precision=0, label="Repeats", elem_id="bench-repeats")
         max_new_tokens = gr.Number(value=min(64, ctx.limits.max_new_tokens), precision=0, label="Max new tokens")
     value, note = method_choices(ctx.presets[ctx.default_preset])
     with gr.Row():

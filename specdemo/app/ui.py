@@ -49,9 +49,9 @@ INTRO = (
     "no draft model) and **EGAG** (SD with γ set each round by the drafter's entropy); **SD-tree** and "
     "**EGAG-tree** draft a tree of guesses instead of a chain. "
     "All are lossless: greedy runs give AR's text exactly. Beam search, the draft alone and AR without a "
-    "cache run beside them as baselines. Each method's panel fills in when it ends, with every round it took "
-    "(nothing is drawn while a method is timed); then read why each was fast or slow, and hover a token for "
-    "what decided it."
+    "cache run beside them as baselines. While the methods decode, only the status line moves; when the last "
+    "one ends, each method's panel shows every round it took (nothing is drawn while a method is timed). "
+    "Then read why each was fast or slow, and hover a token for what decided it."
 )
 
 

@@ -216,12 +216,13 @@ def opened_page(url: str) -> Iterator[object]:
             browser.close()
 
 
-def bench_tab_run(page, server: psutil.Process, category: str, timeout_s: float = 1800) -> PageRun:
-    """The Benchmark tab's default run on one category (or all), read from its summary CSV."""
+def bench_tab_run(page, server: psutil.Process, category: str, repeats: int = 1, timeout_s: float = 1800) -> PageRun:
+    """The Benchmark tab's default run on one category (or all), `repeats` times, read from its summary CSV."""
     page.get_by_role("tab", name="Benchmark").click()
     if category != ALL:
         page.locator("#bench-category input").click()
         page.get_by_role("option", name=category, exact=True).click()
+    page.locator("#bench-repeats input").fill(str(repeats))
     run = timed_run(page, server, "#bench-run",
                     lambda: page.locator("#bench-status").get_by_text("Done:").wait_for(timeout=timeout_s * 1000),
                     "#bench-summary-csv")
@@ -338,7 +339,8 @@ class Measured:
 
 
 def measure(runs: int, threads: Sequence[int], served_threads: str | None, preset: str,
-            bench_category: str | None = None, screenshot: Path | None = None, port: int | None = None) -> Measured:
+            bench_category: str | None = None, screenshot: Path | None = None, port: int | None = None,
+            bench_repeats: int = 1) -> Measured:
     """`runs` page runs, each followed by one engine pass at every thread count (and the page after
     the last run saved as `screenshot`); then, when asked, the Benchmark tab's default run on
     `bench_category` and `run_benchmark` on the same settings."""
@@ -356,19 +358,19 @@ def measure(runs: int, threads: Sequence[int], served_threads: str | None, prese
             page.screenshot(path=str(screenshot), full_page=True)
         measured = Measured(page_runs, engine, prompt)
         if bench_category:
-            measured.bench_tab = bench_tab_run(page, server, bench_category)
-            measured.bench_cli = _bench_cli(pair, measured, bench_category)
+            measured.bench_tab = bench_tab_run(page, server, bench_category, bench_repeats)
+            measured.bench_cli = _bench_cli(pair, measured, bench_category, bench_repeats)
     return measured
 
 
-def _bench_cli(pair, measured: Measured, category: str) -> pd.DataFrame:
-    """`bench` with the Benchmark tab's defaults (1 prompt per category, 1 repeat, 64 tokens, seed 0)
-    on the tab's methods, at the page's thread count."""
+def _bench_cli(pair, measured: Measured, category: str, repeats: int = 1) -> pd.DataFrame:
+    """`bench` with the Benchmark tab's defaults (1 prompt per category, 64 tokens, seed 0) and its
+    `repeats`, on the tab's methods, at the page's thread count."""
     before = torch.get_num_threads()
     torch.set_num_threads(max(page_threads(measured.page_runs).values()))  # the tabs' default count
     try:
         methods = list(dict.fromkeys(measured.bench_tab.summary.method))
-        return run_benchmark(pair, methods=methods, repeats=1, limit=1, max_new_tokens=64, seed=0, chat=True,
+        return run_benchmark(pair, methods=methods, repeats=repeats, limit=1, max_new_tokens=64, seed=0, chat=True,
                              categories=None if category == ALL else category).summary
     finally:
         torch.set_num_threads(before)
@@ -383,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", default="embedded", help="the model pair (default: embedded, the page's default)")
     parser.add_argument("--bench-category", default=None,
                         help="also run the Benchmark tab's defaults on this category (or all) against bench")
+    parser.add_argument("--bench-repeats", type=int, default=3,
+                        help="the Benchmark tab's and bench's repeats, so that noise is below the 10 %% compared (default 3)")
     parser.add_argument("--screenshot", type=Path, default=None, help="save the page after the last run here (PNG)")
     parser.add_argument("--out", default=None, help="a folder for methods.csv, costs.csv (and bench.csv)")
     return parser
@@ -391,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
-    measured = measure(args.runs, threads, args.page_threads, args.preset, args.bench_category, args.screenshot)
+    measured = measure(args.runs, threads, args.page_threads, args.preset, args.bench_category, args.screenshot,
+                       bench_repeats=args.bench_repeats)
     tables = {"methods": method_table(measured.page_runs, measured.engine),
               "costs": cost_table(measured.page_runs, measured.engine)}
     if measured.bench_tab is not None:
