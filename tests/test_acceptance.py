@@ -168,10 +168,11 @@ def test_the_command_line_writes_the_per_token_csvs(tiny_pair, tmp_path, capsys)
     assert cli.main(["compare", "--prompt", "w5 w6 w7 w8", *models, "--methods", "ar,sd", "--max-new-tokens", "12",
                      "--copy-n", "0", "--tokens-csv", str(tokens_csv), "--trace-csv", str(trace_csv)]) == 0
     out = capsys.readouterr().out
-    assert "SD: entropy ranks acceptances with AUC" in out or "SD: entropy cannot rank" in out
-    assert "to match AR; it got" in out
     tokens, trace = pd.read_csv(tokens_csv), pd.read_csv(trace_csv)
     assert list(tokens.columns) == TOKEN_COLUMNS and len(tokens) == trace.n_drafted.sum()
+    assert set(tokens[tokens.method == "sd"].accepted) == {True, False}, "SD's drafts were kept and refused"
+    assert "SD: entropy ranks acceptances with AUC" in out
+    assert "to match AR; it got" in out
 
     suite = tmp_path / "suite.jsonl"
     suite.write_text('{"prompt": "w5 w6 w7 w8", "category": "chat"}\n')
@@ -179,3 +180,14 @@ def test_the_command_line_writes_the_per_token_csvs(tiny_pair, tmp_path, capsys)
     assert cli.main(["bench", *models, "--suite", str(suite), "--methods", "ar,sd", "--repeats", "1", "--no-warmup",
                      "--max-new-tokens", "8", "--tokens-csv", str(bench_tokens), "--quiet"]) == 0
     assert set(pd.read_csv(bench_tokens).method) == {"sd"}
+
+
+def test_the_command_line_says_entropy_cannot_rank_drafts_that_were_all_kept(tiny_pair, capsys):
+    """The target drafting for itself, greedily: every draft is kept, so entropy has nothing to rank."""
+    from specdemo import cli
+
+    models = ["--target", tiny_pair.target_ref, "--draft", tiny_pair.target_ref, "--device", "cpu",
+              "--dtype", "float64"]
+    assert cli.main(["compare", "--prompt", "w5 w6 w7 w8", *models, "--methods", "ar,sd", "--max-new-tokens", "12",
+                     "--copy-n", "0"]) == 0
+    assert "SD: entropy cannot rank acceptances: the" in capsys.readouterr().out

@@ -44,8 +44,12 @@ def test_the_tree_figure_has_one_slider_step_per_tree_round_and_shows_one_round(
     assert len(nodes.x) == first.tree.nodes + 1  # the root and every node
     star = [t for t in visible if t.marker.symbol == "star"]
     assert len(star) == 1 and star[0].text[0] == str(first.next_token)
-    # Each step shows exactly its own round's traces.
-    assert sum(steps[1].args[0]["visible"]) == len(visible) or len(steps) == 1
+    # Each step shows exactly its own round's traces: every trace is shown by one step, the first
+    # step's being those the figure opens with.
+    shown_by_step = [step.args[0]["visible"] for step in steps]
+    assert len(steps) > 1, "the run has several tree rounds to step through"
+    assert all(sum(shown) == 1 for shown in zip(*shown_by_step))
+    assert shown_by_step[0] == [bool(t.visible) for t in figure.data]
 
 
 def test_without_tree_rounds_the_figure_says_what_to_run(runs):

@@ -201,16 +201,30 @@ def test_rejected_tokens_of_a_sampled_run_show_p_q_and_the_targets_choice(tiny_p
 
 
 def test_the_reading_under_the_table_gives_auc_and_break_even(results, tiny_pair):
+    sd = results[1]
+    assert 0 < sd.stats["accepted"] < sd.stats["drafted"], "SD's drafts were kept and refused"
     summary = tabulate(tiny_pair, results).summary
     reading = viz.explain(summary)
-    sd_line = next(line for line in reading.splitlines() if line.startswith("- **SD**"))
-    assert "entropy ranks acceptances with AUC" in sd_line or "entropy cannot rank" in sd_line
+    sd_line = _line_of("SD", reading)
+    assert "entropy ranks acceptances with AUC" in sd_line
     assert "tokens per round" in sd_line and "to match AR; it got" in sd_line
-    assert "break-even" not in next(line for line in reading.splitlines() if line.startswith("- **AR**"))
+    assert "break-even" not in _line_of("AR", reading)
     evens = viz.acceptance.comparison_break_evens(summary)
     assert set(evens) == {"sd", "nasd", "egag"}
     figure = viz.break_even_figure(results)
     assert {"SD predicted", "SD this run", "AR"} <= {t.name for t in figure.data}
+
+
+def test_the_reading_says_when_entropy_cannot_rank_the_drafts(results, tiny_pair):
+    summary = tabulate(tiny_pair, results).summary
+    # As when every judged draft of SD was kept (or every one refused): no AUC to give.
+    summary.loc[summary.method == "sd", "entropy_auc"] = math.nan
+    sd_line = _line_of("SD", viz.explain(summary))
+    assert "entropy cannot rank acceptances" in sd_line and "AUC" not in sd_line
+
+
+def _line_of(label: str, reading: str) -> str:
+    return next(line for line in reading.splitlines() if line.startswith(f"- **{label}**"))
 
 
 def test_acceptance_figures_have_a_line_per_drafting_method(results):
