@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -15,6 +16,7 @@ from specdemo.app.limits import Limits
 from specdemo.bench.tables import TOKEN_COLUMNS
 from specdemo.engine.params import PARAMS, SCHEMA, DecodeParams
 from specdemo.models.loading import Preset
+from tests.tiny import byte_level_tokenizer
 
 PROMPT = "w3 w4 w5 w6 w7 w3 w4 w5"
 PRESETS = {"tiny": Preset("tiny", "target-folder", "draft-folder", "")}
@@ -108,6 +110,22 @@ def test_closing_the_stream_ends_the_method_in_flight(tiny_pair):
     assert seen[-1].status.startswith("**AR** (1/2): round")
     stream.close()
     assert list(stream) == []
+
+
+def test_chat_falls_back_to_the_plain_prompt_for_a_tokenizer_without_a_chat_template():
+    tokenizer = byte_level_tokenizer(["a plain prompt, no template"])
+    req = request(["ar"], chat=True)
+    handlers.fit_chat(req, SimpleNamespace(tokenizer=tokenizer))
+    assert req.params.chat is False
+    assert "no chat template" in req.note and "plain text" in req.note
+
+
+def test_chat_stays_on_for_a_tokenizer_with_a_chat_template():
+    tokenizer = byte_level_tokenizer(["a plain prompt, no template"])
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    req = request(["ar"], chat=True)
+    handlers.fit_chat(req, SimpleNamespace(tokenizer=tokenizer))
+    assert req.params.chat is True and req.note == ""
 
 
 def test_a_failed_load_and_a_method_without_draft_are_reported_not_raised(tiny_pair):
