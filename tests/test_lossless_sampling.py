@@ -11,10 +11,12 @@ import torch
 
 import specdemo
 from specdemo.engine.sampling import SamplingConfig, probabilities
+from specdemo.models.loading import load_pair
 from tests.chi2 import pooled_chisquare
-from tests.tiny import build_tiny_pair
+from tests.tiny import build_tiny_pair, write_model, write_tokenizer
 
 SAMPLES = 1200
+PADDED_SAMPLES = 600
 PROMPT = [3, 4, 5, 3, 4, 5, 3, 4]  # repetitive, so NASD's table drafts from the first round
 
 
@@ -96,3 +98,32 @@ def test_a_biased_correction_token_would_fail_this_test(small_vocab_pair, monkey
 
     monkeypatch.setattr(chain_round, "verify_on_device", biased_verify)
     assert joint_p_value(small_vocab_pair, "nasd", {"temperature": 1.0}) < 1e-3
+
+
+@pytest.fixture(scope="module")
+def padded_draft_pair(tmp_path_factory):
+    """An 8-token target beside an unrelated draft whose output layer pads the vocabulary to 12.
+    The padding's logits are random, not −∞: uncut, they would take real draft mass."""
+    root = tmp_path_factory.mktemp("padded-draft")
+    write_model(root / "target", seed=0, hidden=32, layers=1, vocab=8, head_scale=1.5)
+    write_tokenizer(root / "target", 8)
+    write_model(root / "draft", seed=1, hidden=32, layers=1, vocab=12, head_scale=1.5)
+    pair = load_pair(str(root / "target"), str(root / "draft"), device="cpu", dtype="float64")
+    with torch.inference_mode():
+        padded_probs = torch.softmax(pair.draft(input_ids=torch.tensor([PROMPT])).logits[0, -1], -1)
+    assert pair.vocab_size == 8 and padded_probs[8:].sum() > 0.1
+    return dataclasses.replace(pair, eos_ids=frozenset({10_000}))
+
+
+PADDED_CASES = [
+    dict(temperature=1.0, copy_n=0),
+    dict(temperature=0.7, top_k=3, copy_n=0),
+    dict(temperature=1.2, top_p=0.7, copy_n=0),
+]
+
+
+@pytest.mark.parametrize("sampling", PADDED_CASES, ids=["temperature", "top_k", "top_p"])
+def test_a_draft_that_pads_the_vocabulary_leaves_sd_lossless_under_sampling(padded_draft_pair, sampling):
+    """The draft's q and the target's p are compared on the 8 real tokens only."""
+    p_value = joint_p_value(padded_draft_pair, "sd", sampling, samples=PADDED_SAMPLES)
+    assert p_value > 1e-3, f"{sampling}: χ² p-value {p_value:.2g}"
