@@ -11,14 +11,23 @@ from pathlib import Path
 
 import pytest
 
+from specdemo.bench.chartpng import chromium_path
 from tests.uiserver import TINY, TINY_HEAD, counting_target_forwards, serve, tiny_head_presets, watching_decodes
 
-CHROMIUM = "/usr/bin/chromium"
+
+def found_chromium() -> str | None:
+    """The Chromium the chart PNGs use (SPECDEMO_CHROMIUM, else the system's), if it is there to run."""
+    executable = chromium_path()
+    return shutil.which(executable) if executable else None
+
+
+CHROMIUM = found_chromium()
+NO_CHROMIUM = "needs Chromium: install it, or name it in SPECDEMO_CHROMIUM"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Chromium at {CHROMIUM}"),
+    pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM),
     pytest.mark.filterwarnings("ignore::Warning:gradio.queueing"),
 ]
 

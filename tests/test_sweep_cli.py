@@ -98,10 +98,11 @@ def test_chart_png_without_playwright_says_what_to_install(monkeypatch, tmp_path
 @pytest.mark.slow
 def test_chart_png_renders_a_sweep_chart(tmp_path):
     pytest.importorskip("playwright.sync_api")
-    from specdemo.bench.chartpng import chromium_path, save_chart_png
+    from specdemo.bench.chartpng import save_chart_png
+    from tests.test_browser import CHROMIUM, NO_CHROMIUM
 
-    if chromium_path() is None:
-        pytest.skip("needs Chromium")
+    if CHROMIUM is None:
+        pytest.skip(NO_CHROMIUM)
     rows = [{"method": "sd", "setting": "sd:gamma=2", "label": "SD γ=2", "gamma": 2, "prompt_id": "p", "repeat": 0,
              "speedup_vs_ar": 1.2, "new_tokens": 10, "seconds": 1.0, "rounds": 5, "drafted": 10, "accepted": 5,
              "rejected_rounds": 3, "mean_gamma": 2.0}]

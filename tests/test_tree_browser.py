@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_browser import CHROMIUM, opened_page  # noqa: F401 (the skip condition lives there too)
+from tests.test_browser import CHROMIUM, NO_CHROMIUM, opened_page
 from tests.uiserver import serve
 
 pytestmark = [pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")]
@@ -12,10 +12,8 @@ pytestmark = [pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")]
 
 @pytest.fixture(scope="module")
 def tree_page_url(tmp_path_factory):
-    from pathlib import Path
-
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"needs Chromium at {CHROMIUM}")
+    if CHROMIUM is None:
+        pytest.skip(NO_CHROMIUM)
     with serve(tmp_path_factory.mktemp("browser-trees"),
                defaults={"max_new_tokens": 24, "methods": ["ar", "sd-tree"]}) as (url, _):
         yield url
