@@ -10,13 +10,17 @@ A policy is per-generation state. The decode loop asks it, in order:
                                 one too), with the drafter's normalised entropy and top
                                 probability at that position, its index in the round, the
                                 vocabulary size and q of the previous draft,
-  `update(drafted, accepted)`   after verification.
+  `update(drafted, accepted)`   after verification,
+  `early_stop()`                what the trace records of the round: where and why
+                                drafting stopped before γ (None when it did not).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from .trace import StopNote
 
 
 class _Policy:
@@ -32,6 +36,10 @@ class _Policy:
 
     def update(self, drafted: int, accepted: int) -> None:
         pass
+
+    def early_stop(self) -> StopNote | None:
+        """Where and why the round just drafted stopped before its cap (None: it did not)."""
+        return None
 
 
 @dataclass
@@ -105,20 +113,10 @@ class ConfidenceStop(_Policy):
         return top_prob >= self.threshold
 
 
-@dataclass
-class StopNote:
-    """Why a round stopped before its cap: the rule's name, the value it read and the threshold."""
-
-    rule: str
-    value: float
-    threshold: float
-    position: int
-
-
 class _TokenStop(_Policy):
     """Draft up to γ_max tokens, asking `stop_value` at each position after the first; the round
     ends where it crosses the threshold. `stops` keeps, per round, where and why it ended (None
-    when it ran to its cap), for the trace's readers."""
+    when it ran to its cap); `early_stop` hands the round's note to the trace."""
 
     needs_token_stats = True
     rule = ""
@@ -138,6 +136,9 @@ class _TokenStop(_Policy):
             return True
         self.stops[-1] = StopNote(self.rule, value, self.threshold, position)
         return False
+
+    def early_stop(self) -> StopNote | None:
+        return self.stops[-1] if self.stops else None
 
     def crosses(self, value: float) -> bool:
         return value > self.threshold

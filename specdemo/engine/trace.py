@@ -55,6 +55,18 @@ class DraftDecision:
     correction_p: float | None = None
 
 
+@dataclass(frozen=True)
+class StopNote:
+    """Why a round stopped drafting before its cap: the rule's name, the value it read, the
+    threshold that value crossed, and the position (0 = the round's first draft) of the draft
+    it did not make."""
+
+    rule: str
+    value: float
+    threshold: float
+    position: int
+
+
 @dataclass
 class TreeRecord:
     """A round's tree of drafts. Node i (1..n) is list index i − 1; parent 0 is the root (the
@@ -94,6 +106,9 @@ class Round:
     next_p: float | None = None  # the target's p of next_token where it follows (filters applied)
     # A tree round's whole tree; `drafted` is then its kept path and the first child refused after it.
     tree: TreeRecord | None = None
+    # Where and why the policy stopped drafting before γ; None when the round ran to its cap (or
+    # its policy has no per-token stop).
+    early_stop: StopNote | None = None
 
     @property
     def nodes_drafted(self) -> int:
