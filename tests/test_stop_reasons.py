@@ -1,12 +1,15 @@
-"""Where and why a per-token policy stopped a round early: in the trace."""
+"""Where and why a per-token policy stopped a round early: in the trace and the rounds CSV."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 
+import pandas as pd
 import pytest
 
 import specdemo
+from specdemo.bench.tables import ROUND_COLUMNS, rounds_frame
 from specdemo.engine import methods
 from specdemo.engine.trace import StopNote
 
@@ -16,6 +19,7 @@ STOPPING = [
     ("egag-token", dict(entropy_stop=0.8)),
     ("adaedl", dict(adaedl_lambda=0.42)),
 ]
+STOP_FIELDS = ["stop_rule", "stop_value", "stop_threshold", "stop_position"]
 
 
 def run_keeping_policy(pair, method: str, params: dict, monkeypatch):
@@ -65,3 +69,20 @@ def test_a_round_without_a_note_ran_to_its_cap(stopped_run):
 def test_policies_without_a_per_token_stop_record_none(tiny_pair, method):
     result = specdemo.generate(tiny_pair, "w5 w6 w7 w8", method=method, max_new_tokens=16)
     assert result.rounds and all(r.early_stop is None for r in result.rounds)
+
+
+def test_the_rounds_csv_says_where_and_why_each_round_stopped(stopped_run):
+    result, policy = stopped_run
+    frame = rounds_frame([result])
+    assert list(frame.columns) == ROUND_COLUMNS and ROUND_COLUMNS[-4:] == STOP_FIELDS
+    written = pd.read_csv(io.StringIO(frame.to_csv(index=False)), keep_default_na=False)
+    assert len(written) == len(policy.stops)
+    for note, row in zip(policy.stops, written.to_dict("records")):
+        if note is None:
+            assert [row[name] for name in STOP_FIELDS] == ["", "", "", ""], "empty cells for a round without a stop"
+        else:
+            assert row["stop_rule"] == note.rule
+            assert float(row["stop_value"]) == pytest.approx(note.value)
+            assert float(row["stop_threshold"]) == pytest.approx(note.threshold)
+            # Counted as the tokens CSV counts positions (1 = the round's first draft), and written as an integer.
+            assert row["stop_position"] == str(note.position + 1) == str(row["n_drafted"] + 1)

@@ -16,7 +16,7 @@ from ..engine.methods import METHODS, is_lossless, matches_reference
 from ..engine.sampling import probabilities
 from ..engine.kv_policy import lossless_under
 from ..engine.memory import MEMORY_STATS
-from ..engine.trace import GenerationResult
+from ..engine.trace import GenerationResult, StopNote
 from .acceptance import entropy_auc
 
 SUMMARY_COLUMNS = [
@@ -27,10 +27,14 @@ SUMMARY_COLUMNS = [
     "entropy_auc_n", "note", "target_kv", "draft_kv", *MEMORY_STATS,
 ]
 
+# The last four say where a policy stopped a round's drafting before γ: the rule, the value it read, the
+# threshold that value crossed and the draft it did not make (1 = the round's first, as in TOKEN_COLUMNS);
+# empty for a round that ran to its cap.
 ROUND_COLUMNS = [
     "method", "round", "source", "gamma", "entropy", "n_drafted", "accepted", "n_rejected", "drafted_ids", "rejected_ids",
     "next_token", "next_origin", "new_tokens", "draft_entropies", "draft_seconds", "verify_seconds", "end_seconds",
     "tree_nodes", "tree_depth", "accepted_depth",
+    "stop_rule", "stop_value", "stop_threshold", "stop_position",
 ]
 # One row per node of every tree round: the tokens-level record of the trees.
 NODE_COLUMNS = ["method", "round", "node", "parent", "depth", "token", "q", "p", "state"]
@@ -76,6 +80,7 @@ def summary_frame(
 
 
 def rounds_frame(results: Iterable[GenerationResult]) -> pd.DataFrame:
+    """One row per round of every result (ROUND_COLUMNS)."""
     rows = []
     for result in results:
         for r in result.rounds:
@@ -101,8 +106,19 @@ def rounds_frame(results: Iterable[GenerationResult]) -> pd.DataFrame:
                 "tree_nodes": r.nodes_drafted,
                 "tree_depth": r.tree.depth if r.tree is not None else len(r.drafted),
                 "accepted_depth": r.accepted,
+                **_stop_cells(r.early_stop),
             })
-    return pd.DataFrame(rows, columns=ROUND_COLUMNS)
+    frame = pd.DataFrame(rows, columns=ROUND_COLUMNS)
+    # A nullable integer, so that a round without a stop writes an empty cell, not a float's NaN.
+    frame["stop_position"] = frame["stop_position"].astype("Int64")
+    return frame
+
+
+def _stop_cells(note: StopNote | None) -> dict:
+    if note is None:
+        return {"stop_rule": "", "stop_value": math.nan, "stop_threshold": math.nan, "stop_position": None}
+    return {"stop_rule": note.rule, "stop_value": note.value, "stop_threshold": note.threshold,
+            "stop_position": note.position + 1}
 
 
 def tokens_frame(results: Iterable[GenerationResult]) -> pd.DataFrame:
