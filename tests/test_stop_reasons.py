@@ -1,14 +1,17 @@
-"""Where and why a per-token policy stopped a round early: in the trace and the rounds CSV."""
+"""Where and why a per-token policy stopped a round early: in the trace, the rounds CSV and the panel."""
 
 from __future__ import annotations
 
 import dataclasses
+import html
 import io
+import re
 
 import pandas as pd
 import pytest
 
 import specdemo
+from specdemo.app import viz
 from specdemo.bench.tables import ROUND_COLUMNS, rounds_frame
 from specdemo.engine import methods
 from specdemo.engine.trace import StopNote
@@ -20,6 +23,8 @@ STOPPING = [
     ("adaedl", dict(adaedl_lambda=0.42)),
 ]
 STOP_FIELDS = ["stop_rule", "stop_value", "stop_threshold", "stop_position"]
+# A drafted token's tooltip that says why its round stopped: the round's last draft n, stopped before n + 1.
+STOP_TOOLTIP = re.compile(r'title="round \d+ [^"]*?(?:accepted|rejected) draft (\d+)[^"]*?stopped before draft (\d+):')
 
 
 def run_keeping_policy(pair, method: str, params: dict, monkeypatch):
@@ -86,3 +91,23 @@ def test_the_rounds_csv_says_where_and_why_each_round_stopped(stopped_run):
             assert float(row["stop_threshold"]) == pytest.approx(note.threshold)
             # Counted as the tokens CSV counts positions (1 = the round's first draft), and written as an integer.
             assert row["stop_position"] == str(note.position + 1) == str(row["n_drafted"] + 1)
+
+
+def test_the_panel_says_why_a_round_stopped_on_its_last_draft(stopped_run, tiny_pair):
+    result, policy = stopped_run
+    panel = viz.render_panel(result.method, result, tiny_pair.tokenizer)
+    notes = [note for note in policy.stops if note is not None]
+    for note in notes:
+        assert html.escape(viz.stop_text(note), quote=True) in panel
+    assert panel.count("stopped before draft") == len(notes), "once per stopped round, nowhere else"
+    last_drafts = STOP_TOOLTIP.findall(panel)
+    assert len(last_drafts) == len(notes) and all(int(stop) == int(last) + 1 for last, stop in last_drafts)
+
+
+@pytest.mark.parametrize("note, text", [
+    (StopNote("entropy", 0.6234, 0.25, 2), "stopped before draft 3: entropy 0.62 > 0.25"),
+    (StopNote("acceptance bound", 0.41, 0.5, 1), "stopped before draft 2: acceptance bound 0.41 < 0.50"),
+    (StopNote("acceptance bound", 0.4198, 0.42, 1), "stopped before draft 2: acceptance bound 0.4198 < 0.4200"),
+])
+def test_the_stop_reads_as_the_rule_the_value_and_the_threshold_it_crossed(note, text):
+    assert viz.stop_text(note) == text

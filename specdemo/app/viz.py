@@ -19,7 +19,7 @@ from ..bench import acceptance, acceptance_charts
 from ..bench.tables import summary_frame, tokens_frame
 from ..engine.methods import METHODS, is_lossless
 from ..engine.trace import (ACCEPTED, BONUS, COPIED, CORRECTED, REJECTED, TARGET, DraftDecision, GenerationResult,
-                            Round)
+                            Round, StopNote)
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,8 @@ def legend_html() -> str:
             f'<span class="{TOKEN_CLASS} sd-{origin}">{html.escape(style.label)}</span></span>'
         )
     note = ('<span class="sd-legend-note">hover a token: its round, γ, drafter entropy, drafts accepted, and what '
-            'decided a draft: its q (drafter) and p (target) and the probability it was kept</span>')
+            'decided a draft: its q (drafter) and p (target) and the probability it was kept; a round\'s last '
+            'draft says why drafting stopped there, when a policy stopped it early</span>')
     return f'<div class="sd-legend">{"".join(items)}{note}</div>'
 
 
@@ -166,6 +167,22 @@ def decision_text(decision: DraftDecision, greedy: bool, source: str = "", corre
     return text
 
 
+def stop_text(note: StopNote) -> str:
+    """Why a round stopped drafting early, as its last draft's tooltip says it: "stopped before
+    draft 3: entropy 0.62 > 0.25" (a rule that stops when its value falls reads "… 0.41 < 0.50")."""
+    value, threshold = _stop_number(note.value, note.threshold), _stop_number(note.threshold, note.value)
+    crossed = ">" if note.value > note.threshold else "<"
+    return f"stopped before draft {note.position + 1}: {note.rule} {value} {crossed} {threshold}"
+
+
+def _stop_number(value: float, other: float) -> str:
+    # Two decimals, or as many as it takes to tell the value from the threshold it crossed.
+    for digits in (2, 4, 6):
+        if f"{value:.{digits}f}" != f"{other:.{digits}f}":
+            return f"{value:.{digits}f}"
+    return f"{value:.6g}"
+
+
 def rejected_texts(result: GenerationResult, r: Round, output_before: Sequence[int], tokenizer=None) -> list[str]:
     """Text of each rejected draft of round r, decoded after the tokens that precede it."""
     rejected = r.rejected
@@ -198,9 +215,12 @@ def render_tokens(result: GenerationResult, tokenizer=None, cache: dict | None =
         entropies = list(r.draft_entropies)
 
         def why(k: int, correction_text: str | None = None) -> str:
-            if k >= len(r.decisions):
-                return ""
-            return "\n" + decision_text(r.decisions[k], greedy, r.source, correction_text)
+            text = ""
+            if k < len(r.decisions):
+                text += "\n" + decision_text(r.decisions[k], greedy, r.source, correction_text)
+            if r.early_stop is not None and k == len(r.drafted) - 1:  # why no draft followed the round's last
+                text += "\n" + stop_text(r.early_stop)
+            return text
 
         for i, record in enumerate(records):
             is_next = r.next_token is not None and i == count - 1
