@@ -111,3 +111,13 @@ def test_the_panel_says_why_a_round_stopped_on_its_last_draft(stopped_run, tiny_
 ])
 def test_the_stop_reads_as_the_rule_the_value_and_the_threshold_it_crossed(note, text):
     assert viz.stop_text(note) == text
+
+
+def test_the_confidence_threshold_says_which_top_probability_stopped_a_round(tiny_pair):
+    # The tiny draft is never confident: every round stops after its first draft, below 0.4.
+    result = specdemo.generate(tiny_pair, "w5 w6 w7 w8", method="sd-confidence", max_new_tokens=16, gamma_max=3)
+    notes = [r.early_stop for r in result.rounds[:-1] if len(r.drafted) < r.gamma]  # the last may lack room
+    assert notes and all(note is not None for note in notes)
+    assert {(note.rule, note.threshold) for note in notes} == {("top probability", 0.4)}
+    assert all(note.value < note.threshold for note in notes)
+    assert "top probability" in viz.stop_text(notes[0]) and " < 0.40" in viz.stop_text(notes[0])

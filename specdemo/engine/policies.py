@@ -98,21 +98,6 @@ class HeuristicGamma(_Policy):
             self.gamma = max(1, self.gamma - 1)
 
 
-@dataclass
-class ConfidenceStop(_Policy):
-    """Draft up to γ_max tokens, stopping once the drafter's top probability drops below a threshold."""
-
-    gamma_max: int
-    threshold: float = 0.4
-    needs_token_stats = True
-
-    def round_gamma(self, first_entropy: float | None) -> int:
-        return self.gamma_max
-
-    def keep_drafting(self, entropy: float, top_prob: float, **where) -> bool:
-        return top_prob >= self.threshold
-
-
 class _TokenStop(_Policy):
     """Draft up to γ_max tokens, asking `stop_value` at each position after the first; the round
     ends where it crosses the threshold. `stops` keeps, per round, where and why it ended (None
@@ -142,6 +127,23 @@ class _TokenStop(_Policy):
 
     def crosses(self, value: float) -> bool:
         return value > self.threshold
+
+
+@dataclass
+class ConfidenceStop(_TokenStop):
+    """Draft up to γ_max tokens, stopping once the drafter's top probability drops below a threshold
+    (transformers' confidence threshold for assisted generation)."""
+
+    gamma_max: int
+    threshold: float = 0.4
+    stops: list = field(default_factory=list)
+    rule = "top probability"
+
+    def stop_value(self, entropy: float, top_prob: float, **where) -> float:
+        return top_prob
+
+    def crosses(self, value: float) -> bool:
+        return value < self.threshold
 
 
 @dataclass
