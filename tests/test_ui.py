@@ -19,7 +19,7 @@ from specdemo.app.limits import Limits  # noqa: E402
 from specdemo.models.loading import Preset  # noqa: E402
 from specdemo.bench.tables import ROUND_COLUMNS, SUMMARY_COLUMNS, TOKEN_COLUMNS  # noqa: E402
 from tests.tiny import write_model, write_tokenizer  # noqa: E402
-from tests.uiserver import TINY, counting_target_forwards, serve, tiny_presets  # noqa: E402
+from tests.uiserver import TINY, counting_target_forwards, serve, tiny_loader, tiny_presets  # noqa: E402
 
 # Gradio's queue trips pandas 3 deprecation warnings of its own; they are not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")
@@ -78,6 +78,7 @@ def test_compare_takes_a_list_and_scores_sampled_runs(client):
     ({"methods": "ar,warp"}, "unknown method 'warp'"),
     ({"methods": ""}, "choose at least one"),
     ({"target": "/nonexistent/model-folder"}, "/nonexistent/model-folder"),
+    ({"target_dtype": "int3"}, "target_dtype must be auto or one of float32, bfloat16"),
 ])
 def test_bad_input_reaches_the_client_as_a_readable_error(client, kwargs, message):
     with pytest.raises(AppError) as caught:
@@ -123,6 +124,37 @@ def test_run_shows_bad_parameters_on_the_page(client):
     job = client.submit(prompt="w3 w4", gamma=0, api_name="/run")
     final = job.result(timeout=60)
     assert "gamma must be an integer" in final[0]
+
+
+def test_run_shows_a_bad_precision_on_the_page(client):
+    final = client.submit(prompt="w3 w4", draft_dtype="fp8", api_name="/run").result(timeout=60)
+    assert "draft_dtype must be auto or one of" in final[0] and "'fp8'" in final[0]
+
+
+def test_a_chosen_precision_loads_the_pair_at_it_and_greedy_sd_still_equals_ar(client, server):
+    summary, *_ = compare(client, methods="ar,sd", target_dtype="bfloat16")
+    rows = [dict(zip(summary["headers"], row)) for row in summary["data"]]
+    assert [(r["target_dtype"], r["draft_dtype"]) for r in rows] == [("bfloat16", "float64")] * 2
+    assert rows[1]["matches_ar"] is True  # lossless against the target as loaded
+    (pair,) = server[1].specdemo_cache._pairs.values()
+    assert pair.target.dtype == torch.bfloat16 and pair.draft.dtype == torch.float64
+    summary, *_ = compare(client, methods="ar")  # auto: the page's own precision again
+    assert summary["data"][0][summary["headers"].index("target_dtype")] == "float64"
+
+
+def test_the_default_precision_finds_the_preloaded_pair(tmp_path):
+    loads = []
+
+    def loader(target, draft=None, **options):
+        loads.append(options)
+        return tiny_loader(target, draft, **options)
+
+    with serve(tmp_path, loader=loader, preload=True) as (url, demo):
+        client = gradio_client.Client(url, verbose=False)
+        for precisions in ({}, {"target_dtype": "auto", "draft_dtype": "auto"}):
+            summary, *_ = compare(client, methods="ar", max_new_tokens=4, **precisions)
+            assert summary["data"][0][0] == "ar"
+    assert loads == [{"device": None, "dtype": None}]  # the preload only: every run was a cache hit
 
 
 def test_stop_cancels_and_the_app_keeps_serving(client):

@@ -38,8 +38,9 @@ def tiny_head_presets(root: Path) -> dict[str, Preset]:
     return {TINY_HEAD: Preset(TINY_HEAD, str(root / "target"), str(head), "tiny target + a feature head"), **presets}
 
 
-def tiny_loader(target, draft=None, device=None, dtype=None):
-    return load_pair(target, draft, device="cpu", dtype="float64")
+def tiny_loader(target, draft=None, device=None, dtype=None, **precisions):
+    """The pair in float64 on the CPU, but for a precision chosen on the page (target_dtype, draft_dtype)."""
+    return load_pair(target, draft, device="cpu", dtype="float64", **precisions)
 
 
 @contextmanager

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Generator, Iterator, Mapping
+from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -29,9 +29,10 @@ from ..engine.methods import available_methods, parse_methods
 from ..engine.params import PARAMS, DecodeParams, EngineOptions
 from ..engine.trace import GenerationResult
 from ..models.loading import ModelPair, Preset, draft_kind_of
+from ..models.precision import PRECISIONS
 from .engine_controls import engine_options, first_round_status
 from .limits import Limits
-from .page import ThreadPlan, export_dir, gpu
+from .page import AUTO, ThreadPlan, export_dir, gpu
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 # once, when it ends; the charts once, when every method has ended.
 STATUS_INTERVAL_S = 1.0
 PARAM_NAMES = tuple(PARAMS)  # the decoding parameters every decoding endpoint takes, in the schema's order
+PRECISION_NAMES = ("target_dtype", "draft_dtype")  # the models' precisions the Playground and its endpoints take
 
 
 def write_csvs(summary: pd.DataFrame, rounds: pd.DataFrame, tokens: pd.DataFrame) -> tuple[str, str, str]:
@@ -66,6 +68,8 @@ class Request:
     note: str = ""
     methods: list[str] = field(default_factory=list)  # validated names, as given
     engine: EngineOptions = field(default_factory=EngineOptions)  # how tokens are computed, never which
+    target_dtype: str = AUTO  # each model's precision, as offered (AUTO: the loader's default for the device)
+    draft_dtype: str = AUTO
 
 
 def resolve_models(preset: str | None, target: str | None, draft: str | None,
@@ -88,12 +92,23 @@ def offered_methods(draft: str | None) -> list[str]:
     return available_methods(SimpleNamespace(draft=object() if kind else None, draft_kind=kind))
 
 
+def chosen_precision(name: str, value: Any, offered: Sequence[str]) -> str:
+    """A model's precision from the page or the API: AUTO when empty, else one of `offered`
+    (ValueError naming the field and the choices)."""
+    if value in (None, ""):
+        return AUTO
+    if not isinstance(value, str) or value.strip() not in (AUTO, *offered):
+        raise ValueError(f"{name} must be {AUTO} or one of {', '.join(offered)} on this device, got {value!r}")
+    return value.strip()
+
+
 def make_request(prompt, preset, target, draft, values: Mapping[str, Any], presets: Mapping[str, Preset],
-                 limits: Limits | None = None, methods: Any = None) -> Request:
+                 limits: Limits | None = None, methods: Any = None, precisions: Sequence[str] = PRECISIONS) -> Request:
     """Validate everything that can be checked before loading a model; ValueError otherwise.
 
-    values: the decoding parameters by schema name (missing ones take the schema's default);
-    methods: a comma-separated string or a list (None: the default methods).
+    values: the decoding parameters by schema name (missing ones take the schema's default), and
+    target_dtype and draft_dtype (AUTO when missing); methods: a comma-separated string or a list
+    (None: the default methods); precisions: the ones the page offers besides AUTO.
     """
     if methods is not None and not isinstance(methods, (str, list, tuple)):
         raise ValueError("methods must be a comma-separated string or a list of names")
@@ -102,11 +117,13 @@ def make_request(prompt, preset, target, draft, values: Mapping[str, Any], prese
         raise ValueError("prompt is empty: type some text to continue")
     decode = DecodeParams.from_values(**{name: values[name] for name in PARAM_NAMES if name in values})
     engine = engine_options(values)
+    target_dtype, draft_dtype = (chosen_precision(name, values.get(name), precisions) for name in PRECISION_NAMES)
     limits = limits or Limits()
     limits.check_models(preset, target, draft, known=presets)
     limits.check_new_tokens(decode.max_new_tokens)
     target, draft = resolve_models(preset, target, draft, presets)
-    return Request(prompt, target, draft, decode, methods=names, engine=engine)
+    return Request(prompt, target, draft, decode, methods=names, engine=engine, target_dtype=target_dtype,
+                   draft_dtype=draft_dtype)
 
 
 def readable_failure(error: BaseException) -> str:

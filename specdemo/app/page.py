@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 from ..engine.decoding import generate
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..models.loading import ModelPair, Preset, load_pair
+from ..models.precision import PRECISIONS
 from .limits import Limits
 
 if TYPE_CHECKING:  # the page's shared parts never load Gradio themselves; the tabs do
@@ -39,6 +40,7 @@ GPU_QUEUE = "gpu"
 PairLoader = Callable[..., ModelPair]
 EXPORT_ROOT = Path(tempfile.gettempdir()) / "specdemo-exports"
 EXPORT_TTL_S = 3600
+AUTO = "auto"  # a model's precision left to `dtype`, else to the loader's default for the device
 
 
 # ---------------------------------------------------------------------------------------
@@ -46,7 +48,7 @@ EXPORT_TTL_S = 3600
 
 
 class PairCache:
-    """Pairs keyed by (target, draft, device, dtype); beyond `limit`, the least recently
+    """Pairs keyed by (target, draft, device, dtype, target_dtype, draft_dtype); beyond `limit`, the least recently
     used pair is closed so a new one can take its memory."""
 
     def __init__(self, loader: PairLoader = load_pair, limit: int = 1, warm_up: bool = True):
@@ -61,8 +63,13 @@ class PairCache:
     def __len__(self) -> int:
         return len(self._pairs)
 
-    def get(self, target: str, draft: str | None, device: str | None = None, dtype: str | None = None) -> ModelPair:
-        key = (target, draft, device, dtype)
+    def get(self, target: str, draft: str | None, device: str | None = None, dtype: str | None = None,
+            target_dtype: str | None = None, draft_dtype: str | None = None) -> ModelPair:
+        """The pair, loaded on first use. Each model's precision ("auto" or None: `dtype`, else the
+        loader's default for the device) is part of the key, so another precision loads another pair."""
+        precisions = {name: value for name, value in (("target_dtype", target_dtype), ("draft_dtype", draft_dtype))
+                      if value not in (None, "", AUTO)}
+        key = (target, draft, device, dtype, precisions.get("target_dtype"), precisions.get("draft_dtype"))
         with self._lock:
             if key in self._pairs:
                 self._pairs.move_to_end(key)
@@ -71,7 +78,8 @@ class PairCache:
             while len(self._pairs) >= self.limit:
                 _, old = self._pairs.popitem(last=False)
                 old.close()
-            pair = self.loader(target, draft, device=device, dtype=dtype)
+            # Only a precision that was chosen reaches the loader, so the default loads as it always has.
+            pair = self.loader(target, draft, device=device, dtype=dtype, **precisions)
             if self.warm_up:
                 _warm_up(pair)
             self._pairs[key] = pair
@@ -179,7 +187,8 @@ def _relay(request: gr.Request | None, updates: Iterator) -> Iterator:
 class TabContext:
     """What the page hands each tab.
 
-    load(target, draft) returns a cached pair; gpu decorates the GPU work (ZeroGPU);
+    load(target, draft, target_dtype, draft_dtype) returns a cached pair (each precision "auto"
+    when not given); precisions are the ones the page offers besides "auto"; gpu decorates the GPU work (ZeroGPU);
     export() gives a fresh folder for a run's files; queue_id is the concurrency group every
     decoding event shares; follow(request, updates) relays a run's updates, stopping it when
     the visitor's tab closes and tidying the visitor's session after it; ready, when given, is
@@ -188,7 +197,7 @@ class TabContext:
 
     presets: Mapping[str, Preset]
     default_preset: str
-    load: Callable[[str, str | None], ModelPair]
+    load: Callable[..., ModelPair]
     limits: Limits
     gpu: Callable[[Callable], Callable]
     export: Callable[[], Path]
@@ -196,6 +205,7 @@ class TabContext:
     follow: Callable[[gr.Request | None, Iterator], Iterator] = _relay
     ready: threading.Event | None = None  # set once the default pair is loaded and warm (None: loaded on demand)
     threads: ThreadPlan | None = None  # torch's threads per method (None: as the process has them)
+    precisions: tuple[str, ...] = PRECISIONS  # the models' precisions the device serves, besides AUTO
 
 
 def session_id(request: gr.Request | None) -> str | None:

@@ -24,13 +24,13 @@ from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..models.loading import ModelPair, Preset
 from .engine_controls import ENGINE_NAMES, engine_controls
 from .examples import EXAMPLES, encoder_decoder_examples
-from .handlers import Request, RunUpdate, make_request
-from .page import TabContext, wire_stop
+from .handlers import PRECISION_NAMES, Request, RunUpdate, make_request
+from .page import AUTO, TabContext, wire_stop
 
 log = logging.getLogger(__name__)
 
 # The endpoints' own inputs around the schema's parameters, in the API's order.
-FORM_BEFORE, FORM_AFTER = ("prompt", "preset", "methods"), ("target", "draft", *ENGINE_NAMES)
+FORM_BEFORE, FORM_AFTER = ("prompt", "preset", "methods"), ("target", "draft", *ENGINE_NAMES, *PRECISION_NAMES)
 CHARTS = charts_module.CHART_NAMES
 # Where each chart sits: how the methods ran (two rows of two), why drafts were kept, the trees of
 # tree methods, and the break-even beside the reading under the table.
@@ -51,12 +51,13 @@ class Inputs:
     target: gr.Textbox
     draft: gr.Textbox
     engine: dict[str, Any]
+    precisions: dict[str, gr.Dropdown]  # by PRECISION_NAMES
     run_btn: gr.Button
     stop_btn: gr.Button
 
     def event_inputs(self, methods: Any) -> list[Any]:
         return forms.inputs(self.controls, [self.prompt, self.preset, methods],
-                            [self.target, self.draft, *self.engine.values()])
+                            [self.target, self.draft, *self.engine.values(), *self.precisions.values()])
 
 
 @dataclass
@@ -169,12 +170,28 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> Inputs:
         controls.update(forms.param_controls(forms.ADVANCED_PARAMS, initial, row_width=forms.ROW_WIDTH))
         with gr.Row():
             engine = engine_controls()
+            precisions = precision_controls(ctx.precisions)
     preset.change(lambda name, chosen: _offer_methods(ctx, name, chosen), inputs=[preset, methods],
                   outputs=[methods], api_visibility="private", queue=False)
     # An encoder-decoder pair reads the prompt as it is: its chat switch would do nothing.
     preset.change(lambda name: gr.update(visible=not getattr(ctx.presets.get(name), "encoder_decoder", False)),
                   inputs=[preset], outputs=[controls["chat"]], api_visibility="private")
-    return Inputs(prompt, preset, methods, controls, target, draft, engine, run_btn, stop_btn)
+    return Inputs(prompt, preset, methods, controls, target, draft, engine, precisions, run_btn, stop_btn)
+
+
+def precision_controls(offered: tuple[str, ...]) -> dict[str, gr.Dropdown]:
+    """The target's and the draft's precision, for a preset's pair as for custom models. auto loads what
+    the page loads without a choice (the pair it preloads and warms), so only another choice loads anew."""
+    info = {"target_dtype": "auto: bfloat16 on a GPU, float32 on a CPU. Greedy SD still equals AR at the "
+                            "target's precision; another precision loads the pair again",
+            "draft_dtype": "auto: the same default as the target. A lower-precision draft is still lossless: the "
+                           "target verifies every draft"}
+    labels = {"target_dtype": "Target precision", "draft_dtype": "Draft precision"}
+    # A value outside the list reaches `make_request`, whose message names the field and the choices
+    # (Gradio's own refusal would be a bare error with no status line).
+    return {name: gr.Dropdown([AUTO, *offered], value=AUTO, label=labels[name], info=info[name],
+                              allow_custom_value=True, elem_id=f"sd-{name.replace('_', '-')}")
+            for name in PRECISION_NAMES}
 
 
 def method_choices(draft: str | None) -> list[tuple[str, str]]:
@@ -238,7 +255,8 @@ def _outputs(initial: Mapping[str, Any], warming: bool = False) -> Outputs:
 
 def _loader(ctx: TabContext):
     def load(request: Request) -> ModelPair:
-        return ctx.load(request.target, request.draft)
+        return ctx.load(request.target, request.draft, target_dtype=request.target_dtype,
+                        draft_dtype=request.draft_dtype)
     return load
 
 
@@ -251,7 +269,8 @@ def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs) -> None:
     def decode(form: dict):
         try:
             req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
-                               ctx.presets, ctx.limits, methods=form["methods"] or [])
+                               ctx.presets, ctx.limits, methods=form["methods"] or [],
+                               precisions=ctx.precisions)
         except ValueError as error:
             yield outputs.apply(RunUpdate(status=f"⚠️ {error}", warning=str(error)))
             return
@@ -301,7 +320,8 @@ def _wire_compare(ctx: TabContext, inputs: Inputs) -> None:
         per-round CSVs (the CLI's columns), each method's output text and the per-token CSV."""
         try:
             req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
-                               ctx.presets, ctx.limits, methods=form["methods"])
+                               ctx.presets, ctx.limits, methods=form["methods"],
+                               precisions=ctx.precisions)
             outcome = handlers.compare(req, _loader(ctx), ctx.limits, ctx.gpu, ctx.threads)
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None

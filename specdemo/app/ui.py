@@ -28,6 +28,8 @@ from .page import (  # noqa: F401  (what the tabs share, re-exported for callers
     forget_replaced_components, gpu, on_zero_gpu,
 )
 from ..models.loading import PRESETS, Preset, load_pair
+from ..models.precision import served_precisions
+from ..models.tokens import default_device
 from ..engine.methods import DEFAULT_METHODS
 from ..engine.params import DecodeParams
 
@@ -70,7 +72,8 @@ def build_demo(
 ) -> gr.Blocks:
     """The page's Blocks, queued so GPU work runs one request at a time.
 
-    pair_loader: called as loader(target, draft, device=..., dtype=...) (default `load_pair`);
+    pair_loader: called as loader(target, draft, device=..., dtype=...) (default `load_pair`), plus
+    target_dtype=... and draft_dtype=... when a visitor chose a precision other than auto;
     tests pass presets with a tiny local pair. public: turn public mode on (it is also on
     for a Space or with SPECDEMO_PUBLIC=1); limits: the deployment's limits, read from the
     environment when not given. preload: load and warm the default pair in the background from
@@ -90,12 +93,12 @@ def build_demo(
         runs = RunningSessions(tidy=functools.partial(forget_replaced_components, demo))
         runs.watch(demo)
         default = default_preset if default_preset in served else next(iter(served))
-        ready = preload_pair(cache, served[default]) if preload else None
+        ready = preload_pair(cache, served[default], device=device, dtype=dtype) if preload else None
         ctx = TabContext(
             presets=served, default_preset=default,
-            load=lambda target, draft: cache.get(target, draft, device=device, dtype=dtype),
+            load=functools.partial(cache.get, device=device, dtype=dtype),
             limits=limits, gpu=gpu, export=export_dir, queue_id=GPU_QUEUE, follow=runs.follow, ready=ready,
-            threads=threads,
+            threads=threads, precisions=served_precisions(device or default_device()),
         )
         gr.Markdown(INTRO, elem_id="sd-intro")
         with gr.Tab("Playground", elem_id="sd-playground-tab"):
@@ -109,14 +112,16 @@ def build_demo(
     return demo
 
 
-def preload_pair(cache: PairCache, preset: Preset) -> threading.Event:
-    """Load and warm `preset`'s pair in a background thread; the event is set when it is done
-    (also when it failed: the first Run then loads it and reports the error)."""
+def preload_pair(cache: PairCache, preset: Preset, device: str | None = None, dtype: str | None = None
+                 ) -> threading.Event:
+    """Load and warm `preset`'s pair in a background thread, under the key a Run with the default
+    ("auto") precisions looks up; the event is set when it is done (also when it failed: the first
+    Run then loads it and reports the error)."""
     ready = threading.Event()
 
     def load() -> None:
         try:
-            cache.get(preset.target, preset.draft)
+            cache.get(preset.target, preset.draft, device=device, dtype=dtype)
         except Exception:
             log.exception("preloading %s failed", preset.name)
         finally:

@@ -23,10 +23,11 @@ class Comparison:
 
 
 def tabulate(pair, results: Sequence[GenerationResult]) -> Comparison:
-    """Summary, per-round and per-token tables; sampled runs are scored by the target's perplexity."""
+    """Summary (with the pair's precisions), per-round and per-token tables; sampled runs are scored by the
+    target's perplexity."""
     sampled = [r for r in results if r.params.get("temperature", 0.0) > 0]
     perplexities = {r.method: target_perplexity(pair, r) for r in sampled}
-    return Comparison(list(results), summary_frame(results, perplexities), rounds_frame(results), tokens_frame(results))
+    return Comparison(list(results), summary_frame(results, perplexities, pair), rounds_frame(results), tokens_frame(results))
 
 
 def run_comparison(pair, prompt, methods: Sequence[str], limits=None, decode: DecodeParams | None = None, *,

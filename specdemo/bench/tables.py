@@ -24,7 +24,7 @@ SUMMARY_COLUMNS = [
     "mean_accepted_tokens", "copied_rounds", "target_forwards", "draft_forwards", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "mean_entropy", "matches_ar", "perplexity", "stop_reason", "temperature", "seed",
     "cache", "compile_seconds", "threads", "alpha", "rounds", "draft_seconds", "verify_seconds", "entropy_auc",
-    "entropy_auc_n", "note", "target_kv", "draft_kv", *MEMORY_STATS,
+    "entropy_auc_n", "note", "target_kv", "draft_kv", "target_dtype", "draft_dtype", *MEMORY_STATS,
 ]
 
 # The last four say where a policy stopped a round's drafting before γ: the rule, the value it read, the
@@ -48,11 +48,13 @@ TOKEN_COLUMNS = [
 
 
 def summary_frame(
-    results: Sequence[GenerationResult], perplexities: dict[str, float] | None = None
+    results: Sequence[GenerationResult], perplexities: dict[str, float] | None = None, pair=None
 ) -> pd.DataFrame:
     """One row per method, AR first; speed as a ratio to AR, quality as exact match (greedy,
     lossless methods; empty for the others) or the target's perplexity of the output (sampled,
-    when given)."""
+    when given); each model's precision as the pair was loaded (when given; empty for no draft)."""
+    target_dtype, draft_dtype = (getattr(getattr(pair, side, None), "name", None)
+                                 for side in ("target_precision", "draft_precision"))
     ordered = sorted(results, key=lambda r: (r.method != "ar",))
     reference = next((r for r in ordered if r.method == "ar"), None)
     rows = []
@@ -72,6 +74,7 @@ def summary_frame(
         )
         row["perplexity"] = (perplexities or {}).get(result.method, math.nan)
         row["target_kv"], row["draft_kv"] = result.params.get("target_kv"), result.params.get("draft_kv")
+        row["target_dtype"], row["draft_dtype"] = target_dtype, draft_dtype
         row["temperature"] = result.params.get("temperature")
         row["seed"] = result.params.get("seed")
         row["entropy_auc"], row["entropy_auc_n"] = entropy_auc(tokens_frame([result]))

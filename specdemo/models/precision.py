@@ -25,6 +25,7 @@ May import torch (and torchao when a precision asks for it); nothing of specdemo
 from __future__ import annotations
 
 import copy
+import importlib.util
 import warnings
 from dataclasses import dataclass
 
@@ -90,6 +91,23 @@ def resolve_precision(value: str | torch.dtype | None, device: str | torch.devic
         raise ValueError("dtype int8-dynamic runs on the CPU only (torch.ao's x86 kernels); on a GPU use int8 "
                          "or int8-weight-only")
     return Precision(name, base, scheme)
+
+
+def served_precisions(device: str | torch.device) -> tuple[str, ...]:
+    """The precision names `resolve_precision` accepts on `device` whose library this install has
+    (torchao's schemes only where it is installed), in PRECISIONS order: what a page offers."""
+    cuda = torch.device(device).type == "cuda"
+    has_torchao = importlib.util.find_spec("torchao") is not None
+
+    def served(name: str) -> bool:
+        if name not in QUANTIZED:
+            return True
+        scheme = ("int8-weight-only" if cuda else "int8-dynamic") if name == "int8" else name
+        if scheme == "int8-dynamic":
+            return not cuda
+        return has_torchao
+
+    return tuple(name for name in PRECISIONS if served(name))
 
 
 def quantize(model: torch.nn.Module, precision: Precision) -> torch.nn.Module:
