@@ -166,6 +166,8 @@ def test_benchmark_tab_runs_a_category_and_shows_its_results(page_url):
         table_text = page.locator("#bench-table").inner_text()
         for label in ("math", "all", "AR", "SD", "NASD", "HF generate", "HF prompt lookup"):
             assert label in table_text, label
+        # The charts come with the last update and are drawn once it has arrived.
+        page.locator("#sd-benchmark-tab .js-plotly-plot").nth(3).wait_for(timeout=60_000)
         assert page.locator("#sd-benchmark-tab .js-plotly-plot").count() >= 4
         assert page.locator("#bench-summary-csv").is_enabled()
 

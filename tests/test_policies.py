@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdemo.engine.policies import ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma, gamma_from_entropy
+from specdemo.engine.policies import ConfidenceStop, StopNote, EntropyGamma, FixedGamma, HeuristicGamma, gamma_from_entropy
 
 
 @pytest.mark.parametrize(
@@ -49,6 +49,8 @@ def test_heuristic_schedule_adds_two_after_a_full_accept_and_drops_one_otherwise
 
 def test_confidence_stop_drafts_while_the_drafter_is_sure():
     policy = ConfidenceStop(gamma_max=8, threshold=0.4)
-    assert policy.needs_token_stats
-    assert policy.keep_drafting(entropy=0.1, top_prob=0.9)
-    assert not policy.keep_drafting(entropy=0.8, top_prob=0.2)
+    assert policy.needs_token_stats and not policy.reads_first_token  # asked before each draft after the first
+    assert policy.round_gamma(None) == 8
+    assert policy.keep_drafting(entropy=0.1, top_prob=0.9, position=1)
+    assert not policy.keep_drafting(entropy=0.8, top_prob=0.2, position=2)
+    assert policy.early_stop() == StopNote("top probability", 0.2, 0.4, 2)
