@@ -159,15 +159,15 @@ class RunUpdate:
 
     status: str | None = None
     panels: dict[int, str] = field(default_factory=dict)  # slot (index in request.methods) → panel HTML
-    shown: int | None = None  # how many panel slots are visible (set when a run starts)
+    shown: int | None = None  # how many panel slots are visible (set with the last update of a run)
     figures: dict[str, Any] | None = None  # charts.all_charts, by name (sent once, at the end of a run)
     charts_shown: bool | None = None  # the chart sections instead of their placeholder
     trees_shown: bool | None = None  # the tree charts' section (tree methods only)
-    table: pd.DataFrame | None = None  # viz.display_table of the summary so far
-    why: str | None = None  # viz.explain of the summary so far
+    table: pd.DataFrame | None = None  # viz.display_table of the run's summary (with its last update)
+    why: str | None = None  # viz.explain of that summary
     files: tuple[str | None, ...] | None = None  # (summary, rounds, tokens CSV); all None clears
     warning: str | None = None  # a message worth a toast as well as the status line
-    results: list[GenerationResult] | None = None  # the finished methods so far (when one finishes)
+    results: list[GenerationResult] | None = None  # the finished methods (with the run's last update)
 
 
 def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: Limits | None = None,
@@ -204,7 +204,6 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
     """The decoding half of `stream_run`, on a loaded pair (the part ZeroGPU runs on the GPU)."""
     names = viz.method_order(request.methods)
     progress = RunProgress(names, request.params.max_new_tokens)
-    failed: dict[int, str] = {}  # slot → the failed method's panel
     started = time.perf_counter()
     for k, name in enumerate(names):
         if request.engine.first_round_note:
@@ -214,23 +213,21 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
         try:
             result = yield from decode_one(pair, request, limits, k, progress, status_interval_s)
         except _MethodFailed as failure:
-            failed[k] = failure.panel
-            progress.failed(k, str(failure))
+            progress.failed(k, str(failure), failure.panel)
             continue
         if result is not None:
             progress.finished(k, result)
     if threads is not None:  # the other tabs' work runs on the plan's default count
         torch.set_num_threads(threads.default)
-    yield final_update(pair, request, progress, failed, time.perf_counter() - started)
+    yield final_update(pair, request, progress, time.perf_counter() - started)
 
 
-def final_update(pair: ModelPair, request: Request, progress: "RunProgress", failed: Mapping[int, str],
-                 elapsed: float) -> RunUpdate:
+def final_update(pair: ModelPair, request: Request, progress: "RunProgress", elapsed: float) -> RunUpdate:
     """Everything the page draws, in one update once every method has ended: the panels, the charts,
     the table, the explanation and the CSVs."""
     results = list(progress.results.values())
     panels = {k: viz.render_panel(name, progress.results[k], pair.tokenizer) if k in progress.results
-              else failed.get(k, "") for k, name in enumerate(progress.names)}
+              else progress.failed_panels.get(k, "") for k, name in enumerate(progress.names)}
     if not results:
         return RunUpdate(status="⚠️ nothing ran: " + "; ".join(progress.errors), shown=len(progress.names),
                          panels=panels)
@@ -250,6 +247,7 @@ class RunProgress:
     max_new_tokens: int
     results: dict[int, GenerationResult] = field(default_factory=dict)  # slot → finished method
     errors: list[str] = field(default_factory=list)
+    failed_panels: dict[int, str] = field(default_factory=dict)  # slot → the failed method's panel
     _done: list[str] = field(default_factory=list)
 
     def label(self, k: int) -> str:
@@ -266,8 +264,9 @@ class RunProgress:
         self.results[k] = result
         self._done.append(f"{self.label(k)} ✓ {result.stats['tokens_per_s']:.1f} tok/s")
 
-    def failed(self, k: int, message: str) -> None:
+    def failed(self, k: int, message: str, panel: str) -> None:
         self.errors.append(f"{self.label(k)}: {message}")
+        self.failed_panels[k] = panel
         self._done.append(f"{self.label(k)} ⚠️")
 
 

@@ -99,8 +99,6 @@ class Outputs:
         if update.charts_shown is not None:
             out[self.placeholder] = gr.update(visible=not update.charts_shown)
             out.update({group: gr.update(visible=update.charts_shown) for group in self.chart_groups})
-            if not update.charts_shown:
-                out[self.trees] = gr.update(visible=False)
         if update.trees_shown is not None:
             out[self.trees] = gr.update(visible=update.trees_shown)
         if update.table is not None:

@@ -39,8 +39,8 @@ DEFAULTS = DecodeParams()
 THREADS_ENV = "SPECDEMO_THREADS"
 # Measured with the page benchmark (docs/benchmark.md): on a 2-core machine that also runs the
 # visitor's browser, the page on one torch thread came within 0.71–1.01 of the engine's best, and with
-# "auto" (two threads for the drafting methods) within 0.66–0.98. A machine with more cores keeps
-# torch's choice.
+# "auto" (two threads for the drafting methods) within 0.66–0.98 (both measured while panels were still
+# drawn after each method). A machine with more cores keeps torch's choice.
 SMALL_MACHINE_CORES = 2
 SMALL_MACHINE_THREADS = 1
 INTRO = (
