@@ -235,6 +235,34 @@ def test_empty_tabs_show_placeholders_not_blank_frames(head_page_url):
         assert not page.locator("#sd-run-charts").is_visible() and not page.locator("#sd-tree-charts").is_visible()
 
 
+# Runs before the page's own scripts: counts the animation frames the page asks for.
+COUNT_FRAMES = """
+window.framesAsked = 0;
+const askFrame = window.requestAnimationFrame.bind(window);
+window.requestAnimationFrame = (callback) => { window.framesAsked += 1; return askFrame(callback); };
+"""
+
+
+def test_an_idle_page_asks_for_few_animation_frames(head_page_url):
+    """Gradio's status trackers redraw a timer every frame (60 a second, one of them forever): the
+    page lets them draw ten a second, which the visitor's browser does not feel beside the decoders."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page()
+            page.add_init_script(COUNT_FRAMES)
+            page.goto(head_page_url)
+            page.locator("#sd-run").wait_for(timeout=30_000)
+            time.sleep(6)  # the page's opening transitions end
+            page.evaluate("() => { window.framesAsked = 0; }")
+            time.sleep(3)
+            frames = page.evaluate("() => window.framesAsked")
+        finally:
+            browser.close()
+    assert frames <= 3 * 15  # sixty a second without the page's throttle
+
+
 def test_benchmark_defaults_run_on_a_feature_head_pair(head_page_url):
     """Nothing changed: the default methods leave out what the pair cannot run, and the run completes."""
     with opened_page(head_page_url) as page:

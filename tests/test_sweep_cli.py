@@ -109,3 +109,37 @@ def test_chart_png_renders_a_sweep_chart(tmp_path):
     figure = sweep.sweep_figures(sweep.summarize_sweep(rows))["speedup_vs_gamma"]
     path = save_chart_png(figure, tmp_path / "chart.png", width=640, height=360)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
+
+
+def test_precision_and_cache_axes_run_the_grid_once_per_combination(tiny_pair, suite, tmp_path, capsys):
+    csv, report = tmp_path / "axes" / "sweep.csv", tmp_path / "axes" / "sweep.html"
+    code = cli.main(["sweep", *model_args(tiny_pair), "--suite", str(suite), "--limit", "1", "--categories", "chat",
+                     "--methods", "sd", "--gamma", "2", "--max-new-tokens", "8", "--repeats", "1", "--no-warmup",
+                     "--target-dtype", "float64,float32", "--draft-kv", "full,streaming", "--kv-budget", "6",
+                     "--kv-sinks", "2", "--csv", str(csv), "--report", str(report), "--plotlyjs", "cdn", "--quiet"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rows = pd.read_csv(csv)
+    # 2 precisions × 2 draft caches, each with AR and SD on one prompt.
+    assert list(rows.columns[:3]) == ["target_dtype", "draft_kv", "kv_budget"]
+    assert len(rows) == 8 and rows.groupby(["target_dtype", "draft_kv"]).size().eq(2).all()
+    assert rows.loc[rows.method == "sd", "matches_ar"].astype(bool).all()  # the draft's cache is lossless
+    summary = pd.read_csv(tmp_path / "axes" / "sweep.summary.csv")
+    assert len(summary) == 8 and set(summary.target_dtype) == {"float64", "float32"}
+    axes = pd.read_csv(tmp_path / "axes" / "sweep.axes.csv")
+    assert list(axes[["target_dtype", "draft_kv"]].itertuples(index=False, name=None)) == [
+        ("float64", "full"), ("float64", "streaming"), ("float32", "full"), ("float32", "streaming")]
+    assert axes.ar_vs_first.iloc[0] == pytest.approx(1.0) and (axes.best == "SD γ=2").all()
+    assert "== target_dtype=float32, draft_kv=streaming, kv_budget=6" in out
+    assert (tmp_path / "axes" / "sweep.target_dtype-float32.draft_kv-streaming.kv_budget-6.html").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--kv-budget", "2,x"], "kv_budget must be whole numbers"),
+    (["--draft-kv", "full,window"], "draft_kv"),
+    (["--kv-budget", "2", "--kv-sinks", "4", "--draft-kv", "streaming"], "kv_budget"),
+])
+def test_bad_axes_fail_before_any_pair_loads(tiny_pair, suite, capsys, extra, message):
+    assert cli.main(["sweep", *model_args(tiny_pair), "--suite", str(suite), "--quiet", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err

@@ -16,8 +16,10 @@ from typing import Any, Mapping
 
 import gradio as gr
 import torch
+from starlette.middleware import Middleware
 
 from . import benchtab, playgroundtab, sweeptab, viz
+from .quiet import EarlyHeadScript, slow_queue_polling
 from .examples import DEFAULT_PROMPT
 from .handlers import (  # noqa: F401  (the page's handlers, re-exported for callers of `ui`)
     PARAM_NAMES, Request, RunUpdate, fit_chat, make_request, readable_failure, resolve_models, write_csvs,
@@ -37,12 +39,13 @@ log = logging.getLogger(__name__)
 
 DEFAULTS = DecodeParams()
 THREADS_ENV = "SPECDEMO_THREADS"
-# Measured with the page benchmark (docs/benchmark.md): on a 2-core machine that also runs the
-# visitor's browser, the page on one torch thread came within 0.71–1.01 of the engine's best, and with
-# "auto" (two threads for the drafting methods) within 0.66–0.98 (both measured while panels were still
-# drawn after each method). A machine with more cores keeps torch's choice.
+# Measured with the page benchmark (docs/benchmark.md) on a 2-core machine that also runs the
+# visitor's browser, once the page kept quiet while decoding (`quiet`): the drafting methods decode
+# 1.3–1.45 times faster on both cores than on one, while AR gains nothing from the second core, which
+# it leaves to the browser. So "auto" (AR one thread, drafting methods every core). A machine with more
+# cores keeps torch's choice.
 SMALL_MACHINE_CORES = 2
-SMALL_MACHINE_THREADS = 1
+SMALL_MACHINE_THREADS = "auto"
 INTRO = (
     "# Speculative decoding playground\n"
     "One target model, four ways to decode it: **AR** (the target alone), **SD** (a small draft model "
@@ -109,6 +112,7 @@ def build_demo(
             sweeptab.build_tab(ctx)
 
     demo.queue(default_concurrency_limit=1, max_size=limits.queue_size)
+    slow_queue_polling(demo)
     return demo
 
 
@@ -204,4 +208,7 @@ def launch_options() -> dict[str, Any]:
 
 
 def launch(demo: gr.Blocks, **kwargs) -> Any:
-    return demo.launch(**{**launch_options(), **kwargs})
+    """Serve `demo` with the page's look, and with the browser's status timers slowed (`quiet`)."""
+    app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
+    app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(EarlyHeadScript)]
+    return demo.launch(**{**launch_options(), **kwargs, "app_kwargs": app_kwargs})

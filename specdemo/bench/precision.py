@@ -7,7 +7,8 @@ float32 target's, and the acceptance of each draft precision and of the quantize
 
 Runs are interleaved (every precision on a prompt before the next prompt), greedy, on the
 first prompts of the shipped suite's categories, at the thread count given (default one).
-Prints a table and, with --csv, writes it.
+Prints a table and, with --csv, writes it; `ar --figure` also draws each target precision against
+float32 AR (speed, token match, perplexity under float32) as an HTML chart, and `--png` as a PNG.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import math
 import time
 
 import pandas as pd
+import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
 
 from ..engine.decoding import generate
 from ..models.loading import EMBEDDED, load_pair
@@ -137,6 +140,25 @@ def _mean(values) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def vs_float32_figure(frame: pd.DataFrame) -> go.Figure:
+    """`measure_targets`' table as three bar charts, one bar per target precision: AR speed over
+    float32's, the share of the greedy text's positions that hold float32's token, and that text's
+    perplexity under the float32 target (float32's own text is the floor)."""
+    panels = (("vs_float32", "AR tokens/s ÷ float32", "{:.2f}×"),
+              ("token_match_vs_float32", "token match with float32 (%)", "{:.0f} %"),
+              ("perplexity_under_float32", "perplexity under float32", "{:.2f}"))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[title for _, title, _ in panels])
+    labels = [f"{t}<br>({lib})" for t, lib in zip(frame.target, frame.library)]
+    for col, (column, _, text) in enumerate(panels, 1):
+        values = frame[column] * (100 if column == "token_match_vs_float32" else 1)
+        fig.add_bar(x=labels, y=values, text=[text.format(v) for v in values], textposition="outside",
+                    showlegend=False, row=1, col=col)
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(title="Each target precision against float32 AR (greedy, same prompts)", height=420,
+                      margin=dict(t=90, b=90), template="plotly_white")
+    return fig
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdemo.bench.precision", description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("ar", "drafts"))
@@ -151,18 +173,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="ar: timed passes over the prompts (default: 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     parser.add_argument("--csv", default=None, help="write the table here")
+    parser.add_argument("--figure", default=None, help="ar: write the chart against float32 AR here (HTML)")
+    parser.add_argument("--png", default=None, help="ar: and as a PNG (needs Playwright and Chromium)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     dtypes = [d for d in args.dtypes.split(",") if d]
     if args.what == "ar":
         frame = measure_targets(args.target, dtypes, args.per_category, args.categories, args.max_new_tokens,
                                 args.repeats)
+        write_figure(vs_float32_figure(frame), args.figure, args.png)
     else:
         frame = measure_drafts(args.target, [d for d in args.drafts.split(",") if d], args.per_category,
                                args.categories, args.max_new_tokens, args.method)
     show_table(frame, args.csv)
     return 0
 
+
+
+def write_figure(fig: go.Figure, html: str | None, png: str | None) -> None:
+    if html:
+        fig.write_html(html, include_plotlyjs=True)  # offline: plotly.js inside
+        print(f"wrote {html}")
+    if png:
+        from .chartpng import save_chart_png
+
+        print(f"wrote {save_chart_png(fig, png)}")
 
 
 def show_table(frame: pd.DataFrame, csv: str | None) -> None:

@@ -14,9 +14,10 @@ from ..bench.sweep import (
     DEFAULT_EMAS, DEFAULT_GAMMA_MAXES, DEFAULT_GAMMAS, SWEEP_METHODS, SweepResult, expand_grid, run_sweep,
     write_outputs,
 )
-from ..engine.params import PARAMS
-from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, decode_params, default_chat,
-                     pair_from_args, progress_bar, read_suite,
+from ..bench.sweep.axes import CACHE_AXES, OUTER_AXES, axes_table, combinations, label, parse_axis, stacked
+from ..engine.params import PARAMS, DecodeParams
+from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, configured, decode_params,
+                     default_chat, pair_from_args, progress_bar, read_suite,
                      suite_needs_tokenizer)
 
 GRID_PARAMS = ("gamma", "gamma_max", "ema", "ngram_n", "copy_n", "node_budget", "adaedl_lambda", "entropy_stop",
@@ -56,8 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--nasd-gamma", type=int, default=PARAMS["gamma"].default,
                       help=f"NASD: γ at every n (default: {PARAMS['gamma'].default})")
     add_model_arguments(parser)
-    # The shared decoding flags, as compare takes them, less the ones swept above (γ_min stays: EGAG's floor).
-    add_decoding_arguments(parser, methods=False, exclude=GRID_PARAMS)
+    # The shared decoding flags, as compare takes them, less the ones swept (γ_min stays: EGAG's floor).
+    add_decoding_arguments(parser, methods=False, exclude=(*GRID_PARAMS, *CACHE_AXES))
+    axes = parser.add_argument_group(
+        "axes around the grid (comma-separated; each combination runs the whole grid again, AR included)",
+        "--target-dtype and --draft-dtype above also take lists, e.g. --target-dtype float32,int8")
+    for name in CACHE_AXES:
+        spec = PARAMS[name]
+        axes.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                          help=f"{spec.help} (default: {spec.default})")
     out = parser.add_argument_group("output")
     out.add_argument("--csv", help="one row per (method, setting, prompt, repeat)")
     out.add_argument("--summary-csv", help="one row per (method, setting); default: next to --csv as *.summary.csv")
@@ -72,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Sweep γ (SD), γ_max and EMA (EGAG) and n (NASD) on a prompt suite, AR interleaved."""
-    params = decode_params(args, chat_default=default_chat(args), exclude=GRID_PARAMS)  # fails before loading
+    params = decode_params(args, chat_default=default_chat(args), exclude=(*GRID_PARAMS, *CACHE_AXES))  # fails before loading
     for name in ("repeats", "threads", "limit"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -94,13 +102,56 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _sweep_with(args, params, settings, suite) -> int:
-    pair = pair_from_args(args)
-    if suite is None:
-        suite = select_prompts(read_suite(args, pair.tokenizer), args.categories, args.limit)
-    with progress_bar(args.quiet) as progress:
-        result = run_sweep(pair, suite, settings, repeats=args.repeats, warmup=args.warmup, progress=progress,
-                           **params.as_dict())
-    print_summary(result)
+    planned = _combinations(args, params)  # every combination checked before any pair loads
+    runs = []
+    for combination, combined in planned:
+        if len(planned) > 1:
+            print(f"\n== {label(combination)}", flush=True)
+        pair = pair_from_args(_with_precisions(args, combination))
+        if suite is None:
+            suite = select_prompts(read_suite(args, pair.tokenizer), args.categories, args.limit)
+        with progress_bar(args.quiet) as progress:
+            result = run_sweep(pair, suite, settings, repeats=args.repeats, warmup=args.warmup, progress=progress,
+                               **combined.as_dict())
+        del pair  # one pair in memory at a time
+        print_summary(result)
+        runs.append((combination, result))
+        if len(planned) > 1:
+            _write_reports(args, result, suffix=_slug(combination))
+    if len(runs) == 1:
+        _write(args, runs[0][1])
+        return 0
+    table = axes_table(runs)
+    with pd.option_context("display.max_columns", None, "display.width", 200, "display.float_format", "{:.3f}".format):
+        print("\n" + table.to_string(index=False))
+    _write_stacked(args, runs, table)
+    return 0
+
+
+def _combinations(args, params: DecodeParams) -> list[tuple[dict, DecodeParams]]:
+    """Each combination of the precision and cache axes, with its validated decoding parameters."""
+    axes = {name: parse_axis(name, configured(args, name)) for name in OUTER_AXES}
+    planned = []
+    for combination in combinations(axes):
+        caches = {name: value for name, value in combination.items() if name in CACHE_AXES}
+        planned.append((combination, DecodeParams.from_values(**{**params.as_dict(), **caches})))
+    return planned
+
+
+def _with_precisions(args, combination) -> argparse.Namespace:
+    """`args` with one precision each for the target and the draft (the combination's, else the command line's)."""
+    one = argparse.Namespace(**vars(args))
+    for name in ("target_dtype", "draft_dtype"):
+        if name in combination:
+            setattr(one, name, combination[name])
+    return one
+
+
+def _slug(combination) -> str:
+    return ".".join(f"{name}-{value}" for name, value in combination.items())
+
+
+def _write(args, result: SweepResult) -> None:
     summary_csv = args.summary_csv
     if args.csv and not summary_csv:
         summary_csv = str(Path(args.csv).with_suffix("")) + ".summary.csv"
@@ -110,7 +161,40 @@ def _sweep_with(args, params, settings, suite) -> int:
         from ..bench.chartpng import save_chart_png
 
         print(f"wrote {save_chart_png(result.figures['speedup_vs_gamma'], args.chart_png)}")
-    return 0
+
+
+def _suffixed(path: str | None, suffix: str) -> str | None:
+    return None if not path else str(Path(path).with_suffix("")) + f".{suffix}{Path(path).suffix}"
+
+
+def _write_reports(args, result: SweepResult, suffix: str) -> None:
+    """A combination's HTML report and chart, named after it (the CSVs stack every combination)."""
+    if args.report:
+        for path in write_outputs(result, report=_suffixed(args.report, suffix), plotlyjs=args.plotlyjs):
+            print(f"wrote {path}")
+    if args.chart_png:
+        from ..bench.chartpng import save_chart_png
+
+        print(f"wrote {save_chart_png(result.figures['speedup_vs_gamma'], _suffixed(args.chart_png, suffix))}")
+
+
+def _write_stacked(args, runs, table: pd.DataFrame) -> None:
+    """The rows, summary and token CSVs of every combination in one file each, an axis column per
+    axis, and the combinations side by side (`axes_table`) beside the summary as *.axes.csv."""
+    summary_csv = args.summary_csv
+    if args.csv and not summary_csv:
+        summary_csv = str(Path(args.csv).with_suffix("")) + ".summary.csv"
+    outputs = {"rows": args.csv, "summary": summary_csv, "tokens": args.tokens_csv}
+    for part, target in outputs.items():
+        frame = stacked(runs, part) if target else None
+        if frame is not None:
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+            frame.to_csv(target, index=False)
+            print(f"wrote {target}")
+    if summary_csv:
+        axes_csv = str(Path(summary_csv).with_suffix("")).removesuffix(".summary") + ".axes.csv"
+        table.to_csv(axes_csv, index=False)
+        print(f"wrote {axes_csv}")
 
 
 def print_summary(result: SweepResult) -> None:

@@ -1,0 +1,96 @@
+"""What keeps the served page quiet while the decoders it times run on the same machine.
+
+Two costs of Gradio itself, measured on a 2-core machine with the page open in Chromium
+(docs/benchmark.md, "The page against the engine"):
+
+- The queue looks for new events every millisecond while it is free, and for progress every ten: a
+  thousand wake-ups a second of the server's event loop, each taking the GIL from the thread that
+  decodes (0.08 of a core with nothing to do). `slow_queue_polling` spaces the looks.
+- Every status tracker redraws its elapsed-time counter on each animation frame while its output is
+  pending, and one of them never stops, even on an empty page: a tenth of a core of the visitor's
+  browser. The counter shows tenths of a second, so `FRAME_THROTTLE` gives the trackers' frames a
+  tenth of a second between them; every other animation keeps its own. It must run before Gradio's
+  modules take their reference to `requestAnimationFrame`, and Gradio inserts a launch's `head` only
+  after them, so `EarlyHeadScript` writes it into the served HTML itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+QUEUE_POLL_S = 0.02  # between the queue's looks for work: at most this much latency on an event
+
+FRAME_THROTTLE = """<script>
+(() => {
+  const nextFrame = window.requestAnimationFrame.bind(window);
+  window.requestAnimationFrame = (callback) => {
+    if (!(new Error().stack || "").includes("statustracker")) return nextFrame(callback);
+    return window.setTimeout(() => nextFrame(callback), 100);
+  };
+})();
+</script>"""
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+def slow_queue_polling(demo: Any, interval_s: float = QUEUE_POLL_S) -> None:
+    """Space the Gradio queue's looks for new events and progress by at least `interval_s`.
+    (Gradio keeps both intervals as attributes of its queue; a version without them is left alone.)"""
+    queue = getattr(demo, "_queue", None)
+    for name in ("sleep_when_free", "progress_update_sleep_when_free"):
+        if isinstance(getattr(queue, name, None), (int, float)):
+            setattr(queue, name, max(getattr(queue, name), interval_s))
+
+
+class EarlyHeadScript:
+    """ASGI middleware that puts `script` first in the <head> of every HTML page the app serves, so
+    that it runs before any of the page's own scripts."""
+
+    def __init__(self, app: Callable, script: str = FRAME_THROTTLE) -> None:
+        self.app = app
+        self.script = script.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "GET":
+            await self.app(scope, receive, send)
+            return
+        start: Message | None = None
+        body: list[bytes] = []
+
+        async def rewrite(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                if _is_html(message):
+                    start = message  # sent once the whole body is here, with its new length
+                    return
+                await send(message)
+            elif start is not None and message["type"] == "http.response.body":
+                body.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    html = with_script(b"".join(body), self.script)
+                    await send({**start, "headers": _with_length(start["headers"], len(html))})
+                    await send({"type": "http.response.body", "body": html})
+            else:
+                await send(message)
+
+        await self.app(scope, receive, rewrite)
+
+
+def with_script(html: bytes, script: bytes) -> bytes:
+    """`html` with `script` right after its opening <head> tag (unchanged when it has none)."""
+    start = html.find(b"<head")
+    end = html.find(b">", start) if start >= 0 else -1
+    return html if end < 0 else html[: end + 1] + script + html[end + 1 :]
+
+
+def _is_html(start: Message) -> bool:
+    headers = dict(start.get("headers", []))
+    return (headers.get(b"content-type", b"").startswith(b"text/html")
+            and b"content-encoding" not in headers)
+
+
+def _with_length(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in headers if k.lower() != b"content-length"] + [(b"content-length", str(length).encode())]

@@ -1,0 +1,86 @@
+"""Axes around the grid: the models' precisions and the KV-cache policies.
+
+The grid (`grid.py`) varies each method's settings on one loaded pair. What changes the pair
+itself (the target's and the draft's precision) or every method's cache (`draft_kv`, `target_kv`,
+`kv_budget`) runs the whole grid again, AR included, so that each speedup is over AR under the same
+combination. `axes_table` then sets the combinations side by side: AR's speed against the first
+combination's (float32 first, say), and each combination's best method.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from .summary import SweepResult
+
+PRECISION_AXES = ("target_dtype", "draft_dtype")  # each value loads the pair again
+CACHE_AXES = ("draft_kv", "target_kv", "kv_budget")  # decoding parameters of every method
+OUTER_AXES = (*PRECISION_AXES, *CACHE_AXES)
+
+AXES_TABLE_COLUMNS = ["ar_tokens_per_s", "ar_vs_first", "best", "best_speedup_vs_ar", "best_acceptance_rate",
+                      "exact_match_pct"]
+
+
+def parse_axis(name: str, text: str | None) -> list[Any]:
+    """A comma-separated axis from the command line (kv_budget as integers); [] when not given."""
+    if text is None or not str(text).strip():
+        return []
+    values = [v.strip() for v in str(text).split(",") if v.strip()]
+    if name != "kv_budget":
+        return values
+    try:
+        return [int(v) for v in values]
+    except ValueError:
+        raise ValueError(f"kv_budget must be whole numbers of positions, e.g. 128,256; got {text!r}") from None
+
+
+def combinations(axes: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the axes that have values, the first axis slowest; [{}] when none has."""
+    given = {name: list(values) for name, values in axes.items() if values}
+    return [dict(zip(given, combo)) for combo in itertools.product(*given.values())] or [{}]
+
+
+def label(combination: Mapping[str, Any]) -> str:
+    """e.g. "target_dtype=int8, draft_kv=streaming"; "as loaded" for the empty combination."""
+    return ", ".join(f"{name}={value}" for name, value in combination.items()) or "as loaded"
+
+
+def tagged(frame: pd.DataFrame | None, combination: Mapping[str, Any]) -> pd.DataFrame | None:
+    """`frame` with one column per axis of `combination` in front, so runs of several combinations stack."""
+    if frame is None:
+        return None
+    tags = pd.DataFrame({name: [value] * len(frame) for name, value in combination.items()}, index=frame.index)
+    return pd.concat([tags, frame.drop(columns=list(combination), errors="ignore")], axis=1)
+
+
+def stacked(runs: Sequence[tuple[Mapping[str, Any], SweepResult]], part: str) -> pd.DataFrame | None:
+    """One of each run's frames ("rows", "summary" or "tokens"), tagged and stacked."""
+    frames = [tagged(getattr(result, part), combination) for combination, result in runs]
+    frames = [f for f in frames if f is not None]
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def axes_table(runs: Sequence[tuple[Mapping[str, Any], SweepResult]]) -> pd.DataFrame:
+    """Per combination: AR's tokens/s and its ratio to the first combination's, and the method
+    setting with the best mean speedup over AR there, with its acceptance and its exact match with AR."""
+    rows = []
+    for combination, result in runs:
+        summary = result.summary
+        ar = summary[summary.method == "ar"]
+        drafting = summary[(summary.method != "ar") & summary.speedup_vs_ar.notna()]
+        best = drafting.loc[drafting.speedup_vs_ar.idxmax()] if not drafting.empty else None
+        rows.append({
+            **combination,
+            "ar_tokens_per_s": float(ar.tokens_per_s.iloc[0]) if not ar.empty else float("nan"),
+            "best": best["label"] if best is not None else "",
+            "best_speedup_vs_ar": float(best.speedup_vs_ar) if best is not None else float("nan"),
+            "best_acceptance_rate": float(best.acceptance_rate) if best is not None else float("nan"),
+            "exact_match_pct": float(best.exact_match_pct) if best is not None else float("nan"),
+        })
+    table = pd.DataFrame(rows)
+    table["ar_vs_first"] = table.ar_tokens_per_s / table.ar_tokens_per_s.iloc[0] if len(table) else []
+    axes = [c for c in table.columns if c not in AXES_TABLE_COLUMNS]
+    return table[axes + AXES_TABLE_COLUMNS]
