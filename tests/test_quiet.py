@@ -68,3 +68,13 @@ def test_the_middleware_passes_everything_else_through_untouched():
     client = served(Route("/api", lambda request: JSONResponse({"head": "<head>"}), methods=["GET", "POST"]))
     assert client.get("/api").json() == {"head": "<head>"}
     assert client.post("/api").json() == {"head": "<head>"}
+
+
+def test_files_the_app_serves_stay_as_written():
+    page = "<html><head></head></html>"
+    client = served(
+        Route("/gradio_api/file=report.html", lambda request: HTMLResponse(page)),
+        Route("/download", lambda request: HTMLResponse(page, headers={"content-disposition": "attachment"})),
+    )
+    assert client.get("/gradio_api/file=report.html").text == page
+    assert client.get("/download").text == page

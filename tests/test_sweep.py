@@ -314,3 +314,12 @@ def test_figures_hold_the_expected_traces():
     # Empty and partial summaries (a sweep that has just started) draw without error.
     sweep.sweep_figures(summarize_sweep([]))
     sweep.sweep_figures(hand_summary(AR_ROW))
+
+
+def test_an_int8_models_packed_weights_count_as_its_float_ones_do(tiny_pair):
+    # torch.ao's dynamic int8 Linear keeps its weight packed, outside parameters(), behind a method.
+    from specdemo import load_pair
+
+    quantized = load_pair(tiny_pair.target_ref, tiny_pair.draft_ref, device="cpu", dtype="float32",
+                          draft_dtype="int8").draft
+    assert sweep.matmul_parameters(quantized) == sweep.matmul_parameters(tiny_pair.draft)

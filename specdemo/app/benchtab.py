@@ -139,7 +139,10 @@ def build_tab(ctx: TabContext) -> None:
                          temperature_, gamma_, ngram_n_, seed_, suite_file or None, bool(group_mt_bench))
         yield from ctx.follow(request, benchmark(ctx, form, progress, len(outputs)))
 
-    event = run_btn.click(run, inputs=inputs, outputs=outputs, api_name="benchmark", concurrency_id=ctx.queue_id)
+    # The progress bar rides on the status line alone: each output tracked as pending would run an
+    # animation timer and an overlay in the browser, on the cores the suite is timed on.
+    event = run_btn.click(run, inputs=inputs, outputs=outputs, api_name="benchmark", concurrency_id=ctx.queue_id,
+                          show_progress_on=[outputs[0]])
     wire_stop(stop_btn, outputs[0], event)
 
 

@@ -30,6 +30,7 @@ FRAME_THROTTLE = """<script>
 })();
 </script>"""
 
+FILE_ROUTES = "/gradio_api/"
 Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -54,7 +55,8 @@ class EarlyHeadScript:
         self.script = script.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") != "GET":
+        # Files (a downloaded HTML report, say) come through Gradio's API routes and stay as written.
+        if scope["type"] != "http" or scope.get("method") != "GET" or FILE_ROUTES in scope.get("path", ""):
             await self.app(scope, receive, send)
             return
         start: Message | None = None
@@ -89,7 +91,7 @@ def with_script(html: bytes, script: bytes) -> bytes:
 def _is_html(start: Message) -> bool:
     headers = dict(start.get("headers", []))
     return (headers.get(b"content-type", b"").startswith(b"text/html")
-            and b"content-encoding" not in headers)
+            and b"content-encoding" not in headers and b"content-disposition" not in headers)
 
 
 def _with_length(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:

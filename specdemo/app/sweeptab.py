@@ -362,6 +362,7 @@ def _wire_page(ctx: TabContext, form: SweepForm, run_btn: Any, stop_btn: Any, ou
     event = run_btn.click(
         forms.endpoint(run, FORM, params=SHARED_PARAMS, name="sweep_page", generator=True, progress=True),
         inputs=form.inputs(), outputs=outputs, api_visibility="private", concurrency_id=ctx.queue_id,
+        show_progress_on=[outputs[0]],  # the status line alone, as on the Benchmark tab
     )
     wire_stop(stop_btn, outputs[0], event)
 
