@@ -229,9 +229,12 @@ def test_empty_tabs_show_placeholders_not_blank_frames(head_page_url):
             assert not page.locator(f"#{name}-results").is_visible()
             assert not page.locator(f"#{name}-table").is_visible()
         # The Playground, before any run: a placeholder where the charts go, no empty frames, no tree section.
+        # The placeholder is itself a chart (so plotly.js loads with the page), and the page's only one.
         page.get_by_role("tab", name="Playground").click(timeout=30_000)
-        assert "appear here when a run ends" in page.locator("#sd-charts-placeholder").inner_text()
-        assert page.locator(".js-plotly-plot").count() == 0
+        placeholder = page.locator("#sd-charts-placeholder .js-plotly-plot")
+        placeholder.wait_for(timeout=30_000)
+        assert "appear here when a run ends" in placeholder.locator(".annotation-text").first.text_content()
+        assert page.locator(".js-plotly-plot").count() == 1
         assert not page.locator("#sd-run-charts").is_visible() and not page.locator("#sd-tree-charts").is_visible()
 
 

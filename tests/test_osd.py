@@ -41,3 +41,13 @@ def test_a_frozen_stream_never_updates():
 def test_the_stream_is_the_suite_shuffled():
     prompts = stream_prompts(20, seed=1)
     assert len(prompts) == 20 and len({p.category for p in prompts[:10]}) > 2
+
+
+def test_the_distribution_terms_weight_reaches_the_loss(head_pair):  # noqa: F811
+    def first_loss(cls_weight: float) -> float:
+        (row,) = run_stream(head_pair, PROMPTS[:1], adapt=True, lr=1e-3, steps=1, max_new_tokens=6, chat=False,
+                            cls_weight=cls_weight)
+        return row["loss"]
+
+    # The regression term alone, then with the distribution term on top: the same request, another loss.
+    assert first_loss(0.0) < first_loss(1.0)

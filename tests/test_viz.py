@@ -234,3 +234,11 @@ def test_acceptance_figures_have_a_line_per_drafting_method(results):
     lines = [t for t in entropy.data if t.mode == "lines+markers"]
     # NASD drafts point masses: no entropy of its own to plot.
     assert [t.name.split(" (")[0] for t in lines] == ["SD", "EGAG"] and "AUC" in lines[0].name
+
+
+def test_the_charts_placeholder_is_a_chart_without_axes_that_says_what_comes():
+    fig = viz.placeholder_figure(["The charts appear here.", "Drawn <after> the run."])
+    assert fig.data == ()  # nothing plotted
+    assert not fig.layout.xaxis.visible and not fig.layout.yaxis.visible
+    (note,) = fig.layout.annotations
+    assert note.text == "<i>The charts appear here.</i><br><i>Drawn &lt;after&gt; the run.</i>"

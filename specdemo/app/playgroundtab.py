@@ -38,8 +38,8 @@ RUN_CHARTS = ("gamma", "entropy", "accepted", "race")
 WHY_CHARTS = ("entropy_acceptance", "position_acceptance")
 TREE_CHARTS = ("tree_rounds", "tree")
 TABLE_CHARTS = ("break_even",)
-PLACEHOLDER = ("*The charts of γ, entropy, accepted drafts and the race appear here when a run ends. They are "
-               "drawn after the timed rounds, from the trace's own clock, so that drawing never slows a decoder.*")
+PLACEHOLDER = ("The charts of γ, entropy, accepted drafts and the race appear here when a run ends.",
+               "They are drawn after the timed rounds, from the trace's own clock, so that drawing never slows a decoder.")
 
 
 @dataclass
@@ -70,7 +70,7 @@ class Outputs:
     summary_file: gr.DownloadButton
     rounds_file: gr.DownloadButton
     tokens_file: gr.DownloadButton
-    placeholder: gr.Markdown  # stands in for the charts until a run ends
+    placeholder: gr.Plot  # stands in for the charts until a run ends
     chart_groups: list[gr.Column]  # shown once a run ends
     trees: gr.Column  # shown once a run of a tree method ends
 
@@ -224,7 +224,9 @@ def _outputs(initial: Mapping[str, Any], warming: bool = False) -> Outputs:
                 plots.update({name: gr.Plot(show_label=False, elem_classes=["sd-chart"], elem_id=f"sd-chart-{name}")
                               for name in names[i : i + 2]})
 
-    placeholder = gr.Markdown(PLACEHOLDER, elem_id="sd-charts-placeholder")
+    # A chart of its own, not a line of text: the browser loads and compiles plotly.js while the page
+    # opens, not while it draws the first run's charts.
+    placeholder = gr.Plot(viz.placeholder_figure(PLACEHOLDER), show_label=False, elem_id="sd-charts-placeholder")
     with gr.Column(visible=False, elem_id="sd-run-charts") as run_charts:
         gr.Markdown("### How each method ran", elem_classes=["sd-section"])
         chart_rows(RUN_CHARTS)

@@ -104,6 +104,17 @@ def method_label(method: str) -> str:
 # Highlighted tokens
 
 
+def placeholder_figure(lines: Sequence[str]) -> go.Figure:
+    """A chart with no axes that says, in `lines`, what will be drawn in its place."""
+    fig = go.Figure()
+    fig.add_annotation(text="<br>".join(f"<i>{html.escape(line)}</i>" for line in lines), showarrow=False,
+                       x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=13, color="#64748b"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.update_layout(height=110, margin=dict(l=10, r=10, t=10, b=10), template="plotly_white")
+    return fig
+
+
 def legend_html() -> str:
     """Chips explaining each colour; the hover text says what a coloured token carries."""
     items = []

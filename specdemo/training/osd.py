@@ -47,8 +47,10 @@ def target_features(pair, ids: list[int]) -> torch.Tensor:
     return states.float().clone()
 
 
-def distil(pair, ids: list[int], answer_start: int, optimizer, steps: int, unroll: int = 2) -> float:
-    """A few steps on the head over one verified sequence; the last step's loss."""
+def distil(pair, ids: list[int], answer_start: int, optimizer, steps: int, unroll: int = 2,
+           cls_weight: float = 1.0) -> float:
+    """A few steps on the head over one verified sequence, with the installed head's loss (the
+    distribution term weighted `cls_weight`); the last step's loss."""
     from .eagle import Sequence, collate, head_losses
 
     head = pair.draft
@@ -59,7 +61,7 @@ def distil(pair, ids: list[int], answer_start: int, optimizer, steps: int, unrol
     loss = torch.zeros(())
     for _ in range(steps):
         optimizer.zero_grad()
-        loss, _ = head_losses(head, batch, noise=0.0, unroll=unroll, cls_weight=1.0)
+        loss, _ = head_losses(head, batch, noise=0.0, unroll=unroll, cls_weight=cls_weight)
         loss.backward()
         optimizer.step()
     head.eval()
@@ -67,7 +69,7 @@ def distil(pair, ids: list[int], answer_start: int, optimizer, steps: int, unrol
 
 
 def run_stream(pair, prompts: list[SuitePrompt], *, adapt: bool, lr: float = 1e-4, steps: int = 2, gamma: int = 4,
-               max_new_tokens: int = 64, chat: bool = True):
+               max_new_tokens: int = 64, chat: bool = True, cls_weight: float = 1.0):
     """Decode the prompts in order (SD, γ fixed, no copying), updating a copy of the head after each
     when `adapt`; yield one row (STREAM_COLUMNS) per request."""
     import specdemo
@@ -86,7 +88,7 @@ def run_stream(pair, prompts: list[SuitePrompt], *, adapt: bool, lr: float = 1e-
                "loss": float("nan")}
         if adapt:
             started = time.perf_counter()
-            row["loss"] = distil(pair, ids + list(result.token_ids), len(ids), optimizer, steps)
+            row["loss"] = distil(pair, ids + list(result.token_ids), len(ids), optimizer, steps, cls_weight=cls_weight)
             row["update_seconds"] = time.perf_counter() - started
         yield row
 
@@ -136,6 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--steps", type=int, default=2, help="distillation steps after each request")
+    parser.add_argument("--cls-weight", type=float, default=1.0,
+                        help="the distribution term's weight in the loss (default 1, as the installed head was trained)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="results/osd", help="folder for stream.csv and stream.html")
     args = parser.parse_args(argv)
@@ -149,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     # Frozen and adapted side by side, request by request: a stream cut short still compares both.
     streams = [run_stream(pair, prompts, adapt=adapt, lr=args.lr, steps=args.steps, gamma=args.gamma,
-                          max_new_tokens=args.max_new_tokens) for adapt in (False, True)]
+                          max_new_tokens=args.max_new_tokens, cls_weight=args.cls_weight) for adapt in (False, True)]
     for pair_of_rows in zip(*streams):
         for row in pair_of_rows:
             rows.append(row)
