@@ -151,24 +151,28 @@ def _slug(combination) -> str:
     return ".".join(f"{name}-{value}" for name, value in combination.items())
 
 
+def _summary_csv(args) -> str | None:
+    """--summary-csv, else next to --csv as *.summary.csv."""
+    if args.csv and not args.summary_csv:
+        return str(Path(args.csv).with_suffix("")) + ".summary.csv"
+    return args.summary_csv
+
+
 def _write(args, result: SweepResult) -> None:
-    summary_csv = args.summary_csv
-    if args.csv and not summary_csv:
-        summary_csv = str(Path(args.csv).with_suffix("")) + ".summary.csv"
-    for path in write_outputs(result, args.csv, summary_csv, args.report, args.plotlyjs, tokens_csv=args.tokens_csv):
+    for path in write_outputs(result, args.csv, _summary_csv(args), tokens_csv=args.tokens_csv):
         print(f"wrote {path}")
-    if args.chart_png:
-        from ..bench.chartpng import save_chart_png
-
-        print(f"wrote {save_chart_png(result.figures['speedup_vs_gamma'], args.chart_png)}")
+    _write_reports(args, result)
 
 
-def _suffixed(path: str | None, suffix: str) -> str | None:
-    return None if not path else str(Path(path).with_suffix("")) + f".{suffix}{Path(path).suffix}"
+def _suffixed(path: str | None, suffix: str | None) -> str | None:
+    if not path or not suffix:
+        return path
+    return str(Path(path).with_suffix("")) + f".{suffix}{Path(path).suffix}"
 
 
-def _write_reports(args, result: SweepResult, suffix: str) -> None:
-    """A combination's HTML report and chart, named after it (the CSVs stack every combination)."""
+def _write_reports(args, result: SweepResult, suffix: str | None = None) -> None:
+    """The HTML report and the chart; with `suffix`, one combination's, named after it (the CSVs
+    stack every combination)."""
     if args.report:
         for path in write_outputs(result, report=_suffixed(args.report, suffix), plotlyjs=args.plotlyjs):
             print(f"wrote {path}")
@@ -181,9 +185,7 @@ def _write_reports(args, result: SweepResult, suffix: str) -> None:
 def _write_stacked(args, runs, table: pd.DataFrame) -> None:
     """The rows, summary and token CSVs of every combination in one file each, an axis column per
     axis, and the combinations side by side (`axes_table`) beside the summary as *.axes.csv."""
-    summary_csv = args.summary_csv
-    if args.csv and not summary_csv:
-        summary_csv = str(Path(args.csv).with_suffix("")) + ".summary.csv"
+    summary_csv = _summary_csv(args)
     outputs = {"rows": args.csv, "summary": summary_csv, "tokens": args.tokens_csv}
     for part, target in outputs.items():
         frame = stacked(runs, part) if target else None
