@@ -14,7 +14,7 @@ from ..bench.sweep import (
     DEFAULT_EMAS, DEFAULT_GAMMA_MAXES, DEFAULT_GAMMAS, SWEEP_METHODS, SweepResult, expand_grid, run_sweep,
     write_outputs,
 )
-from ..bench.sweep.axes import CACHE_AXES, OUTER_AXES, axes_table, combinations, label, parse_axis, stacked
+from ..bench.sweep.axes import CACHE_AXES, OUTER_AXES, PRECISION_AXES, axes_table, combinations, label, parse_axis, stacked
 from ..engine.params import PARAMS, DecodeParams
 from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, configured, decode_params,
                      default_chat, pair_from_args, progress_bar, read_suite,
@@ -141,7 +141,7 @@ def _combinations(args, params: DecodeParams) -> list[tuple[dict, DecodeParams]]
 def _with_precisions(args, combination) -> argparse.Namespace:
     """`args` with one precision each for the target and the draft (the combination's, else the command line's)."""
     one = argparse.Namespace(**vars(args))
-    for name in ("target_dtype", "draft_dtype"):
+    for name in PRECISION_AXES:
         if name in combination:
             setattr(one, name, combination[name])
     return one
