@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from ..engine.decoding import generate
+from ..bench.threads import ThreadPlan
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..models.loading import ModelPair, Preset, load_pair
 from ..models.precision import PRECISIONS
@@ -145,34 +146,6 @@ def export_dir(root: Path = EXPORT_ROOT, ttl_s: float = EXPORT_TTL_S) -> Path:
         except OSError:
             pass  # another request removed it first
     return Path(tempfile.mkdtemp(prefix="run-", dir=root))
-
-
-# ---------------------------------------------------------------------------------------
-# Threads: torch's CPU threads while the page decodes
-
-
-@dataclass(frozen=True)
-class ThreadPlan:
-    """torch's CPU threads for each method the page decodes: `count` for every method, or, with
-    no count (auto), one thread for a method that writes one token a step (AR and the baselines:
-    bound by memory, where a second thread only spins) and `cores` for one that verifies drafts."""
-
-    count: int | None = None
-    cores: int = 1
-
-    def for_method(self, name: str) -> int:
-        if self.count is not None:
-            return self.count
-        return self.cores if name not in METHODS or METHODS[name].drafts else 1
-
-    @property
-    def default(self) -> int:
-        """The count for work that is not one method's decode (the Benchmark and Sweep tabs)."""
-        return self.count if self.count is not None else self.cores
-
-    def describe(self) -> str:
-        return (f"{self.count} torch thread{'s' if self.count != 1 else ''}" if self.count is not None
-                else f"auto: 1 torch thread for AR, {self.cores} for drafting methods")
 
 
 # ---------------------------------------------------------------------------------------

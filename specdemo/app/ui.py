@@ -144,16 +144,10 @@ def serving_threads(requested: int | str | None = None, cores: int | None = None
     cores = cores if cores is not None else os.cpu_count() or 1
     if value is None:
         value = SMALL_MACHINE_THREADS if cores <= SMALL_MACHINE_CORES else torch.get_num_threads()
-    if str(value).strip().lower() == "auto":
-        plan = ThreadPlan(count=None, cores=cores)
-    else:
-        try:
-            count = int(value)
-        except (TypeError, ValueError):
-            count = 0
-        if count < 1:
-            raise ValueError(f"threads must be an integer ≥ 1 or auto (--threads or {THREADS_ENV}), got {value!r}")
-        plan = ThreadPlan(count=count)
+    try:
+        plan = ThreadPlan.parse(value, cores)
+    except ValueError:
+        raise ValueError(f"threads must be an integer ≥ 1 or auto (--threads or {THREADS_ENV}), got {value!r}") from None
     torch.set_num_threads(plan.default)
     return plan
 

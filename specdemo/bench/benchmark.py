@@ -22,12 +22,13 @@ from .runners import HF_METHODS, HFRunner, Run, bench_methods, parse_bench_metho
 from .quality import QUALITY_COLUMNS, reference_scores
 from .schedule import interleaved, turn_seed
 from .statistics import summarize
+from .threads import ThreadPlan
 from .suite import DEFAULT_SUITE, SuitePrompt, conversation, encode_prompt, load_suite, select_prompts
 from . import tables
 from .tables import target_perplexity
 
 ROW_COLUMNS = [
-    "repeat", "prompt_index", "prompt_id", "turn", "category", "method", "label", "drafter", "order", "seed", "prompt_tokens",
+    "repeat", "prompt_index", "prompt_id", "turn", "category", "method", "label", "drafter", "order", "seed", "threads", "prompt_tokens",
     "new_tokens", "seconds", "tokens_per_s", "engine_seconds", "ttft_s", "prefill_s", "rounds", "copied_rounds", "drafted",
     "accepted", "rejected_rounds", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards",
     "draft_forwards", "target_forwards_per_token", "mean_gamma", "mean_drafted", "mean_entropy",
@@ -63,6 +64,7 @@ def run_benchmark(
     decode: DecodeParams | None = None,
     cache: str | None = None,
     compile: bool = False,
+    threads: ThreadPlan | None = None,
     **params: Any,
 ) -> BenchResult:
     """Run every method on every selected prompt, `repeats` times, and summarise.
@@ -71,7 +73,9 @@ def run_benchmark(
     cache and compile are the engine options of our runs (see `EngineOptions`); compile
     time is kept out of `seconds` and reported in `compile_seconds` (the warm-up's, where
     the first compile happens, in `meta["warmup_compile_seconds"]`). transformers' peers
-    keep their own settings (hf-generate-static always compiles).
+    keep their own settings (hf-generate-static always compiles). threads, when given, sets
+    torch's thread count per method for each run (else every run has the process's count);
+    each row says which count ran.
     progress(done, total, message) is called after each run; raising from it aborts.
     """
     decode = DecodeParams.resolve(decode, **params)
@@ -83,7 +87,7 @@ def run_benchmark(
     encoded = [_first_turn_ids(pair, item, decode) for item in prompts]
     total = sum(p.turn_count for p in prompts) * len(names) * repeats + (len(names) if warmup else 0)
     session = _Session(pair, decode, engine, names, repeats, total, progress,
-                       HFRunner(pair, decode) if any(n in HF_METHODS for n in names) else None)
+                       HFRunner(pair, decode) if any(n in HF_METHODS for n in names) else None, threads)
     base_seed = decode.seed if decode.seed is not None else 1234
     warmup_compile = session.warm_up(encoded[0], base_seed) if warmup else {}
     for repeat, index, (item, first_ids), order in interleaved(list(zip(prompts, encoded)), names, repeats):
@@ -96,6 +100,8 @@ def run_benchmark(
                      for position, method in enumerate(order)}
             session.record(group, repeat, index, item, turn)
     meta = _meta(pair, decode, names, prompts, repeats, warmup)
+    if threads is not None:
+        meta["threads"] = {name: threads.for_method(name) for name in names}
     meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, warmup_compile_seconds=warmup_compile)
     return session.result(meta)
 
@@ -128,12 +134,22 @@ class _Session:
     total: int
     progress: Progress | None
     hf: HFRunner | None
+    threads: ThreadPlan | None = None
     done: int = 0
     rows: list[dict] = field(default_factory=list)
     round_counts: dict[tuple[str, str, int, int], int] = field(default_factory=dict)
     token_frames: list[pd.DataFrame] = field(default_factory=list)
 
     def run(self, method: str, ids: list[int], seed: int, max_new_tokens: int | None = None) -> Run:
+        if self.threads is None:
+            return self._run(method, ids, seed, max_new_tokens)
+        with self.threads.applied(method):
+            return self._run(method, ids, seed, max_new_tokens)
+
+    def threads_of(self, method: str) -> int:
+        return self.threads.for_method(method) if self.threads is not None else torch.get_num_threads()
+
+    def _run(self, method: str, ids: list[int], seed: int, max_new_tokens: int | None) -> Run:
         if method in HF_METHODS:
             return self.hf.run(method, ids, seed, max_new_tokens)
         values = {k: v for k, v in self.decode.as_dict().items() if k != "seed"}
@@ -160,7 +176,7 @@ class _Session:
         """One method's answer to one turn: its row so far, its run (None if it failed) and the prompt ids."""
         row = {"repeat": repeat, "prompt_index": prompt_index, "prompt_id": item.id, "turn": turn,
                "category": item.category, "method": method, "label": bench_methods()[method],
-               "order": position, "seed": seed, "error": ""}
+               "order": position, "seed": seed, "threads": self.threads_of(method), "error": ""}
         ids: list[int] = []
         try:
             ids = first_ids if turn == 1 else _turn_ids(self.pair, item, turn, answers, self.decode)

@@ -40,6 +40,7 @@ from ..models.loading import PRESETS, load_pair
 from .benchmark import run_benchmark
 from .chartpng import chromium_path
 from .suite import ALL
+from .threads import ThreadPlan
 
 APP = Path(__file__).resolve().parents[2] / "app.py"
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -370,15 +371,18 @@ def measure(runs: int, threads: Sequence[int], served_threads: str | None, prese
 
 def _bench_cli(pair, measured: Measured, category: str, repeats: int = 1) -> pd.DataFrame:
     """`bench` with the Benchmark tab's defaults (1 prompt per category, 64 tokens, seed 0) and its
-    `repeats`, on the tab's methods, at the page's thread count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(page_threads(measured.page_runs).values()))  # the tabs' default count
-    try:
-        methods = list(dict.fromkeys(measured.bench_tab.summary.method))
-        return run_benchmark(pair, methods=methods, repeats=repeats, limit=1, max_new_tokens=64, seed=0, chat=True,
-                             categories=None if category == ALL else category).summary
-    finally:
-        torch.set_num_threads(before)
+    `repeats`, on the tab's methods, by the page's thread plan."""
+    methods = list(dict.fromkeys(measured.bench_tab.summary.method))
+    return run_benchmark(pair, methods=methods, repeats=repeats, limit=1, max_new_tokens=64, seed=0, chat=True,
+                         categories=None if category == ALL else category,
+                         threads=served_plan(measured.page_runs)).summary
+
+
+def served_plan(page_runs: Sequence[PageRun]) -> ThreadPlan:
+    """The page's thread plan, read from the counts its Playground decoded each method on (the
+    Benchmark tab decodes by the same plan)."""
+    counts = set(page_threads(page_runs).values())
+    return ThreadPlan(count=counts.pop()) if len(counts) == 1 else ThreadPlan(count=None, cores=max(counts))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ from .quality import QUALITY_COLUMNS
 from .roofline import ROOFLINE_COLUMNS
 from .runners import bench_methods
 from .statistics import summarize
+from .threads import threads_text
 
 
 def make_figures(result: BenchResult) -> dict[str, Any]:
@@ -199,7 +200,7 @@ def _run_info(meta: dict[str, Any]) -> str:
     info = (f"pair <b>{html.escape(str(meta.get('pair')))}</b> (target {html.escape(str(meta.get('target')))}, "
             f"draft {html.escape(str(meta.get('draft')))}; SD and EGAG drafted with "
             f"{html.escape(str(meta.get('drafter')))}) on {html.escape(str(meta.get('device')))} "
-            f"({html.escape(str(meta.get('device_name')))}, {meta.get('threads')} threads), "
+            f"({html.escape(str(meta.get('device_name')))}, {html.escape(threads_text(meta.get('threads')))}), "
             f"dtype {meta.get('dtype')}, our cache {meta.get('cache', '–')}, compile {meta.get('compile', '–')}; "
             f"torch {meta.get('torch')}, transformers {meta.get('transformers')}; "
             f"{meta.get('prompts')} prompts × {meta.get('repeats')} repeats; {html.escape(params)}; {meta.get('time')}")

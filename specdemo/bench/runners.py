@@ -32,6 +32,8 @@ HF_METHODS: dict[str, tuple[str, str]] = {
     "hf-assisted-default": ("HF assisted (defaults)", "assisted generation with our draft and transformers' default schedule"),
     "hf-prompt-lookup": ("HF prompt lookup", "prompt-lookup decoding, γ tokens, matching up to n−1 tokens"),
 }
+# The peers that write one token a step, as AR does (the others verify drafts).
+ONE_TOKEN_BASELINES = frozenset({"hf-generate", "hf-generate-static"})
 DEFAULT_BENCH_METHODS = ("ar", "sd", "nasd", "egag", "hf-generate", "hf-assisted", "hf-prompt-lookup")
 
 def bench_methods() -> dict[str, str]:

@@ -16,13 +16,16 @@ from ..bench.report import write_outputs
 from ..bench.roofline import add_roofline, parse_bandwidth
 from ..bench.runners import DEFAULT_BENCH_METHODS, bench_methods, parse_bench_methods
 from ..bench.suite import ALL, encode_prompt, select_prompts
-from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, decode_params, default_chat,
+from ..bench.threads import ThreadPlan
+from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, add_thread_plan_argument,
+                     decode_params, default_chat,
                      engine_options, pair_from_args, progress_bar, read_suite,
                      suite_needs_tokenizer)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_suite_arguments(parser, repeats=3, what="(prompt, method)")
+    add_suite_arguments(parser, repeats=3, what="(prompt, method)", threads=False)
+    add_thread_plan_argument(parser)
     add_model_arguments(parser)
     add_decoding_arguments(parser, methods_default=DEFAULT_BENCH_METHODS, methods_known=list(bench_methods()))
     bound = parser.add_argument_group("roofline")
@@ -66,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
         parse_bandwidth(args.bandwidth)
     if args.repeats < 1:
         raise ValueError(f"repeats must be an integer ≥ 1, got {args.repeats}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"threads must be an integer ≥ 1, got {args.threads}")
+    args.thread_plan = ThreadPlan.parse(args.threads) if args.threads is not None else None
     args.round_overhead = args.round_overhead or args.overhead_only or bool(args.overhead_csv)
     if args.overhead_prompts < 1:
         raise ValueError(f"overhead-prompts must be an integer ≥ 1, got {args.overhead_prompts}")
@@ -83,10 +85,10 @@ def run(args: argparse.Namespace) -> int:
     # Prompts cut in the target's tokens are read once the pair is loaded; every other suite now.
     suite = None if suite_needs_tokenizer(args) else select_prompts(read_suite(args), args.categories, args.limit)
     threads = torch.get_num_threads()
-    if args.threads:
+    if args.thread_plan is not None:
         # Spin-waiting worker threads collapse when another process holds a core, so a
         # shared machine often runs faster, and far steadier, on fewer threads.
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(args.thread_plan.default)
     try:
         return _bench_with(args, params, engine, methods, suite)
     finally:
@@ -113,7 +115,7 @@ def _bench_with(args, params, engine, methods, suite) -> int:
 def _compare_methods(args, params, engine, methods, suite, pair) -> None:
     with progress_bar(args.quiet) as progress:
         result = run_benchmark(pair, suite, methods, repeats=args.repeats, warmup=args.warmup,
-                               progress=progress, decode=params, **engine.as_kwargs())
+                               progress=progress, decode=params, threads=args.thread_plan, **engine.as_kwargs())
     roofline_lines = add_roofline(result, pair, args.bandwidth) if args.roofline or args.bandwidth else []
     summary_csv = args.summary_csv
     if args.csv and not summary_csv:

@@ -120,8 +120,8 @@ def pair_from_args(args: argparse.Namespace):
     return load_pair(args.pair or EMBEDDED, device=args.device, **precisions)
 
 
-def add_suite_arguments(parser: argparse.ArgumentParser, repeats: int, what: str) -> None:
-    """--suite, --categories, --limit, --repeats, --no-warmup and --threads (bench and sweep)."""
+def add_suite_arguments(parser: argparse.ArgumentParser, repeats: int, what: str, threads: bool = True) -> None:
+    """--suite, --categories, --limit, --repeats, --no-warmup and (unless `threads` is false) --threads."""
     suite = parser.add_argument_group("suite")
     suite.add_argument("--suite", default=None,
                        help="JSONL, one {\"prompt\": ..., \"category\": ...} a line (optional \"id\", \"messages\", "
@@ -149,8 +149,17 @@ def add_suite_arguments(parser: argparse.ArgumentParser, repeats: int, what: str
     suite.add_argument("--repeats", type=int, default=repeats, help=f"runs of every {what} (default: {repeats})")
     suite.add_argument("--no-warmup", dest="warmup", action="store_false",
                        help="skip the untimed warm-up run of each method (by default each method has one)")
-    suite.add_argument("--threads", type=int, default=None,
-                       help="torch CPU threads (default: torch's choice); 1 is steadier on a busy shared CPU")
+    if threads:
+        suite.add_argument("--threads", type=int, default=None,
+                           help="torch CPU threads (default: torch's choice); 1 is steadier on a busy shared CPU")
+
+
+def add_thread_plan_argument(parser: argparse.ArgumentParser) -> None:
+    """--threads as a count or auto (the page's plan: one thread for AR, every core for drafting methods)."""
+    parser.add_argument("--threads", type=str, default=None,
+                        help="torch CPU threads: a count, or auto (one thread for the methods that write one "
+                             "token a step, every core for the drafting methods, as the page decodes on a small "
+                             "machine); default: torch's choice for every method")
 
 
 @contextlib.contextmanager

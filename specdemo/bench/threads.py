@@ -1,0 +1,87 @@
+"""torch's CPU threads per method: one count for all, or `auto`.
+
+On a small CPU a method that writes one token a step (AR, transformers' plain `generate`) is
+bound by memory, and a second OpenMP thread only spins at the barrier after each operator; a
+method that verifies several drafts at once gains from every core. `auto` gives the first kind
+one thread and the second every core. The page, the Benchmark tab and `bench --threads auto`
+share this plan, so the tab and the command decode each method on the same count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from ..engine.methods import METHODS
+from .runners import ONE_TOKEN_BASELINES
+
+AUTO = "auto"
+
+
+def drafts(name: str) -> bool:
+    """Whether the method verifies drafted tokens (else it writes one token a step)."""
+    if name in METHODS:
+        return METHODS[name].drafts
+    return name not in ONE_TOKEN_BASELINES
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """`count` threads for every method, or, with no count (auto), one for a method that writes
+    one token a step and `cores` for one that verifies drafts."""
+
+    count: int | None = None
+    cores: int = 1
+
+    @classmethod
+    def parse(cls, value: int | str, cores: int | None = None) -> "ThreadPlan":
+        """A plan from a count or "auto" (`cores`: this machine's, unless given); ValueError otherwise."""
+        if str(value).strip().lower() == AUTO:
+            return cls(count=None, cores=cores if cores is not None else os.cpu_count() or 1)
+        try:
+            count = int(value)
+        except (TypeError, ValueError):
+            count = 0
+        if count < 1 or isinstance(value, float) and value != count:
+            raise ValueError(f"threads must be an integer ≥ 1 or {AUTO}, got {value!r}")
+        return cls(count=count)
+
+    def for_method(self, name: str) -> int:
+        if self.count is not None:
+            return self.count
+        return self.cores if drafts(name) else 1
+
+    @property
+    def default(self) -> int:
+        """The count for work that is not one method's decode."""
+        return self.count if self.count is not None else self.cores
+
+    def describe(self) -> str:
+        return (f"{self.count} torch thread{'s' if self.count != 1 else ''}" if self.count is not None
+                else f"auto: 1 torch thread for AR, {self.cores} for drafting methods")
+
+    @contextlib.contextmanager
+    def applied(self, name: str) -> Iterator[int]:
+        """torch's thread count set for one decode of `name`, and set back after it."""
+        before = torch.get_num_threads()
+        count = self.for_method(name)
+        torch.set_num_threads(count)
+        try:
+            yield count
+        finally:
+            torch.set_num_threads(before)
+
+
+def threads_text(threads: int | dict[str, int] | None) -> str:
+    """A run's threads as a report says them: "2 threads", or per count the methods that ran on it."""
+    if not isinstance(threads, dict):
+        return f"{threads} threads"
+    by_count: dict[int, list[str]] = {}
+    for name, count in threads.items():
+        by_count.setdefault(count, []).append(name)
+    return "; ".join(f"{count} thread{'s' if count != 1 else ''}: {', '.join(names)}"
+                     for count, names in sorted(by_count.items()))
