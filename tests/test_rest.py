@@ -114,3 +114,39 @@ def test_sampling_follows_the_target_distribution(small_vocab_pair, tmp_path):  
     store = str(save_datastore(build_datastore(documents), tmp_path / "store.npz"))
     p_value = joint_p_value(small_vocab_pair, "rest", {"temperature": 1.0, "rest_datastore": store})
     assert p_value > 1e-3, f"χ² p-value {p_value:.2g}"
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("policy", [dict(tree_policy="dynamic", max_width=3), dict(tree_policy="static", tree_shape="2,2,1")])
+def test_a_tree_of_the_matchs_continuations_writes_ars_tokens(tiny_pair, tiny_store, policy, cache):
+    for prompt in ("w5 w6 w7", "w10 w20 w30 w10 w20 w30 w10 w20", "w40 w41"):
+        reference = specdemo.generate(tiny_pair, prompt, method="ar", max_new_tokens=40, cache=cache).token_ids
+        for budget in (1, 6):
+            result = specdemo.generate(tiny_pair, prompt, method="rest", max_new_tokens=40, rest_tree=True,
+                                       node_budget=budget, rest_datastore=tiny_store, cache=cache, **policy)
+            assert result.token_ids == reference, (prompt, budget, policy)
+            assert result.stats["tree_rounds"] == len(result.rounds)
+
+
+def test_the_tree_branches_where_the_occurrences_disagree_most_shared_first():
+    from specdemo.engine.params import DecodeParams
+    from specdemo.engine.tree_drafting import DynamicTree, RestStepper, grow_tree
+
+    store = build_datastore([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 5, 6], [9, 9]])
+    stepper = RestStepper(RestDrafter(store, 16), [7, 1, 2], DecodeParams().sampling)
+    tree, entropy = grow_tree(stepper, DynamicTree(max_width=2, max_depth=3, budget=5), 3, DecodeParams().sampling,
+                              None)
+    assert entropy is None  # point masses: no drafter entropy
+    # Under the match "1 2": 3 (twice) before 5 (once); each then continues as its occurrences do.
+    assert [tree.tokens[n] for n in tree.children[0]] == [3, 5]
+    assert [tree.tokens[n] for n in tree.path_to(tree.tokens.index(4))] == [3, 4]
+    assert sorted(tree.tokens[1:]) == [3, 4, 5, 6]
+
+
+def test_a_sampled_tree_follows_the_target_distribution(small_vocab_pair, tmp_path):  # noqa: F811
+    rng = random.Random(2)
+    documents = [PROMPT[:4] + [rng.randrange(8) for _ in range(6)] for _ in range(30)]
+    store = str(save_datastore(build_datastore(documents), tmp_path / "store.npz"))
+    p_value = joint_p_value(small_vocab_pair, "rest", {"temperature": 1.0, "rest_datastore": store, "rest_tree": True,
+                                                       "node_budget": 6, "max_width": 3}, samples=900)
+    assert p_value > 1e-3, f"χ² p-value {p_value:.2g}"

@@ -17,6 +17,8 @@ VARIANTS = {
     "egag-tree": ("egag-tree", dict(gamma_min=1, gamma_max=5, max_width=4)),
     "nasd-tree-dynamic": ("nasd", dict(nasd_tree=True, tree_policy="dynamic", max_width=2)),
     "nasd-tree-static": ("nasd", dict(nasd_tree=True, tree_policy="static", tree_shape="2,2,1")),
+    "adaedl-tree": ("adaedl-tree", dict(max_width=3, max_depth=4, adaedl_lambda=0.3, adaedl_scale=0.5)),
+    "egag-token-tree": ("egag-token-tree", dict(max_width=3, max_depth=4, entropy_stop=0.8)),
 }
 
 
@@ -118,6 +120,7 @@ TREE_CASES = [
     ("sd-tree", dict(temperature=0.8, top_k=4, node_budget=5, tree_policy="static", tree_shape="3,1")),
     ("egag-tree", dict(temperature=1.2, top_p=0.85, node_budget=6, max_width=4)),
     ("nasd", dict(temperature=1.0, nasd_tree=True, node_budget=6, max_width=3)),
+    ("adaedl-tree", dict(temperature=1.0, node_budget=6, max_width=3, max_depth=3, adaedl_scale=0.5)),
     ("nasd", dict(temperature=0.9, top_k=5, top_p=0.9, nasd_tree=True, node_budget=4, tree_policy="static",
                   tree_shape="2,2")),
 ]
@@ -146,3 +149,20 @@ def test_a_feature_head_tree_samples_from_the_target(small_vocab_pair, sampling)
 def test_bad_tree_parameters_raise_value_errors_that_name_the_field(tiny_pair, params, field):
     with pytest.raises(ValueError, match=field):
         specdemo.generate(tiny_pair, PROMPTS[0], method="sd-tree", max_new_tokens=4, **params)
+
+
+@pytest.mark.parametrize("method, never, always", [
+    ("adaedl-tree", dict(adaedl_lambda=0.0), dict(adaedl_lambda=1.0)),
+    ("egag-token-tree", dict(entropy_stop=1.0), dict(entropy_stop=0.0)),
+])
+def test_a_rule_tree_drops_a_nodes_children_where_its_rule_would_stop_a_chain(pair, method, never, always):
+    shape = dict(max_new_tokens=24, node_budget=8, max_width=2, max_depth=4)
+    unpruned = specdemo.generate(pair, PROMPTS[0], method="sd-tree", tree_policy="dynamic", **shape)
+    loose = specdemo.generate(pair, PROMPTS[0], method=method, **shape, **never)
+    assert [r.tree for r in loose.rounds] == [r.tree for r in unpruned.rounds]  # a rule that never stops prunes nothing
+    strict = specdemo.generate(pair, PROMPTS[0], method=method, **shape, **always)
+    assert strict.token_ids == loose.token_ids
+    if method == "adaedl-tree":  # the root's children are always drafted, and none of theirs
+        assert all(r.tree.depth <= 1 for r in strict.rounds) and strict.stats["drafted"] > 0
+    else:  # EGAG per token reads the first token too: a root over the threshold drafts nothing
+        assert strict.stats["drafted"] == 0

@@ -280,7 +280,7 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
                                             ("SD-tree (node budgets)", "sd-tree"), ("AdaEDL", "adaedl"),
                                             ("EGAG-token", "egag-token"), ("SpecDec++", "specdecpp"),
                                             ("SD (confidence)", "sd-confidence"), ("SD (+2/−1)", "sd-heuristic"),
-                                            ("REST", "rest"), ("Beam search", "beam"),
+                                            ("REST", "rest"), ("OSD", "osd"), ("Beam search", "beam"),
                                             ("Draft alone", "draft"), ("AR (no cache)", "ar-nocache")],
                                    elem_id="sweep-methods")
     with gr.Row():

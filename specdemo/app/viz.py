@@ -96,6 +96,11 @@ def method_color(method: str) -> str:
     return FALLBACK_COLORS[sum(map(ord, method)) % len(FALLBACK_COLORS)]
 
 
+def method_capped(method: str) -> bool:
+    """Whether the method cuts max_new_tokens (AR without a cache)."""
+    return method in METHODS and METHODS[method].new_tokens_cap is not None
+
+
 def method_label(method: str) -> str:
     return METHODS[method].label if method in METHODS else method
 
@@ -267,8 +272,10 @@ def _panel_meta(result: GenerationResult) -> str:
         bits.append(f"{stats['tokens_per_s']:.1f} tok/s")
     if stats["drafted"]:
         bits.append(f"α {stats['acceptance_rate']:.0%}")
-    if result.note:  # the method ran fewer tokens than asked (no cache); the title says why
+    if result.note and method_capped(result.method):  # it ran fewer tokens than asked; the title says why
         bits.append(f"capped at {result.params['max_new_tokens']} tokens")
+    if result.lesson is not None:  # OSD: which request of its head's stream this was; the title says more
+        bits.append(f"stream request {result.lesson.request}")
     return " · ".join(bits)
 
 

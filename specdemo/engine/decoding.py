@@ -67,7 +67,7 @@ def iter_generate(
     drafter, policy = spec.build(pair, decode_params)
     if drafter is not None and drafter.drafts_trees and is_encoder_decoder(pair.target):
         raise ValueError(f"method {method!r} drafts a tree, which runs on decoder-only pairs only; "
-                         "this pair is encoder-decoder: pick sd, egag or nasd (without nasd_tree)")
+                         "this pair is encoder-decoder: pick sd, egag, nasd or rest (without nasd_tree or rest_tree)")
     return _rounds(pair, drafter, policy, decode_params, seed, result, cache=cache, compile=compile,
                    method=spec)
 
@@ -117,6 +117,7 @@ def _rounds(pair: ModelPair, drafter: Drafter | None, policy, params: DecodePara
                 _count_forwards(result, run, prefill_forwards, method)
                 _check_stop(result, params.max_new_tokens, pair)
             yield result
+        _learn(result, run.drafter, pair, sequence)
     finally:
         # Drop the caches now rather than whenever the generator is collected.
         run.writer.close()
@@ -174,6 +175,16 @@ def _count_forwards(result: GenerationResult, run: Decoding, prefill_forwards: i
         result.target_forwards, result.draft_forwards = 0, writer_forwards
     else:
         result.target_forwards, result.draft_forwards = writer_forwards, run.drafter.forwards
+
+
+def _learn(result: GenerationResult, drafter: Drafter, pair: ModelPair, sequence: list[int]) -> None:
+    """A finished request taught to a drafter that adapts between requests (OSD), after the last
+    round was yielded and its time recorded: the lesson is reported, never timed as decoding."""
+    stats = result.stats
+    result.lesson = drafter.learn(pair.target, sequence, len(sequence) - len(result.tokens), stats["drafted"],
+                                  stats["accepted"])
+    if result.lesson is not None:
+        result.note = " ".join(filter(None, (result.note, result.lesson.describe())))
 
 
 def _check_stop(result: GenerationResult, max_new_tokens: int, pair: ModelPair) -> None:

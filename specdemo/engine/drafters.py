@@ -51,7 +51,8 @@ class Drafter:
       target_top_k > 0       `observe` gets the ids of the target's best tokens at those positions;
       drafts_tokens          False for AR's drafter, which proposes nothing (one token verified a round);
       drafts_trees           `propose_tree` instead of `propose`;
-    and `use_cache` / `warm_up` / `close` for a drafter that keeps a model's KV cache.
+    and `use_cache` / `warm_up` / `close` for a drafter that keeps a model's KV cache, and `learn`
+    for one that adapts between requests (OSD), called once a request has finished, off the clock.
     Proposals stay on the device: the loop reads a round's drafts back with the target's verdict.
     """
 
@@ -98,6 +99,12 @@ class Drafter:
         """The target has verified sequence[verified_from:]; target_logits[i] is its
         next-token prediction after sequence[:verified_from + i], for i up to the number
         of drafts it accepted (target_features and target_top: the same rows, when declared)."""
+
+    def learn(self, target: torch.nn.Module, sequence: list[int], answer_start: int, drafted: int,
+              accepted: int):
+        """A finished request's verified sequence (its answer from `answer_start`), to learn from
+        before the next request; what was learnt (None: a drafter that does not adapt)."""
+        return None
 
     def close(self) -> None:
         """Free what the drafter holds (its cache) now, not when it is collected."""
@@ -155,6 +162,9 @@ class WrappedDrafter(Drafter):
 
     def observe(self, sequence, verified_from, target_logits, target_features=None, target_top=None) -> None:
         self.inner.observe(sequence, verified_from, target_logits, target_features, target_top)
+
+    def learn(self, target, sequence, answer_start, drafted, accepted):
+        return self.inner.learn(target, sequence, answer_start, drafted, accepted)
 
     def close(self) -> None:
         self.inner.close()

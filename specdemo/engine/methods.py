@@ -25,8 +25,9 @@ from .params import parse_shape
 from .acceptance_head import cached_acceptance_head, round_features
 from .policies import (AdaEDLStop, ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma, PredictedRejectionStop,
                        TokenEntropyStop)
+from .online import OnlineDrafter, online_head
 from .rest import RestDrafter, load_datastore
-from .tree_drafting import DynamicTree, EntropyTree, StaticTree, TreeDrafter
+from .tree_drafting import DynamicTree, EntropyTree, StaticTree, StopRuleTree, TreeDrafter
 
 
 # Recomputing the whole prefix every step is quadratic; longer runs are cut to this many tokens.
@@ -47,11 +48,15 @@ class Method:
     lossless: bool = True  # under greedy decoding its output is AR's, so matches_ar is asked of it
     run: Callable | None = None  # (pair, params, seed, result) → iterator of results, for a method not made of rounds
     drafts: bool = True  # False: every step writes one token (AR and the baselines), bound by memory, not compute
+    needs_feature_head: bool = False  # drafts with the pair's feature head only (OSD adapts it online)
 
     def unavailable(self, pair) -> str | None:
         """Why this pair cannot run the method (a sentence for the user), or None."""
         if self.needs_draft and pair.draft is None:
             return f"method {self.name!r} needs a draft model; load the pair with draft=... or pick ar or nasd"
+        if self.needs_feature_head and getattr(pair, "draft_kind", None) != FEATURE_HEAD:
+            return (f"method {self.name!r} adapts the pair's feature head while serving, and this pair drafts with "
+                    "a draft model; load a pair with a feature head (e.g. the embedded preset)")
         if self.decoder == "draft" and getattr(pair, "draft_kind", None) == FEATURE_HEAD:
             return (f"method {self.name!r} runs the pair's draft model alone, and this pair drafts with a feature "
                     "head, which cannot write without the target's hidden states; load a pair with a draft model "
@@ -86,14 +91,27 @@ def _tree_policy(p: DecodeParams):
     return DynamicTree(p.max_width, p.max_depth, p.node_budget)
 
 
+def _stop_rule_tree(pair, p: DecodeParams, rule) -> tuple[Drafter, StopRuleTree]:
+    """The pair's draft as a tree, pruned where the per-token rule would stop a chain."""
+    vocab = pair.vocab_size or pair.target.config.vocab_size
+    return TreeDrafter(_plain_drafter(pair)), StopRuleTree(p.max_width, p.max_depth, p.node_budget, rule, vocab)
+
+
 def _nasd(pair, p: DecodeParams):
     drafter = NgramDrafter(p.ngram_n, p.ngram_storage, p.top_k_filler, pair.device)
     return (TreeDrafter(drafter), _tree_policy(p)) if p.nasd_tree else (drafter, FixedGamma(p.gamma))
 
 
-def _rest_drafter(pair, p: DecodeParams) -> RestDrafter:
+def _osd_drafter(pair, p: DecodeParams) -> Drafter:
+    """An online copy of the pair's feature head, shared by every osd request on this pair."""
+    drafter = OnlineDrafter(online_head(pair.draft, pair.target, p.osd_lr), p.osd_steps)
+    return CopyFirstDrafter(drafter, p.copy_n, pair.device) if p.copy_n else drafter
+
+
+def _rest(pair, p: DecodeParams):
     store = load_datastore(p.rest_datastore) if p.rest_datastore else None
-    return RestDrafter(store, pair.vocab_size or pair.target.config.vocab_size, pair.device)
+    drafter = RestDrafter(store, pair.vocab_size or pair.target.config.vocab_size, pair.device)
+    return (TreeDrafter(drafter), _tree_policy(p)) if p.rest_tree else (drafter, FixedGamma(p.gamma))
 
 
 METHODS: dict[str, Method] = {}
@@ -128,8 +146,12 @@ register(Method("specdecpp", "SpecDec++", True, "the pair's draft up to γ_max, 
                         p.gamma_max, cached_acceptance_head(p.specdecpp_head or None), round_features,
                         p.specdecpp_threshold))))
 register(Method("rest", "REST", False, "retrieval: the continuation of the longest match of the context's end in a "
-                "datastore (rest_datastore) or earlier in the context, fixed γ",
-                lambda pair, p: (_rest_drafter(pair, p), FixedGamma(p.gamma))))
+                "datastore (rest_datastore) or earlier in the context, fixed γ (or, with rest_tree, a tree of "
+                "its occurrences' continuations)", lambda pair, p: _rest(pair, p)))
+register(Method("osd", "OSD", True, "online speculative decoding: the pair's feature head, fixed γ, distilled on the "
+                "target's verified tokens after each request (off the clock), so later requests draft with what "
+                "earlier ones taught", lambda pair, p: (_osd_drafter(pair, p), FixedGamma(p.gamma)),
+                needs_feature_head=True))
 
 register(Method("beam", "Beam search", False, "the target alone, beam search (num_beams) through transformers' "
                 "generate; not greedy decoding, so its text differs from AR's",
@@ -146,6 +168,13 @@ register(Method("sd-tree", "SD-tree", True, "the pair's draft as a tree (dynamic
 register(Method("egag-tree", "EGAG-tree", True, "the pair's draft as a tree: depth from the smoothed entropy, "
                 "width from each node's entropy", lambda pair, p: (TreeDrafter(_plain_drafter(pair)),
                 EntropyTree(p.gamma_min, p.gamma_max, p.ema, p.max_width, p.node_budget))))
+
+register(Method("adaedl-tree", "AdaEDL-tree", True, "the pair's draft as a dynamic tree, a node's children dropped "
+                "where AdaEDL's bound on their acceptance falls below λ", lambda pair, p: _stop_rule_tree(
+                    pair, p, AdaEDLStop(p.max_depth, p.adaedl_lambda, p.adaedl_scale))))
+register(Method("egag-token-tree", "EGAG-token-tree", True, "the pair's draft as a dynamic tree, a node's children "
+                "dropped where its normalised entropy exceeds a threshold", lambda pair, p: _stop_rule_tree(
+                    pair, p, TokenEntropyStop(p.max_depth, p.entropy_stop))))
 
 DEFAULT_METHODS = ("ar", "sd", "nasd", "egag")
 BASELINES = ("beam", "draft", "ar-nocache")

@@ -86,8 +86,9 @@ class Param:
 
 _GAMMA = dict(low=1, high=64, allowed="an integer from 1 to 64")
 TREE_POLICIES = ("dynamic", "static")
-_TREE_DRAFTING = ("sd-tree", "nasd")  # the methods whose tree policy is chosen (egag-tree's is its entropy)
-_TREES = ("sd-tree", "egag-tree", "nasd")
+_TREE_DRAFTING = ("sd-tree", "nasd", "rest")  # the methods whose tree policy is chosen (egag-tree's is its entropy)
+_RULE_TREES = ("adaedl-tree", "egag-token-tree")  # dynamic trees pruned by a per-token rule
+_TREES = ("sd-tree", "egag-tree", "nasd", "rest", *_RULE_TREES)
 MAX_TREE_WIDTH = 16
 
 
@@ -102,7 +103,7 @@ def parse_shape(spec: str) -> tuple[int, ...]:
                          f"commas (e.g. 3,2,1,1), at most 64 depths; got {spec!r}")
     return shape
 _TOKEN_STOPS = ("adaedl", "egag-token", "specdecpp")  # per-token stopping rules, capped by gamma_max
-_COPYING = ("sd", "egag", "sd-heuristic", "sd-confidence", *_TOKEN_STOPS)  # the methods that draft with the pair's draft
+_COPYING = ("sd", "egag", "sd-heuristic", "sd-confidence", "osd", *_TOKEN_STOPS)  # the methods that draft with the pair's draft
 
 SCHEMA: tuple[Param, ...] = (
     Param("max_new_tokens", int, 128, "stop after this many new tokens", "Max new tokens",
@@ -116,7 +117,7 @@ SCHEMA: tuple[Param, ...] = (
     Param("seed", int, None, "random seed (sampling); the same seed gives the same run",
           "Seed (empty = random)", low=0, high=2**63 - 1, optional=True, allowed="an integer ≥ 0 or empty"),
     Param("gamma", int, 3, "draft length γ", "SD / NASD: γ (draft length)",
-          methods=("sd", "nasd", "sd-heuristic", "rest"), **_GAMMA),
+          methods=("sd", "nasd", "sd-heuristic", "rest", "osd"), **_GAMMA),
     Param("gamma_min", int, 1, "smallest γ (egag-tree: smallest depth)", "EGAG: γ min", methods=("egag", "egag-tree"),
           **_GAMMA),
     Param("gamma_max", int, 4, "largest γ (egag-tree: largest depth)", "EGAG: γ max",
@@ -124,14 +125,14 @@ SCHEMA: tuple[Param, ...] = (
     Param("ema", float, 0.9, "entropy smoothing β (0 = none)", "EGAG: entropy EMA β", methods=("egag", "egag-tree"),
           low=0.0, high=1.0, high_open=True, allowed="a number in [0, 1) (0 = no smoothing)", slider=(0.0, 0.99, 0.01)),
     Param("adaedl_lambda", float, 0.5, "AdaEDL: stop drafting once the bound 1 − √(scale·H) on the next draft's "
-          "acceptance falls below λ", "AdaEDL: λ (stop below this bound)", methods=("adaedl",), low=0.0, high=1.0,
+          "acceptance falls below λ", "AdaEDL: λ (stop below this bound)", methods=("adaedl", "adaedl-tree"), low=0.0, high=1.0,
           allowed="a number in [0, 1]", slider=(0.0, 1.0, 0.05)),
     # 0.1: on the embedded pair's training traces, 1 − √(0.1·H) is near the observed acceptance (docs/adaptive-drafting.md).
     Param("adaedl_scale", float, 0.1, "AdaEDL: the scale of the entropy (in nats) under the square root",
-          "AdaEDL: entropy scale", methods=("adaedl",), low=0.0, low_open=True, allowed="a number > 0",
+          "AdaEDL: entropy scale", methods=("adaedl", "adaedl-tree"), low=0.0, low_open=True, allowed="a number > 0",
           slider=(0.05, 4.0, 0.05)),
     Param("entropy_stop", float, 0.25, "EGAG per token: stop drafting once a position's normalised entropy "
-          "(smoothed by token_ema) exceeds this", "EGAG-token: entropy threshold", methods=("egag-token",),
+          "(smoothed by token_ema) exceeds this", "EGAG-token: entropy threshold", methods=("egag-token", "egag-token-tree"),
           low=0.0, high=1.0, allowed="a number in [0, 1]", slider=(0.0, 1.0, 0.01)),
     Param("token_ema", float, 0.0, "EGAG per token: smoothing β of the entropy along a round (0 = none)",
           "EGAG-token: entropy EMA β", methods=("egag-token",), low=0.0, high=1.0, high_open=True,
@@ -154,6 +155,13 @@ SCHEMA: tuple[Param, ...] = (
     Param("rest_datastore", str, "", "REST: a datastore file (python -m specdemo.bench.rest build CORPUS OUT); "
           "empty = match the context alone", "REST: datastore file", methods=("rest",),
           allowed="a path to a datastore, or empty"),
+    # 2e-5: on a 50-prompt stream 1e-4 pulled the head off its offline optimum (docs/adaptive-drafting.md).
+    Param("osd_lr", float, 2e-5, "OSD: the online head's learning rate (Adam) between requests",
+          "OSD: learning rate", methods=("osd",), low=0.0, high=1.0, low_open=True, allowed="a number in (0, 1]"),
+    Param("osd_steps", int, 2, "OSD: distillation steps on each finished request's verified tokens (0 = frozen)",
+          "OSD: steps per request", methods=("osd",), low=0, high=64),
+    Param("rest_tree", bool, False, "draft a tree of the match's continuations instead of a chain",
+          "REST: draft a tree", methods=("rest",)),
     Param("num_beams", int, 4, "beams kept by beam search", "Beam: number of beams", methods=("beam",),
           low=1, high=16),
     Param("nasd_tree", bool, False, "draft a tree of the table's continuations instead of a chain",
@@ -164,7 +172,7 @@ SCHEMA: tuple[Param, ...] = (
     # 3: the most nodes a CPU verifies for about one forward's cost (docs/trees.md); a GPU affords more.
     Param("node_budget", int, 3, "most drafted nodes in a tree (the target verifies them all in one forward)",
           "Tree: node budget", methods=_TREES, low=1, high=64, allowed="an integer from 1 to 64"),
-    Param("max_depth", int, 5, "deepest a dynamic tree grows", "Tree: max depth", methods=_TREE_DRAFTING,
+    Param("max_depth", int, 5, "deepest a dynamic tree grows", "Tree: max depth", methods=(*_TREE_DRAFTING, *_RULE_TREES),
           low=1, high=64, allowed="an integer from 1 to 64"),
     Param("max_width", int, 3, "most children per node (dynamic and entropy-guided trees)", "Tree: max width",
           methods=_TREES, low=1, high=MAX_TREE_WIDTH, allowed=f"an integer from 1 to {MAX_TREE_WIDTH}"),
@@ -209,6 +217,9 @@ class DecodeParams:
     top_k_filler: int = PARAMS["top_k_filler"].default
     copy_n: int = PARAMS["copy_n"].default
     rest_datastore: str = PARAMS["rest_datastore"].default
+    osd_lr: float = PARAMS["osd_lr"].default
+    osd_steps: int = PARAMS["osd_steps"].default
+    rest_tree: bool = PARAMS["rest_tree"].default
     num_beams: int = PARAMS["num_beams"].default
     nasd_tree: bool = PARAMS["nasd_tree"].default
     tree_policy: str = PARAMS["tree_policy"].default

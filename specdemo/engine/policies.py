@@ -165,6 +165,10 @@ class AdaEDLStop(_TokenStop):
         nats = entropy * math.log(vocab) if vocab > 1 else entropy
         return 1.0 - math.sqrt(max(0.0, self.scale * nats))
 
+    def node_value(self, entropy: float, vocab: int) -> float:
+        """The rule's value at one tree node from its q's normalised entropy alone."""
+        return self.stop_value(entropy, 0.0, vocab=vocab)
+
     def crosses(self, value: float) -> bool:
         return value < self.threshold
 
@@ -191,6 +195,10 @@ class TokenEntropyStop(_TokenStop):
         else:
             self.smoothed = self.ema * self.smoothed + (1.0 - self.ema) * entropy
         return self.smoothed
+
+    def node_value(self, entropy: float, vocab: int) -> float:
+        """At a tree node: the node's own entropy (a tree's paths share no single running average)."""
+        return entropy
 
 
 @dataclass

@@ -141,20 +141,27 @@ class RestDrafter(Drafter):
         self.device = torch.device(device)
         self.matched = 0  # the length of the last round's match (0: none)
 
-    def draft(self, context: Sequence[int], most: int) -> list[int]:
+    def match(self, context: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The longest suffix match of the context (in the context itself first, then the
+        datastore): the token array it was found in and the positions right after its
+        occurrences (none: no match of MIN_MATCH tokens or more)."""
         longest = min(MAX_MATCH, len(context), self.store.window if self.store is not None else MAX_MATCH)
         for length in range(longest, MIN_MATCH - 1, -1):
             seen = context_occurrences(context, length)
             if len(seen):
                 self.matched = length
-                return shared_continuation(np.asarray(context, dtype=np.int64), seen, most)
+                return np.asarray(context, dtype=np.int64), seen
             if self.store is not None and len(self.store):
                 found = self.store.occurrences(context[-length:])
                 if len(found):
                     self.matched = length
-                    return shared_continuation(self.store.tokens, found, most)
+                    return self.store.tokens, found
         self.matched = 0
-        return []
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+
+    def draft(self, context: Sequence[int], most: int) -> list[int]:
+        tokens, starts = self.match(context)
+        return shared_continuation(tokens, starts, most)
 
     def describe(self, model_name: str | None) -> str:
         return f"retrieval ({len(self.store):,} datastore tokens + the context)" if self.store is not None else \

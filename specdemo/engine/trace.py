@@ -148,6 +148,8 @@ class GenerationResult:
     decoder_prefix: list[int] | None = None
     # Weight bytes and peak KV-cache bytes of each model (memory.MEMORY_STATS), kept up to date by the run.
     memory: dict[str, int] = field(default_factory=dict)
+    # What an online drafter learnt from this request once it finished (OSD's `online.Lesson`), off the clock.
+    lesson: Any | None = None
 
     @property
     def output_context(self) -> list[int]:

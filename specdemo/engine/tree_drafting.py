@@ -18,13 +18,16 @@ or a few tokens after a rollback (positions are indexed, so rollback is free):
   `FeatureStepper`  a feature head (`FeatureDrafter`): a drafted node's input is its parent's
                     predicted feature, so each expanded node keeps its own prediction;
   `NgramStepper`    NASD's table: the continuations seen after the node's context, each a point
-                    mass (no q), ranked by count.
+                    mass (no q), ranked by count;
+  `RestStepper`     REST: the continuations of the longest match's occurrences along the node's
+                    path, point masses ranked by how many occurrences share them.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +35,7 @@ import torch
 from .drafters import Drafter, ModelDrafter, NgramDrafter, WrappedDrafter
 from .feature_drafter import FeatureDrafter
 from .policies import _Policy, gamma_from_entropy
+from .rest import RestDrafter
 from .sampling import SamplingConfig, normalized_entropy, probabilities
 from .trace import DRAFTED
 from .tree import ROOT, DraftTree
@@ -93,6 +97,22 @@ class EntropyTree(_TreePolicy):
 
     def width(self, depth: int, entropy_nats: float) -> int:
         return max(1, min(self.max_width, math.floor(math.exp(entropy_nats) + 0.5)))
+
+
+@dataclass
+class StopRuleTree(DynamicTree):
+    """A dynamic tree pruned by a per-token rule (AdaEDL's bound, EGAG's entropy per token): a node
+    whose q crosses the rule's threshold gets no children, as a chain would stop drafting there.
+    The root is exempt unless the rule reads the first token too (as a chain's first draft is)."""
+
+    rule: _Policy = None
+    vocab: int = 0
+
+    def width(self, depth: int, entropy_nats: float) -> int:
+        if depth == 0 and not self.rule.reads_first_token:
+            return self.max_width
+        entropy = entropy_nats / math.log(self.vocab) if self.vocab > 1 else entropy_nats
+        return 0 if self.rule.crosses(self.rule.node_value(entropy, self.vocab)) else self.max_width
 
 
 # -- steppers --------------------------------------------------------------------------------
@@ -170,6 +190,32 @@ class NgramStepper:
         pass
 
 
+class RestStepper:
+    """REST's tree: the continuations of the longest match's occurrences, a trie ranked by how
+    many occurrences share each branch (point masses, as NASD's table)."""
+
+    point_masses = True
+
+    def __init__(self, drafter: RestDrafter, context: list[int], sampling: SamplingConfig):
+        self.tokens, self.starts = drafter.match(context)
+        self.root_q = self._counts(self.starts)
+
+    def _counts(self, starts) -> dict[int, int] | None:
+        starts = starts[starts < len(self.tokens)]
+        following = [int(t) for t in self.tokens[starts] if t >= 0]  # a separator ends a document's branch
+        return dict(Counter(following)) or None
+
+    def q_at(self, tree: DraftTree, node: int) -> dict[int, int] | None:
+        starts = self.starts
+        for token in (tree.tokens[n] for n in tree.path_to(node)):
+            starts = starts[starts < len(self.tokens)]
+            starts = starts[self.tokens[starts] == token] + 1
+        return self._counts(starts)
+
+    def finish(self) -> None:
+        pass
+
+
 def _expand(stepper, q, width_of, depth: int, sampling, generator):
     """(tokens, keys, q kept for verification, normalised entropy or None) for one node."""
     if stepper.point_masses:
@@ -226,7 +272,8 @@ def grow_tree(stepper, policy: _TreePolicy, limit: int, sampling: SamplingConfig
     return tree, root_entropy
 
 
-_STEPPERS = ((FeatureDrafter, FeatureStepper), (ModelDrafter, ModelStepper), (NgramDrafter, NgramStepper))
+_STEPPERS = ((FeatureDrafter, FeatureStepper), (ModelDrafter, ModelStepper), (NgramDrafter, NgramStepper),
+             (RestDrafter, RestStepper))
 
 
 @dataclass

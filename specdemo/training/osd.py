@@ -1,12 +1,11 @@
-"""Online speculative decoding (OSD): the draft head learns from the target between requests.
+"""Online speculative decoding (OSD) over a stream of prompts, against the same stream frozen.
 
-Over a stream of prompts, each request is decoded with SD (the timed part, as any run), and
-then, off the timed path, the pair's feature head takes a few distillation steps on what the
-target just verified: its hidden states over the prompt and the answer (one teacher-forced
-forward) and its next-token distributions, with the loss that trains the head offline
-(`training.eagle.head_losses`). The target still verifies every draft, so outputs stay the
-target's (greedy: AR's tokens). The same stream is run once with a frozen head, so that the
-acceptance of the adapted head is read against the same prompts in the same order.
+Each request is decoded with the `osd` method (the timed part, as any run): SD with an online
+copy of the pair's feature head, which after the request takes a few distillation steps on what
+the target just verified, off the clock (`engine.online`). The same stream is run once with the
+head frozen (SD, the same γ, no copying), so that the adapted head's acceptance is read against
+the same prompts in the same order. The target still verifies every draft, so outputs stay the
+target's (greedy: AR's tokens).
 
     python -m specdemo.training.osd [--prompts 50] [--max-new-tokens 64] [--out results/osd]
 """
@@ -14,83 +13,44 @@ acceptance of the adapted head is read against the same prompts in the same orde
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
 import random
-import time
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from ..engine.feature_head import FeatureHead
+from ..engine.online import forget_online, online_head
+from ..engine.params import PARAMS
 from ..bench.suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite
 
 STREAM_COLUMNS = ["run", "index", "prompt_id", "category", "drafted", "accepted", "acceptance", "new_tokens",
                   "seconds", "update_seconds", "loss"]
 
 
-def adapted_pair(pair):
-    """The pair with a copy of its head, so updates never reach the loaded pair."""
-    if not isinstance(pair.draft, FeatureHead):
-        raise ValueError("osd: the pair must draft with a feature head (e.g. the embedded pair)")
-    head = copy.deepcopy(pair.draft)
-    head.bind(pair.target)
-    return dataclasses.replace(pair, draft=head)
-
-
-def target_features(pair, ids: list[int]) -> torch.Tensor:
-    """[len(ids) − 1, d]: the target's final states at every position but the last."""
-    with torch.inference_mode():
-        body = pair.target.get_decoder() if hasattr(pair.target, "get_decoder") else pair.target.model
-        states = body(input_ids=torch.tensor([ids], device=pair.device)).last_hidden_state[0, :-1]
-    return states.float().clone()
-
-
-def distil(pair, ids: list[int], answer_start: int, optimizer, steps: int, unroll: int = 2,
-           cls_weight: float = 1.0) -> float:
-    """A few steps on the head over one verified sequence, with the installed head's loss (the
-    distribution term weighted `cls_weight`); the last step's loss."""
-    from .eagle import Sequence, collate, head_losses
-
-    head = pair.draft
-    sequence = Sequence(torch.tensor(ids), target_features(pair, ids), answer_start, "stream")
-    batch = collate([sequence])
-    batch["features"] = batch["features"].to(head.fc.weight.dtype)
-    head.train()
-    loss = torch.zeros(())
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss, _ = head_losses(head, batch, noise=0.0, unroll=unroll, cls_weight=cls_weight)
-        loss.backward()
-        optimizer.step()
-    head.eval()
-    return float(loss.detach())
-
-
-def run_stream(pair, prompts: list[SuitePrompt], *, adapt: bool, lr: float = 1e-4, steps: int = 2, gamma: int = 4,
-               max_new_tokens: int = 64, chat: bool = True, cls_weight: float = 1.0):
-    """Decode the prompts in order (SD, γ fixed, no copying), updating a copy of the head after each
-    when `adapt`; yield one row (STREAM_COLUMNS) per request."""
+def run_stream(pair, prompts: list[SuitePrompt], *, adapt: bool, lr: float = PARAMS["osd_lr"].default,
+               steps: int = 2, gamma: int = 4, max_new_tokens: int = 64, chat: bool = True, cls_weight: float = 1.0):
+    """Decode the prompts in order (γ fixed, no copying): with `adapt`, the `osd` method from a
+    fresh online copy of the head (its loss's distribution term weighted `cls_weight`), else SD
+    with the loaded head; yield one row (STREAM_COLUMNS) per request."""
     import specdemo
 
-    pair = adapted_pair(pair)
-    trainable = [p for p in pair.draft.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(trainable, lr=lr) if adapt else None
+    if not isinstance(pair.draft, FeatureHead):
+        raise ValueError("osd: the pair must draft with a feature head (e.g. the embedded pair)")
+    if adapt:
+        forget_online(pair.draft)
+        online_head(pair.draft, pair.target, lr).cls_weight = cls_weight
+    method, learning = ("osd", {"osd_lr": lr, "osd_steps": steps}) if adapt else ("sd", {})
     for index, item in enumerate(prompts):
         ids = encode_prompt(pair, item, chat)
-        result = specdemo.generate(pair, ids, method="sd", gamma=gamma, copy_n=0, max_new_tokens=max_new_tokens)
-        stats = result.stats
-        row = {"run": "adapted" if adapt else "frozen", "index": index, "prompt_id": item.id,
+        result = specdemo.generate(pair, ids, method=method, gamma=gamma, copy_n=0, max_new_tokens=max_new_tokens,
+                                   **learning)
+        stats, lesson = result.stats, result.lesson
+        yield {"run": "adapted" if adapt else "frozen", "index": index, "prompt_id": item.id,
                "category": item.category, "drafted": stats["drafted"], "accepted": stats["accepted"],
                "acceptance": stats["accepted"] / stats["drafted"] if stats["drafted"] else float("nan"),
-               "new_tokens": len(result.token_ids), "seconds": result.seconds, "update_seconds": 0.0,
-               "loss": float("nan")}
-        if adapt:
-            started = time.perf_counter()
-            row["loss"] = distil(pair, ids + list(result.token_ids), len(ids), optimizer, steps, cls_weight=cls_weight)
-            row["update_seconds"] = time.perf_counter() - started
-        yield row
+               "new_tokens": len(result.token_ids), "seconds": result.seconds,
+               "update_seconds": lesson.seconds if lesson else 0.0, "loss": lesson.loss if lesson else float("nan")}
 
 
 def stream_prompts(count: int, seed: int = 0, suite=DEFAULT_SUITE) -> list[SuitePrompt]:
@@ -136,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="the stream's order (default: 0)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lr", type=float, default=PARAMS["osd_lr"].default)
     parser.add_argument("--steps", type=int, default=2, help="distillation steps after each request")
     parser.add_argument("--cls-weight", type=float, default=1.0,
                         help="the distribution term's weight in the loss (default 1, as the installed head was trained)")

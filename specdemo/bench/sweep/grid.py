@@ -14,9 +14,9 @@ from ...engine.methods import BASELINES, METHODS
 from ...engine.params import PARAMS, DecodeParams
 
 SWEEP_METHODS = ("sd", "egag", "nasd", "sd-tree", "adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic",
-                 "rest")
+                 "rest", "osd")
 # The methods that set their draft length as they go, against which the best fixed γ is judged.
-ADAPTIVE_METHODS = ("egag", "adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic")
+ADAPTIVE_METHODS = ("egag", "adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic", "osd")
 # Each per-token rule's threshold: the grid's axis and the parameter it sets.
 STOP_AXES = {"adaedl": "adaedl_lambda", "egag-token": "entropy_stop", "specdecpp": "specdecpp_threshold"}
 DEFAULT_STOP_CAP = 8  # the per-token rules draft at most this many tokens a round
@@ -70,7 +70,7 @@ class Setting:
             symbol = {"adaedl": "λ", "egag-token": "H >", "specdecpp": "P(reject) >"}[self.method]
             value = getattr(self, STOP_AXES[self.method])
             return f"{self.method_label} {symbol} {fmt(value)} (γ ≤ {self.gamma_max})"
-        if self.method in ("rest", "sd-heuristic"):
+        if self.method in ("rest", "sd-heuristic", "osd"):
             return f"{self.method_label} γ={self.gamma}"
         if self.method == "sd-confidence":
             return f"{self.method_label} (γ ≤ {self.gamma_max})"
@@ -141,8 +141,8 @@ def expand_grid(
     methods picks among SWEEP_METHODS (AR always runs), and may add the baselines (beam, draft,
     ar-nocache), each run once per prompt as a reference; by default every method whose grid is
     given (NASD only when ngram_n is). A per-token rule picked without its thresholds runs at
-    its parameter's default; sd-confidence (γ ≤ stop_cap), sd-heuristic and rest (γ = nasd_gamma)
-    have no grid. Every setting is validated here, so a bad value fails before any model runs.
+    its parameter's default; sd-confidence (γ ≤ stop_cap), sd-heuristic, rest and osd (γ =
+    nasd_gamma) have no grid (osd's head learns across the sweep's requests, in the sweep's order). Every setting is validated here, so a bad value fails before any model runs.
     """
     grids = {name: _values(name, values) for name, values in (
         ("gamma", gamma), ("gamma_max", gamma_max), ("ema", ema), ("ngram_n", ngram_n), ("node_budget", node_budget),
@@ -202,5 +202,5 @@ def _adaptive_settings(chosen: list[str], grids: dict[str, list], stop_cap: int,
             settings += [Setting(method, gamma_max=stop_cap, **{axis: v}) for v in values]
     if "sd-confidence" in chosen:
         settings.append(Setting("sd-confidence", gamma_max=stop_cap))
-    settings += [Setting(m, gamma=gamma) for m in ("sd-heuristic", "rest") if m in chosen]
+    settings += [Setting(m, gamma=gamma) for m in ("sd-heuristic", "rest", "osd") if m in chosen]
     return settings
