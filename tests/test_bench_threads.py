@@ -17,7 +17,8 @@ def test_auto_gives_one_thread_to_what_writes_one_token_a_step_and_every_core_to
     assert plan == ThreadPlan(count=None, cores=2)
     assert [plan.for_method(m) for m in ("ar", "hf-generate", "hf-generate-static")] == [1, 1, 1]
     assert [plan.for_method(m) for m in ("sd", "nasd", "egag", "hf-assisted", "hf-prompt-lookup")] == [2] * 5
-    assert plan.default == 2
+    assert plan.default == 1  # work beside the per-method decodes: the page's suites
+    assert plan.for_suites() == ThreadPlan(count=1) and ThreadPlan(count=2).for_suites() == ThreadPlan(count=2)
     assert ThreadPlan.parse("3").for_method("ar") == 3 and ThreadPlan.parse(1) == ThreadPlan(count=1)
 
 

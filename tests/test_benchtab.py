@@ -20,7 +20,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     limits = Limits(public=True, allowed_presets=(TINY,), max_new_tokens=32)
-    # The page's auto plan on two cores: the tab decodes each method on the count the Playground would.
+    # The page's auto plan on two cores: the tab runs its suite by the plan for suites, one thread.
     plan = ThreadPlan(count=None, cores=2)
     with serve(tmp_path_factory.mktemp("bench-pair"), limits=limits, threads=plan) as (url, _):
         yield gradio_client.Client(url, verbose=False)
@@ -46,7 +46,7 @@ def test_the_tab_runs_the_suite_and_offers_the_cli_files(client):
     rows = pd.read_csv(runs_csv)
     assert list(rows.columns) == bench.ROW_COLUMNS
     assert sorted(rows.method) == ["ar", "hf-assisted", "hf-generate", "nasd", "sd"]
-    assert dict(zip(rows.method, rows.threads)) == {"ar": 1, "hf-generate": 1, "sd": 2, "nasd": 2, "hf-assisted": 2}
+    assert set(rows.threads) == {1}
     assert set(rows.category) == {"math"} and (rows.new_tokens == 8).all()
     assert rows.loc[rows.method != "ar", "matches_ar"].all()  # greedy: every decoder reproduces AR
     summary = pd.read_csv(summary_csv)

@@ -51,10 +51,12 @@ def test_a_page_with_threads_per_method_is_compared_with_the_engine_on_the_same_
     assert page.cost_table(runs, ENGINE).iloc[0].engine_cpu_s == pytest.approx(4.0)
 
 
-def test_bench_runs_by_the_thread_plan_the_page_decoded_with():
+def test_bench_runs_by_the_thread_plan_the_page_decoded_with_as_the_tab_does_for_suites():
     assert page.served_plan([page_run({"ar": 12.0, "sd": 24.0}, threads={"ar": 1, "sd": 2})]) == \
         page.ThreadPlan(count=None, cores=2)
     assert page.served_plan([page_run({"ar": 12.0, "sd": 24.0}, threads=2)]) == page.ThreadPlan(count=2)
+    assert page.served_plan([page_run({"ar": 12.0, "sd": 24.0}, threads={"ar": 1, "sd": 2})]).for_suites() == \
+        page.ThreadPlan(count=1)
 
 
 def test_the_cost_of_drawing_is_the_browser_plus_the_server_beyond_decoding():

@@ -267,7 +267,7 @@ def benchmark(ctx: TabContext, form: BenchForm, progress: Callable, n_outputs: i
             pair, suite=suite, methods=bench.parse_bench_methods(names, pair), repeats=times, limit=size,
             categories=None if form.category == bench.ALL else form.category, max_new_tokens=new_tokens,
             temperature=form.temperature, gamma=form.gamma, ngram_n=form.ngram_n, seed=form.seed,
-            chat=bool(getattr(pair.tokenizer, "chat_template", None)), threads=ctx.threads,
+            chat=bool(getattr(pair.tokenizer, "chat_template", None)), threads=ctx.threads.for_suites() if ctx.threads else None,
         ):
             if isinstance(item, bench.BenchResult):
                 result = item

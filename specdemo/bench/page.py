@@ -371,11 +371,11 @@ def measure(runs: int, threads: Sequence[int], served_threads: str | None, prese
 
 def _bench_cli(pair, measured: Measured, category: str, repeats: int = 1) -> pd.DataFrame:
     """`bench` with the Benchmark tab's defaults (1 prompt per category, 64 tokens, seed 0) and its
-    `repeats`, on the tab's methods, by the page's thread plan."""
+    `repeats`, on the tab's methods, by the tab's thread plan (the page's, for suites)."""
     methods = list(dict.fromkeys(measured.bench_tab.summary.method))
     return run_benchmark(pair, methods=methods, repeats=repeats, limit=1, max_new_tokens=64, seed=0, chat=True,
                          categories=None if category == ALL else category,
-                         threads=served_plan(measured.page_runs)).summary
+                         threads=served_plan(measured.page_runs).for_suites()).summary
 
 
 def served_plan(page_runs: Sequence[PageRun]) -> ThreadPlan:

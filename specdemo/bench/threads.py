@@ -3,8 +3,9 @@
 On a small CPU a method that writes one token a step (AR, transformers' plain `generate`) is
 bound by memory, and a second OpenMP thread only spins at the barrier after each operator; a
 method that verifies several drafts at once gains from every core. `auto` gives the first kind
-one thread and the second every core. The page, the Benchmark tab and `bench --threads auto`
-share this plan, so the tab and the command decode each method on the same count.
+one thread and the second every core. The page's Playground and `bench --threads auto` decode by
+this plan; the page's suites (`for_suites`) run on one thread under auto, and the page benchmark
+runs `bench` by the same plan as the Benchmark tab.
 """
 
 from __future__ import annotations
@@ -57,8 +58,16 @@ class ThreadPlan:
 
     @property
     def default(self) -> int:
-        """The count for work that is not one method's decode."""
-        return self.count if self.count is not None else self.cores
+        """The count for work that is not one Playground decode (the Benchmark and Sweep tabs)."""
+        return self.count if self.count is not None else 1
+
+    def for_suites(self) -> "ThreadPlan":
+        """The plan for a suite the page runs (the Benchmark and Sweep tabs): a count stays a count;
+        auto runs every method on one thread. A suite decodes for minutes beside the browser and
+        the server's event loop, and there two threads gave the drafting methods no more than one
+        thread gives them alone (docs/benchmark.md), while the barrier between two threads made
+        every run wait on any other work."""
+        return self if self.count is not None else ThreadPlan(count=1)
 
     def describe(self) -> str:
         return (f"{self.count} torch thread{'s' if self.count != 1 else ''}" if self.count is not None
