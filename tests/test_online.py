@@ -104,3 +104,20 @@ def test_sampled_osd_follows_the_targets_distribution_while_its_head_learns(smal
         assert len(online.online_head(pair.draft, pair.target, 1e-2).lessons) == 800
     finally:
         online.forget_online(pair.draft)
+
+
+def test_a_benchmarks_clock_leaves_the_learning_out(fresh, monkeypatch):
+    from specdemo.bench import runners
+
+    real = runners.generate
+
+    def slow_lesson(*args, **kwargs):
+        result = real(*args, **kwargs)
+        result.lesson.seconds = 2.0  # as if learning had taken two seconds, inside the timed call
+        result.compile_seconds = 0.5
+        return result
+
+    monkeypatch.setattr(runners, "generate", slow_lesson)
+    run = runners.run_ours(fresh, "osd", [5, 6, 7, 8], {"max_new_tokens": 6, "copy_n": 0}, seed=0)
+    assert run.result.off_clock_seconds == 2.5
+    assert -2.5 <= run.seconds < -2.0  # the call's wall time less both: the decode's own seconds, minus 2.5

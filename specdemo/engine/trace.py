@@ -161,6 +161,11 @@ class GenerationResult:
         return [t.id for t in self.tokens]
 
     @property
+    def off_clock_seconds(self) -> float:
+        """What the call spent beside decoding: compiling, and an online drafter's learning (OSD)."""
+        return self.compile_seconds + (self.lesson.seconds if self.lesson is not None else 0.0)
+
+    @property
     def stats(self) -> dict[str, Any]:
         return summarize(self)
 
