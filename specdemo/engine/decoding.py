@@ -180,6 +180,8 @@ def _count_forwards(result: GenerationResult, run: Decoding, prefill_forwards: i
 def _learn(result: GenerationResult, drafter: Drafter, pair: ModelPair, sequence: list[int]) -> None:
     """A finished request taught to a drafter that adapts between requests (OSD), after the last
     round was yielded and its time recorded: the lesson is reported, never timed as decoding."""
+    if not drafter.learns_online:
+        return
     stats = result.stats
     result.lesson = drafter.learn(pair.target, sequence, len(sequence) - len(result.tokens), stats["drafted"],
                                   stats["accepted"])

@@ -51,8 +51,8 @@ class Drafter:
       target_top_k > 0       `observe` gets the ids of the target's best tokens at those positions;
       drafts_tokens          False for AR's drafter, which proposes nothing (one token verified a round);
       drafts_trees           `propose_tree` instead of `propose`;
-    and `use_cache` / `warm_up` / `close` for a drafter that keeps a model's KV cache, and `learn`
-    for one that adapts between requests (OSD), called once a request has finished, off the clock.
+      learns_online          `learn` after each finished request, off the clock (OSD);
+    and `use_cache` / `warm_up` / `close` for a drafter that keeps a model's KV cache.
     Proposals stay on the device: the loop reads a round's drafts back with the target's verdict.
     """
 
@@ -61,6 +61,7 @@ class Drafter:
     target_top_k = 0
     drafts_tokens = True
     drafts_trees = False
+    learns_online = False
 
     @property
     def forwards(self) -> int:
@@ -133,6 +134,7 @@ class WrappedDrafter(Drafter):
         self.reads_target_features = inner.reads_target_features
         self.feature_layers = inner.feature_layers
         self.target_top_k = inner.target_top_k
+        self.learns_online = inner.learns_online
 
     @property
     def forwards(self) -> int:
