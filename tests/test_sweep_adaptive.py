@@ -11,6 +11,7 @@ from specdemo.bench import sweep
 from specdemo.bench.sweep import expand_grid, policy_sentence, policy_verdict, run_sweep
 from specdemo.bench.sweep.verdict import paired_ratio
 from specdemo.engine.params import PARAMS
+from tests.test_feature_drafter import head_pair, with_head  # noqa: F401 (a fixture)
 
 
 def test_each_rule_is_swept_over_its_threshold_with_a_cap():
@@ -91,3 +92,25 @@ def test_a_small_sweep_runs_each_rule_and_says_how_they_compare(tiny_pair):
     assert "Over all 3 prompts the best adaptive setting" in result.verdict
     assert {"all", "prompt"} == set(result.policy_table.category)
     assert "speedup_vs_gamma" in result.figures
+
+
+def test_the_rules_trees_are_swept_on_their_chain_rules_axis_only_when_named():
+    chains = expand_grid(gamma=None, gamma_max=None, ema=None, adaedl_lambda="0.3,0.6")
+    assert [s.method for s in chains] == ["ar", "adaedl", "adaedl"]  # a threshold alone picks the chain
+    settings = expand_grid(gamma=None, gamma_max=None, ema=None, adaedl_lambda="0.3,0.6", entropy_stop="0.2",
+                           methods="adaedl-tree,egag-token-tree")
+    assert [(s.method, s.params()) for s in settings[1:]] == [
+        ("adaedl-tree", {"adaedl_lambda": 0.3}), ("adaedl-tree", {"adaedl_lambda": 0.6}),
+        ("egag-token-tree", {"entropy_stop": 0.2})]
+    budget = PARAMS["node_budget"].default
+    assert settings[1].label == f"AdaEDL-tree λ 0.3 ({budget} nodes)"
+    assert settings[3].label == f"EGAG-token-tree H > 0.2 ({budget} nodes)"
+
+
+def test_a_small_sweep_runs_the_rules_trees_and_osd_losslessly(head_pair):  # noqa: F811
+    settings = expand_grid(gamma="2", gamma_max=None, ema=None, adaedl_lambda="0.5", entropy_stop="0.9",
+                           methods="sd,adaedl-tree,egag-token-tree,osd")
+    prompts = ["w5 w6 w7 w8", "w10 w20 w30 w10 w20 w30", "w40 w41"]
+    result = run_sweep(head_pair, prompts, settings, repeats=1, warmup=False, max_new_tokens=16)
+    assert set(result.rows.method) == {"ar", "sd", "adaedl-tree", "egag-token-tree", "osd"}
+    assert result.rows.matches_ar.all() and len(result.rows) == 15  # five settings, AR included, on three prompts

@@ -116,7 +116,7 @@ def make_sweep_request(form: Mapping[str, Any], presets: Mapping[str, Preset], l
     if not methods:
         raise ValueError(f"methods: choose at least one of {', '.join(sweep.SWEEP_METHODS)} (AR always runs)")
     needs = {"gamma": ("sd",), "gamma_max": ("egag",), "ema": ("egag",), "ngram_n": ("nasd",), "copy_n": ("sd", "egag"),
-             "node_budget": ("sd-tree",), **{axis: (method,) for method, axis in STOP_AXES.items()}}
+             "node_budget": ("sd-tree",), **{axis: (method, f"{method}-tree") for method, axis in STOP_AXES.items()}}
     grid = {name: _grid_values(name, form.get(name)) if set(needs[name]) & set(methods) else None for name in GRID}
     params = DecodeParams.from_values(**{name: form.get(name) for name in SHARED_PARAMS})
     settings = sweep.expand_grid(**grid, methods=methods, gamma_min=params.gamma_min, nasd_gamma=params.gamma)
@@ -279,6 +279,7 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
                                    choices=[("SD (fixed γ)", "sd"), ("EGAG", "egag"), ("NASD", "nasd"),
                                             ("SD-tree (node budgets)", "sd-tree"), ("AdaEDL", "adaedl"),
                                             ("EGAG-token", "egag-token"), ("SpecDec++", "specdecpp"),
+                                            ("AdaEDL-tree", "adaedl-tree"), ("EGAG-token-tree", "egag-token-tree"),
                                             ("SD (confidence)", "sd-confidence"), ("SD (+2/−1)", "sd-heuristic"),
                                             ("REST", "rest"), ("OSD", "osd"), ("Beam search", "beam"),
                                             ("Draft alone", "draft"), ("AR (no cache)", "ar-nocache")],

@@ -14,11 +14,14 @@ from ...engine.methods import BASELINES, METHODS
 from ...engine.params import PARAMS, DecodeParams
 
 SWEEP_METHODS = ("sd", "egag", "nasd", "sd-tree", "adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic",
-                 "rest", "osd")
+                 "rest", "osd", "adaedl-tree", "egag-token-tree")
 # The methods that set their draft length as they go, against which the best fixed γ is judged.
-ADAPTIVE_METHODS = ("egag", "adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic", "osd")
+ADAPTIVE_METHODS = ("egag", "adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic", "osd",
+                    "adaedl-tree", "egag-token-tree")
 # Each per-token rule's threshold: the grid's axis and the parameter it sets.
 STOP_AXES = {"adaedl": "adaedl_lambda", "egag-token": "entropy_stop", "specdecpp": "specdecpp_threshold"}
+# The rules' trees, on their chain rule's axis; swept only when named (a threshold alone picks the chains).
+TREE_STOP_AXES = {"adaedl-tree": "adaedl_lambda", "egag-token-tree": "entropy_stop"}
 DEFAULT_STOP_CAP = 8  # the per-token rules draft at most this many tokens a round
 DEFAULT_GAMMAS = (1, 2, 3, 4, 6, 8)
 DEFAULT_GAMMA_MAXES = (2, 4, 6, 8)
@@ -66,10 +69,11 @@ class Setting:
             return f"NASD n={self.ngram_n} (γ={self.gamma})"
         if self.method == "sd-tree":
             return f"SD-tree {self.node_budget} nodes"
-        if self.method in STOP_AXES:
-            symbol = {"adaedl": "λ", "egag-token": "H >", "specdecpp": "P(reject) >"}[self.method]
-            value = getattr(self, STOP_AXES[self.method])
-            return f"{self.method_label} {symbol} {fmt(value)} (γ ≤ {self.gamma_max})"
+        if self.method in STOP_AXES or self.method in TREE_STOP_AXES:
+            symbol = {"adaedl": "λ", "egag-token": "H >", "specdecpp": "P(reject) >"}[self.method.removesuffix("-tree")]
+            value = getattr(self, {**STOP_AXES, **TREE_STOP_AXES}[self.method])
+            bound = f"γ ≤ {self.gamma_max}" if self.method in STOP_AXES else f"{PARAMS['node_budget'].default} nodes"
+            return f"{self.method_label} {symbol} {fmt(value)} ({bound})"
         if self.method in ("rest", "sd-heuristic", "osd"):
             return f"{self.method_label} γ={self.gamma}"
         if self.method == "sd-confidence":
@@ -196,10 +200,11 @@ def _adaptive_settings(chosen: list[str], grids: dict[str, list], stop_cap: int,
     """The per-token rules at each threshold (their parameter's default when none is given), then
     the rules without a grid."""
     settings = []
-    for method, axis in STOP_AXES.items():
+    for method, axis in {**STOP_AXES, **TREE_STOP_AXES}.items():
         if method in chosen:
             values = grids[axis] or [PARAMS[axis].default] if axis in PARAMS else grids[axis]
-            settings += [Setting(method, gamma_max=stop_cap, **{axis: v}) for v in values]
+            cap = {"gamma_max": stop_cap} if method in STOP_AXES else {}  # a tree is bounded by its node budget
+            settings += [Setting(method, **cap, **{axis: v}) for v in values]
     if "sd-confidence" in chosen:
         settings.append(Setting("sd-confidence", gamma_max=stop_cap))
     settings += [Setting(m, gamma=gamma) for m in ("sd-heuristic", "rest", "osd") if m in chosen]
