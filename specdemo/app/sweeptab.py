@@ -21,7 +21,7 @@ import pandas as pd
 
 from . import forms
 from ..bench import sweep
-from ..bench.sweep.grid import STOP_AXES
+from ..bench.sweep.grid import RULE_AXES
 from ..bench.suite import DEFAULT_SUITE, SUITE_CATEGORIES, SuitePrompt, load_suite, select_prompts
 from ..engine.params import PARAMS, DecodeParams
 from ..models.loading import ModelPair, Preset
@@ -116,7 +116,8 @@ def make_sweep_request(form: Mapping[str, Any], presets: Mapping[str, Preset], l
     if not methods:
         raise ValueError(f"methods: choose at least one of {', '.join(sweep.SWEEP_METHODS)} (AR always runs)")
     needs = {"gamma": ("sd",), "gamma_max": ("egag",), "ema": ("egag",), "ngram_n": ("nasd",), "copy_n": ("sd", "egag"),
-             "node_budget": ("sd-tree",), **{axis: (method, f"{method}-tree") for method, axis in STOP_AXES.items()}}
+             "node_budget": ("sd-tree",),
+             **{axis: tuple(m for m, a in RULE_AXES.items() if a == axis) for axis in RULE_AXES.values()}}
     grid = {name: _grid_values(name, form.get(name)) if set(needs[name]) & set(methods) else None for name in GRID}
     params = DecodeParams.from_values(**{name: form.get(name) for name in SHARED_PARAMS})
     settings = sweep.expand_grid(**grid, methods=methods, gamma_min=params.gamma_min, nasd_gamma=params.gamma)

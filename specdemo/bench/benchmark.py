@@ -6,6 +6,7 @@ May import the other bench modules, ``specdemo.engine`` and ``specdemo.models``;
 
 from __future__ import annotations
 
+import contextlib
 import math
 import platform
 import time
@@ -141,9 +142,7 @@ class _Session:
     token_frames: list[pd.DataFrame] = field(default_factory=list)
 
     def run(self, method: str, ids: list[int], seed: int, max_new_tokens: int | None = None) -> Run:
-        if self.threads is None:
-            return self._run(method, ids, seed, max_new_tokens)
-        with self.threads.applied(method):
+        with self.threads.applied(method) if self.threads is not None else contextlib.nullcontext():
             return self._run(method, ids, seed, max_new_tokens)
 
     def threads_of(self, method: str) -> int:

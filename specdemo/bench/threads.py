@@ -59,7 +59,7 @@ class ThreadPlan:
     @property
     def default(self) -> int:
         """The count for work that is not one Playground decode (the Benchmark and Sweep tabs)."""
-        return self.count if self.count is not None else 1
+        return self.for_suites().count
 
     def for_suites(self) -> "ThreadPlan":
         """The plan for a suite the page runs (the Benchmark and Sweep tabs): a count stays a count;

@@ -93,8 +93,13 @@ def _tree_policy(p: DecodeParams):
 
 def _stop_rule_tree(pair, p: DecodeParams, rule) -> tuple[Drafter, StopRuleTree]:
     """The pair's draft as a tree, pruned where the per-token rule would stop a chain."""
-    vocab = pair.vocab_size or pair.target.config.vocab_size
-    return TreeDrafter(_plain_drafter(pair)), StopRuleTree(p.max_width, p.max_depth, p.node_budget, rule, vocab)
+    return TreeDrafter(_plain_drafter(pair)), StopRuleTree(p.max_width, p.max_depth, p.node_budget, rule,
+                                                           _vocab(pair))
+
+
+def _vocab(pair) -> int:
+    """The vocabulary the target verifies over (logits are cut to it when the two models pad theirs)."""
+    return pair.vocab_size or pair.target.config.vocab_size
 
 
 def _nasd(pair, p: DecodeParams):
@@ -110,7 +115,7 @@ def _osd_drafter(pair, p: DecodeParams) -> Drafter:
 
 def _rest(pair, p: DecodeParams):
     store = load_datastore(p.rest_datastore) if p.rest_datastore else None
-    drafter = RestDrafter(store, pair.vocab_size or pair.target.config.vocab_size, pair.device)
+    drafter = RestDrafter(store, _vocab(pair), pair.device)
     return (TreeDrafter(drafter), _tree_policy(p)) if p.rest_tree else (drafter, FixedGamma(p.gamma))
 
 

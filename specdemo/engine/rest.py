@@ -104,19 +104,29 @@ def load_datastore(path: str | Path) -> Datastore:
     return _load(str(path.resolve()), path.stat().st_mtime)
 
 
+def next_counts(tokens: np.ndarray, starts: np.ndarray) -> Counter:
+    """How often each token comes next after the occurrences at `starts`, in the order first seen
+    (a separator ends a document's occurrence: it counts as no token)."""
+    following = tokens[starts[starts < len(tokens)]]
+    return Counter(following[following >= 0].tolist())
+
+
+def follow(tokens: np.ndarray, starts: np.ndarray, token: int) -> np.ndarray:
+    """The occurrences whose next token is `token`, each moved on past it."""
+    starts = starts[starts < len(tokens)]
+    return starts[tokens[starts] == token] + 1
+
+
 def shared_continuation(tokens: np.ndarray, starts: np.ndarray, most: int) -> list[int]:
     """Follow the occurrences token by token, keeping those that agree with the most common next token."""
     drafted: list[int] = []
-    starts = starts[starts < len(tokens)]
-    while len(drafted) < most and len(starts):
-        following = tokens[starts]
-        following = following[following >= 0]
-        if not len(following):
+    while len(drafted) < most:
+        counts = next_counts(tokens, starts)
+        if not counts:
             break
-        token = Counter(following.tolist()).most_common(1)[0][0]
+        token = counts.most_common(1)[0][0]
         drafted.append(int(token))
-        starts = starts[tokens[starts] == token] + 1
-        starts = starts[starts < len(tokens)]
+        starts = follow(tokens, starts, token)
     return drafted
 
 

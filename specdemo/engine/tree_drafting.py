@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -35,7 +34,7 @@ import torch
 from .drafters import Drafter, ModelDrafter, NgramDrafter, WrappedDrafter
 from .feature_drafter import FeatureDrafter
 from .policies import _Policy, gamma_from_entropy
-from .rest import RestDrafter
+from .rest import RestDrafter, follow, next_counts
 from .sampling import SamplingConfig, normalized_entropy, probabilities
 from .trace import DRAFTED
 from .tree import ROOT, DraftTree
@@ -201,15 +200,12 @@ class RestStepper:
         self.root_q = self._counts(self.starts)
 
     def _counts(self, starts) -> dict[int, int] | None:
-        starts = starts[starts < len(self.tokens)]
-        following = [int(t) for t in self.tokens[starts] if t >= 0]  # a separator ends a document's branch
-        return dict(Counter(following)) or None
+        return dict(next_counts(self.tokens, starts)) or None
 
     def q_at(self, tree: DraftTree, node: int) -> dict[int, int] | None:
         starts = self.starts
         for token in (tree.tokens[n] for n in tree.path_to(node)):
-            starts = starts[starts < len(self.tokens)]
-            starts = starts[self.tokens[starts] == token] + 1
+            starts = follow(self.tokens, starts, token)
         return self._counts(starts)
 
     def finish(self) -> None:

@@ -22,6 +22,7 @@ ADAPTIVE_METHODS = ("egag", "adaedl", "egag-token", "specdecpp", "sd-confidence"
 STOP_AXES = {"adaedl": "adaedl_lambda", "egag-token": "entropy_stop", "specdecpp": "specdecpp_threshold"}
 # The rules' trees, on their chain rule's axis; swept only when named (a threshold alone picks the chains).
 TREE_STOP_AXES = {"adaedl-tree": "adaedl_lambda", "egag-token-tree": "entropy_stop"}
+RULE_AXES = {**STOP_AXES, **TREE_STOP_AXES}  # every rule, chain or tree, and its threshold's axis
 DEFAULT_STOP_CAP = 8  # the per-token rules draft at most this many tokens a round
 DEFAULT_GAMMAS = (1, 2, 3, 4, 6, 8)
 DEFAULT_GAMMA_MAXES = (2, 4, 6, 8)
@@ -69,9 +70,9 @@ class Setting:
             return f"NASD n={self.ngram_n} (γ={self.gamma})"
         if self.method == "sd-tree":
             return f"SD-tree {self.node_budget} nodes"
-        if self.method in STOP_AXES or self.method in TREE_STOP_AXES:
+        if self.method in RULE_AXES:
             symbol = {"adaedl": "λ", "egag-token": "H >", "specdecpp": "P(reject) >"}[self.method.removesuffix("-tree")]
-            value = getattr(self, {**STOP_AXES, **TREE_STOP_AXES}[self.method])
+            value = getattr(self, RULE_AXES[self.method])
             bound = f"γ ≤ {self.gamma_max}" if self.method in STOP_AXES else f"{PARAMS['node_budget'].default} nodes"
             return f"{self.method_label} {symbol} {fmt(value)} ({bound})"
         if self.method in ("rest", "sd-heuristic", "osd"):
@@ -145,8 +146,10 @@ def expand_grid(
     methods picks among SWEEP_METHODS (AR always runs), and may add the baselines (beam, draft,
     ar-nocache), each run once per prompt as a reference; by default every method whose grid is
     given (NASD only when ngram_n is). A per-token rule picked without its thresholds runs at
-    its parameter's default; sd-confidence (γ ≤ stop_cap), sd-heuristic, rest and osd (γ =
-    nasd_gamma) have no grid (osd's head learns across the sweep's requests, in the sweep's order). Every setting is validated here, so a bad value fails before any model runs.
+    its parameter's default; the rules' trees (adaedl-tree, egag-token-tree) run only when named,
+    on their rule's thresholds; sd-confidence (γ ≤ stop_cap), sd-heuristic, rest and osd (γ =
+    nasd_gamma) have no grid (osd's head learns across the sweep's requests, in their order).
+    Every setting is validated here, so a bad value fails before any model runs.
     """
     grids = {name: _values(name, values) for name, values in (
         ("gamma", gamma), ("gamma_max", gamma_max), ("ema", ema), ("ngram_n", ngram_n), ("node_budget", node_budget),
@@ -200,7 +203,7 @@ def _adaptive_settings(chosen: list[str], grids: dict[str, list], stop_cap: int,
     """The per-token rules at each threshold (their parameter's default when none is given), then
     the rules without a grid."""
     settings = []
-    for method, axis in {**STOP_AXES, **TREE_STOP_AXES}.items():
+    for method, axis in RULE_AXES.items():
         if method in chosen:
             values = grids[axis] or [PARAMS[axis].default] if axis in PARAMS else grids[axis]
             cap = {"gamma_max": stop_cap} if method in STOP_AXES else {}  # a tree is bounded by its node budget
