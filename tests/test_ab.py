@@ -56,3 +56,59 @@ def test_the_base_is_exported_without_touching_the_working_tree(tmp_path):
     assert (base / "specdemo" / "engine" / "decoding.py").is_file() and (base / "app.py").is_file()
     with pytest.raises(SystemExit, match="must include ar"):
         ab.main(["--base", "HEAD", "--methods", "sd"])
+
+
+def two_prompts_twice(change_factor: dict[int, float]) -> pd.DataFrame:
+    """AR at 10 tok/s and SD at 20 on the base; the change's SD scaled by change_factor[prompt]."""
+    out = []
+    for side in ("base", "change"):
+        for prompt in (0, 1, 2):
+            for repeat in (0, 1):
+                sd = 20.0 * (change_factor[prompt] if side == "change" else 1.0)
+                for method, speed in (("ar", 10.0), ("sd", sd)):
+                    out.append(dict(side=side, threads=1, method=method, prompt=prompt, repeat=repeat,
+                                    tokens_per_s=speed, acceptance_rate=0.5, tokens=[1]))
+    return pd.DataFrame(out)
+
+
+def test_a_change_slower_on_every_prompt_is_called_slower_with_its_interval():
+    table = ab.paired(two_prompts_twice({0: 0.9, 1: 0.92, 2: 0.88})).set_index("method")
+    assert table.at["sd", "tokens_per_s change ÷ base"] == pytest.approx((0.9 * 0.92 * 0.88) ** (1 / 3))
+    assert table.at["sd", "over_ar change ÷ base"] == pytest.approx((0.9 * 0.92 * 0.88) ** (1 / 3))
+    assert table.at["sd", "over_ar verdict"] == "slower"
+    assert table.at["ar", "tokens_per_s verdict"] == "no difference shown"  # identical on both sides
+    assert pd.isna(table.at["ar", "over_ar verdict"])  # AR over AR is 1 by definition
+
+
+def test_a_change_that_helps_one_prompt_and_hurts_another_shows_no_difference():
+    table = ab.paired(two_prompts_twice({0: 1.2, 1: 0.8, 2: 1.0})).set_index("method")
+    assert table.at["sd", "over_ar verdict"] == "no difference shown"
+    low, high = (float(v) for v in table.at["sd", "over_ar interval"].strip("[]").split(","))
+    assert low < 1.0 < high
+
+
+class FakeWorker:
+    started: list[str] = []
+
+    def __init__(self, side: str):
+        self.side, self.closed = side, False
+        FakeWorker.started.append(side)
+
+    def run(self, **job) -> dict:
+        assert not self.closed
+        return {"tokens_per_s": 10.0, "acceptance_rate": 0.5, "tokens": [1, 2]}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_each_repeat_runs_on_new_workers_unless_asked_for_one_process():
+    def start():
+        return {"base": FakeWorker("base"), "change": FakeWorker("change")}
+
+    FakeWorker.started = []
+    rows = ab.measure(start, ["p0", "p1"], ["ar", "sd"], [1, 2], repeats=3, max_new_tokens=4)
+    assert len(rows) == 2 * 2 * 2 * 2 * 3 and FakeWorker.started.count("base") == 3
+    FakeWorker.started = []
+    ab.measure(start, ["p0", "p1"], ["ar", "sd"], [1], repeats=3, max_new_tokens=4, fresh=False)
+    assert FakeWorker.started == ["base", "change"]

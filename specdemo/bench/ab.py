@@ -4,12 +4,17 @@
 
 A change to the decode path is measured against where it started: the base revision is
 exported (`git archive`) to a temporary folder, and each side runs in a worker process of its
-own that loads the pair once. The two workers take turns, prompt by prompt, with the order
-rotated (`schedule.interleaved`), so drift on a shared machine falls on both alike. Only one
-worker decodes at a time; the other waits on its pipe.
+own that loads the pair. The two workers take turns, prompt by prompt, with the order rotated
+(`schedule.interleaved`), so drift on a shared machine falls on both alike. Only one worker
+decodes at a time; the other waits on its pipe. Each repeat starts new workers: a process's
+speed can differ from another's on the same code (where its memory lands, which core it starts
+on), and that luck should not fall on one side for the whole run.
 
 Per side, thread count and method it prints the median tokens/s, and per side and thread
 count the geometric mean over prompts of each method's tokens/s ÷ AR's on the same prompt.
+Then, paired on the same prompt and repeat, this tree ÷ the base for tokens/s and for the
+speedup over AR, with a bootstrap interval over prompts: a difference is shown only where the
+interval excludes 1.
 It also says whether both sides wrote the same tokens: a refactor must not change them.
 """
 
@@ -25,9 +30,11 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
+import numpy as np
 import pandas as pd
+import scipy.stats
 
 from .page import markdown
 from .schedule import interleaved
@@ -89,19 +96,34 @@ def export_revision(revision: str, folder: Path) -> Path:
     return folder / "base"
 
 
-def measure(workers: Sequence[Worker], prompts: Sequence[str], methods: Sequence[str], threads: Sequence[int],
-            repeats: int, max_new_tokens: int) -> pd.DataFrame:
-    """One row per (side, threads, method, prompt, repeat), the sides alternating in rotated order."""
-    rows = []
-    for repeat, index, prompt, order in interleaved(prompts, list(workers), repeats):
-        for count in threads:
-            for worker in order:
-                for method in methods:
-                    out = worker.run(prompt=prompt, method=method, threads=count, max_new_tokens=max_new_tokens)
-                    rows.append({"side": worker.side, "threads": count, "method": method, "prompt": index,
-                                 "repeat": repeat, **out})
-        print(f"prompt {index + 1}/{len(prompts)}, repeat {repeat + 1}/{repeats}", flush=True)
+def measure(start: Callable[[], dict[str, Worker]], prompts: Sequence[str], methods: Sequence[str],
+            threads: Sequence[int], repeats: int, max_new_tokens: int, fresh: bool = True) -> pd.DataFrame:
+    """One row per (side, threads, method, prompt, repeat), the sides alternating in rotated order.
+
+    With `fresh`, each repeat gets new worker processes: where the weights land in memory differs
+    from process to process, and one process per side would carry its luck into every run."""
+    rows, workers, current = [], start(), 0
+    try:
+        for repeat, index, prompt, order in interleaved(prompts, list(workers), repeats):
+            if fresh and repeat != current:
+                close_all(workers)
+                workers, current = start(), repeat
+            for count in threads:
+                for side in order:
+                    for method in methods:
+                        out = workers[side].run(prompt=prompt, method=method, threads=count,
+                                                max_new_tokens=max_new_tokens)
+                        rows.append({"side": side, "threads": count, "method": method, "prompt": index,
+                                     "repeat": repeat, **out})
+            print(f"prompt {index + 1}/{len(prompts)}, repeat {repeat + 1}/{repeats}", flush=True)
+    finally:
+        close_all(workers)
     return pd.DataFrame(rows)
+
+
+def close_all(workers: dict[str, Worker]) -> None:
+    for worker in workers.values():
+        worker.close()
 
 
 def summarize(rows: pd.DataFrame) -> pd.DataFrame:
@@ -115,6 +137,37 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
                     "over_ar": math.exp(statistics.fmean(math.log(r) for r in ratios)),
                     "acceptance": group.acceptance_rate.mean()})
     return pd.DataFrame(out)
+
+
+def paired(rows: pd.DataFrame, confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """Per threads and method, the change against the base on the same (prompt, repeat): the
+    geometric mean of change ÷ base for tok/s and for the speedup over AR, each with a bootstrap
+    interval over prompts, and whether the interval excludes 1."""
+    keyed = rows.set_index(["side", "threads", "method", "prompt", "repeat"])["tokens_per_s"]
+    over_ar = keyed / keyed.xs("ar", level="method").reindex(keyed.index.droplevel("method")).to_numpy()
+    out = []
+    for (threads, method), _ in rows.groupby(["threads", "method"], sort=False):
+        entry = {"threads": threads, "method": method}
+        for name, values in (("tokens_per_s", keyed), ("over_ar", over_ar)):
+            if name == "over_ar" and method == "ar":
+                continue
+            sides = values.xs((threads, method), level=("threads", "method")).unstack("side")
+            per_prompt = np.log(sides["change"] / sides["base"]).groupby(level="prompt").mean().to_numpy()
+            low, high = log_interval(per_prompt, confidence, seed)
+            entry[f"{name} change ÷ base"] = math.exp(per_prompt.mean())
+            entry[f"{name} interval"] = f"[{math.exp(low):.3f}, {math.exp(high):.3f}]"
+            entry[f"{name} verdict"] = "faster" if low > 0 else "slower" if high < 0 else "no difference shown"
+        out.append(entry)
+    return pd.DataFrame(out)
+
+
+def log_interval(per_prompt: np.ndarray, confidence: float, seed: int) -> tuple[float, float]:
+    """A bootstrap interval for the mean of per-prompt log ratios (the point itself for one prompt)."""
+    if len(per_prompt) < 2 or np.ptp(per_prompt) == 0:
+        return float(per_prompt.mean()), float(per_prompt.mean())
+    result = scipy.stats.bootstrap((per_prompt,), np.mean, confidence_level=confidence, n_resamples=4000,
+                                   method="percentile", random_state=np.random.default_rng(seed))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def same_tokens(rows: pd.DataFrame) -> bool:
@@ -139,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--preset", default="embedded")
+    parser.add_argument("--one-process", action="store_true",
+                        help="keep one worker per side for every repeat (default: new workers each repeat)")
     parser.add_argument("--csv", default=None, help="write every run here")
     return parser
 
@@ -151,18 +206,19 @@ def main(argv: list[str] | None = None) -> int:
     prompts = suite_prompts(args.per_category)
     with tempfile.TemporaryDirectory(prefix="specdemo-ab-") as folder:
         base = export_revision(args.base, Path(folder))
-        workers = [Worker.start("base", base, args.preset), Worker.start("change", ROOT, args.preset)]
-        try:
-            rows = measure(workers, prompts, methods, [int(t) for t in args.threads.split(",")], args.repeats,
-                           args.max_new_tokens)
-        finally:
-            for worker in workers:
-                worker.close()
+
+        def start() -> dict[str, Worker]:
+            return {"base": Worker.start("base", base, args.preset), "change": Worker.start("change", ROOT, args.preset)}
+
+        rows = measure(start, prompts, methods, [int(t) for t in args.threads.split(",")], args.repeats,
+                       args.max_new_tokens, fresh=not args.one_process)
     if args.csv:
         rows.to_csv(args.csv, index=False)
     print(f"\nbase {args.base} against this tree; {len(prompts)} prompts × {args.repeats}, "
           f"{args.max_new_tokens} new tokens, greedy")
     print(markdown(summarize(rows), digits=3))
+    print(f"\nthis tree ÷ base on the same prompt and repeat, geometric mean, 95 % bootstrap interval over prompts:")
+    print(markdown(paired(rows), digits=3))
     print(f"\nsame tokens on both sides: {'yes' if same_tokens(rows) else 'NO'}")
     return 0
 
