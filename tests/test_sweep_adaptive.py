@@ -10,6 +10,7 @@ import pytest
 from specdemo.bench import sweep
 from specdemo.bench.sweep import expand_grid, policy_sentence, policy_verdict, run_sweep
 from specdemo.bench.sweep.verdict import paired_ratio
+from specdemo.engine.online import forget_online
 from specdemo.engine.params import PARAMS
 from tests.test_feature_drafter import head_pair, with_head  # noqa: F401 (a fixture)
 
@@ -109,8 +110,16 @@ def test_the_rules_trees_are_swept_on_their_chain_rules_axis_only_when_named():
 
 def test_a_small_sweep_runs_the_rules_trees_and_osd_losslessly(head_pair):  # noqa: F811
     settings = expand_grid(gamma="2", gamma_max=None, ema=None, adaedl_lambda="0.5", entropy_stop="0.9",
-                           methods="sd,adaedl-tree,egag-token-tree,osd")
+                           methods="sd,adaedl-tree,egag-token-tree,osd", nasd_gamma=2)
     prompts = ["w5 w6 w7 w8", "w10 w20 w30 w10 w20 w30", "w40 w41"]
+    forget_online(head_pair.draft)
     result = run_sweep(head_pair, prompts, settings, repeats=1, warmup=False, max_new_tokens=16)
     assert set(result.rows.method) == {"ar", "sd", "adaedl-tree", "egag-token-tree", "osd"}
     assert result.rows.matches_ar.all() and len(result.rows) == 15  # five settings, AR included, on three prompts
+    # On the first prompt OSD's copy has learnt nothing yet: it drafts as SD does, and what it fed
+    # each model is counted alike; its learning after the request (gradients) is not counted.
+    first = result.rows[result.rows.prompt_index == 0].set_index("method")
+    columns = ["draft_forwards_per_token", "draft_flops_per_token", "target_flops_per_token"]
+    assert first.loc["osd", columns].tolist() == first.loc["sd", columns].tolist()
+    osd = result.rows[result.rows.method == "osd"]
+    assert first.at["osd", "draft_flops_per_token"] > 0 and osd.predicted_speedup.notna().all()

@@ -166,3 +166,30 @@ def test_a_rule_tree_drops_a_nodes_children_where_its_rule_would_stop_a_chain(pa
         assert all(r.tree.depth <= 1 for r in strict.rounds) and strict.stats["drafted"] > 0
     else:  # EGAG per token reads the first token too: a root over the threshold drafts nothing
         assert strict.stats["drafted"] == 0
+
+
+@pytest.mark.parametrize("method, never, always", [
+    ("adaedl-tree", dict(adaedl_lambda=0.0), dict(adaedl_lambda=1.0)),
+    ("egag-token-tree", dict(entropy_stop=1.0), dict(entropy_stop=0.0)),
+])
+def test_a_rule_tree_notes_which_nodes_its_rule_cut_and_why_the_kept_path_ended(pair, method, never, always):
+    shape = dict(max_new_tokens=16, node_budget=8, max_width=2, max_depth=4)
+    loose = specdemo.generate(pair, PROMPTS[0], method=method, **shape, **never)
+    assert all(not r.tree.stops and r.early_stop is None for r in loose.rounds)
+    strict = specdemo.generate(pair, PROMPTS[0], method=method, **shape, **always)
+    threshold = 1.0 if method == "adaedl-tree" else 0.0
+    for r in strict.rounds:
+        for node, note in r.tree.stops.items():
+            depth = r.tree.depths[node - 1] if node else 0
+            assert note.threshold == threshold and note.position == depth
+            assert note.rule == ("acceptance bound" if method == "adaedl-tree" else "entropy")
+            assert (note.value < threshold) if method == "adaedl-tree" else (note.value > threshold)
+        # Every node the rule reached was cut, so a kept path ends at a cut node and the round says
+        # why; but AdaEDL's root always branches, and a round with no room left grows no tree.
+        end = r.tree.path[-1] if r.tree.path else 0
+        if end in r.tree.stops:
+            assert r.early_stop == r.tree.stops[end] and r.early_stop.position == len(r.tree.path)
+        else:
+            assert r.early_stop is None and end == 0
+            assert method == "adaedl-tree" or r.tree.nodes == 0
+    assert any(r.tree.stops for r in strict.rounds)

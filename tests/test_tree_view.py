@@ -1,13 +1,15 @@
 """Trees on the page and in the CSVs: the tree figure, the per-round tree chart, the nodes table."""
 
+import dataclasses
+
 import pytest
 
 import specdemo
 from specdemo.app import viz
 from specdemo.app.charts import all_charts
-from specdemo.app.tree_view import node_states, tree_figure, tree_layout, tree_rounds_figure
+from specdemo.app.tree_view import _round_traces, node_states, tree_figure, tree_layout, tree_rounds_figure
 from specdemo.bench.tables import NODE_COLUMNS, ROUND_COLUMNS, nodes_frame, rounds_frame, summary_frame
-from specdemo.engine.trace import ACCEPTED, REJECTED, TreeRecord
+from specdemo.engine.trace import ACCEPTED, REJECTED, StopNote, TreeRecord
 
 PROMPT = "w5 w6 w7 w8"
 # root ─ 1 ─ 3 ─ 5        kept: 1, 3; refused at 3: 5; refused at the root: 2; 4 under 2 never reached
@@ -90,3 +92,17 @@ def test_the_comparison_table_shows_nodes_per_round(runs):
     row = table[table.method == "SD-tree"].iloc[0]
     assert float(row["nodes / round"]) == pytest.approx(
         sum(r.tree.nodes for r in runs[2].rounds) / len(runs[2].rounds), abs=0.01)
+
+
+def test_a_node_a_stop_rule_cut_says_why_in_its_hover_and_in_the_nodes_csv(runs):
+    note = StopNote("entropy", 0.62, 0.25, 2)
+    tree = dataclasses.replace(TREE, path=[1, 3], stops={3: note})
+    assert tree.stop_at_path_end() == note and TREE.stop_at_path_end() is None
+    r = dataclasses.replace(runs[2].rounds[0], tree=tree, early_stop=note)
+    nodes = next(t for t in _round_traces(r, str) if t.get("mode") == "markers+text" and t.get("customdata"))
+    assert "no children: stopped before draft 3: entropy 0.62 > 0.25" in nodes["customdata"][3]
+    assert not any("no children" in text for i, text in enumerate(nodes["customdata"]) if i != 3)
+    run = dataclasses.replace(runs[2], rounds=[r])
+    frame = nodes_frame([run]).set_index("node")
+    assert frame.at[3, "stop_rule"] == "entropy" and frame.at[3, "stop_position"] == 3
+    assert frame.at[1, "stop_rule"] == "" and frame.stop_position.isna().sum() == 4

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import plotly.graph_objects as go
 
 from ..engine.trace import ACCEPTED, REJECTED, GenerationResult, Round, TreeRecord
-from .viz import ORIGIN_STYLES, _figure, _hover, method_color, method_label
+from .viz import ORIGIN_STYLES, _figure, _hover, method_color, method_label, stop_text
 
 UNVISITED = "#cbd5e1"  # a node the walk never reached: its branch was cut above it
 ROOT_COLOR = "#334155"
@@ -76,6 +76,8 @@ def _round_traces(r: Round, decode: Callable[[int], str]) -> list[dict]:
         f"<br>q {'point mass' if q is None else f'{q:.3f}'} · p {p:.3f}"
         for d, s, q, p in zip(tree.depths, states, tree.q, tree.p)
     ]
+    for node, note in tree.stops.items():  # where a stop rule cut the tree, and why
+        what[node] += f"<br>no children: {stop_text(note)}"
     traces.append(dict(
         type="scatter", x=xs, y=ys, mode="markers+text", text=labels, textposition="top center", showlegend=False,
         marker=dict(size=14, color=colors, line=dict(color="white", width=1)), customdata=what,

@@ -37,7 +37,8 @@ ROUND_COLUMNS = [
     "stop_rule", "stop_value", "stop_threshold", "stop_position",
 ]
 # One row per node of every tree round: the tokens-level record of the trees.
-NODE_COLUMNS = ["method", "round", "node", "parent", "depth", "token", "q", "p", "state"]
+NODE_COLUMNS = ["method", "round", "node", "parent", "depth", "token", "q", "p", "state",
+                "stop_rule", "stop_value", "stop_threshold", "stop_position"]
 
 # One row per drafted token: what decided it (see `DraftDecision`). `decided` is False after the
 # round's first rejection; `point_mass` marks drafts without a q (n-gram tables, copies: q = 1).
@@ -141,10 +142,13 @@ def tokens_frame(results: Iterable[GenerationResult]) -> pd.DataFrame:
                     "correction_p": d.correction_p if d.correction_p is not None else math.nan,
                 })
     return pd.DataFrame(rows, columns=TOKEN_COLUMNS)
+
+
 def nodes_frame(results: Iterable[GenerationResult]) -> pd.DataFrame:
     """Every node of every tree round: parent (0 = the root, the context's last token), depth, token,
-    the drafter's q and the target's p of it, and its state: kept, refused (tried where the walk
-    went and refused) or unreached (its branch was cut above it)."""
+    the drafter's q and the target's p of it, its state: kept, refused (tried where the walk
+    went and refused) or unreached (its branch was cut above it), and, where a stop rule (a rule
+    tree's) gave it no children, the rule's note as the rounds CSV writes one."""
     rows = []
     for result in results:
         for r in result.rounds:
@@ -156,8 +160,11 @@ def nodes_frame(results: Iterable[GenerationResult]) -> pd.DataFrame:
                     zip(tree.parents, tree.depths, tree.tokens, tree.q, tree.p), start=1):
                 state = "kept" if node in on_path else "refused" if parent in reached else "unreached"
                 rows.append({"method": result.method, "round": r.index, "node": node, "parent": parent,
-                             "depth": depth, "token": token, "q": math.nan if q is None else q, "p": p, "state": state})
-    return pd.DataFrame(rows, columns=NODE_COLUMNS)
+                             "depth": depth, "token": token, "q": math.nan if q is None else q, "p": p, "state": state,
+                             **_stop_cells(tree.stops.get(node))})
+    frame = pd.DataFrame(rows, columns=NODE_COLUMNS)
+    frame["stop_position"] = frame["stop_position"].astype("Int64")
+    return frame
 
 
 def target_perplexity(pair, result: GenerationResult) -> float:

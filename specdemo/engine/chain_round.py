@@ -36,6 +36,7 @@ def chain_round(run: Decoding, sequence: list[int], limit: int) -> RoundOutcome:
         decisions=draft_decisions(drafts, accepted, next_token, values, next_p, proposal.q_of_drafts is None),
         next_p=next_p if next_token is not None else None, verified_logits=logits,
         verified_hidden=writer.hidden if drafter.reads_target_features else None, target_top=top or None,
+        early_stop=run.policy.early_stop(),
     )
 
 

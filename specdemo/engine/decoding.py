@@ -27,7 +27,7 @@ from .params import DecodeParams, EngineOptions
 from .rounds import Decoding, RoundOutcome
 from .seq2seq import cached_lm, decoder_start, is_encoder_decoder
 from .tokens import token_text
-from .trace import GenerationResult, Round, StopNote, TokenRecord
+from .trace import GenerationResult, Round, TokenRecord
 from .tree_round import tree_round
 
 if TYPE_CHECKING:  # the engine never imports the model layer at run time
@@ -113,7 +113,7 @@ def _rounds(pair: ModelPair, drafter: Drafter | None, policy, params: DecodePara
                 sequence.extend(outcome.new_tokens)
                 run.drafter.observe(sequence, verified_from, **outcome.shown_to_drafter())
                 run.policy.update(len(outcome.drafts), outcome.accepted)
-                _record(result, outcome, run.clock.stop(), pair, sequence, run.policy.early_stop())
+                _record(result, outcome, run.clock.stop(), pair, sequence)
                 _count_forwards(result, run, prefill_forwards, method)
                 _check_stop(result, params.max_new_tokens, pair)
             yield result
@@ -201,7 +201,7 @@ def _check_stop(result: GenerationResult, max_new_tokens: int, pair: ModelPair) 
 
 
 def _record(result: GenerationResult, outcome: RoundOutcome, phases: list[float], pair: ModelPair,
-            sequence: list[int], early_stop: StopNote | None = None) -> None:
+            sequence: list[int]) -> None:
     """The round into the trace: its `Round` (with the policy's note on where drafting stopped
     early, if it did), and a `TokenRecord` per new token."""
     draft_seconds, verify_seconds = phases
@@ -211,7 +211,7 @@ def _record(result: GenerationResult, outcome: RoundOutcome, phases: list[float]
         accepted=outcome.accepted, next_token=outcome.next_token, draft_entropies=outcome.entropies,
         draft_seconds=draft_seconds, verify_seconds=verify_seconds, end_seconds=result.seconds,
         new_tokens=outcome.new_tokens, source=outcome.source, tree=outcome.tree, decisions=outcome.decisions,
-        next_p=outcome.next_p, early_stop=early_stop,
+        next_p=outcome.next_p, early_stop=outcome.early_stop,
     )
     origins = ["accepted"] * len(round_.new_tokens)
     if round_.next_token is not None:

@@ -16,7 +16,7 @@ from .drafters import Drafter
 from .lm import CachedLM
 from .sampling import SamplingConfig
 from .tokens import cut_at_eos
-from .trace import DraftDecision, TreeRecord
+from .trace import DraftDecision, StopNote, TreeRecord
 
 
 @dataclass
@@ -50,6 +50,7 @@ class RoundOutcome:
     verified_hidden: torch.Tensor | None  # their hidden states, for a drafter that reads them
     target_top: list[list[int]] | None  # the writer's best ids there, for a drafter that asks
     tree: TreeRecord | None = None
+    early_stop: StopNote | None = None  # where and why drafting stopped before its cap, if a rule stopped it
 
     @property
     def new_tokens(self) -> list[int]:

@@ -78,6 +78,11 @@ class TreeRecord:
     q: list[float | None]  # the drafter's probability of the node's token at its parent (None: point mass)
     p: list[float]  # the target's probability of the node's token at its parent
     path: list[int]  # the kept nodes, from the root's child down
+    stops: dict[int, StopNote] = field(default_factory=dict)  # node (0: the root) -> why a rule gave it no children
+
+    def stop_at_path_end(self) -> StopNote | None:
+        """The note of the node where the kept path ends, if a stop rule cut the tree there."""
+        return self.stops.get(self.path[-1] if self.path else 0)
 
     @property
     def nodes(self) -> int:

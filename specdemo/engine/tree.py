@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .trace import StopNote
+
 ROOT = 0
 
 
@@ -32,6 +34,7 @@ class DraftTree:
     child_q: dict[int, torch.Tensor | None] = field(default_factory=dict)  # node -> q over its children
     entropies: dict[int, float] = field(default_factory=dict)  # node -> normalised entropy of its q
     children: dict[int, list[int]] = field(default_factory=dict)  # node -> its children, in drawn order
+    stops: dict[int, StopNote] = field(default_factory=dict)  # node -> why a stop rule gave it no children
 
     @classmethod
     def chain(cls, tokens: list[int], draft_probs: torch.Tensor | None = None) -> "DraftTree":

@@ -36,7 +36,7 @@ from .feature_drafter import FeatureDrafter
 from .policies import _Policy, gamma_from_entropy
 from .rest import RestDrafter, follow, next_counts
 from .sampling import SamplingConfig, normalized_entropy, probabilities
-from .trace import DRAFTED
+from .trace import DRAFTED, StopNote
 from .tree import ROOT, DraftTree
 from .tree_verify import draw_children
 
@@ -51,6 +51,10 @@ class _TreePolicy(_Policy):
 
     def width(self, depth: int, entropy_nats: float) -> int:
         raise NotImplementedError
+
+    def stop_note(self, depth: int, entropy_nats: float) -> StopNote | None:
+        """Why a node at this depth, with q of this entropy, gets no children (None: it may have some)."""
+        return None
 
 
 @dataclass
@@ -107,11 +111,13 @@ class StopRuleTree(DynamicTree):
     rule: _Policy = None
     vocab: int = 0
 
-    def width(self, depth: int, entropy_nats: float) -> int:
+    def stop_note(self, depth: int, entropy_nats: float) -> StopNote | None:
         if depth == 0 and not self.rule.reads_first_token:
-            return self.max_width
+            return None
         entropy = entropy_nats / math.log(self.vocab) if self.vocab > 1 else entropy_nats
-        return 0 if self.rule.crosses(self.rule.node_value(entropy, self.vocab)) else self.max_width
+        value = self.rule.node_value(entropy, self.vocab)
+        # As in a chain: the draft not made would have been the round's (depth + 1)-th.
+        return StopNote(self.rule.rule, value, self.rule.threshold, depth) if self.rule.crosses(value) else None
 
 
 # -- steppers --------------------------------------------------------------------------------
@@ -227,6 +233,17 @@ def _expand(stepper, q, width_of, depth: int, sampling, generator):
     return tokens, keys, (None if sampling.greedy else q), entropy
 
 
+def _widths(policy: _TreePolicy, tree: DraftTree, node: int):
+    """The policy's width at `node`, noting in the tree why it is 0 when a stop rule says so."""
+    def width(depth: int, entropy_nats: float) -> int:
+        note = policy.stop_note(depth, entropy_nats)
+        if note is not None:
+            tree.stops[node] = note
+            return 0
+        return policy.width(depth, entropy_nats)
+    return width
+
+
 def grow_tree(stepper, policy: _TreePolicy, limit: int, sampling: SamplingConfig,
               generator: torch.Generator | None) -> tuple[DraftTree, float | None]:
     """Add nodes best first (cumulative draft probability; ties in the order they were offered)
@@ -249,8 +266,8 @@ def grow_tree(stepper, policy: _TreePolicy, limit: int, sampling: SamplingConfig
             q = stepper.root_q if node == ROOT else stepper.q_at(tree, node)
             if q is None:
                 continue
-            tokens, keys, tree.child_q[node], entropy = _expand(stepper, q, policy.width, tree.depths[node],
-                                                                 sampling, generator)
+            tokens, keys, tree.child_q[node], entropy = _expand(stepper, q, _widths(policy, tree, node),
+                                                                 tree.depths[node], sampling, generator)
             if entropy is not None:
                 tree.entropies[node] = entropy
             if node == ROOT:

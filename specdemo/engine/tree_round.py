@@ -51,6 +51,7 @@ def tree_round(run: Decoding, sequence: list[int], limit: int) -> RoundOutcome:
         verified_logits=verified,
         verified_hidden=writer.hidden.index_select(0, rows.to(writer.hidden.device)) if reads_features else None,
         target_top=top_ids(verified, drafter.target_top_k).tolist() if drafter.target_top_k else None, tree=record,
+        early_stop=record.stop_at_path_end(),
     )
 
 
@@ -91,4 +92,5 @@ def _record(tree: DraftTree, probs: torch.Tensor, path: list[int], sampling: Sam
             q.append(tree.cumulative[i] / tree.cumulative[parent])
         else:
             q.append(None)  # a point mass
-    return TreeRecord(tokens=tree.draft_tokens(), parents=parents, depths=tree.depths[1:], q=q, p=p, path=list(path))
+    return TreeRecord(tokens=tree.draft_tokens(), parents=parents, depths=tree.depths[1:], q=q, p=p, path=list(path),
+                      stops=dict(tree.stops))

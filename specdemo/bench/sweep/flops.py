@@ -1,6 +1,9 @@
 """What each model of a pair is fed during a sweep's run: forwards, tokens and an estimate
 of the FLOPs (2 × matmul parameters × tokens fed), counted by forward hooks so that every
 code path that calls the model is counted alike.
+
+Only forwards under inference mode count: decoding runs in it, and what a method does between
+requests does not (OSD's learning needs gradients, and its time is off the clock too).
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...engine.feature_head import FeatureHead
+
 
 def matmul_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(body, head) parameter counts that multiply activations: every weight once, less
@@ -47,29 +51,37 @@ class FedCounter:
         self.calls: list[list[int]] = []  # [tokens fed, logit rows computed] per forward
         self.body, self.head = matmul_parameters(model) if model is not None else (0, 0)
         self._handles = []
+        self._followed: set[int] = set()
         if model is None:
             return
         if isinstance(model, FeatureHead):
-            self._handles.append(model.register_forward_pre_hook(self._head_hook, with_kwargs=True))
+            self.follow(model)
             return
         self._handles.append(model.get_decoder().register_forward_pre_hook(self._body_hook, with_kwargs=True))
         output = model.get_output_embeddings()
         if output is not None:
             self._handles.append(output.register_forward_pre_hook(self._logits_hook))
 
+    def follow(self, head: FeatureHead) -> None:
+        """Count a copy of the counted feature head as the head itself (OSD drafts with its online
+        copy, which has the same shape)."""
+        if id(head) not in self._followed:
+            self._followed.add(id(head))
+            self._handles.append(head.register_forward_pre_hook(self._head_hook, with_kwargs=True))
+
     def _body_hook(self, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None:
+        if ids is not None and torch.is_inference_mode_enabled():
             self.calls.append([int(ids.shape[-1]), 0])
 
     def _logits_hook(self, module, args):
-        if self.calls and args:
+        if self.calls and args and torch.is_inference_mode_enabled():
             hidden = args[0]
             self.calls[-1][1] += int(hidden.shape[-2]) if hidden.dim() >= 2 else 1
 
     def _head_hook(self, module, args, kwargs):
         features = kwargs.get("features", args[0] if args else None)
-        if features is not None:
+        if features is not None and torch.is_inference_mode_enabled():
             self.calls.append([int(features.shape[-2]), 1])  # one position's subset logits a step
 
     def decoding(self, prefill_calls: int) -> tuple[int, int, float]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ...engine.methods import METHODS
+from ...engine.online import online_head
 from ...engine.params import DecodeParams
 from ..schedule import interleaved, turn_seed
 from ..runners import run_ours
@@ -128,7 +129,10 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
             for position, setting in enumerate(order):
                 target.calls.clear()
                 draft.calls.clear()
-                run = run_ours(pair, setting.method, ids, {**shared, **setting.params()}, seed)
+                params = {**shared, **setting.params()}
+                if setting.method == "osd":  # OSD drafts with the online copy of the pair's head
+                    draft.follow(online_head(pair.draft, pair.target, DecodeParams.resolve(None, **params).osd_lr).head)
+                run = run_ours(pair, setting.method, ids, params, seed)
                 group.append((setting, position, run, target.decoding(1 if len(ids) > 1 else 0),
                               draft.decoding(1 if len(ids) > 1 and METHODS[setting.method].needs_draft else 0)))
                 done += 1
