@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from specdemo.app import forms, handlers
+from specdemo.app import forms, handlers, viz
 from specdemo.app.handlers import Request, RunUpdate, make_request
 from specdemo.app.limits import Limits
 from specdemo.bench.tables import TOKEN_COLUMNS
@@ -99,9 +99,10 @@ def test_while_a_method_decodes_the_page_gets_a_status_line_and_nothing_else(tin
     assert handlers.STATUS_INTERVAL_S >= 0.5
 
 
-def test_the_tree_charts_stay_hidden_without_a_tree_method(tiny_pair):
+def test_the_tree_charts_stay_hidden_without_a_tree_method_and_are_neither_built_nor_sent(tiny_pair):
     last = list(handlers.decode_methods(tiny_pair, request(["ar", "sd"])))[-1]
     assert last.charts_shown is True and last.trees_shown is False
+    assert set(last.figures) == set(viz.FIGURES)
 
 
 def test_closing_the_stream_ends_the_method_in_flight(tiny_pair):

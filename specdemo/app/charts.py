@@ -13,10 +13,12 @@ from .tree_view import tree_figure, tree_rounds_figure
 CHART_NAMES = (*viz.FIGURES, "tree_rounds", "tree")
 
 
-def all_charts(results: Sequence[GenerationResult], tokenizer=None) -> dict[str, go.Figure]:
-    """viz's figures, then nodes/depth/kept per tree round and the first tree method's trees
-    (labelled with the tokenizer's text when given)."""
+def all_charts(results: Sequence[GenerationResult], tokenizer=None, trees: bool = True) -> dict[str, go.Figure]:
+    """viz's figures, then, with `trees`, nodes/depth/kept per tree round and the first tree
+    method's trees (labelled with the tokenizer's text when given)."""
     figures = viz.all_figures(results)
+    if not trees:
+        return figures
     figures["tree_rounds"] = tree_rounds_figure(results)
     with_trees = next((r for r in results if any(round_.tree is not None for round_ in r.rounds)), None)
     decode = (lambda token: tokenizer.decode([token])) if tokenizer is not None else str

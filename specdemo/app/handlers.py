@@ -160,7 +160,7 @@ class RunUpdate:
     status: str | None = None
     panels: dict[int, str] = field(default_factory=dict)  # slot (index in request.methods) → panel HTML
     shown: int | None = None  # how many panel slots are visible (set with the last update of a run)
-    figures: dict[str, Any] | None = None  # charts.all_charts, by name (sent once, at the end of a run)
+    figures: dict[str, Any] | None = None  # charts.all_charts, by name (sent once, at the end of a run; a chart left out stays)
     charts_shown: bool | None = None  # the chart sections instead of their placeholder
     trees_shown: bool | None = None  # the tree charts' section (tree methods only)
     table: pd.DataFrame | None = None  # viz.display_table of the run's summary (with its last update)
@@ -232,9 +232,11 @@ def final_update(pair: ModelPair, request: Request, progress: "RunProgress", ela
         return RunUpdate(status="⚠️ nothing ran: " + "; ".join(progress.errors), shown=len(progress.names),
                          panels=panels)
     comparison = tabulate(pair, results)
+    # Without a tree method the trees' charts stay hidden: neither built nor sent to the browser.
+    trees = any(r.tree is not None for result in results for r in result.rounds)
     return RunUpdate(status=done_status(request, results, progress.errors, elapsed), shown=len(progress.names),
-                     panels=panels, figures=charts.all_charts(results, pair.tokenizer), charts_shown=True,
-                     trees_shown=any(r.tree is not None for result in results for r in result.rounds),
+                     panels=panels, figures=charts.all_charts(results, pair.tokenizer, trees), charts_shown=True,
+                     trees_shown=trees,
                      table=viz.display_table(comparison.summary), why=viz.explain(comparison.summary),
                      files=write_csvs(comparison.summary, comparison.rounds, comparison.tokens), results=results)
 

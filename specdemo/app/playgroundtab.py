@@ -95,7 +95,7 @@ class Outputs:
         else:
             out.update({self.panels[k]: html for k, html in update.panels.items()})
         if update.figures is not None:
-            out.update({chart: update.figures[name] for chart, name in zip(self.charts, CHARTS)})
+            out.update({chart: update.figures[name] for chart, name in zip(self.charts, CHARTS) if name in update.figures})
         if update.charts_shown is not None:
             out[self.placeholder] = gr.update(visible=not update.charts_shown)
             out.update({group: gr.update(visible=update.charts_shown) for group in self.chart_groups})
