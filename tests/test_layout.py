@@ -160,3 +160,13 @@ def test_the_decode_loop_asks_its_drafter_and_never_probes_it():
     probes = [ast.unparse(node) for node in ast.walk(ast.parse(source))
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"]
     assert not [p for p in probes if "drafter" in p], probes
+
+
+def test_the_layout_doc_names_every_module():
+    """docs/layout.md names each module, by file name or, where it describes a folder's modules
+    together (sweep/, gpu_suite/), by its stem."""
+    doc = (ROOT / "docs" / "layout.md").read_text()
+    words = set(doc.replace(",", " ").replace("(", " ").replace(")", " ").split())
+    unnamed = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "specdemo").rglob("*.py"))
+               if path.name != "__init__.py" and path.name not in doc and path.stem not in words]
+    assert not unnamed, f"docs/layout.md does not name {unnamed}"
