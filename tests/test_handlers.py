@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
 import re
 from types import SimpleNamespace
@@ -109,8 +110,20 @@ def test_closing_the_stream_ends_the_method_in_flight(tiny_pair):
     stream = handlers.decode_methods(tiny_pair, request(["ar", "sd"], max_new_tokens=64), status_interval_s=0)
     seen = [next(stream) for _ in range(4)]  # AR starts, then its first rounds
     assert seen[-1].status.startswith("**AR** (1/2): round")
+    assert not gc.isenabled()  # mid-decode
     stream.close()
-    assert list(stream) == []
+    assert list(stream) == [] and gc.isenabled()
+
+
+def test_a_method_decodes_with_the_collector_paused_as_the_benchmark_times_it(tiny_pair):
+    enabled_during_rounds, enabled_between = [], []
+    for update in handlers.decode_methods(tiny_pair, request(["ar", "sd"], max_new_tokens=24), status_interval_s=0):
+        if update.status and ": round " in update.status:
+            enabled_during_rounds.append(gc.isenabled())
+        elif update.status and update.status.endswith("decoding …"):
+            enabled_between.append(gc.isenabled())  # announced, not started
+    assert enabled_during_rounds and not any(enabled_during_rounds)
+    assert enabled_between == [True, True] and gc.isenabled()
 
 
 def test_chat_falls_back_to_the_plain_prompt_for_a_tokenizer_without_a_chat_template():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -193,6 +195,26 @@ def test_pair_cache_keeps_one_pair_and_closes_the_previous():
     assert closed[-1] == "y"  # least recently used goes first
     big.clear()
     assert set(closed) >= {"x", "z"}
+
+
+def test_a_serving_cache_freezes_what_stays_loaded_and_thaws_it_when_a_pair_goes(monkeypatch):
+    from specdemo.app import page
+
+    monkeypatch.setattr(page, "_warm_up", lambda pair: None)
+    pairs = {name: SimpleNamespace(name=name, close=lambda: None) for name in ("a", "b")}
+    cache = ui.PairCache(lambda target, draft, **_: pairs[target], limit=1)
+    try:
+        gc.unfreeze()
+        cache.get("a", None)
+        frozen = gc.get_freeze_count()
+        assert frozen > 0 and gc.isenabled()  # a full collection no longer walks the loaded pair
+        thawed = []
+        monkeypatch.setattr(gc, "unfreeze", lambda: thawed.append(gc.get_freeze_count()))
+        cache.get("b", None)  # "a" is closed: the collector may reach what it leaves behind
+        assert len(thawed) == 1 and thawed[0] > 0
+    finally:
+        monkeypatch.undo()
+        gc.unfreeze()
 
 
 def test_export_dirs_are_per_request_and_old_ones_are_removed(tmp_path):

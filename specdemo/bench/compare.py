@@ -10,6 +10,7 @@ import torch
 
 from ..engine.decoding import generate
 from ..engine.params import DecodeParams
+from .runners import quiet_gc
 from .tables import rounds_frame, summary_frame, target_perplexity, tokens_frame
 from ..engine.trace import GenerationResult
 
@@ -42,8 +43,9 @@ def run_comparison(pair, prompt, methods: Sequence[str], limits=None, decode: De
         for method in methods:
             if threads_for is not None:
                 torch.set_num_threads(threads_for(method))
-            results.append(generate(pair, prompt, method=method, limits=limits, decode=decode, cache=cache,
-                                    compile=compile))
+            with quiet_gc():
+                results.append(generate(pair, prompt, method=method, limits=limits, decode=decode, cache=cache,
+                                        compile=compile))
     finally:
         torch.set_num_threads(before)
     return tabulate(pair, results)

@@ -102,8 +102,9 @@ def _sync(device: torch.device) -> None:
 
 
 @contextlib.contextmanager
-def _quiet_gc():
-    """Collect before a timed call and not during it: a collection mid-run is noise."""
+def quiet_gc():
+    """Collect before a timed call and not during it: a collection mid-run is noise. The page's
+    decodes go through it too, so that its numbers and the benchmark's are timed alike."""
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
@@ -119,7 +120,7 @@ def run_ours(pair, method: str, prompt_ids: list[int], params: dict, seed: int, 
     """One timed call; what it spent beside decoding (compiling, OSD's learning after the request:
     `off_clock_seconds`) is taken out of `seconds`."""
     device = pair.device
-    with _quiet_gc():
+    with quiet_gc():
         _sync(device)
         start = time.perf_counter()
         result = generate(pair, prompt_ids, method, **{**params, "seed": seed}, cache=cache, compile=compile)
@@ -266,7 +267,7 @@ class HFRunner:
         attach = recorder.attached(pair.target) if method not in HF_AR_METHODS else contextlib.nullcontext()
         torch.manual_seed(seed)
         try:
-            with attach, _quiet_gc():
+            with attach, quiet_gc():
                 _sync(device)
                 start = time.perf_counter()
                 input_ids = torch.tensor([prompt_ids], device=device)
