@@ -112,3 +112,12 @@ def test_each_repeat_runs_on_new_workers_unless_asked_for_one_process():
     FakeWorker.started = []
     ab.measure(start, ["p0", "p1"], ["ar", "sd"], [1], repeats=3, max_new_tokens=4, fresh=False)
     assert FakeWorker.started == ["base", "change"]
+
+
+def test_a_difference_that_one_repeats_processes_carry_alone_is_not_called_a_difference():
+    rows = two_prompts_twice({0: 1.0, 1: 1.0, 2: 1.0})
+    slow = (rows.side == "change") & (rows.method == "sd") & (rows.repeat == 0)
+    rows.loc[slow, "tokens_per_s"] *= 0.85  # every prompt of one repeat: that repeat's worker was slow
+    table = ab.paired(rows).set_index("method")
+    assert table.at["sd", "tokens_per_s change ÷ base"] == pytest.approx(0.85 ** 0.5)
+    assert table.at["sd", "tokens_per_s verdict"] == "no difference shown"
