@@ -202,7 +202,7 @@ def _check_stop(result: GenerationResult, max_new_tokens: int, pair: ModelPair) 
 
 def _record(result: GenerationResult, outcome: RoundOutcome, phases: list[float], pair: ModelPair,
             sequence: list[int]) -> None:
-    """The round into the trace: its `Round` (with the policy's note on where drafting stopped
+    """The round into the trace: its `Round` (with the round's note on where drafting stopped
     early, if it did), and a `TokenRecord` per new token."""
     draft_seconds, verify_seconds = phases
     result.seconds += draft_seconds + verify_seconds
