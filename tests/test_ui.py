@@ -15,7 +15,7 @@ from gradio_client.exceptions import AppError  # noqa: E402
 
 import torch  # noqa: E402
 
-from specdemo.app import ui  # noqa: E402
+from specdemo.app import handlers, ui  # noqa: E402
 from specdemo.app.charts import CHART_NAMES  # noqa: E402
 from specdemo.app.playgroundtab import TREE_CHARTS  # noqa: E402
 from specdemo.app.limits import Limits  # noqa: E402
@@ -321,13 +321,15 @@ def test_zero_gpu_is_a_no_op_off_spaces(monkeypatch):
 
 def test_stop_ends_the_decoding_loop_not_just_the_stream(client, server):
     compare(client, methods="ar", max_new_tokens=2)  # the pair is loaded and cached
-    with counting_target_forwards(server[1]) as forwards:
+    # 480 paused forwards last ≥ 4.8 s, longer than Stop may take: the loop meets Stop at its next
+    # status line, at most STATUS_INTERVAL_S later, so an unpaused tiny model could finish first
+    with counting_target_forwards(server[1], pause_s=0.01) as forwards:
         job = client.submit(prompt="w3 w4 w5", methods=["ar"], max_new_tokens=480, api_name="/run")
         deadline = time.time() + 60
         while forwards[0] < 5 and time.time() < deadline:
             time.sleep(0.02)
         job.cancel()
-        time.sleep(1.0)  # the round in flight may finish
+        time.sleep(handlers.STATUS_INTERVAL_S + 0.5)  # the loop reaches its next status line
         stopped_at, updates = forwards[0], len(job.outputs())
         time.sleep(1.5)
         assert forwards[0] == stopped_at, "the target kept decoding after Stop"
