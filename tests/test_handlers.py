@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import inspect
 import re
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pandas as pd
@@ -14,6 +15,7 @@ import torch
 from specdemo.app import forms, handlers, viz
 from specdemo.app.handlers import Request, RunUpdate, make_request
 from specdemo.app.limits import Limits
+from specdemo.bench.threads import ThreadPlan
 from specdemo.bench.tables import TOKEN_COLUMNS
 from specdemo.engine.params import PARAMS, SCHEMA, DecodeParams
 from specdemo.models.loading import Preset
@@ -124,6 +126,36 @@ def test_a_method_decodes_with_the_collector_paused_as_the_benchmark_times_it(ti
             enabled_between.append(gc.isenabled())  # announced, not started
     assert enabled_during_rounds and not any(enabled_during_rounds)
     assert enabled_between == [True, True] and gc.isenabled()
+
+
+def test_each_method_decodes_on_its_planned_threads_whichever_thread_resumes_the_stream(tiny_pair):
+    """torch's thread count belongs to the thread that set it, and a server resumes a stream on any
+    of its workers: every round must still run on the plan's count."""
+    seen: dict[str, set[int]] = {}
+    current = ["none"]
+    hook = tiny_pair.target.register_forward_hook(lambda *_: seen.setdefault(current[0], set()).add(torch.get_num_threads()))
+    stream = handlers.decode_methods(tiny_pair, request(["ar", "sd"], max_new_tokens=24), status_interval_s=0,
+                                     threads=ThreadPlan(count=None, cores=2))
+    before = torch.get_num_threads()
+
+    def step_on_a_fresh_worker():
+        def step():
+            torch.set_num_threads(3)  # what this worker was last set to, by some other work
+            return next(stream, None)
+
+        with ThreadPoolExecutor(1) as worker:
+            return worker.submit(step).result()
+
+    try:
+        while (update := step_on_a_fresh_worker()) is not None:
+            if update.status and "**SD**" in update.status.split("·")[-1]:
+                current[0] = "sd"
+            elif update.status and "**AR**" in update.status:
+                current[0] = "ar"
+    finally:
+        hook.remove()
+        torch.set_num_threads(before)
+    assert seen == {"ar": {1}, "sd": {2}}
 
 
 def test_chat_falls_back_to_the_plain_prompt_for_a_tokenizer_without_a_chat_template():

@@ -6,6 +6,7 @@ import threading
 
 import pandas as pd
 import pytest
+import torch
 
 from specdemo.app import sweeptab
 from specdemo.app.limits import Limits
@@ -130,6 +131,19 @@ def test_stop_ends_the_sweep_after_the_current_run(tiny_pair):
     assert event.done == 1 and event.done < event.total
     stream.close()  # Stop or a closed tab
     assert not _sweep_threads()  # the worker has finished: the device queue may go to the next visitor
+
+
+def test_the_sweep_decodes_on_the_threads_it_is_given_whatever_its_worker_starts_with(tiny_pair):
+    req = sweeptab.make_sweep_request(form(), PRESETS, Limits(), SUITE)
+    seen, before = set(), torch.get_num_threads()
+    hook = tiny_pair.target.register_forward_hook(lambda *_: seen.add(torch.get_num_threads()))
+    try:
+        torch.set_num_threads(3)  # a new thread starts with the count last set anywhere
+        list(sweeptab.sweep_events(tiny_pair, req, warmup=False, threads=1))
+    finally:
+        hook.remove()
+        torch.set_num_threads(before)
+    assert seen == {1}
 
 
 @pytest.fixture(scope="module")

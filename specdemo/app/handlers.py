@@ -209,17 +209,14 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
     for k, name in enumerate(names):
         if request.engine.first_round_note:
             yield RunUpdate(status=progress.line(k, first_round_status(request.engine)))
-        if threads is not None:
-            torch.set_num_threads(threads.for_method(name))
+        count = threads.for_method(name) if threads is not None else None
         try:
-            result = yield from decode_one(pair, request, limits, k, progress, status_interval_s)
+            result = yield from decode_one(pair, request, limits, k, progress, status_interval_s, count)
         except _MethodFailed as failure:
             progress.failed(k, str(failure), failure.panel)
             continue
         if result is not None:
             progress.finished(k, result)
-    if threads is not None:  # the other tabs' work runs on the plan's default count
-        torch.set_num_threads(threads.default)
     yield final_update(pair, request, progress, time.perf_counter() - started)
 
 
@@ -297,10 +294,14 @@ class _MethodFailed(Exception):
 
 
 def decode_one(pair: ModelPair, request: Request, limits: Limits | None, k: int, progress: RunProgress,
-               status_interval_s: float = STATUS_INTERVAL_S) -> Generator[RunUpdate, None, GenerationResult | None]:
-    """The method in slot k decoding; returns its last result. While it decodes, only a status
-    line is sent, at most every status_interval_s (see STATUS_INTERVAL_S)."""
+               status_interval_s: float = STATUS_INTERVAL_S,
+               threads: int | None = None) -> Generator[RunUpdate, None, GenerationResult | None]:
+    """The method in slot k decoding, each round on `threads` torch threads (None: as they are);
+    returns its last result. While it decodes, only a status line is sent, at most every
+    status_interval_s (see STATUS_INTERVAL_S)."""
     name, label = progress.names[k], progress.label(k)
+    if threads is not None:  # here too: the result records the count it starts on
+        torch.set_num_threads(threads)
     try:
         rounds = iter_generate(pair, request.prompt, name, limits=limits, decode=request.params,
                                **request.engine.as_kwargs())
@@ -311,7 +312,7 @@ def decode_one(pair: ModelPair, request: Request, limits: Limits | None, k: int,
     result, last_status = None, time.perf_counter()
     try:
         with quiet_gc():  # as the benchmark times a decode: a collection inside it would count as decoding
-            for result in rounds:
+            for result in rounds_on_threads(rounds, threads):
                 now = time.perf_counter()
                 if now - last_status >= status_interval_s and not result.done:
                     last_status = now
@@ -325,6 +326,21 @@ def decode_one(pair: ModelPair, request: Request, limits: Limits | None, k: int,
     finally:
         rounds.close()
     return result
+
+
+def rounds_on_threads(rounds: Iterator[GenerationResult], threads: int | None) -> Iterator[GenerationResult]:
+    """`rounds`, each on `threads` torch threads (None: as they are). torch's count is an OpenMP
+    setting of the thread that makes it, and Gradio resumes a streaming handler on whichever of
+    its worker threads is free, each keeping the count it last had: a method set to two threads
+    once decoded some stretches on one. So the count is set where each round runs (0.4 µs)."""
+    while True:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        try:
+            result = next(rounds)
+        except StopIteration:
+            return
+        yield result
 
 
 # ---------------------------------------------------------------------------------------

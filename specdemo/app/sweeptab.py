@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import gradio as gr
 import pandas as pd
+import torch
 
 from . import forms
 from ..bench import sweep
@@ -160,8 +161,10 @@ class SweepUpdate:
     finished: bool = False
 
 
-def sweep_events(pair: ModelPair, request: SweepRequest, warmup: bool = True) -> Iterator[tuple[sweep.SweepEvent, list]]:
-    """`iter_sweep` run in a worker thread: (event, rows so far) pairs.
+def sweep_events(pair: ModelPair, request: SweepRequest, warmup: bool = True,
+                 threads: int | None = None) -> Iterator[tuple[sweep.SweepEvent, list]]:
+    """`iter_sweep` run in a worker thread on `threads` torch threads (None: the count a new thread
+    starts with, the last one set anywhere): (event, rows so far) pairs.
 
     Closing this generator (Stop, a closed tab) asks the sweep to stop and returns only once
     the worker has finished its current run, so the caller holds the device queue, and the
@@ -172,6 +175,8 @@ def sweep_events(pair: ModelPair, request: SweepRequest, warmup: bool = True) ->
     end = object()
 
     def work() -> None:
+        if threads is not None:  # torch's count is the setting of the thread that decodes
+            torch.set_num_threads(threads)
         try:
             for event in sweep.iter_sweep(pair, request.prompts, request.settings, repeats=request.repeats,
                                           warmup=warmup, should_stop=stop.is_set, **request.params.as_dict()):
@@ -197,8 +202,8 @@ def sweep_events(pair: ModelPair, request: SweepRequest, warmup: bool = True) ->
 
 def stream_sweep(request: SweepRequest, load: Callable[[str, str | None], ModelPair],
                  export: Callable[[], Path], gpu: Callable[[Callable], Callable] = lambda fn: fn,
-                 warmup: bool = True) -> Iterator[SweepUpdate]:
-    """Load the pair and sweep: progress while it runs, then the charts, table and verdict once.
+                 warmup: bool = True, threads: int | None = None) -> Iterator[SweepUpdate]:
+    """Load the pair and sweep (on `threads` torch threads): progress while it runs, then the charts, table and verdict once.
 
     Nothing is summarised or drawn while runs are timed: on a small machine the server's and the
     browser's drawing would take the cores the timed runs need."""
@@ -206,7 +211,7 @@ def stream_sweep(request: SweepRequest, load: Callable[[str, str | None], ModelP
     pair = load(request.target, request.draft)
     rows: list[dict] = []
     event = None
-    for event, rows in gpu(sweep_events)(pair, request, warmup):
+    for event, rows in gpu(sweep_events)(pair, request, warmup, threads):
         yield SweepUpdate(event.done, event.total, event.message)
     result = sweep.sweep_result(pair, rows, request.settings, repeats=request.repeats, warmup=warmup,
                                 stopped=bool(event and event.stopped), tokens=event.tokens if event else None,
@@ -353,7 +358,8 @@ def _wire_page(ctx: TabContext, form: SweepForm, run_btn: Any, stop_btn: Any, ou
         shown = gr.update(visible=False), gr.update(visible=True)  # the placeholder gives way to the results
         yield ("Loading the model pair …", "", None, *[None] * len(CHARTS), *cleared, *shown)
         try:
-            with contextlib.closing(stream_sweep(req, ctx.load, ctx.export, ctx.gpu)) as updates:
+            with contextlib.closing(stream_sweep(req, ctx.load, ctx.export, ctx.gpu,
+                                                   threads=ctx.threads.default if ctx.threads else None)) as updates:
                 for update in updates:
                     if update.total:
                         progress((update.done, update.total), desc=update.message)
