@@ -101,6 +101,8 @@ def test_run_renders_panels_charts_and_table(page_url, tmp_path):
             assert label in table_text
         assert table_text.index("AR") < table_text.index("NASD")
         assert page.locator("#sd-summary-csv").is_enabled()
+        # Gradio's run history would have rewritten itself into the browser's storage at every update.
+        assert page.evaluate("Object.keys(localStorage).filter(key => key.includes('run-history'))") == []
 
         shot = tmp_path / "screenshot.png"
         page.screenshot(path=str(shot), full_page=True)

@@ -202,7 +202,10 @@ def launch_options() -> dict[str, Any]:
 
 
 def launch(demo: gr.Blocks, **kwargs) -> Any:
-    """Serve `demo` with the page's look, and with the browser's status timers slowed (`quiet`)."""
+    """Serve `demo` with the page's look, with the browser's status timers slowed (`quiet`) and
+    without Gradio's run history: it rewrites the visitor's whole saved history in the browser's
+    storage at every update of a run (20 writes, 1.9 MB in one default run, more with each run
+    saved), on the core the decoders share. The page's CSVs are a run's record."""
     app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
     app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(EarlyHeadScript)]
-    return demo.launch(**{**launch_options(), **kwargs, "app_kwargs": app_kwargs})
+    return demo.launch(**{**launch_options(), "run_history": False, **kwargs, "app_kwargs": app_kwargs})
