@@ -203,7 +203,8 @@ def sweep_events(pair: ModelPair, request: SweepRequest, warmup: bool = True,
 def stream_sweep(request: SweepRequest, load: Callable[[str, str | None], ModelPair],
                  export: Callable[[], Path], gpu: Callable[[Callable], Callable] = lambda fn: fn,
                  warmup: bool = True, threads: int | None = None) -> Iterator[SweepUpdate]:
-    """Load the pair and sweep (on `threads` torch threads): progress while it runs, then the charts, table and verdict once.
+    """Load the pair and sweep (on `threads` torch threads): progress while it runs, then the
+    charts, table and verdict once.
 
     Nothing is summarised or drawn while runs are timed: on a small machine the server's and the
     browser's drawing would take the cores the timed runs need."""
