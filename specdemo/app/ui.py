@@ -9,6 +9,7 @@ layout and events live in its own module beside its handlers (`playgroundtab` wi
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import threading
@@ -205,7 +206,9 @@ def launch(demo: gr.Blocks, **kwargs) -> Any:
     """Serve `demo` with the page's look, with the browser's status timers slowed (`quiet`) and
     without Gradio's run history: it rewrites the visitor's whole saved history in the browser's
     storage at every update of a run (20 writes, 1.9 MB in one default run, more with each run
-    saved), on the core the decoders share. The page's CSVs are a run's record."""
+    saved), on the core the decoders share. The page's CSVs are a run's record. (A Gradio 6 without
+    the option is launched without it.)"""
     app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
     app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(EarlyHeadScript)]
-    return demo.launch(**{**launch_options(), "run_history": False, **kwargs, "app_kwargs": app_kwargs})
+    quiet = {"run_history": False} if "run_history" in inspect.signature(demo.launch).parameters else {}
+    return demo.launch(**{**launch_options(), **quiet, **kwargs, "app_kwargs": app_kwargs})
