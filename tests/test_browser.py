@@ -249,8 +249,9 @@ window.requestAnimationFrame = (callback) => { window.framesAsked += 1; return a
 
 
 def test_an_idle_page_asks_for_few_animation_frames(head_page_url):
-    """Gradio's status trackers redraw a timer every frame (60 a second, one of them forever): the
-    page lets them draw ten a second, which the visitor's browser does not feel beside the decoders."""
+    """Gradio's status trackers redraw a timer every frame (60 a second, one of them forever, shown
+    or not): the page holds a hidden tracker's frames until a tracker shows, so an idle Playground
+    draws nothing."""
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
@@ -265,7 +266,7 @@ def test_an_idle_page_asks_for_few_animation_frames(head_page_url):
             frames = page.evaluate("() => window.framesAsked")
         finally:
             browser.close()
-    assert frames <= 3 * 15  # sixty a second without the page's throttle
+    assert frames <= 3  # 180 without the page's throttle, 30 with one that ignores whether a tracker shows
 
 
 def test_benchmark_defaults_run_on_a_feature_head_pair(head_page_url):
