@@ -117,6 +117,30 @@ def test_run_sends_the_panels_and_the_charts_once_at_the_end(client):
     assert panels == drawn == [len(outputs) - 1]
 
 
+def test_a_run_like_the_last_sends_values_not_property_updates(client):
+    """Gradio rebuilds a component for each property update, on the server's event loop beside the
+    decoders: a run that shows what the last one showed changes no visibility or interactivity."""
+    for _ in range(2):
+        job = client.submit(prompt="w3 w4 w5", methods=["ar", "sd"], max_new_tokens=8, api_name="/run")
+        final = job.result(timeout=120)
+    assert final[0].startswith("Done in")
+    assert 'data-method="sd"' in final[2] and final[-6] and final[-5]  # the panels and files still come
+    assert [value for value in final if isinstance(value, dict) and {"visible", "interactive"} & set(value)] == []
+
+
+def test_the_pages_run_streams_the_status_line_alone_and_one_event_after_it_draws_the_rest(server):
+    """Gradio rebuilds each output an update leaves alone: status lines sent through an event with
+    every panel, chart and file among its outputs kept the server's event loop busy beside the
+    decoders. The page's Run streams into the status line alone; the event after it draws."""
+    _, demo = server
+    by_id = {block._id: block for block in demo.blocks.values()}
+    run_button = next(b for b in by_id.values() if getattr(b, "elem_id", None) == "sd-run")
+    run = next(f for f in demo.fns.values() if (run_button._id, "click") in f.targets)
+    assert [getattr(o, "elem_id", None) for o in run.outputs] == ["sd-status"]
+    draw = next(f for f in demo.fns.values() if f.trigger_after == run._id)
+    assert len(draw.outputs) > 10 and run.outputs[0] in draw.outputs
+
+
 def latest(outputs, index):
     """An output's last value (updates that leave it alone come back as update dicts without one)."""
     values = [o[index].get("value") if isinstance(o[index], dict) else o[index] for o in outputs]

@@ -170,6 +170,11 @@ class RunUpdate:
     warning: str | None = None  # a message worth a toast as well as the status line
     results: list[GenerationResult] | None = None  # the finished methods (with the run's last update)
 
+    def only_status(self) -> bool:
+        """Whether this update changes the status line alone (a warning may come with it)."""
+        return (not self.panels and self.shown is None and self.figures is None and self.charts_shown is None
+                and self.trees_shown is None and self.table is None and self.why is None and self.files is None)
+
 
 def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: Limits | None = None,
                gpu: Callable[[Callable], Callable] = gpu, threads: ThreadPlan | None = None) -> Iterator[RunUpdate]:
