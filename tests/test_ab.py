@@ -121,3 +121,11 @@ def test_a_difference_that_one_repeats_processes_carry_alone_is_not_called_a_dif
     table = ab.paired(rows).set_index("method")
     assert table.at["sd", "tokens_per_s change ÷ base"] == pytest.approx(0.85 ** 0.5)
     assert table.at["sd", "tokens_per_s verdict"] == "no difference shown"
+
+
+def test_one_repeat_gives_no_verdict_however_clear_the_prompts_look():
+    rows = two_prompts_twice({0: 0.8, 1: 0.8, 2: 0.8})
+    table = ab.paired(rows[rows.repeat == 0]).set_index("method")
+    assert table.at["sd", "tokens_per_s change ÷ base"] == pytest.approx(0.8)
+    assert table.at["sd", "tokens_per_s verdict"] == ab.ONE_REPEAT
+    assert ab.build_parser().parse_args(["--base", "HEAD"]).repeats == 3

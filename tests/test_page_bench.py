@@ -59,20 +59,25 @@ def test_bench_runs_by_the_thread_plan_the_page_decoded_with_as_the_tab_does_for
         page.ThreadPlan(count=1)
 
 
-def test_the_cost_of_drawing_is_the_browser_plus_the_server_beyond_decoding():
-    costs = page.cost_table(RUNS[:1], ENGINE)
-    row = costs.iloc[0]
+def test_the_cost_of_drawing_is_the_browser_plus_the_servers_work_outside_the_decoders():
+    run = page_run({"ar": 10.0, "sd": 18.0}, threads={"ar": 1, "sd": 2}, browser=1.0, server=12.0, after=3.0)
+    run.server_threads_cpu_s = [6.0, 5.0, 0.3, 0.05, 0.0]  # SD decoded on two threads: the two busiest
+    row = page.cost_table([run], ENGINE).iloc[0]
     decode = 46 / 10.0 + 46 / 18.0
     assert row.decode_s == pytest.approx(decode)
-    assert row.engine_cpu_s == pytest.approx(4.0)  # the median CPU of each method's decode, summed
-    assert row.server_beyond_decoding_s == pytest.approx(12.0 - 4.0)
-    assert row.drawing_cpu_over_decode == pytest.approx((1.0 + 8.0) / decode)
+    assert row.server_outside_decoder_threads_s == pytest.approx(0.35)
+    assert row.drawing_cpu_over_decode == pytest.approx((1.0 + 3.0 + 0.35) / decode)
+    # The other reading: the server's CPU beyond the engine's median on the same decodes (summed per method).
+    assert row.engine_cpu_s == pytest.approx(4.0)
+    assert row.server_beyond_engine_s == pytest.approx(12.0 - 4.0)
+    assert row.with_engine_gap_over_decode == pytest.approx((1.0 + 3.0 + 8.0) / decode)
 
 
-def test_the_charts_drawn_after_the_last_update_count_as_drawing():
-    row = page.cost_table([page_run({"ar": 10.0, "sd": 18.0}, after=3.0)], ENGINE).iloc[0]
-    assert row.browser_cpu_after_s == 3.0
-    assert row.drawing_cpu_over_decode == pytest.approx((1.0 + 8.0 + 3.0) / row.decode_s)
+def test_on_one_thread_the_decoder_is_the_one_busiest_thread():
+    run = page_run({"ar": 10.0, "sd": 18.0})
+    run.server_threads_cpu_s = [9.0, 0.3, 0.05]
+    assert page.cost_table([run], ENGINE).iloc[0].server_outside_decoder_threads_s == pytest.approx(0.35)
+    assert math.isnan(page.cost_table([page_run({"ar": 10.0})], ENGINE).iloc[0].drawing_cpu_over_decode)
 
 
 def test_cpu_spent_counts_new_processes_from_zero_and_ignores_ended_ones():

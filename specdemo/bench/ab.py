@@ -155,9 +155,21 @@ def paired(rows: pd.DataFrame, confidence: float = 0.95, seed: int = 0) -> pd.Da
             low, high = log_interval(cells, confidence, seed)
             entry[f"{name} change ÷ base"] = math.exp(cells.mean())
             entry[f"{name} interval"] = f"[{math.exp(low):.3f}, {math.exp(high):.3f}]"
-            entry[f"{name} verdict"] = "faster" if low > 0 else "slower" if high < 0 else "no difference shown"
+            entry[f"{name} verdict"] = verdict(low, high, repeats=cells.shape[1])
         out.append(entry)
     return pd.DataFrame(out)
+
+
+ONE_REPEAT = "no verdict: one repeat (its pair of processes stands for all; use --repeats 3 or more)"
+
+
+def verdict(low: float, high: float, repeats: int) -> str:
+    """"faster" or "slower" where the interval of the log ratio excludes 0. With one repeat, every
+    run of a side shared one worker process, whose speed the interval cannot sample: two processes
+    of the same code differed by up to 30 % here, so a single repeat gives no verdict."""
+    if repeats < 2:
+        return ONE_REPEAT
+    return "faster" if low > 0 else "slower" if high < 0 else "no difference shown"
 
 
 def log_interval(cells: np.ndarray, confidence: float, seed: int, resamples: int = 4000) -> tuple[float, float]:
@@ -195,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--methods", default="ar,sd,egag", help="comma-separated (default ar,sd,egag; ar is needed)")
     parser.add_argument("--threads", default="1,2", help="torch thread counts, comma-separated (default 1,2)")
     parser.add_argument("--per-category", type=int, default=1, help="suite prompts per category (default 1)")
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="each in new worker processes (default 3; one repeat gives no verdict)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--preset", default="embedded")
     parser.add_argument("--one-process", action="store_true",

@@ -8,8 +8,10 @@ and warmed at startup), drives a headless Chromium on the same machine through t
 page runs, this process decodes the same prompt with the same methods and settings through
 `specdemo.generate`, at each of `--threads`. Per method it prints the page's tokens/s against the
 engine's best, their ratio, and the speedups over AR on both sides; per run, the CPU seconds the
-browser and the server spent against the decode time. The server's CPU beyond decoding is its CPU
-less what the engine alone spends on the same decode at the page's thread count.
+browser and the server spent against the decode time. The server's own work is its CPU outside its
+busiest threads, as many as the most torch threads a method decoded on (the decoders); beside it,
+the server's CPU beyond what the engine alone spends on the same decodes at the page's thread counts
+(`cost_table`).
 
 Playwright (the Python package) and a Chromium are needed (`chromium_path`).
 """
@@ -56,6 +58,7 @@ class PageRun:
     browser_cpu_s: float
     server_cpu_s: float
     settle_cpu_s: float = 0.0  # Chromium's CPU after "Done in", until it fell idle (drawing the charts)
+    server_threads_cpu_s: list[float] = field(default_factory=list)  # each server thread's CPU, busiest first
 
     @property
     def decode_s(self) -> float:
@@ -126,6 +129,14 @@ def cpu_seconds(processes: Sequence[psutil.Process]) -> dict[int, float]:
     return seconds
 
 
+def thread_seconds(process: psutil.Process) -> dict[int, float]:
+    """user + system CPU seconds by thread of one process."""
+    try:
+        return {thread.id: thread.user_time + thread.system_time for thread in process.threads()}
+    except psutil.Error:
+        return {}
+
+
 def tree(process: psutil.Process) -> list[psutil.Process]:
     try:
         return [process, *process.children(recursive=True)]
@@ -159,7 +170,7 @@ def timed_run(page, server: psutil.Process, button: str, wait, csv_button: str) 
     """Press `button`, `wait()` for the run to end, and read the CSV behind `csv_button`; the wall
     time and the CPU seconds Chromium and the server spent in between come with it."""
     browser_before = cpu_seconds(browser_processes(server))
-    server_before = cpu_seconds(tree(server))
+    server_before, threads_before = cpu_seconds(tree(server)), thread_seconds(server)
     started = time.perf_counter()
     page.locator(button).click()
     wait()
@@ -167,10 +178,12 @@ def timed_run(page, server: psutil.Process, button: str, wait, csv_button: str) 
     browser_after = cpu_seconds(browser_processes(server))
     browser_cpu = spent(browser_before, browser_after)
     server_cpu = spent(server_before, cpu_seconds(tree(server)))
+    by_thread = sorted((seconds - threads_before.get(thread, 0.0) for thread, seconds in thread_seconds(server).items()),
+                       reverse=True)
     settle_cpu = settle(server, browser_after)
     with page.expect_download() as download:
         page.locator(csv_button).click()
-    return PageRun(pd.read_csv(download.value.path()), wall, browser_cpu, server_cpu, settle_cpu)
+    return PageRun(pd.read_csv(download.value.path()), wall, browser_cpu, server_cpu, settle_cpu, by_thread)
 
 
 def settle(server: psutil.Process, since: dict[int, float], interval_s: float = 0.5, idle_cpu_s: float = 0.05,
@@ -308,17 +321,27 @@ def method_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFra
 
 
 def cost_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFrame:
-    """Per page run: wall and decode seconds, browser and server CPU, and the server's CPU beyond decoding."""
+    """Per page run: wall and decode seconds, browser and server CPU, and two readings of what the page
+    cost beside the decoding. `drawing_cpu_over_decode` counts the server's CPU outside the decoders'
+    threads (its own work: the event loop, the updates). `with_engine_gap_over_decode` counts instead
+    the server's CPU beyond the engine's on the same decodes, which also holds the decoders' own
+    variation: two OpenMP threads spin while they wait on each other, so a decode that ran slower for
+    any reason (the browser, the machine) spends more CPU, and that reading moves by seconds from one
+    run to the next."""
     threads = page_threads(page_runs)
     engine_cpu = sum(statistics.median(v) for (t, m), v in engine.cpu_s.items() if threads.get(m) == t)
+    decoders = max(threads.values())
     rows = []
     for k, run in enumerate(page_runs, 1):
-        overhead = max(0.0, run.server_cpu_s - engine_cpu)
-        drawing = run.browser_cpu_s + overhead + run.settle_cpu_s
+        beyond_engine = max(0.0, run.server_cpu_s - engine_cpu)
+        own = sum(run.server_threads_cpu_s[decoders:]) if run.server_threads_cpu_s else math.nan
+        browser = run.browser_cpu_s + run.settle_cpu_s
         rows.append({"run": k, "wall_s": run.wall_s, "decode_s": run.decode_s, "browser_cpu_s": run.browser_cpu_s,
-                     "server_cpu_s": run.server_cpu_s, "engine_cpu_s": engine_cpu, "server_beyond_decoding_s": overhead,
-                     "browser_cpu_after_s": run.settle_cpu_s,
-                     "drawing_cpu_over_decode": drawing / run.decode_s if run.decode_s else math.nan})
+                     "browser_cpu_after_s": run.settle_cpu_s, "server_cpu_s": run.server_cpu_s,
+                     "engine_cpu_s": engine_cpu, "server_beyond_engine_s": beyond_engine,
+                     "server_outside_decoder_threads_s": own,
+                     "drawing_cpu_over_decode": (browser + own) / run.decode_s if run.decode_s else math.nan,
+                     "with_engine_gap_over_decode": (browser + beyond_engine) / run.decode_s if run.decode_s else math.nan})
     return pd.DataFrame(rows)
 
 
