@@ -311,17 +311,19 @@ def _loader(ctx: TabContext):
     return load
 
 
-def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs, shown: BySession[Shown]) -> None:
-    """The page's Run: each method in turn under a status line, then everything it found drawn at
-    once, in an event of its own. Gradio rebuilds every output an update leaves alone as it does
-    for a property update (see `Shown`): with the status lines sent through one event with every
-    panel, chart and file among its outputs, the server's event loop spent 1.2–1.3 s of CPU on a
-    default run beside the decoders; with the status in an event of its own and properties sent
-    only where they change, 0.3 s. /run, for API clients, streams the same run as one event with
-    every output."""
-    last: BySession[RunUpdate] = BySession()  # a page run's final update, until it is drawn
+class RunStreams:
+    """The Run's updates for a visitor, as the page's two events and /run take them. Gradio
+    rebuilds every output an update leaves alone as it does for a property update (see `Shown`):
+    with the status lines sent through one event with every panel, chart and file among its
+    outputs, the server's event loop spent 1.2–1.3 s of CPU on a default run beside the decoders;
+    with the status in an event of its own and properties sent only where they change, 0.3 s."""
 
-    def updates(form: dict) -> Iterator[RunUpdate]:
+    def __init__(self, ctx: TabContext, outputs: Outputs, shown: BySession[Shown]):
+        self.ctx, self.outputs, self.shown = ctx, outputs, shown
+        self.last: BySession[RunUpdate] = BySession()  # a page run's final update, until it is drawn
+
+    def updates(self, form: dict) -> Iterator[RunUpdate]:
+        ctx = self.ctx
         try:
             req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
                                ctx.presets, ctx.limits, methods=form["methods"] or [],
@@ -332,36 +334,55 @@ def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs, shown: BySessio
         with contextlib.closing(handlers.stream_run(req, _loader(ctx), ctx.limits, ctx.gpu, ctx.threads)) as stream:
             yield from stream
 
-    def show(update: RunUpdate, session: str | None) -> dict:
-        out, now = outputs.apply(update, shown.get(session))
-        shown.set(session, now)
+    def show(self, update: RunUpdate, session: str | None) -> dict:
+        out, now = self.outputs.apply(update, self.shown.get(session))
+        self.shown.set(session, now)
         return out
 
-    def streamed(form: dict, session: str | None) -> Iterator[dict]:
-        with contextlib.closing(updates(form)) as stream:
+    def every_output(self, form: dict, session: str | None) -> Iterator[dict]:
+        """/run: each update onto every output."""
+        with contextlib.closing(self.updates(form)) as stream:
             for update in stream:
-                yield show(update, session)
+                yield self.show(update, session)
 
-    def status_lines(form: dict, session: str | None) -> Iterator[Any]:
-        with contextlib.closing(updates(form)) as stream:
+    def status_lines(self, form: dict, session: str | None) -> Iterator[Any]:
+        """The page's Run: the status line alone; the run's last update is kept for `draw`."""
+        with contextlib.closing(self.updates(form)) as stream:
             for update in stream:
                 if update.warning:
                     gr.Warning(update.warning)
                 if update.only_status():
                     yield update.status if update.status is not None else gr.skip()
-                else:  # the run's last update: drawn by the event that follows
-                    last.set(session, update)
+                else:
+                    self.last.set(session, update)
+
+    def draw(self, session: str | None) -> Any:
+        update = self.last.pop(session)
+        return gr.skip() if update is None else self.show(update, session)
+
+    def forget(self, session: str | None) -> None:
+        self.shown.pop(session)
+        self.last.pop(session)
+
+
+def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs, shown: BySession[Shown]) -> None:
+    """The page's Run: each method in turn under a status line, then everything it found drawn at
+    once by the event chained after it. /run, for API clients, streams the same run as one event
+    with every output."""
+    streams = RunStreams(ctx, outputs, shown)
 
     def run(form: dict, request: gr.Request):
         """Decode with each method in turn; streams the status line, and everything at the end."""
-        yield from ctx.follow(request, streamed(form, session_id(request)))
+        yield from ctx.follow(request, streams.every_output(form, session_id(request)))
 
     def run_on_page(form: dict, request: gr.Request):
-        yield from ctx.follow(request, status_lines(form, session_id(request)))
+        yield from ctx.follow(request, streams.status_lines(form, session_id(request)))
 
     def draw(request: gr.Request):
-        update = last.pop(session_id(request))
-        return gr.skip() if update is None else show(update, session_id(request))
+        return streams.draw(session_id(request))
+
+    def tab_closed(request: gr.Request) -> None:
+        streams.forget(session_id(request))
 
     event_inputs = inputs.event_inputs(inputs.methods)
     event = inputs.run_btn.click(
@@ -371,20 +392,14 @@ def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs, shown: BySessio
         # whole run, on the cores the decoders are timed on; the status line says how far it is.
         show_progress="hidden", concurrency_id=ctx.queue_id,
     )
-    event.then(draw, outputs=outputs.all(), api_visibility="private", show_progress="hidden",
-               concurrency_limit=None)
+    event.then(draw, outputs=outputs.all(), api_visibility="private", show_progress="hidden", concurrency_limit=None)
     wire_stop(inputs.stop_btn, outputs.status, event)
     with gr.Column(visible=False):
         api_btn = gr.Button("run")
-
-    def tab_closed(request: gr.Request) -> None:
-        shown.pop(session_id(request))
-        last.pop(session_id(request))
-
-    Context.root_block.unload(tab_closed)  # the Blocks being built: the page
     api_btn.click(forms.endpoint(run, FORM_BEFORE, FORM_AFTER, name="run", generator=True),
                   inputs=event_inputs, outputs=outputs.all(), api_name="run", show_progress="hidden",
                   concurrency_id=ctx.queue_id)
+    Context.root_block.unload(tab_closed)  # the Blocks being built: the page
 
 
 READY = "Press **Run** to decode the prompt with every selected method."
