@@ -133,8 +133,7 @@ def test_the_pages_run_streams_the_status_line_alone_and_one_event_after_it_draw
     every panel, chart and file among its outputs kept the server's event loop busy beside the
     decoders. The page's Run streams into the status line alone; the event after it draws."""
     _, demo = server
-    by_id = {block._id: block for block in demo.blocks.values()}
-    run_button = next(b for b in by_id.values() if getattr(b, "elem_id", None) == "sd-run")
+    run_button = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "sd-run")
     run = next(f for f in demo.fns.values() if (run_button._id, "click") in f.targets)
     assert [getattr(o, "elem_id", None) for o in run.outputs] == ["sd-status"]
     draw = next(f for f in demo.fns.values() if f.trigger_after == run._id)
