@@ -42,6 +42,76 @@ def test_each_method_is_set_against_the_engines_best_thread_count_median_against
     assert table.at["sd", "speedup_page_over_engine"] == pytest.approx((19.0 / 11.0) / (19.0 / 11.5))
 
 
+
+def spread_runs(runs: int) -> tuple[list[page.PageRun], page.EngineRuns]:
+    """`runs` page runs and as many engine passes, each side spread evenly over the same ±5 %."""
+    def spread(middle: float) -> list[float]:
+        return [middle * (0.95 + 0.1 * k / (runs - 1)) for k in range(runs)]
+
+    page_ar, page_sd, engine_ar, engine_sd = spread(11.0), spread(18.0), spread(11.5), spread(20.0)
+    return ([page_run({"ar": ar, "sd": sd}) for ar, sd in zip(page_ar, page_sd)],
+            engine({(1, "ar"): engine_ar, (1, "sd"): engine_sd}))
+
+
+def width(row: pd.Series, ratio: str) -> float:
+    return row[f"{ratio}_high"] - row[f"{ratio}_low"]
+
+
+def test_each_ratio_has_a_bootstrap_interval_that_holds_it_and_narrows_with_more_runs():
+    few, many = (page.method_table(*spread_runs(n)).set_index("method").loc["sd"] for n in (3, 15))
+    for row in (few, many):
+        assert row.page_over_engine_low <= row.page_over_engine <= row.page_over_engine_high
+        assert row.speedup_page_over_engine_low <= row.speedup_page_over_engine <= row.speedup_page_over_engine_high
+        # Never beyond what the runs can give: the slowest page run over the fastest engine pass, and back.
+        assert row.page_over_engine_low >= 18.0 * 0.95 / (20.0 * 1.05) - 1e-12
+        assert row.page_over_engine_high <= 18.0 * 1.05 / (20.0 * 0.95) + 1e-12
+    assert width(many, "page_over_engine") < width(few, "page_over_engine")
+    assert width(many, "speedup_page_over_engine") < width(few, "speedup_page_over_engine")
+
+
+def test_the_same_runs_give_the_same_intervals():
+    page_sd, engine_sd = [17.1, 18.4, 17.6, 19.0, 18.1, 17.3], [19.5, 20.8, 20.1, 19.2, 20.4, 21.0]
+    runs = [page_run({"ar": 10.0 + k / 7, "sd": v}) for k, v in enumerate(page_sd)]
+    passes = engine({(1, "ar"): [10.2, 11.1, 10.6, 10.9], (1, "sd"): engine_sd})
+    assert page.method_table(runs, passes).equals(page.method_table(runs, passes))
+
+
+def test_the_intervals_sit_right_after_their_ratios_and_leave_the_other_columns_in_place():
+    columns = list(page.method_table(RUNS, ENGINE).columns)
+    assert columns == ["method", "page_tok_s", "page_first_run_tok_s", "engine_1t_tok_s", "engine_2t_tok_s",
+                       "engine_best_tok_s", "engine_best_threads", "page_over_engine", "page_over_engine_low",
+                       "page_over_engine_high", "page_new_tokens", "engine_new_tokens", "page_threads",
+                       "page_speedup", "engine_speedup", "speedup_page_over_engine",
+                       "speedup_page_over_engine_low", "speedup_page_over_engine_high"]
+
+
+def test_a_page_as_fast_as_the_engine_run_for_run_has_an_interval_around_one():
+    speeds = [10.0, 10.5, 11.0, 11.5, 12.0]
+    runs = [page_run({"ar": v, "sd": 2 * v}) for v in speeds]
+    same = engine({(1, "ar"): speeds, (1, "sd"): [2 * v for v in speeds]})
+    table = page.method_table(runs, same).set_index("method")
+    for method in ("ar", "sd"):
+        assert table.at[method, "page_over_engine"] == pytest.approx(1.0)
+        assert table.at[method, "page_over_engine_low"] < 1.0 < table.at[method, "page_over_engine_high"]
+    assert table.at["sd", "speedup_page_over_engine_low"] < 1.0 < table.at["sd", "speedup_page_over_engine_high"]
+
+
+def test_one_run_on_either_side_gives_no_interval_and_no_error():
+    one_page_run = page.method_table(RUNS[:1], ENGINE).set_index("method")
+    assert one_page_run.page_over_engine_low.isna().all() and one_page_run.page_over_engine_high.isna().all()
+    assert math.isnan(one_page_run.at["sd", "speedup_page_over_engine_low"])
+    one_engine_pass = page.method_table(RUNS, engine({(1, "ar"): [11.0], (1, "sd"): [19.0]})).set_index("method")
+    assert one_engine_pass.page_over_engine_low.isna().all()
+    assert math.isnan(one_engine_pass.at["sd", "speedup_page_over_engine_high"])
+    assert one_engine_pass.at["sd", "page_over_engine"] == pytest.approx(1.0)  # the ratio itself stays
+
+
+def test_ars_speedup_over_itself_is_exactly_one_even_from_one_run():
+    for runs in (RUNS[:1], RUNS):
+        table = page.method_table(runs, ENGINE).set_index("method")
+        assert (table.at["ar", "speedup_page_over_engine_low"], table.at["ar", "speedup_page_over_engine_high"]) == \
+            (1.0, 1.0)
+
 def test_a_page_with_threads_per_method_is_compared_with_the_engine_on_the_same_counts():
     runs = [page_run({"ar": 12.0, "sd": 24.0}, threads={"ar": 1, "sd": 2})]
     table = page.method_table(runs, ENGINE).set_index("method")
@@ -100,6 +170,44 @@ def test_the_benchmark_tab_is_read_against_bench_on_the_all_row():
 def test_tables_print_as_markdown():
     text = page.markdown(pd.DataFrame({"method": ["ar"], "tok_s": [12.345], "missing": [math.nan]}))
     assert text.splitlines() == ["| method | tok_s | missing |", "|---|---|---|", "| ar | 12.35 | – |"]
+
+
+def methods(**ratios: tuple[float, float, float]) -> pd.DataFrame:
+    """A methods table as `method_table` returns it, reduced to the ratios `target_lines` reads:
+    `ar`/`sd` = (page over engine, low, high), `sd_speedup` = (speedup ratio, low, high)."""
+    ar, sd, speedup = ratios["ar"], ratios["sd"], ratios["sd_speedup"]
+    return pd.DataFrame({"method": ["ar", "sd"], "page_over_engine": [ar[0], sd[0]],
+                         "page_over_engine_low": [ar[1], sd[1]], "page_over_engine_high": [ar[2], sd[2]],
+                         "speedup_page_over_engine": [1.0, speedup[0]],
+                         "speedup_page_over_engine_low": [1.0, speedup[1]],
+                         "speedup_page_over_engine_high": [1.0, speedup[2]]})
+
+
+def test_each_target_is_said_met_or_not_and_how_firmly():
+    ar, sd = page.target_lines(methods(ar=(0.95, 0.92, 0.98), sd=(0.93, 0.85, 1.0), sd_speedup=(0.85, 0.8, 0.89)))
+    assert ar == "ar: page ÷ engine's best ≥ 0.9: met at 0.95 [0.92, 0.98] (interval low ≥ 0.9)"
+    page_part, speedup_part = sd.split("; ")
+    assert page_part == "sd: page ÷ engine's best ≥ 0.9: met at 0.93 [0.85, 1.00] (interval reaches below 0.9)"
+    assert speedup_part == "speedup page ÷ engine ≥ 0.9: not met at 0.85 [0.80, 0.89] (interval high < 0.9)"
+    _, sd = page.target_lines(methods(ar=(1.0, 0.9, 1.1), sd=(0.88, 0.8, 0.95), sd_speedup=(1.3, 1.2, 1.4)))
+    assert "page ÷ engine's best ≥ 0.9: not met at 0.88 [0.80, 0.95] (interval reaches 0.9)" in sd
+    # A page faster over AR than the engine is no fault of the page: only the lower bound counts.
+    assert "speedup page ÷ engine ≥ 0.9: met at 1.30 [1.20, 1.40] (interval low ≥ 0.9)" in sd
+
+
+def test_ar_is_judged_on_its_speed_alone_and_a_missing_interval_is_said_so():
+    ar, sd = page.target_lines(methods(ar=(0.95, math.nan, math.nan), sd=(0.8, math.nan, math.nan),
+                                       sd_speedup=(1.0, math.nan, math.nan)))
+    assert ar == "ar: page ÷ engine's best ≥ 0.9: met at 0.95 (no interval: under 2 runs on a side)"
+    assert "not met at 0.80 (no interval" in sd and "speedup page ÷ engine ≥ 0.9: met at 1.00 (no interval" in sd
+    # Without AR in the table there is no speedup to judge.
+    (line,) = page.target_lines(page.method_table([page_run({"sd": 18.0})] * 2, ENGINE))
+    assert line.startswith("sd: page ÷ engine's best") and "speedup" not in line
+
+
+def test_the_command_takes_five_runs_unless_told_otherwise():
+    assert page.build_parser().parse_args([]).runs == 5
+    assert "[--runs 5]" in page.__doc__
 
 
 def test_the_command_takes_the_runs_threads_and_the_benchmark_tabs_category():

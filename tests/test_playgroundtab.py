@@ -8,7 +8,8 @@ import pytest
 from gradio.utils import is_prop_update
 
 from specdemo.app.handlers import RunUpdate
-from specdemo.app.playgroundtab import BySession, Shown, _outputs
+from specdemo.app.playgroundtab import Shown, _outputs
+from specdemo.app.streams import BySession
 
 INITIAL = {"methods": ["ar", "sd", "nasd", "egag"]}
 FILES = ("summary.csv", "rounds.csv", "tokens.csv")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import gradio as gr
 import pandas as pd
 import pytest
 import torch
@@ -181,3 +182,20 @@ def test_sweep_endpoint_reports_bad_grids(client):
     with pytest.raises(AppError) as caught:
         call_sweep(client, gamma="1,x")
     assert "gamma: 'x' is not a number" in str(caught.value)
+
+
+def test_while_a_sweep_runs_the_page_changes_its_status_line_alone(tiny_pair, tmp_path):
+    req = sweeptab.make_sweep_request(form(), PRESETS, Limits(), SUITE)
+    updates = [sweeptab.page_values(u) for u in sweeptab.stream_sweep(req, lambda t, d: tiny_pair, lambda: tmp_path,
+                                                                       warmup=False)]
+    running, last = updates[:-1], updates[-1]
+    assert all(isinstance(line, str) for line in running) and running[1].startswith("Running: 1/")
+    # The last one fills every output, the placeholder giving way to the results.
+    status, verdict, table, *rest = last
+    charts, files, (placeholder, results) = rest[:len(sweeptab.CHARTS)], rest[len(sweeptab.CHARTS):-2], rest[-2:]
+    assert status.startswith("Done: 5 runs") and verdict.startswith("EGAG") and len(table) == 5
+    assert all(chart is not None for chart in charts)
+    assert [f["interactive"] for f in files] == [True] * 3
+    assert (placeholder["visible"], results["visible"]) == (False, True)
+    with gr.Blocks():
+        assert len(last) == len(sweeptab._outputs())  # one value per output

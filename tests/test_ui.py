@@ -128,18 +128,6 @@ def test_a_run_like_the_last_sends_values_not_property_updates(client):
     assert [value for value in final if isinstance(value, dict) and {"visible", "interactive"} & set(value)] == []
 
 
-def test_the_pages_run_streams_the_status_line_alone_and_one_event_after_it_draws_the_rest(server):
-    """Gradio rebuilds each output an update leaves alone: status lines sent through an event with
-    every panel, chart and file among its outputs kept the server's event loop busy beside the
-    decoders. The page's Run streams into the status line alone; the event after it draws."""
-    _, demo = server
-    run_button = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "sd-run")
-    run = next(f for f in demo.fns.values() if (run_button._id, "click") in f.targets)
-    assert [getattr(o, "elem_id", None) for o in run.outputs] == ["sd-status"]
-    draw = next(f for f in demo.fns.values() if f.trigger_after == run._id)
-    assert len(draw.outputs) > 10 and run.outputs[0] in draw.outputs
-
-
 def latest(outputs, index):
     """An output's last value (updates that leave it alone come back as update dicts without one)."""
     values = [o[index].get("value") if isinstance(o[index], dict) else o[index] for o in outputs]

@@ -22,7 +22,8 @@ from ..engine.params import PARAMS
 from ..models.loading import Preset
 from .forms import param_control
 from .limits import Limits
-from .page import TabContext, wire_stop
+from .page import TabContext, session_id, wire_stop
+from .streams import StatusThenDraw, wire_status_then_draw
 
 # The columns a reader compares first; the CSV download keeps all of them.
 TABLE_COLUMNS = [
@@ -123,27 +124,42 @@ INTRO = (
 
 
 def build_tab(ctx: TabContext) -> None:
-    """Lay the tab out inside the current Blocks and wire its /benchmark event."""
+    """Lay the tab out inside the current Blocks and wire its events: the page's run (progress in the
+    status line, the results drawn by the event after it, see `streams`) and /benchmark, which
+    streams the same run as one event with every output."""
     gr.Markdown(INTRO)
     inputs = _inputs(ctx)
     with gr.Row():
         run_btn = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
         stop_btn = gr.Button("Stop", variant="stop", elem_id="bench-stop")
     outputs = _outputs()
+    streams = StatusThenDraw(len(outputs))
+
+    def updates(args: tuple, request: gr.Request | None, progress: Callable) -> Iterator[str | tuple]:
+        return ctx.follow(request, benchmark(ctx, BenchForm.from_inputs(*args), progress))
 
     # The parameter names are the /benchmark endpoint's, as gradio_client shows them.
     def run(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
             ngram_n_, seed_, suite_file=None, group_mt_bench=False, request: gr.Request = None,
             progress=gr.Progress()):
-        form = BenchForm(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen or [],
-                         temperature_, gamma_, ngram_n_, seed_, suite_file or None, bool(group_mt_bench))
-        yield from ctx.follow(request, benchmark(ctx, form, progress, len(outputs)))
+        args = (preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
+                ngram_n_, seed_, suite_file, group_mt_bench)
+        yield from streams.every_output(updates(args, request, progress))
+
+    def run_on_page(values: dict, request: gr.Request, progress=gr.Progress()):
+        args = tuple(values[component] for component in inputs)
+        yield from streams.status_lines(updates(args, request, progress), session_id(request))
 
     # The progress bar rides on the status line alone: each output tracked as pending would run an
     # animation timer and an overlay in the browser, on the cores the suite is timed on.
-    event = run_btn.click(run, inputs=inputs, outputs=outputs, api_name="benchmark", concurrency_id=ctx.queue_id,
-                          show_progress_on=[outputs[0]])
+    event = run_btn.click(run_on_page, inputs=set(inputs), outputs=[outputs[0]], api_visibility="private",
+                          concurrency_id=ctx.queue_id, show_progress_on=[outputs[0]])
+    wire_status_then_draw(streams, event, outputs)
     wire_stop(stop_btn, outputs[0], event)
+    with gr.Column(visible=False):
+        api_btn = gr.Button("benchmark")
+    api_btn.click(run, inputs=inputs, outputs=outputs, api_name="benchmark", concurrency_id=ctx.queue_id,
+                  show_progress="hidden")
 
 
 def _inputs(ctx: TabContext) -> list[Any]:
@@ -249,10 +265,16 @@ class BenchForm:
     suite: str | None = None  # an uploaded suite file; None: the built-in suite
     group_mt_bench: bool = False  # MT-bench's categories read as one multi_turn category
 
+    @classmethod
+    def from_inputs(cls, preset, category, prompts_per_category, repeats, max_new_tokens, methods, temperature,
+                    gamma, ngram_n, seed, suite=None, group_mt_bench=False) -> "BenchForm":
+        """The form from the tab's inputs in their order (an empty upload is the built-in suite)."""
+        return cls(preset, category, prompts_per_category, repeats, max_new_tokens, methods or [], temperature,
+                   gamma, ngram_n, seed, suite or None, bool(group_mt_bench))
 
-def benchmark(ctx: TabContext, form: BenchForm, progress: Callable, n_outputs: int) -> Iterator[tuple]:
-    """The tab's outputs while the suite runs (status only), then all of them."""
-    unchanged = [gr.skip()] * (n_outputs - 1)
+
+def benchmark(ctx: TabContext, form: BenchForm, progress: Callable) -> Iterator[str | tuple]:
+    """The status line while the suite runs, then every output's value (`_outputs`' order)."""
     try:
         ctx.limits.check_models(form.preset, known=ctx.presets)
         size, times, new_tokens = check_size(ctx.limits, form.prompts_per_category, form.repeats,
@@ -260,7 +282,7 @@ def benchmark(ctx: TabContext, form: BenchForm, progress: Callable, n_outputs: i
         names = bench.parse_bench_methods(form.methods)
         suite = read_suite(form)
         chosen = ctx.presets[form.preset]
-        yield ("Loading the model pair …", *unchanged)
+        yield "Loading the model pair …"
         pair = ctx.load(chosen.target, chosen.draft)
         result = None
         for item in ctx.gpu(measure)(
@@ -274,7 +296,7 @@ def benchmark(ctx: TabContext, form: BenchForm, progress: Callable, n_outputs: i
                 break
             done, total, message = item
             progress((done, total), desc=message)
-            yield (f"Running: {done}/{total} — {message}", *unchanged)
+            yield f"Running: {done}/{total} — {message}"
     except ValueError as error:
         raise gr.Error(str(error), print_exception=False) from None
     yield finished(result, ctx.export())

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from dataclasses import dataclass, replace
-from typing import Any, Generic, Iterator, Mapping, TypeVar
+from typing import Any, Iterator, Mapping
 
 import gradio as gr
 from gradio.context import Context
@@ -27,9 +26,9 @@ from .engine_controls import ENGINE_NAMES, engine_controls
 from .examples import EXAMPLES, encoder_decoder_examples
 from .handlers import PRECISION_NAMES, Request, RunUpdate, make_request
 from .page import AUTO, TabContext, session_id, wire_stop
+from .streams import BySession
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # The endpoints' own inputs around the schema's parameters, in the API's order.
 FORM_BEFORE, FORM_AFTER = ("prompt", "preset", "methods"), ("target", "draft", *ENGINE_NAMES, *PRECISION_NAMES)
@@ -76,27 +75,6 @@ class Shown:
     charts: bool = False
     trees: bool = False
     files: bool = False
-
-
-class BySession(Generic[T]):
-    """A value per visitor, kept until their tab closes."""
-
-    def __init__(self, default: T | None = None):
-        self.default = default
-        self._lock = threading.Lock()
-        self._values: dict[str | None, T] = {}
-
-    def get(self, session: str | None) -> T | None:
-        with self._lock:
-            return self._values.get(session, self.default)
-
-    def set(self, session: str | None, value: T) -> None:
-        with self._lock:
-            self._values[session] = value
-
-    def pop(self, session: str | None) -> T | None:
-        with self._lock:
-            return self._values.pop(session, self.default)
 
 
 @dataclass

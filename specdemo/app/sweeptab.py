@@ -27,7 +27,8 @@ from ..bench.suite import DEFAULT_SUITE, SUITE_CATEGORIES, SuitePrompt, load_sui
 from ..engine.params import PARAMS, DecodeParams
 from ..models.loading import ModelPair, Preset
 from .limits import Limits
-from .page import TabContext, wire_stop
+from .page import TabContext, session_id, wire_stop
+from .streams import StatusThenDraw, wire_status_then_draw
 
 GRID = tuple(sweep.SETTING_COLUMNS)  # gamma, gamma_max, ema, ngram_n, copy_n, node_budget: comma-separated lists here
 SHARED_PARAMS = tuple(name for name in PARAMS if name not in GRID)  # one value for every grid point
@@ -328,41 +329,38 @@ def _outputs() -> list[Any]:
     return [status, verdict, summary_table, *plots, *files, placeholder, results]
 
 
-def page_values(update: SweepUpdate) -> tuple:
-    """A `SweepUpdate` as the values of `_outputs`' components (what it leaves as None stays)."""
-    keep = gr.skip()
-    shown = f"Running: {update.done}/{update.total} — {update.message}" if update.total else update.message
-    if update.finished:
-        result = update.result
-        shown = (f"Done: {len(result.rows)} runs, {len(result.settings)} settings on {result.meta.get('prompts')} "
-                 f"prompts × {result.meta.get('repeats')} repeats, {result.meta.get('device')}.")
+def page_values(update: SweepUpdate) -> str | tuple:
+    """A `SweepUpdate` as the page takes it: the status line while the sweep runs, then the values of
+    `_outputs`' components (the placeholder giving way to the results)."""
+    if not update.finished:
+        return f"Running: {update.done}/{update.total} — {update.message}" if update.total else update.message
+    result, files = update.result, update.files
+    status = (f"Done: {len(result.rows)} runs, {len(result.settings)} settings on {result.meta.get('prompts')} "
+              f"prompts × {result.meta.get('repeats')} repeats, {result.meta.get('device')}.")
     figures = update.figures or {}
-    files = ([gr.update(value=path, interactive=True) for path in
-              (update.files.rows_csv, update.files.summary_csv, update.files.report)]
-             if update.files else [keep] * 3)
-    return (shown, update.verdict if update.verdict is not None else keep,
-            update.table if update.table is not None else keep,
-            *(figures.get(name, keep) for name in CHARTS), *files, keep, keep)
+    return (status, update.verdict or "", update.table, *(figures.get(name) for name in CHARTS),
+            *(gr.update(value=path, interactive=True) for path in (files.rows_csv, files.summary_csv, files.report)),
+            gr.update(visible=False), gr.update(visible=True))
 
 
 def _wire_page(ctx: TabContext, form: SweepForm, run_btn: Any, stop_btn: Any, outputs: list[Any]) -> None:
-    """The page's streaming run (private: scripts use /sweep)."""
+    """The page's run (private: scripts use /sweep): progress in the status line, the charts, table
+    and files drawn by the event after it (see `streams`)."""
+    streams = StatusThenDraw(len(outputs))
+
     def run(values: dict, request: gr.Request, progress: gr.Progress):
-        yield from ctx.follow(request, sweep_updates(values, progress))
+        yield from streams.status_lines(ctx.follow(request, sweep_updates(values, progress)), session_id(request))
 
     def sweep_updates(values: dict, progress: gr.Progress):
         try:
             req = make_sweep_request(values, ctx.presets, ctx.limits)
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
-        cleared = [gr.update(value=None, interactive=False)] * 3
-        shown = gr.update(visible=False), gr.update(visible=True)  # the placeholder gives way to the results
-        yield ("Loading the model pair …", "", None, *[None] * len(CHARTS), *cleared, *shown)
         try:
             with contextlib.closing(stream_sweep(req, ctx.load, ctx.export, ctx.gpu,
                                                    threads=ctx.threads.default if ctx.threads else None)) as updates:
                 for update in updates:
-                    if update.total:
+                    if update.total and not update.finished:
                         progress((update.done, update.total), desc=update.message)
                     yield page_values(update)
         except ValueError as error:
@@ -370,9 +368,10 @@ def _wire_page(ctx: TabContext, form: SweepForm, run_btn: Any, stop_btn: Any, ou
 
     event = run_btn.click(
         forms.endpoint(run, FORM, params=SHARED_PARAMS, name="sweep_page", generator=True, progress=True),
-        inputs=form.inputs(), outputs=outputs, api_visibility="private", concurrency_id=ctx.queue_id,
+        inputs=form.inputs(), outputs=[outputs[0]], api_visibility="private", concurrency_id=ctx.queue_id,
         show_progress_on=[outputs[0]],  # the status line alone, as on the Benchmark tab
     )
+    wire_status_then_draw(streams, event, outputs)
     wire_stop(stop_btn, outputs[0], event)
 
 

@@ -1,17 +1,18 @@
 """The page benchmark: the Playground's default run in Chromium against the engine alone, in one command.
 
-    python -m specdemo.bench.page [--runs 3] [--threads 1,2] [--page-threads N] [--out DIR]
+    python -m specdemo.bench.page [--runs 5] [--threads 1,2] [--page-threads N] [--out DIR]
 
 It serves the page as a user does (`python app.py`, a separate process, the default pair loaded
 and warmed at startup), drives a headless Chromium on the same machine through the default run
 `--runs` times, and reads each run's comparison CSV, the file the page offers for download. Between
 page runs, this process decodes the same prompt with the same methods and settings through
 `specdemo.generate`, at each of `--threads`. Per method it prints the page's tokens/s against the
-engine's best, their ratio, and the speedups over AR on both sides; per run, the CPU seconds the
-browser and the server spent against the decode time. The server's own work is its CPU outside its
-busiest threads, as many as the most torch threads a method decoded on (the decoders); beside it,
-the server's CPU beyond what the engine alone spends on the same decodes at the page's thread counts
-(`cost_table`).
+engine's best, their ratio, and the speedups over AR on both sides, each ratio with a 95 % bootstrap
+interval over the runs (`median_ratio_interval`), then whether each target is met and how firmly
+(`target_lines`); per run, the CPU seconds the browser and the server spent against the decode time.
+The server's own work is its CPU outside its busiest threads, as many as the most torch threads a
+method decoded on (the decoders); beside it, the server's CPU beyond what the engine alone spends on
+the same decodes at the page's thread counts (`cost_table`).
 
 Playwright (the Python package) and a Chromium are needed (`chromium_path`).
 """
@@ -32,9 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import numpy as np
 import pandas as pd
 import psutil
 import torch
+from scipy.stats import bootstrap
 
 from ..engine.decoding import generate
 from ..engine.methods import DEFAULT_METHODS
@@ -49,6 +52,11 @@ APP = Path(__file__).resolve().parents[2] / "app.py"
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                 "--disable-sync", "--no-first-run"]
 READY_TEXT = "to decode the prompt with every selected method"
+# The page should decode at 90 % of the engine's speed or better, and its speedups over AR be the engine's
+# within 10 % (a page faster over AR than the engine is no fault of the page, so only the lower bound).
+TARGET = 0.9
+CONFIDENCE = 0.95
+RESAMPLES = 2000
 
 
 @dataclass
@@ -290,21 +298,46 @@ def page_threads(page_runs: Sequence[PageRun]) -> dict[str, int]:
     return {method: int(threads) for method, threads in zip(summary["method"], summary["threads"])}
 
 
+def median_ratio_interval(over: Sequence[Sequence[float]], under: Sequence[Sequence[float]],
+                          seed: int = 0) -> tuple[float, float]:
+    """The 95 % bootstrap interval of (the product of the medians of `over`) / (the product of the
+    medians of `under`), each sample resampled on its own: page and engine runs are separate decodes,
+    not pairs. NaN where a sample holds fewer than two values (one run says nothing of its spread).
+    Percentile, not BCa, whose jackknife fails or warns on a handful of runs; a fixed seed, so that
+    the same runs give the same table."""
+    samples = [np.asarray(sample, dtype=float) for sample in (*over, *under)]
+    if any(len(sample) < 2 for sample in samples):
+        return math.nan, math.nan
+
+    def ratio(*resampled: np.ndarray, axis: int = -1) -> np.ndarray:
+        medians = [np.median(sample, axis=axis) for sample in resampled]
+        return np.prod(medians[:len(over)], axis=0) / np.prod(medians[len(over):], axis=0)
+
+    result = bootstrap(samples, ratio, paired=False, vectorized=True, confidence_level=CONFIDENCE,
+                       n_resamples=RESAMPLES, method="percentile", random_state=np.random.default_rng(seed))
+    low, high = result.confidence_interval
+    return float(low), float(high)
+
+
 def method_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFrame:
     """Per method: page tok/s against the engine's best thread count, each the median over its runs
     (the same statistic on both sides: the best of several noisy engine runs against the page's
-    median would call noise a gap)."""
+    median would call noise a gap). Each ratio comes with its bootstrap interval (`_low`, `_high`),
+    as one run moves by ±10 % on a small machine and a target is judged within 10 %."""
     methods = list(page_runs[0].summary["method"])
-    rows = []
+    rows, page_speeds = [], {}
     for method in methods:
-        page_speeds = [float(r.summary.set_index("method").at[method, "tokens_per_s"]) for r in page_runs]
+        page_speeds[method] = [float(r.summary.set_index("method").at[method, "tokens_per_s"]) for r in page_runs]
         by_threads = {t: statistics.median(v) for (t, m), v in engine.tokens_per_s.items() if m == method}
         best_threads = max(by_threads, key=by_threads.get)
+        low, high = median_ratio_interval([page_speeds[method]], [engine.tokens_per_s[(best_threads, method)]])
         rows.append({
-            "method": method, "page_tok_s": statistics.median(page_speeds), "page_first_run_tok_s": page_speeds[0],
+            "method": method, "page_tok_s": statistics.median(page_speeds[method]),
+            "page_first_run_tok_s": page_speeds[method][0],
             **{f"engine_{t}t_tok_s": by_threads[t] for t in sorted(by_threads)},
             "engine_best_tok_s": by_threads[best_threads], "engine_best_threads": best_threads,
-            "page_over_engine": statistics.median(page_speeds) / by_threads[best_threads],
+            "page_over_engine": statistics.median(page_speeds[method]) / by_threads[best_threads],
+            "page_over_engine_low": low, "page_over_engine_high": high,
             "page_new_tokens": int(page_runs[0].summary.set_index("method").at[method, "new_tokens"]),
             "engine_new_tokens": engine.new_tokens.get(method),
         })
@@ -317,7 +350,42 @@ def method_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFra
         table["page_speedup"] = table["page_tok_s"] / table.at["ar", "page_tok_s"]
         table["engine_speedup"] = at_page / at_page["ar"]
         table["speedup_page_over_engine"] = table["page_speedup"] / table["engine_speedup"]
+        engine_ar = engine.tokens_per_s[(threads["ar"], "ar")]
+        # AR over itself is 1 on both sides in every resample: nothing to resample.
+        bounds = {m: (1.0, 1.0) if m == "ar" else median_ratio_interval(
+            [page_speeds[m], engine_ar], [page_speeds["ar"], engine.tokens_per_s[(threads[m], m)]])
+            for m in table.index}
+        table["speedup_page_over_engine_low"] = pd.Series({m: low for m, (low, _) in bounds.items()})
+        table["speedup_page_over_engine_high"] = pd.Series({m: high for m, (_, high) in bounds.items()})
     return table.reset_index()
+
+
+def target_lines(methods: pd.DataFrame) -> list[str]:
+    """One line per method of `method_table`: is the page at `TARGET` of the engine's best or better,
+    and its speedup over AR at `TARGET` of the engine's or better (not for AR, 1 by definition);
+    firmly when the whole interval is on the same side of the target."""
+    lines = []
+    for row in methods.to_dict("records"):
+        parts = [_verdict("page ÷ engine's best", row["page_over_engine"], row["page_over_engine_low"],
+                          row["page_over_engine_high"])]
+        if "speedup_page_over_engine" in row and row["method"] != "ar":
+            parts.append(_verdict("speedup page ÷ engine", row["speedup_page_over_engine"],
+                                  row["speedup_page_over_engine_low"], row["speedup_page_over_engine_high"]))
+        lines.append(f"{row['method']}: " + "; ".join(parts))
+    return lines
+
+
+def _verdict(name: str, ratio: float, low: float, high: float) -> str:
+    """Met or not met against `TARGET`, and whether the interval stays on that side of it."""
+    met = ratio >= TARGET
+    if math.isnan(low):
+        firmness = "no interval: under 2 runs on a side"
+    elif met:
+        firmness = f"interval low ≥ {TARGET}" if low >= TARGET else f"interval reaches below {TARGET}"
+    else:
+        firmness = f"interval high < {TARGET}" if high < TARGET else f"interval reaches {TARGET}"
+    interval = "" if math.isnan(low) else f" [{low:.2f}, {high:.2f}]"
+    return f"{name} ≥ {TARGET}: {'met' if met else 'not met'} at {ratio:.2f}{interval} ({firmness})"
 
 
 def cost_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFrame:
@@ -412,7 +480,8 @@ def served_plan(page_runs: Sequence[PageRun]) -> ThreadPlan:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specdemo.bench.page", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=3, help="default runs pressed on the page (default 3)")
+    # One run moves by ±10 % on a 2-core machine: five give the targets' intervals something to stand on.
+    parser.add_argument("--runs", type=int, default=5, help="default runs pressed on the page (default 5)")
     parser.add_argument("--threads", default="1,2", help="the engine's thread counts, comma-separated (default 1,2)")
     parser.add_argument("--page-threads", default=None,
                         help="app.py --threads: a count or auto (default: what app.py chooses on this machine)")
@@ -439,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.runs} page runs; prompt {measured.prompt[:60]!r}…")
     for name, table in tables.items():
         print(f"\n{name}:\n{markdown(table)}")
+    print(f"\ntargets (median ratio [{CONFIDENCE * 100:.0f} % bootstrap interval over the runs]):")
+    for line in target_lines(tables["methods"]):
+        print(line)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         for name, table in tables.items():

@@ -1,0 +1,87 @@
+"""A tab's run as the page streams it: progress into the status line alone, then everything the run
+found drawn once by the event chained after it.
+
+Gradio answers every streamed update by rebuilding each output that update leaves alone
+(`gr.skip()` is a property update with no properties): a new component, its configuration and
+its API schema, on the server's event loop. A progress line sent through an event with a tab's
+every chart, table and file among its outputs therefore cost the server tens of milliseconds of
+Python beside the decoders being timed, once per line. So each tab's button streams into its
+status line alone; the run's last update is kept for its visitor and drawn by the next event.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Generic, Iterator, TypeVar
+
+import gradio as gr
+
+T = TypeVar("T")
+
+
+class BySession(Generic[T]):
+    """A value per visitor, kept until their tab closes."""
+
+    def __init__(self, default: T | None = None):
+        self.default = default
+        self._lock = threading.Lock()
+        self._values: dict[str | None, T] = {}
+
+    def get(self, session: str | None) -> T | None:
+        with self._lock:
+            return self._values.get(session, self.default)
+
+    def set(self, session: str | None, value: T) -> None:
+        with self._lock:
+            self._values[session] = value
+
+    def pop(self, session: str | None) -> T | None:
+        with self._lock:
+            return self._values.pop(session, self.default)
+
+
+class StatusThenDraw:
+    """A run whose updates are progress lines (`str`) and, at its end, a tuple of every output's
+    value (status first), as a tab's page events and its API endpoint take them."""
+
+    def __init__(self, n_outputs: int):
+        self.n_outputs = n_outputs
+        self.last: BySession[tuple] = BySession()  # a finished run's outputs, until they are drawn
+
+    def status_lines(self, updates: Iterator[str | tuple], session: str | None) -> Iterator[str]:
+        """The page's run event: the progress lines alone; the run's outputs are kept for `draw`."""
+        for update in updates:
+            if isinstance(update, str):
+                yield update
+            else:
+                self.last.set(session, update)
+
+    def draw(self, session: str | None) -> tuple:
+        """The event after the run: its outputs, or nothing changed when it did not finish."""
+        outputs = self.last.pop(session)
+        return outputs if outputs is not None else self.unchanged()
+
+    def every_output(self, updates: Iterator[str | tuple]) -> Iterator[tuple]:
+        """The API's endpoint: one event, each progress line with every other output left alone."""
+        for update in updates:
+            yield (update, *self.unchanged()[1:]) if isinstance(update, str) else update
+
+    def unchanged(self) -> tuple:
+        return tuple(gr.skip() for _ in range(self.n_outputs))
+
+    def forget(self, session: str | None) -> None:
+        self.last.pop(session)
+
+
+def wire_status_then_draw(streams: StatusThenDraw, event: Any, outputs: list[Any]) -> None:
+    """Chain the drawing after a run `event` whose only output is the status line, and drop what a
+    visitor's unfinished run kept when their tab closes."""
+    def draw(request: gr.Request):
+        return streams.draw(request.session_hash if request is not None else None)
+
+    def tab_closed(request: gr.Request) -> None:
+        streams.forget(request.session_hash if request is not None else None)
+
+    # No queue slot of its own to wait for: the run has ended, and drawing decodes nothing.
+    event.then(draw, outputs=outputs, api_visibility="private", show_progress="hidden", concurrency_limit=None)
+    gr.context.Context.root_block.unload(tab_closed)  # the Blocks being built: the page
