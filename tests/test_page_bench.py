@@ -167,6 +167,29 @@ def test_the_benchmark_tab_is_read_against_bench_on_the_all_row():
     assert table.at["sd", "bench_speedup_vs_ar"] == pytest.approx(16.0 / 11.0)
 
 
+def test_the_benchmark_tabs_ratio_has_an_interval_over_its_runs_where_both_runs_csvs_are_read():
+    def summary(ar: float, sd: float) -> pd.DataFrame:
+        return pd.DataFrame({"category": ["all", "all"], "method": ["ar", "sd"], "tokens_per_s_mean": [ar, sd],
+                             "speedup_vs_ar": [1.0, sd / ar]})
+
+    def rows(ar: list[float], sd: list[float], failed: float | None = None) -> pd.DataFrame:
+        speeds = [("ar", v, "") for v in ar] + [("sd", v, "") for v in sd]
+        speeds += [("sd", failed, "RuntimeError: out of memory")] if failed is not None else []
+        return pd.DataFrame(speeds, columns=["method", "tokens_per_s", "error"])
+
+    tab, cli = rows([9.0, 10.0, 11.0], [14.0, 15.0, 16.0]), rows([10.0, 11.0, 12.0], [15.0, 16.0, 17.0], failed=1.0)
+    table = page.bench_table(summary(10.0, 15.0), summary(11.0, 16.0), tab, cli).set_index("method")
+    for method in ("ar", "sd"):
+        low, ratio, high = table.loc[method, ["tab_over_bench_low", "tab_over_bench", "tab_over_bench_high"]]
+        assert low < ratio < high
+    # A failed run's speed is not a speed: the interval is that of the timed runs alone.
+    timed_only = page.bench_table(summary(10.0, 15.0), summary(11.0, 16.0), tab,
+                                  rows([10.0, 11.0, 12.0], [15.0, 16.0, 17.0])).set_index("method")
+    assert table.loc["sd", ["tab_over_bench_low", "tab_over_bench_high"]].tolist() == \
+        timed_only.loc["sd", ["tab_over_bench_low", "tab_over_bench_high"]].tolist()
+    assert "tab_over_bench_low" not in page.bench_table(summary(10.0, 15.0), summary(11.0, 16.0)).columns
+
+
 def test_tables_print_as_markdown():
     text = page.markdown(pd.DataFrame({"method": ["ar"], "tok_s": [12.345], "missing": [math.nan]}))
     assert text.splitlines() == ["| method | tok_s | missing |", "|---|---|---|", "| ar | 12.35 | – |"]
@@ -215,3 +238,15 @@ def test_the_command_takes_the_runs_threads_and_the_benchmark_tabs_category():
                                            "--bench-category", "math"])
     assert (args.runs, args.threads, args.page_threads, args.bench_category) == (2, "1,2", "1", "math")
     assert page.APP.name == "app.py" and page.APP.exists()
+
+
+def test_the_benchmark_tab_is_judged_within_ten_percent_on_either_side():
+    bench = pd.DataFrame({"method": ["ar", "sd", "nasd", "egag"], "tab_over_bench": [1.0, 1.12, 0.95, 0.85],
+                          "tab_over_bench_low": [0.95, 1.11, 0.85, 0.80], "tab_over_bench_high": [1.05, 1.2, 1.02, 0.88]})
+    ar, sd, nasd, egag = page.bench_target_lines(bench)
+    assert "met at 1.00 [0.95, 1.05] (interval within)" in ar
+    assert "not met at 1.12 [1.11, 1.20]" in sd and "(interval outside)" in sd
+    assert ": met at 0.95" in nasd and "(interval reaches outside)" in nasd
+    assert "not met at 0.85" in egag and "(interval outside)" in egag
+    no_runs = page.bench_target_lines(bench[["method", "tab_over_bench"]])
+    assert no_runs[0].endswith("met at 1.00 (no interval)")

@@ -42,7 +42,7 @@ from scipy.stats import bootstrap
 from ..engine.decoding import generate
 from ..engine.methods import DEFAULT_METHODS
 from ..models.loading import PRESETS, load_pair
-from .benchmark import run_benchmark
+from .benchmark import BenchResult, run_benchmark
 from .chartpng import chromium_path
 from .runners import quiet_gc
 from .suite import ALL
@@ -67,6 +67,7 @@ class PageRun:
     server_cpu_s: float
     settle_cpu_s: float = 0.0  # Chromium's CPU after "Done in", until it fell idle (drawing the charts)
     server_threads_cpu_s: list[float] = field(default_factory=list)  # each server thread's CPU, busiest first
+    rows: pd.DataFrame | None = None  # the runs CSV, where the tab offers one (the Benchmark tab)
 
     @property
     def decode_s(self) -> float:
@@ -252,18 +253,32 @@ def bench_tab_run(page, server: psutil.Process, category: str, repeats: int = 1,
                     lambda: page.wait_for_function("document.querySelector('#bench-status').textContent"
                                                    ".includes('Done:')", timeout=timeout_s * 1000, polling=250),
                     "#bench-summary-csv")
+    with page.expect_download() as download:
+        page.locator("#bench-rows-csv").click()
+    run.rows = pd.read_csv(download.value.path())
     page.get_by_role("tab", name="Playground").click()
     return run
 
 
-def bench_table(tab: pd.DataFrame, cli: pd.DataFrame) -> pd.DataFrame:
-    """The Benchmark tab's summary against `bench`'s on the same settings, category "all"."""
+def bench_table(tab: pd.DataFrame, cli: pd.DataFrame, tab_rows: pd.DataFrame | None = None,
+                cli_rows: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The Benchmark tab's summary against `bench`'s on the same settings, category "all"; with both
+    runs CSVs, each ratio's bootstrap interval over the runs (the summary's speed is their mean)."""
     def rows(summary: pd.DataFrame) -> pd.DataFrame:
         return summary[summary.category == ALL].set_index("method")
 
     tab, cli = rows(tab), rows(cli)
     table = pd.DataFrame({"tab_tok_s": tab.tokens_per_s_mean, "bench_tok_s": cli.tokens_per_s_mean})
     table["tab_over_bench"] = table.tab_tok_s / table.bench_tok_s
+    if tab_rows is not None and cli_rows is not None:
+        def speeds(runs: pd.DataFrame, method: str) -> list[float]:
+            timed = runs[(runs.method == method) & runs.error.fillna("").astype(str).eq("")]
+            return timed.tokens_per_s.astype(float).tolist()
+
+        bounds = {m: median_ratio_interval([speeds(tab_rows, m)], [speeds(cli_rows, m)], center=np.mean)
+                  for m in table.index}
+        table["tab_over_bench_low"] = pd.Series({m: low for m, (low, _) in bounds.items()})
+        table["tab_over_bench_high"] = pd.Series({m: high for m, (_, high) in bounds.items()})
     table["tab_speedup_vs_ar"] = tab.speedup_vs_ar
     table["bench_speedup_vs_ar"] = cli.speedup_vs_ar
     return table.reset_index()
@@ -299,18 +314,18 @@ def page_threads(page_runs: Sequence[PageRun]) -> dict[str, int]:
 
 
 def median_ratio_interval(over: Sequence[Sequence[float]], under: Sequence[Sequence[float]],
-                          seed: int = 0) -> tuple[float, float]:
+                          seed: int = 0, center=np.median) -> tuple[float, float]:
     """The 95 % bootstrap interval of (the product of the medians of `over`) / (the product of the
     medians of `under`), each sample resampled on its own: page and engine runs are separate decodes,
     not pairs. NaN where a sample holds fewer than two values (one run says nothing of its spread).
     Percentile, not BCa, whose jackknife fails or warns on a handful of runs; a fixed seed, so that
-    the same runs give the same table."""
+    the same runs give the same table. `center`: np.mean where the ratio compared is of means."""
     samples = [np.asarray(sample, dtype=float) for sample in (*over, *under)]
     if any(len(sample) < 2 for sample in samples):
         return math.nan, math.nan
 
     def ratio(*resampled: np.ndarray, axis: int = -1) -> np.ndarray:
-        medians = [np.median(sample, axis=axis) for sample in resampled]
+        medians = [center(sample, axis=axis) for sample in resampled]
         return np.prod(medians[:len(over)], axis=0) / np.prod(medians[len(over):], axis=0)
 
     result = bootstrap(samples, ratio, paired=False, vectorized=True, confidence_level=CONFIDENCE,
@@ -388,6 +403,25 @@ def _verdict(name: str, ratio: float, low: float, high: float) -> str:
     return f"{name} ≥ {TARGET}: {'met' if met else 'not met'} at {ratio:.2f}{interval} ({firmness})"
 
 
+def bench_target_lines(bench: pd.DataFrame) -> list[str]:
+    """One line per method of `bench_table`: is the tab within 10 % of `bench`, on either side (the
+    same suite timed twice), and does the interval stay within, where there is one."""
+    lines = []
+    for row in bench.to_dict("records"):
+        ratio, low, high = row["tab_over_bench"], row.get("tab_over_bench_low", math.nan), row.get("tab_over_bench_high", math.nan)
+        within = TARGET <= ratio <= 2 - TARGET
+        if math.isnan(low):
+            firmness = "no interval"
+        elif within:
+            firmness = "interval within" if TARGET <= low and high <= 2 - TARGET else "interval reaches outside"
+        else:
+            firmness = "interval outside" if high < TARGET or low > 2 - TARGET else "interval reaches within"
+        interval = "" if math.isnan(low) else f" [{low:.2f}, {high:.2f}]"
+        lines.append(f"{row['method']}: Benchmark tab ÷ bench within {TARGET}–{2 - TARGET:.1f}: "
+                     f"{'met' if within else 'not met'} at {ratio:.2f}{interval} ({firmness})")
+    return lines
+
+
 def cost_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFrame:
     """Per page run: wall and decode seconds, browser and server CPU, and two readings of what the page
     cost beside the decoding. `drawing_cpu_over_decode` counts the server's CPU outside the decoders'
@@ -434,7 +468,7 @@ class Measured:
     engine: EngineRuns
     prompt: str
     bench_tab: PageRun | None = None  # the Benchmark tab's run, when asked for
-    bench_cli: pd.DataFrame | None = None  # `bench`'s summary on the same settings
+    bench_cli: BenchResult | None = None  # `bench` on the same settings
 
 
 def measure(runs: int, threads: Sequence[int], served_threads: str | None, preset: str,
@@ -462,13 +496,13 @@ def measure(runs: int, threads: Sequence[int], served_threads: str | None, prese
     return measured
 
 
-def _bench_cli(pair, measured: Measured, category: str, repeats: int = 1) -> pd.DataFrame:
+def _bench_cli(pair, measured: Measured, category: str, repeats: int = 1) -> BenchResult:
     """`bench` with the Benchmark tab's defaults (1 prompt per category, 64 tokens, seed 0) and its
     `repeats`, on the tab's methods, by the tab's thread plan (the page's, for suites)."""
     methods = list(dict.fromkeys(measured.bench_tab.summary.method))
     return run_benchmark(pair, methods=methods, repeats=repeats, limit=1, max_new_tokens=64, seed=0, chat=True,
                          categories=None if category == ALL else category,
-                         threads=served_plan(measured.page_runs).for_suites()).summary
+                         threads=served_plan(measured.page_runs).for_suites())
 
 
 def served_plan(page_runs: Sequence[PageRun]) -> ThreadPlan:
@@ -503,13 +537,14 @@ def main(argv: list[str] | None = None) -> int:
     tables = {"methods": method_table(measured.page_runs, measured.engine),
               "costs": cost_table(measured.page_runs, measured.engine)}
     if measured.bench_tab is not None:
-        tables["bench"] = bench_table(measured.bench_tab.summary, measured.bench_cli)
+        tables["bench"] = bench_table(measured.bench_tab.summary, measured.bench_cli.summary,
+                                      measured.bench_tab.rows, measured.bench_cli.rows)
     print(f"\n{os.cpu_count()} cores; the page's threads by method {page_threads(measured.page_runs)}; "
           f"{args.runs} page runs; prompt {measured.prompt[:60]!r}…")
     for name, table in tables.items():
         print(f"\n{name}:\n{markdown(table)}")
     print(f"\ntargets (median ratio [{CONFIDENCE * 100:.0f} % bootstrap interval over the runs]):")
-    for line in target_lines(tables["methods"]):
+    for line in target_lines(tables["methods"]) + (bench_target_lines(tables["bench"]) if "bench" in tables else []):
         print(line)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
