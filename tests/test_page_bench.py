@@ -250,3 +250,38 @@ def test_the_benchmark_tab_is_judged_within_ten_percent_on_either_side():
     assert "not met at 0.85" in egag and "(interval outside)" in egag
     no_runs = page.bench_target_lines(bench[["method", "tab_over_bench"]])
     assert no_runs[0].endswith("met at 1.00 (no interval)")
+
+
+def test_each_page_run_meets_the_engine_pass_after_it_so_a_machine_that_drifts_cancels_out():
+    # The machine slows by a third over the command; the page runs at the engine's speed throughout.
+    drift = [1.0, 0.9, 0.8, 0.7, 0.67]
+    runs = [page_run({"ar": 12.0 * d, "sd": 20.0 * d}, threads={"ar": 1, "sd": 2}) for d in drift]
+    passes = engine({(1, "ar"): [12.0 * d for d in drift], (2, "ar"): [11.0 * d for d in drift],
+                     (1, "sd"): [15.0 * d for d in drift], (2, "sd"): [20.0 * d for d in drift]})
+    paired = page.paired_table(runs, passes).set_index("method")
+    for method in ("ar", "sd"):
+        assert paired.at[method, "paired_page_over_engine"] == pytest.approx(1.0)
+        assert paired.at[method, "paired_page_over_engine_low"] == pytest.approx(1.0)
+        assert paired.at[method, "paired_page_over_engine_high"] == pytest.approx(1.0)
+    assert paired.at["sd", "paired_speedup_page_over_engine"] == pytest.approx(1.0)
+    assert paired.at["sd", "runs"] == 5
+    # Unpaired, the same runs leave the drift in the interval.
+    unpaired = page.method_table(runs, passes).set_index("method")
+    assert unpaired.at["sd", "page_over_engine_low"] < 0.9 and unpaired.at["sd", "page_over_engine_high"] > 1.1
+
+
+def test_a_page_slower_run_by_run_reads_so_in_the_paired_ratio():
+    runs = [page_run({"ar": 10.0, "sd": 16.0 + k}) for k in range(4)]
+    passes = engine({(1, "ar"): [10.0] * 4, (1, "sd"): [20.0 + 1.25 * k for k in range(4)]})
+    paired = page.paired_table(runs, passes).set_index("method")
+    assert paired.at["sd", "paired_page_over_engine"] == pytest.approx(0.8)
+    assert paired.at["sd", "paired_page_over_engine_high"] == pytest.approx(0.8)
+    assert paired.at["ar", "paired_speedup_page_over_engine_low"] == 1.0
+
+
+def test_every_timed_decode_of_the_command_is_kept_one_row_each():
+    rows = page.runs_table(RUNS, ENGINE)
+    assert len(rows) == 3 * 2 + 6  # three page runs of two methods, six engine decodes
+    page_rows = rows[rows.side == "page"]
+    assert page_rows[page_rows.method == "sd"].tokens_per_s.tolist() == [18.0, 19.0, 20.0]
+    assert rows[(rows.side == "engine") & (rows.threads == 2) & (rows.method == "sd")].run.tolist() == [1, 2]

@@ -375,6 +375,50 @@ def method_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFra
     return table.reset_index()
 
 
+def median_interval(values: Sequence[float], seed: int = 0) -> tuple[float, float]:
+    """The 95 % bootstrap interval of the median of `values` (NaN under two values)."""
+    if len(values) < 2:
+        return math.nan, math.nan
+    result = bootstrap((np.asarray(values, dtype=float),), np.median, vectorized=True, confidence_level=CONFIDENCE,
+                       n_resamples=RESAMPLES, method="percentile", random_state=np.random.default_rng(seed))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def paired_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFrame:
+    """Per method, each page run against the engine pass right after it, as ratios run by run: the
+    page ÷ the engine at its best thread count, and the page's speedup over AR ÷ the engine's at the
+    page's counts; the median over runs, with its interval. A run and the pass after it share the
+    machine's state of that minute, which the unpaired medians of `method_table` do not."""
+    methods, threads = list(page_runs[0].summary["method"]), page_threads(page_runs)
+    page = {m: [float(r.summary.set_index("method").at[m, "tokens_per_s"]) for r in page_runs] for m in methods}
+    best = {m: max((t for (t, n) in engine.tokens_per_s if n == m),
+                   key=lambda t: statistics.median(engine.tokens_per_s[(t, m)])) for m in methods}
+    rows = []
+    for m in methods:
+        ratios = [p / e for p, e in zip(page[m], engine.tokens_per_s[(best[m], m)])]
+        row = {"method": m, "runs": len(ratios), "paired_page_over_engine": statistics.median(ratios)}
+        row["paired_page_over_engine_low"], row["paired_page_over_engine_high"] = median_interval(ratios)
+        if "ar" in page:
+            at_page = zip(page[m], page["ar"], engine.tokens_per_s[(threads[m], m)],
+                          engine.tokens_per_s[(threads["ar"], "ar")])
+            speedups = [(pm / pa) / (em / ea) for pm, pa, em, ea in at_page]
+            row["paired_speedup_page_over_engine"] = statistics.median(speedups)
+            low, high = (1.0, 1.0) if m == "ar" else median_interval(speedups)
+            row["paired_speedup_page_over_engine_low"], row["paired_speedup_page_over_engine_high"] = low, high
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def runs_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFrame:
+    """Every timed decode of the command, one row each: the page's runs and the engine's passes."""
+    rows = [{"side": "page", "run": k, "threads": int(threads), "method": method, "tokens_per_s": float(speed)}
+            for k, run in enumerate(page_runs, 1)
+            for method, threads, speed in zip(run.summary["method"], run.summary["threads"], run.summary["tokens_per_s"])]
+    rows += [{"side": "engine", "run": k, "threads": t, "method": m, "tokens_per_s": speed}
+             for (t, m), speeds in engine.tokens_per_s.items() for k, speed in enumerate(speeds, 1)]
+    return pd.DataFrame(rows)
+
+
 def target_lines(methods: pd.DataFrame) -> list[str]:
     """One line per method of `method_table`: is the page at `TARGET` of the engine's best or better,
     and its speedup over AR at `TARGET` of the engine's or better (not for AR, 1 by definition);
@@ -525,7 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bench-repeats", type=int, default=3,
                         help="the Benchmark tab's and bench's repeats, so that noise is below the 10 %% compared (default 3)")
     parser.add_argument("--screenshot", type=Path, default=None, help="save the page after the last run here (PNG)")
-    parser.add_argument("--out", default=None, help="a folder for methods.csv, costs.csv (and bench.csv)")
+    parser.add_argument("--out", default=None,
+                        help="a folder for methods.csv, paired.csv, costs.csv, runs.csv (and bench.csv)")
     return parser
 
 
@@ -535,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     measured = measure(args.runs, threads, args.page_threads, args.preset, args.bench_category, args.screenshot,
                        bench_repeats=args.bench_repeats)
     tables = {"methods": method_table(measured.page_runs, measured.engine),
+              "paired": paired_table(measured.page_runs, measured.engine),
               "costs": cost_table(measured.page_runs, measured.engine)}
     if measured.bench_tab is not None:
         tables["bench"] = bench_table(measured.bench_tab.summary, measured.bench_cli.summary,
@@ -548,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        for name, table in tables.items():
+        for name, table in {**tables, "runs": runs_table(measured.page_runs, measured.engine)}.items():
             table.to_csv(Path(args.out) / f"{name}.csv", index=False)
     return 0
 
