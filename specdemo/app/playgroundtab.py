@@ -26,7 +26,7 @@ from .engine_controls import ENGINE_NAMES, engine_controls
 from .examples import EXAMPLES, encoder_decoder_examples
 from .handlers import PRECISION_NAMES, Request, RunUpdate, make_request
 from .page import AUTO, TabContext, session_id, wire_stop
-from .streams import BySession
+from .streams import BySession, wire_status_then_draw
 
 log = logging.getLogger(__name__)
 
@@ -356,12 +356,6 @@ def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs, shown: BySessio
     def run_on_page(form: dict, request: gr.Request):
         yield from ctx.follow(request, streams.status_lines(form, session_id(request)))
 
-    def draw(request: gr.Request):
-        return streams.draw(session_id(request))
-
-    def tab_closed(request: gr.Request) -> None:
-        streams.forget(session_id(request))
-
     event_inputs = inputs.event_inputs(inputs.methods)
     event = inputs.run_btn.click(
         forms.endpoint(run_on_page, FORM_BEFORE, FORM_AFTER, name="run_on_page", generator=True),
@@ -370,14 +364,13 @@ def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs, shown: BySessio
         # whole run, on the cores the decoders are timed on; the status line says how far it is.
         show_progress="hidden", concurrency_id=ctx.queue_id,
     )
-    event.then(draw, outputs=outputs.all(), api_visibility="private", show_progress="hidden", concurrency_limit=None)
+    wire_status_then_draw(streams, event, outputs.all())
     wire_stop(inputs.stop_btn, outputs.status, event)
     with gr.Column(visible=False):
         api_btn = gr.Button("run")
     api_btn.click(forms.endpoint(run, FORM_BEFORE, FORM_AFTER, name="run", generator=True),
                   inputs=event_inputs, outputs=outputs.all(), api_name="run", show_progress="hidden",
                   concurrency_id=ctx.queue_id)
-    Context.root_block.unload(tab_closed)  # the Blocks being built: the page
 
 
 READY = "Press **Run** to decode the prompt with every selected method."

@@ -12,9 +12,12 @@ status line alone; the run's last update is kept for its visitor and drawn by th
 from __future__ import annotations
 
 import threading
-from typing import Any, Generic, Iterator, TypeVar
+from typing import Any, Generic, Iterator, Protocol, TypeVar
 
 import gradio as gr
+from gradio.context import Context
+
+from .page import session_id
 
 T = TypeVar("T")
 
@@ -73,15 +76,23 @@ class StatusThenDraw:
         self.last.pop(session)
 
 
-def wire_status_then_draw(streams: StatusThenDraw, event: Any, outputs: list[Any]) -> None:
+class KeptRuns(Protocol):
+    """What a tab keeps of its visitors' finished runs (`StatusThenDraw`, the Playground's `RunStreams`)."""
+
+    def draw(self, session: str | None) -> Any: ...
+
+    def forget(self, session: str | None) -> None: ...
+
+
+def wire_status_then_draw(streams: KeptRuns, event: Any, outputs: list[Any]) -> None:
     """Chain the drawing after a run `event` whose only output is the status line, and drop what a
     visitor's unfinished run kept when their tab closes."""
     def draw(request: gr.Request):
-        return streams.draw(request.session_hash if request is not None else None)
+        return streams.draw(session_id(request))
 
     def tab_closed(request: gr.Request) -> None:
-        streams.forget(request.session_hash if request is not None else None)
+        streams.forget(session_id(request))
 
     # No queue slot of its own to wait for: the run has ended, and drawing decodes nothing.
     event.then(draw, outputs=outputs, api_visibility="private", show_progress="hidden", concurrency_limit=None)
-    gr.context.Context.root_block.unload(tab_closed)  # the Blocks being built: the page
+    Context.root_block.unload(tab_closed)  # the Blocks being built: the page

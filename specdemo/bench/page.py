@@ -8,7 +8,7 @@ and warmed at startup), drives a headless Chromium on the same machine through t
 page runs, this process decodes the same prompt with the same methods and settings through
 `specdemo.generate`, at each of `--threads`. Per method it prints the page's tokens/s against the
 engine's best, their ratio, and the speedups over AR on both sides, each ratio with a 95 % bootstrap
-interval over the runs (`median_ratio_interval`), then whether each target is met and how firmly
+interval over the runs (`percentile_interval`), then whether each target is met and how firmly
 (`target_lines`); per run, the CPU seconds the browser and the server spent against the decode time.
 The server's own work is its CPU outside its busiest threads, as many as the most torch threads a
 method decoded on (the decoders); beside it, the server's CPU beyond what the engine alone spends on
@@ -313,25 +313,41 @@ def page_threads(page_runs: Sequence[PageRun]) -> dict[str, int]:
     return {method: int(threads) for method, threads in zip(summary["method"], summary["threads"])}
 
 
-def median_ratio_interval(over: Sequence[Sequence[float]], under: Sequence[Sequence[float]],
-                          seed: int = 0, center=np.median) -> tuple[float, float]:
-    """The 95 % bootstrap interval of (the product of the medians of `over`) / (the product of the
-    medians of `under`), each sample resampled on its own: page and engine runs are separate decodes,
-    not pairs. NaN where a sample holds fewer than two values (one run says nothing of its spread).
+def percentile_interval(samples: Sequence[Sequence[float]], statistic, seed: int = 0) -> tuple[float, float]:
+    """The 95 % percentile bootstrap interval of `statistic(*samples, axis=...)`, each sample resampled
+    on its own; NaN where a sample holds fewer than two values (one run says nothing of its spread).
     Percentile, not BCa, whose jackknife fails or warns on a handful of runs; a fixed seed, so that
-    the same runs give the same table. `center`: np.mean where the ratio compared is of means."""
-    samples = [np.asarray(sample, dtype=float) for sample in (*over, *under)]
-    if any(len(sample) < 2 for sample in samples):
+    the same runs give the same table."""
+    arrays = [np.asarray(sample, dtype=float) for sample in samples]
+    if any(len(array) < 2 for array in arrays):
         return math.nan, math.nan
-
-    def ratio(*resampled: np.ndarray, axis: int = -1) -> np.ndarray:
-        medians = [center(sample, axis=axis) for sample in resampled]
-        return np.prod(medians[:len(over)], axis=0) / np.prod(medians[len(over):], axis=0)
-
-    result = bootstrap(samples, ratio, paired=False, vectorized=True, confidence_level=CONFIDENCE,
+    result = bootstrap(arrays, statistic, paired=False, vectorized=True, confidence_level=CONFIDENCE,
                        n_resamples=RESAMPLES, method="percentile", random_state=np.random.default_rng(seed))
-    low, high = result.confidence_interval
-    return float(low), float(high)
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def median_ratio_interval(over: Sequence[Sequence[float]], under: Sequence[Sequence[float]],
+                          center=np.median) -> tuple[float, float]:
+    """The interval of (the product of the medians of `over`) / (the product of the medians of
+    `under`), each sample resampled on its own: page and engine runs are separate decodes, not pairs.
+    `center`: np.mean where the ratio compared is of means."""
+    def ratio(*resampled: np.ndarray, axis: int = -1) -> np.ndarray:
+        centers = [center(sample, axis=axis) for sample in resampled]
+        return np.prod(centers[:len(over)], axis=0) / np.prod(centers[len(over):], axis=0)
+
+    return percentile_interval([*over, *under], ratio)
+
+
+def page_speeds(page_runs: Sequence[PageRun]) -> dict[str, list[float]]:
+    """The page's tokens/s by method, one value per run."""
+    return {method: [float(run.summary.set_index("method").at[method, "tokens_per_s"]) for run in page_runs]
+            for method in page_runs[0].summary["method"]}
+
+
+def best_threads(engine: EngineRuns, method: str) -> int:
+    """The engine's thread count with the highest median tokens/s for `method`."""
+    return max((t for (t, m) in engine.tokens_per_s if m == method),
+               key=lambda t: statistics.median(engine.tokens_per_s[(t, method)]))
 
 
 def method_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFrame:
@@ -339,19 +355,17 @@ def method_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFra
     (the same statistic on both sides: the best of several noisy engine runs against the page's
     median would call noise a gap). Each ratio comes with its bootstrap interval (`_low`, `_high`),
     as one run moves by ±10 % on a small machine and a target is judged within 10 %."""
-    methods = list(page_runs[0].summary["method"])
-    rows, page_speeds = [], {}
-    for method in methods:
-        page_speeds[method] = [float(r.summary.set_index("method").at[method, "tokens_per_s"]) for r in page_runs]
+    speeds = page_speeds(page_runs)
+    rows = []
+    for method, on_page in speeds.items():
         by_threads = {t: statistics.median(v) for (t, m), v in engine.tokens_per_s.items() if m == method}
-        best_threads = max(by_threads, key=by_threads.get)
-        low, high = median_ratio_interval([page_speeds[method]], [engine.tokens_per_s[(best_threads, method)]])
+        best = best_threads(engine, method)
+        low, high = median_ratio_interval([on_page], [engine.tokens_per_s[(best, method)]])
         rows.append({
-            "method": method, "page_tok_s": statistics.median(page_speeds[method]),
-            "page_first_run_tok_s": page_speeds[method][0],
+            "method": method, "page_tok_s": statistics.median(on_page), "page_first_run_tok_s": on_page[0],
             **{f"engine_{t}t_tok_s": by_threads[t] for t in sorted(by_threads)},
-            "engine_best_tok_s": by_threads[best_threads], "engine_best_threads": best_threads,
-            "page_over_engine": statistics.median(page_speeds[method]) / by_threads[best_threads],
+            "engine_best_tok_s": by_threads[best], "engine_best_threads": best,
+            "page_over_engine": statistics.median(on_page) / by_threads[best],
             "page_over_engine_low": low, "page_over_engine_high": high,
             "page_new_tokens": int(page_runs[0].summary.set_index("method").at[method, "new_tokens"]),
             "engine_new_tokens": engine.new_tokens.get(method),
@@ -368,20 +382,16 @@ def method_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFra
         engine_ar = engine.tokens_per_s[(threads["ar"], "ar")]
         # AR over itself is 1 on both sides in every resample: nothing to resample.
         bounds = {m: (1.0, 1.0) if m == "ar" else median_ratio_interval(
-            [page_speeds[m], engine_ar], [page_speeds["ar"], engine.tokens_per_s[(threads[m], m)]])
+            [speeds[m], engine_ar], [speeds["ar"], engine.tokens_per_s[(threads[m], m)]])
             for m in table.index}
         table["speedup_page_over_engine_low"] = pd.Series({m: low for m, (low, _) in bounds.items()})
         table["speedup_page_over_engine_high"] = pd.Series({m: high for m, (_, high) in bounds.items()})
     return table.reset_index()
 
 
-def median_interval(values: Sequence[float], seed: int = 0) -> tuple[float, float]:
-    """The 95 % bootstrap interval of the median of `values` (NaN under two values)."""
-    if len(values) < 2:
-        return math.nan, math.nan
-    result = bootstrap((np.asarray(values, dtype=float),), np.median, vectorized=True, confidence_level=CONFIDENCE,
-                       n_resamples=RESAMPLES, method="percentile", random_state=np.random.default_rng(seed))
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+def median_interval(values: Sequence[float]) -> tuple[float, float]:
+    """The interval of the median of `values`."""
+    return percentile_interval([values], np.median)
 
 
 def paired_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFrame:
@@ -389,13 +399,10 @@ def paired_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFra
     page ÷ the engine at its best thread count, and the page's speedup over AR ÷ the engine's at the
     page's counts; the median over runs, with its interval. A run and the pass after it share the
     machine's state of that minute, which the unpaired medians of `method_table` do not."""
-    methods, threads = list(page_runs[0].summary["method"]), page_threads(page_runs)
-    page = {m: [float(r.summary.set_index("method").at[m, "tokens_per_s"]) for r in page_runs] for m in methods}
-    best = {m: max((t for (t, n) in engine.tokens_per_s if n == m),
-                   key=lambda t: statistics.median(engine.tokens_per_s[(t, m)])) for m in methods}
+    page, threads = page_speeds(page_runs), page_threads(page_runs)
     rows = []
-    for m in methods:
-        ratios = [p / e for p, e in zip(page[m], engine.tokens_per_s[(best[m], m)])]
+    for m in page:
+        ratios = [p / e for p, e in zip(page[m], engine.tokens_per_s[(best_threads(engine, m), m)])]
         row = {"method": m, "runs": len(ratios), "paired_page_over_engine": statistics.median(ratios)}
         row["paired_page_over_engine_low"], row["paired_page_over_engine_high"] = median_interval(ratios)
         if "ar" in page:
