@@ -92,6 +92,9 @@ def test_each_tabs_run_button_streams_into_its_status_line_alone_and_the_next_ev
     assert [getattr(o, "elem_id", None) for o in run_event.outputs] == [f"{tab}-status"]
     draw = next(f for f in demo.fns.values() if f.trigger_after == run_event._id)
     assert len(draw.outputs) > 5 and run_event.outputs[0] in draw.outputs
+    # Progress on the status line alone: a drawn chart given a loading status would be copied in the
+    # browser at every progress line of every later run.
+    assert draw.show_progress_on == run_event.outputs
 
 
 def test_the_benchmark_endpoint_still_streams_every_output(demo):

@@ -7,6 +7,14 @@ its API schema, on the server's event loop. A progress line sent through an even
 every chart, table and file among its outputs therefore cost the server tens of milliseconds of
 Python beside the decoders being timed, once per line. So each tab's button streams into its
 status line alone; the run's last update is kept for its visitor and drawn by the next event.
+
+The browser has a like cost. Gradio's page keeps a loading status for every component an event
+has shown progress on, and at every message of any event it hands each of them its status again,
+which makes each component (and each child of a container) deep-copy its value: once a run's
+panels and charts are drawn, every progress line of the next run copied them all, about 50 ms of
+Chromium's time and its garbage collection per line, on the cores the decoders are timed on. So the
+drawing event shows its progress on the status line alone, and the drawn outputs never gain a
+loading status.
 """
 
 from __future__ import annotations
@@ -85,8 +93,8 @@ class KeptRuns(Protocol):
 
 
 def wire_status_then_draw(streams: KeptRuns, event: Any, outputs: list[Any]) -> None:
-    """Chain the drawing after a run `event` whose only output is the status line, and drop what a
-    visitor's unfinished run kept when their tab closes."""
+    """Chain the drawing of `outputs` (the status line first) after a run `event` whose only output
+    is the status line, and drop what a visitor's unfinished run kept when their tab closes."""
     def draw(request: gr.Request):
         return streams.draw(session_id(request))
 
@@ -94,5 +102,6 @@ def wire_status_then_draw(streams: KeptRuns, event: Any, outputs: list[Any]) -> 
         streams.forget(session_id(request))
 
     # No queue slot of its own to wait for: the run has ended, and drawing decodes nothing.
-    event.then(draw, outputs=outputs, api_visibility="private", show_progress="hidden", concurrency_limit=None)
+    event.then(draw, outputs=outputs, api_visibility="private", show_progress="hidden", show_progress_on=outputs[:1],
+               concurrency_limit=None)
     Context.root_block.unload(tab_closed)  # the Blocks being built: the page
