@@ -285,3 +285,23 @@ def test_every_timed_decode_of_the_command_is_kept_one_row_each():
     page_rows = rows[rows.side == "page"]
     assert page_rows[page_rows.method == "sd"].tokens_per_s.tolist() == [18.0, 19.0, 20.0]
     assert rows[(rows.side == "engine") & (rows.threads == 2) & (rows.method == "sd")].run.tolist() == [1, 2]
+
+
+def test_the_benchmark_tab_and_bench_take_turns_and_their_repeats_pool_as_one_run_of_that_many(tiny_pair, tmp_path):
+    from specdemo import bench
+
+    suite = [{"prompt": "w5 w6 w7 w8 w9 w10 w5 w6 w7 w8", "category": "summarisation"}]
+    run = bench.run_benchmark(tiny_pair, suite, ["ar", "sd"], repeats=2, warmup=False, max_new_tokens=6)
+    csv = tmp_path / "rows.csv"  # as the tab offers it for download, and as it is read back
+    bench.write_outputs(run, csv=csv)
+    downloaded = bench.load_result(csv).rows
+    one_repeat_each = [downloaded[downloaded.repeat == k].assign(repeat=0) for k in (0, 1)]
+
+    assert page.pooled(one_repeat_each).repeat.tolist() == downloaded.repeat.tolist()
+    repeats = page.BenchRepeats(tab=one_repeat_each, cli=[run.rows[run.rows.repeat == k] for k in (0, 1)])
+    table = repeats.table().set_index("method")
+    # The same runs on both sides: the tab reads as `bench`, interval and all.
+    assert table.tab_over_bench.tolist() == pytest.approx([1.0, 1.0])
+    assert table.at["sd", "tab_tok_s"] == pytest.approx(
+        run.summary.set_index(["category", "method"]).at[("all", "sd"), "tokens_per_s_mean"])
+    assert table.at["sd", "tab_over_bench_low"] <= 1.0 <= table.at["sd", "tab_over_bench_high"]

@@ -44,7 +44,9 @@ from ..engine.methods import DEFAULT_METHODS
 from ..models.loading import PRESETS, load_pair
 from .benchmark import BenchResult, run_benchmark
 from .chartpng import chromium_path
+from .report import load_result
 from .runners import quiet_gc
+from .statistics import summarize
 from .suite import ALL
 from .threads import ThreadPlan
 
@@ -255,7 +257,7 @@ def bench_tab_run(page, server: psutil.Process, category: str, repeats: int = 1,
                     "#bench-summary-csv")
     with page.expect_download() as download:
         page.locator("#bench-rows-csv").click()
-    run.rows = pd.read_csv(download.value.path())
+    run.rows = load_result(download.value.path()).rows  # read as `bench` reads its own
     page.get_by_role("tab", name="Playground").click()
     return run
 
@@ -514,20 +516,40 @@ def markdown(frame: pd.DataFrame, digits: int = 2) -> str:
 
 
 @dataclass
+class BenchRepeats:
+    """The Benchmark tab and `bench` on the same settings, one repeat of each in turn: the runs CSV of
+    each repeat, in order."""
+
+    tab: list[pd.DataFrame] = field(default_factory=list)
+    cli: list[pd.DataFrame] = field(default_factory=list)
+
+    def table(self) -> pd.DataFrame:
+        """`bench_table` on the repeats of each side pooled, as one run of `repeats` repeats writes them."""
+        tab, cli = pooled(self.tab), pooled(self.cli)
+        return bench_table(summarize(tab), summarize(cli), tab, cli)
+
+
+def pooled(repeats: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Runs CSVs of one repeat each as one runs CSV, each numbered as the repeat it was."""
+    return pd.concat([rows.assign(repeat=k) for k, rows in enumerate(repeats)], ignore_index=True)
+
+
+@dataclass
 class Measured:
     page_runs: list[PageRun]
     engine: EngineRuns
     prompt: str
-    bench_tab: PageRun | None = None  # the Benchmark tab's run, when asked for
-    bench_cli: BenchResult | None = None  # `bench` on the same settings
+    bench: BenchRepeats | None = None  # the Benchmark tab against `bench`, when asked for
 
 
 def measure(runs: int, threads: Sequence[int], served_threads: str | None, preset: str,
             bench_category: str | None = None, screenshot: Path | None = None, port: int | None = None,
             bench_repeats: int = 1) -> Measured:
     """`runs` page runs, each followed by one engine pass at every thread count (and the page after
-    the last run saved as `screenshot`); then, when asked, the Benchmark tab's default run on
-    `bench_category` and `run_benchmark` on the same settings."""
+    the last run saved as `screenshot`); then, when asked, `bench_repeats` times the Benchmark tab's
+    default run on `bench_category` (one repeat), each followed by `run_benchmark` on the same
+    settings: the two sides take turns, so that the machine's drift over the minutes they take falls
+    on both alike rather than on whichever side ran last."""
     chosen = PRESETS[preset]
     pair = load_pair(chosen.target, chosen.draft)
     engine, page_runs = EngineRuns(), []
@@ -542,18 +564,22 @@ def measure(runs: int, threads: Sequence[int], served_threads: str | None, prese
             page.screenshot(path=str(screenshot), full_page=True)
         measured = Measured(page_runs, engine, prompt)
         if bench_category:
-            measured.bench_tab = bench_tab_run(page, server, bench_category, bench_repeats)
-            measured.bench_cli = _bench_cli(pair, measured, bench_category, bench_repeats)
+            measured.bench = BenchRepeats()
+            for k in range(bench_repeats):
+                tab = bench_tab_run(page, server, bench_category)
+                measured.bench.tab.append(tab.rows)
+                measured.bench.cli.append(_bench_cli(pair, tab, page_runs, bench_category).rows)
+                print(f"Benchmark tab and bench, repeat {k + 1}/{bench_repeats}", flush=True)
     return measured
 
 
-def _bench_cli(pair, measured: Measured, category: str, repeats: int = 1) -> BenchResult:
-    """`bench` with the Benchmark tab's defaults (1 prompt per category, 64 tokens, seed 0) and its
-    `repeats`, on the tab's methods, by the tab's thread plan (the page's, for suites)."""
-    methods = list(dict.fromkeys(measured.bench_tab.summary.method))
-    return run_benchmark(pair, methods=methods, repeats=repeats, limit=1, max_new_tokens=64, seed=0, chat=True,
+def _bench_cli(pair, tab: PageRun, page_runs: Sequence[PageRun], category: str) -> BenchResult:
+    """`bench` with the Benchmark tab's defaults (1 prompt per category, 64 tokens, seed 0), one
+    repeat, on the methods of the tab's run `tab`, by the tab's thread plan (the page's, for suites)."""
+    methods = list(dict.fromkeys(tab.summary.method))
+    return run_benchmark(pair, methods=methods, repeats=1, limit=1, max_new_tokens=64, seed=0, chat=True,
                          categories=None if category == ALL else category,
-                         threads=served_plan(measured.page_runs).for_suites())
+                         threads=served_plan(page_runs).for_suites())
 
 
 def served_plan(page_runs: Sequence[PageRun]) -> ThreadPlan:
@@ -574,7 +600,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bench-category", default=None,
                         help="also run the Benchmark tab's defaults on this category (or all) against bench")
     parser.add_argument("--bench-repeats", type=int, default=3,
-                        help="the Benchmark tab's and bench's repeats, so that noise is below the 10 %% compared (default 3)")
+                        help="repeats of the Benchmark tab and of bench, one of each in turn, so that noise is "
+                             "below the 10 %% compared (default 3)")
     parser.add_argument("--screenshot", type=Path, default=None, help="save the page after the last run here (PNG)")
     parser.add_argument("--out", default=None,
                         help="a folder for methods.csv, paired.csv, costs.csv, runs.csv (and bench.csv)")
@@ -589,9 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     tables = {"methods": method_table(measured.page_runs, measured.engine),
               "paired": paired_table(measured.page_runs, measured.engine),
               "costs": cost_table(measured.page_runs, measured.engine)}
-    if measured.bench_tab is not None:
-        tables["bench"] = bench_table(measured.bench_tab.summary, measured.bench_cli.summary,
-                                      measured.bench_tab.rows, measured.bench_cli.rows)
+    if measured.bench is not None:
+        tables["bench"] = measured.bench.table()
     print(f"\n{os.cpu_count()} cores; the page's threads by method {page_threads(measured.page_runs)}; "
           f"{args.runs} page runs; prompt {measured.prompt[:60]!r}…")
     for name, table in tables.items():
