@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import inspect
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -156,6 +157,48 @@ def test_each_method_decodes_on_its_planned_threads_whichever_thread_resumes_the
         hook.remove()
         torch.set_num_threads(before)
     assert seen == {"ar": {1}, "sd": {2}}
+
+
+def test_every_round_of_every_run_decodes_on_one_long_lived_thread_whichever_worker_resumes_the_stream(tiny_pair):
+    """torch's OpenMP threads belong to the thread that starts them, and a server's workers come and
+    go: rounds that moved to a new worker ran on a new team of threads, slower for seconds."""
+    forwards_on: set[int] = set()
+    hook = tiny_pair.target.register_forward_hook(lambda *_: forwards_on.add(threading.get_ident()))
+    workers: set[int] = set()  # (a new thread may take an ended one's identity)
+    steps = [0]
+
+    def run_on_fresh_workers() -> None:
+        stream = handlers.decode_methods(tiny_pair, request(["ar", "sd"], max_new_tokens=12), status_interval_s=0)
+
+        def step():
+            workers.add(threading.get_ident())
+            steps[0] += 1
+            return next(stream, None)
+
+        while True:
+            with ThreadPoolExecutor(1) as worker:  # a worker of its own for every step, as after a pause
+                if worker.submit(step).result() is None:
+                    return
+
+    try:
+        run_on_fresh_workers()
+        run_on_fresh_workers()
+    finally:
+        hook.remove()
+    assert steps[0] > 4 and len(forwards_on) == 1
+    assert forwards_on == {handlers.decoding_thread().submit(threading.get_ident).result()}
+    assert not forwards_on & workers
+
+
+def test_a_failure_inside_a_round_reaches_the_stream_that_asked_for_it():
+    def rounds():
+        yield "first round"
+        raise RuntimeError("out of memory")
+
+    stream = handlers.rounds_on_threads(rounds(), threads=None)
+    assert next(stream) == "first round"
+    with pytest.raises(RuntimeError, match="out of memory"):
+        next(stream)
 
 
 def test_chat_falls_back_to_the_plain_prompt_for_a_tokenizer_without_a_chat_template():

@@ -12,8 +12,11 @@ May import engine, models, bench and the page's own viz/limits/page; never gradi
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -334,18 +337,39 @@ def decode_one(pair: ModelPair, request: Request, limits: Limits | None, k: int,
 
 
 def rounds_on_threads(rounds: Iterator[GenerationResult], threads: int | None) -> Iterator[GenerationResult]:
-    """`rounds`, each on `threads` torch threads (None: as they are). torch's count is an OpenMP
-    setting of the thread that makes it, and Gradio resumes a streaming handler on whichever of
-    its worker threads is free, each keeping the count it last had: a method set to two threads
-    once decoded some stretches on one. So the count is set where each round runs (0.4 µs)."""
-    while True:
+    """`rounds`, each computed on the process's decoding thread (`decoding_thread`) on `threads`
+    torch threads (None: as they are).
+
+    Gradio resumes a streaming handler on whichever of its worker threads is free, and its pool
+    lets an idle worker end after a few seconds, so a Run that started after a pause decoded on a
+    thread new to torch. torch's OpenMP threads belong to the thread that starts them, and on a
+    new thread the drafting methods' two-thread rounds ran well below the engine's speed, for the
+    whole of some page runs. Rounds on one thread that lives as long as the process decode as the
+    engine does on its main thread. The
+    count is still set on that thread before each round (0.4 µs), since the Benchmark and Sweep tabs
+    set theirs on their own threads."""
+    def next_round() -> GenerationResult | None:
         if threads is not None:
             torch.set_num_threads(threads)
-        try:
-            result = next(rounds)
-        except StopIteration:
-            return
+        return next(rounds, None)
+
+    decoder = decoding_thread()
+    while (result := decoder.submit(next_round).result()) is not None:
         yield result
+
+
+_decoder: tuple[int, ThreadPoolExecutor] | None = None
+_decoder_lock = threading.Lock()
+
+
+def decoding_thread() -> ThreadPoolExecutor:
+    """The process's one thread for the Playground's rounds, made on first use, and made again in a
+    forked child (ZeroGPU's), which inherits the executor but not its thread."""
+    global _decoder
+    with _decoder_lock:
+        if _decoder is None or _decoder[0] != os.getpid():
+            _decoder = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdemo-decode"))
+        return _decoder[1]
 
 
 # ---------------------------------------------------------------------------------------
