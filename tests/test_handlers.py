@@ -190,6 +190,20 @@ def test_every_round_of_every_run_decodes_on_one_long_lived_thread_whichever_wor
     assert not forwards_on & workers
 
 
+def test_without_a_plan_rounds_decode_on_the_thread_count_of_whoever_asks_for_them():
+    def counts():
+        while True:
+            yield torch.get_num_threads()
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        assert next(handlers.rounds_on_threads(counts(), threads=None)) == 3
+        assert next(handlers.rounds_on_threads(counts(), threads=2)) == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_failure_inside_a_round_reaches_the_stream_that_asked_for_it():
     def rounds():
         yield "first round"

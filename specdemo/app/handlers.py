@@ -338,7 +338,7 @@ def decode_one(pair: ModelPair, request: Request, limits: Limits | None, k: int,
 
 def rounds_on_threads(rounds: Iterator[GenerationResult], threads: int | None) -> Iterator[GenerationResult]:
     """`rounds`, each computed on the process's decoding thread (`decoding_thread`) on `threads`
-    torch threads (None: as they are).
+    torch threads (None: the count of the thread that asks for the first round).
 
     Gradio resumes a streaming handler on whichever of its worker threads is free, and its pool
     lets an idle worker end after a few seconds, so a Run that started after a pause decoded on a
@@ -348,9 +348,10 @@ def rounds_on_threads(rounds: Iterator[GenerationResult], threads: int | None) -
     engine does on its main thread. The
     count is still set on that thread before each round (0.4 µs), since the Benchmark and Sweep tabs
     set theirs on their own threads."""
+    count = threads if threads is not None else torch.get_num_threads()
+
     def next_round() -> GenerationResult | None:
-        if threads is not None:
-            torch.set_num_threads(threads)
+        torch.set_num_threads(count)
         return next(rounds, None)
 
     decoder = decoding_thread()
