@@ -345,9 +345,8 @@ def rounds_on_threads(rounds: Iterator[GenerationResult], threads: int | None) -
     thread new to torch. torch's OpenMP threads belong to the thread that starts them, and on a
     new thread the drafting methods' two-thread rounds ran well below the engine's speed, for the
     whole of some page runs. Rounds on one thread that lives as long as the process decode as the
-    engine does on its main thread. The
-    count is still set on that thread before each round (0.4 µs), since the Benchmark and Sweep tabs
-    set theirs on their own threads."""
+    engine does on its main thread. The count is still set on that thread before each round
+    (0.4 µs): the methods of one run differ in it."""
     count = threads if threads is not None else torch.get_num_threads()
 
     def next_round() -> GenerationResult | None:

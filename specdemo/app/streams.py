@@ -11,10 +11,9 @@ status line alone; the run's last update is kept for its visitor and drawn by th
 The browser has a like cost. Gradio's page keeps a loading status for every component an event
 has shown progress on, and at every message of any event it hands each of them its status again,
 which makes each component (and each child of a container) deep-copy its value: once a run's
-panels and charts are drawn, every progress line of the next run copied them all, about 50 ms of
-Chromium's time and its garbage collection per line, on the cores the decoders are timed on. So the
-drawing event shows its progress on the status line alone, and the drawn outputs never gain a
-loading status.
+panels and charts were drawn, every progress line of the next run copied them all, and Chromium
+collected the copies, on the cores the decoders are timed on. So the drawing event shows its
+progress on the status line alone, and the drawn outputs never gain a loading status.
 """
 
 from __future__ import annotations
