@@ -242,13 +242,14 @@ def opened_page(url: str) -> Iterator[object]:
             browser.close()
 
 
-def bench_tab_run(page, server: psutil.Process, category: str, repeats: int = 1, timeout_s: float = 1800) -> PageRun:
-    """The Benchmark tab's default run on one category (or all), `repeats` times, read from its summary CSV."""
+def bench_tab_run(page, server: psutil.Process, category: str, timeout_s: float = 1800) -> PageRun:
+    """The Benchmark tab's default run on one category (or all), one repeat, read from its summary and
+    runs CSVs (the repeats take turns with `bench`'s, see `measure`)."""
     page.get_by_role("tab", name="Benchmark").click()
     if category != ALL:
         page.locator("#bench-category input").click()
         page.get_by_role("option", name=category, exact=True).click()
-    page.locator("#bench-repeats input").fill(str(repeats))
+    page.locator("#bench-repeats input").fill("1")
     # Polled every 250 ms through textContent: a locator's wait would poll on every animation frame,
     # keeping Chromium busy beside the runs it times.
     run = timed_run(page, server, "#bench-run",
