@@ -39,7 +39,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from .kv_policy import KVPolicy, check_cache_takes, compress, kv_bytes
+from .kv_policy import KVPolicy, check_cache_takes, compress, kv_bytes, track_attention
 
 CACHE_KINDS = ("dynamic", "static")
 
@@ -142,6 +142,7 @@ class CachedLM:
         self.buckets = tuple(sorted(set(buckets)))
         self._step = None
         self.kv_policy = KVPolicy()
+        self._attention_masses = None  # `head`: each layer's attention mass (kv_policy.track_attention)
         self.evicted = 0  # positions a KV policy dropped: the cache holds length − evicted
         self._compressed_at = 0  # the length at the last compression (no rollback goes below it)
         self.kv_bytes_peak = 0
@@ -202,12 +203,13 @@ class CachedLM:
                              f"{self.kind} cache{' with compile' if self.compiled else ''}: use cache='dynamic' "
                              "without compile")
         check_cache_takes(self.cache, policy, who)
+        self._attention_masses = track_attention(self.model, policy, who)  # what `head` scores positions by
         self.kv_policy = policy
 
     def _compress(self) -> None:
         """Apply the KV policy to what the cache holds now (committed positions only: see `logits`)."""
         if self.kv_policy.compresses and self.length - self.evicted > self.kv_policy.budget:
-            self.evicted += compress(self.cache, self.kv_policy)
+            self.evicted += compress(self.cache, self.kv_policy, self._attention_masses)
             self._compressed_at = self.length
 
     def _positions(self, n: int) -> dict:
