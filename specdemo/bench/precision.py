@@ -4,6 +4,11 @@ float32 target's, and the acceptance of each draft precision and of the quantize
 
     python -m specdemo.bench.precision ar --dtypes float32,bfloat16,int8-dynamic,int8-weight-only
     python -m specdemo.bench.precision drafts --drafts embedded-lm:float32,embedded-lm:int8,embedded-head,self:int8
+    python -m specdemo.bench.precision sweep --dtypes float32,bfloat16,int8 --draft-dtypes float32,int8
+
+`sweep` crosses target precisions with draft precisions on one pair (default embedded-lm): each
+row against AR at its own target precision and against float32 AR, with its token match, prefix
+match, chrF and BLEU against float32 AR's text (`bench.vs_float32`).
 
 Runs are interleaved (every precision on a prompt before the next prompt), greedy, on the
 first prompts of the shipped suite's categories, at the thread count given (default one).
@@ -27,6 +32,7 @@ from ..models.loading import EMBEDDED, load_pair
 from ..models.precision import weight_bytes
 from .suite import DEFAULT_SUITE, encode_prompt, load_suite, select_prompts
 from .tables import target_perplexity
+from .vs_float32 import AGREEMENT_COLUMNS, FLOAT32, agreement, token_match
 
 
 def suite_prompts(pair, per_category: int, categories: str | None) -> list[list[int]]:
@@ -46,12 +52,6 @@ def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
         data.sum()
         best = min(best, time.perf_counter() - start)
     return data.numel() * 4 / best
-
-
-def token_match(ids: list[int], reference: list[int]) -> float:
-    """The share of positions where two outputs hold the same token (over the longer one)."""
-    longest = max(len(ids), len(reference))
-    return sum(a == b for a, b in zip(ids, reference)) / longest if longest else 1.0
 
 
 def measure_targets(target: str, dtypes: list[str], prompts_per_category: int, categories: str | None,
@@ -117,6 +117,51 @@ def measure_drafts(target: str, drafts: list[str], prompts_per_category: int, ca
     return pd.DataFrame(rows)
 
 
+SWEEP_COLUMNS = ["target", "draft", "method", "tokens_per_s", "speedup_vs_own_ar", "speedup_vs_fp32_ar",
+                 "acceptance_rate", "matches_own_ar", *AGREEMENT_COLUMNS]
+
+
+def measure_sweep(pair_name: str, targets: list[str], drafts: list[str], prompts_per_category: int,
+                  categories: str | None, max_new_tokens: int, method: str = "sd") -> pd.DataFrame:
+    """One row per target precision's AR and one per (target, draft) precision's `method`, greedy:
+    decoding tokens/s (the prefill apart), its ratio to AR at the same target precision and to float32
+    AR, its acceptance, the share of prompts where it gave its own AR's tokens, and its mean token
+    match, prefix match, chrF and BLEU against float32 AR's output (`bench.vs_float32`). float32 AR
+    is the float32 target's own AR run, so the reference costs no extra run."""
+    targets = list(dict.fromkeys([FLOAT32, *targets]))
+    pairs = {(t, d): load_pair(pair_name, device="cpu", target_dtype=t, draft_dtype=d) for t in targets for d in drafts}
+    prompts = suite_prompts(next(iter(pairs.values())), prompts_per_category, categories)
+    keys = [(t, None, "ar") for t in targets] + [(t, d, method) for t in targets for d in drafts]
+    runs: dict[tuple, list] = {key: [] for key in keys}
+    for warm, ids in [(True, prompts[0])] + [(False, p) for p in prompts]:  # the first pass warms kernels up
+        for target, draft, name in keys:
+            pair = pairs[(target, draft if draft is not None else drafts[0])]
+            result = generate(pair, ids, method=name, max_new_tokens=8 if warm else max_new_tokens,
+                              temperature=0.0, copy_n=0)
+            if not warm:
+                runs[(target, draft, name)].append(result)
+    rows = [_sweep_row(key, runs) for key in keys]
+    return pd.DataFrame(rows, columns=SWEEP_COLUMNS)
+
+
+def _sweep_row(key: tuple, runs: dict[tuple, list]) -> dict:
+    target, draft, method = key
+    mine, own_ar, float32_ar = runs[key], runs[(target, None, "ar")], runs[(FLOAT32, None, "ar")]
+    drafted = sum(r.stats["drafted"] for r in mine)
+    scores = [agreement(r.token_ids, r.text, f.token_ids, f.text) for r, f in zip(mine, float32_ar)]
+    return {"target": target, "draft": draft or "", "method": method, "tokens_per_s": 1 / _seconds_per_token(mine),
+            "speedup_vs_own_ar": _seconds_per_token(own_ar) / _seconds_per_token(mine),
+            "speedup_vs_fp32_ar": _seconds_per_token(float32_ar) / _seconds_per_token(mine),
+            "acceptance_rate": sum(r.stats["accepted"] for r in mine) / drafted if drafted else math.nan,
+            "matches_own_ar": _mean(float(r.token_ids == a.token_ids) for r, a in zip(mine, own_ar)),
+            **{name: _mean(s[name] for s in scores) for name in AGREEMENT_COLUMNS}}
+
+
+def _seconds_per_token(results) -> float:
+    """Decoding seconds per new token over the runs (the prefill apart, as in `measure_targets`)."""
+    return sum(r.seconds - r.prefill_seconds for r in results) / sum(len(r.tokens) for r in results)
+
+
 def _draft_pair(target: str, spec: str):
     """The pair for a draft spec: "embedded-lm:int8" (a draft at a precision) or "self:int8"."""
     if spec.startswith("self:"):
@@ -161,12 +206,15 @@ def vs_float32_figure(frame: pd.DataFrame) -> go.Figure:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdemo.bench.precision", description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("ar", "drafts"))
+    parser.add_argument("what", choices=("ar", "drafts", "sweep"))
     parser.add_argument("--target", default=EMBEDDED, help="the target (default: the embedded SmolLM2-135M)")
-    parser.add_argument("--dtypes", default="float32,bfloat16,int8", help="ar: comma-separated target precisions")
+    parser.add_argument("--dtypes", default="float32,bfloat16,int8",
+                        help="ar, sweep: comma-separated target precisions (float32 is always measured)")
+    parser.add_argument("--draft-dtypes", default="float32,int8", help="sweep: comma-separated draft precisions")
+    parser.add_argument("--pair", default="embedded-lm", help="sweep: the pair (default: embedded-lm)")
     parser.add_argument("--drafts", default="embedded-lm:float32,embedded-lm:bfloat16,embedded-lm:int8,embedded-head,"
                         "self:int8", help="drafts: comma-separated REF[:PRECISION] drafts, or self:PRECISION")
-    parser.add_argument("--method", default="sd", help="drafts: the drafting method (default: sd)")
+    parser.add_argument("--method", default="sd", help="drafts, sweep: the drafting method (default: sd)")
     parser.add_argument("--per-category", type=int, default=1, help="prompts per suite category (default: 1)")
     parser.add_argument("--categories", default=None, help="comma-separated suite categories (default: all)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -182,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         frame = measure_targets(args.target, dtypes, args.per_category, args.categories, args.max_new_tokens,
                                 args.repeats)
         write_figure(vs_float32_figure(frame), args.figure, args.png)
+    elif args.what == "sweep":
+        frame = measure_sweep(args.pair, dtypes, [d for d in args.draft_dtypes.split(",") if d], args.per_category,
+                              args.categories, args.max_new_tokens, args.method)
     else:
         frame = measure_drafts(args.target, [d for d in args.drafts.split(",") if d], args.per_category,
                                args.categories, args.max_new_tokens, args.method)
