@@ -11,7 +11,7 @@ from transformers import DynamicCache, LlamaForCausalLM
 
 import specdemo
 from specdemo.bench.tables import summary_frame
-from specdemo.engine.kv_policy import RECENT, KVPolicy, check_policy
+from specdemo.engine.kv_policy import RECENT, AttentionMass, KVPolicy, check_policy
 from specdemo.engine.lm import CachedLM
 from specdemo.engine.params import DecodeParams
 from tests.tiny import build_tiny_pair, build_tiny_seq2seq_pair, write_model, write_tiny_head
@@ -33,7 +33,8 @@ def run(pair, method, **params):
 @pytest.mark.parametrize("kind, budget, sinks, message", [
     ("streaming", 4, 4, "kv_budget \\(4\\) must be at least kv_sinks \\(4\\) \\+ 1 recent position"),
     ("l2", 10, 4, f"kv_budget \\(10\\) must be at least kv_sinks \\(4\\) \\+ the {RECENT} newest"),
-    ("sliding", 64, 4, "must be one of full, streaming, l2"),
+    ("head", 10, 4, f"kv_budget \\(10\\) must be at least kv_sinks \\(4\\) \\+ the {RECENT} newest"),
+    ("sliding", 64, 4, "must be one of full, streaming, l2, head"),
 ])
 def test_bad_settings_are_refused_with_what_to_change(kind, budget, sinks, message):
     with pytest.raises(ValueError, match=message):
@@ -58,6 +59,58 @@ def test_l2_keeps_sinks_the_newest_and_the_smallest_keys_per_head():
     kept = KVPolicy.of("l2", 2 + RECENT + 2, 2).keep_index(keys)
     assert kept[0, 0].tolist() == [0, 1, 10, 20] + list(range(40 - RECENT, 40))
     assert kept[0, 1].tolist() == [0, 1, 15, 25] + list(range(40 - RECENT, 40))
+
+
+def test_head_keeps_sinks_the_newest_and_each_heads_most_attended_positions():
+    keys = torch.randn(1, 2, 40, 8)
+    attention = torch.full((2, 40), 0.1)
+    attention[0, [12, 30]] = 5.0  # head 0 reads far back at 12 and nearer at 30
+    attention[1, [5, 6]] = 3.0
+    attention[:, 0] = 9.0  # a sink's mass does not take a slot from the others
+    kept = KVPolicy.of("head", 2 + RECENT + 2, 2).keep_index(keys, attention)
+    assert kept[0, 0].tolist() == [0, 1, 12, 30] + list(range(40 - RECENT, 40))
+    assert kept[0, 1].tolist() == [0, 1, 5, 6] + list(range(40 - RECENT, 40))
+    with pytest.raises(RuntimeError, match="attention mass"):
+        KVPolicy.of("head", 2 + RECENT + 2, 2).keep_index(keys)
+
+
+def test_the_attention_mass_is_what_eager_attention_gives_each_position(tmp_path):
+    """A head cache's scores after a prefill and two steps equal the attention weights eager
+    attention returns, summed over queries and over the query heads of each KV head."""
+    write_model(tmp_path, seed=5, hidden=32, layers=2)
+    sdpa = LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float64, attn_implementation="sdpa").eval()
+    eager = LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float64, attn_implementation="eager").eval()
+    ids = [3 + (i * 5) % 40 for i in range(20)]
+    lm = CachedLM(sdpa)
+    lm.set_kv_policy(KVPolicy.of("head", 64, 2))
+    with torch.inference_mode():
+        lm.prefill(ids[:18])
+        lm.logits(ids[:19], 1)
+        lm.logits(ids, 1)
+        weights = eager(input_ids=torch.tensor([ids]), output_attentions=True).attentions
+    groups = sdpa.config.num_attention_heads // sdpa.config.num_key_value_heads
+    for layer, (mass, attention) in enumerate(zip(lm._attention_masses, weights)):
+        expected = attention[0].sum(dim=1).view(-1, groups, len(ids)).sum(dim=1)  # [KV heads, positions]
+        assert torch.allclose(mass.over(len(ids)), expected.float(), atol=1e-5), layer
+    lm.set_kv_policy(KVPolicy())  # another policy takes the scores away
+    assert lm._attention_masses is None
+
+
+def test_the_attention_mass_follows_rollbacks_and_evictions():
+    mass = AttentionMass()
+    mass.add(torch.ones(2, 5), new=5)
+    mass.add(torch.ones(2, 7), new=2)  # two drafts read all five and themselves
+    mass.add(torch.ones(2, 6), new=1)  # rolled back to five, one token fed
+    assert mass.over(6).tolist() == [[3.0, 3.0, 3.0, 3.0, 3.0, 1.0]] * 2
+    mass.keep(torch.tensor([[0, 5], [1, 4]]))
+    assert mass.over(2).tolist() == [[3.0, 1.0], [3.0, 3.0]]
+
+
+def test_head_is_refused_where_attention_returns_no_weights_it_can_read(tmp_path):
+    write_model(tmp_path, seed=3, hidden=32, layers=1)
+    eager = LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float64, attn_implementation="eager").eval()
+    with pytest.raises(ValueError, match="draft_kv=head scores positions by the attention weights that sdpa"):
+        CachedLM(eager).set_kv_policy(KVPolicy.of("head", 32, 2), "draft_kv")
 
 
 def test_after_eviction_new_tokens_sit_at_their_true_positions(tmp_path):
@@ -93,7 +146,7 @@ def test_a_rollback_into_evicted_positions_is_refused(pair):
     assert (lm.length, lm.evicted) == (0, 0)
 
 
-@pytest.mark.parametrize("kind", ["streaming", "l2"])
+@pytest.mark.parametrize("kind", ["streaming", "l2", "head"])
 @pytest.mark.parametrize("method", ["sd", "egag", "sd-heuristic"])
 def test_a_compressed_draft_cache_is_lossless(pair, method, kind):
     ar = run(pair, "ar")

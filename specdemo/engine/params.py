@@ -180,14 +180,15 @@ SCHEMA: tuple[Param, ...] = (
           methods=_TREE_DRAFTING, allowed="children per depth separated by commas, e.g. 3,2,1,1"),
     Param("chat", bool, False, "wrap the prompt in the chat template (instruct models)", "Chat template"),
     # KV-cache policies (kv_policy.py): on the draft's cache lossless, on the target's not.
-    Param("draft_kv", str, "full", "the draft model's KV cache: full, streaming (sinks + recent window) or l2 "
-          "(smallest key norms); lossless, the target still verifies", "Draft KV cache",
+    Param("draft_kv", str, "full", "the draft model's KV cache: full, streaming (sinks + recent window), l2 "
+          "(smallest key norms) or head (per head, the positions that drew the most attention); lossless, the target "
+          "still verifies", "Draft KV cache",
           methods=(*_COPYING, "draft"), choices=KV_POLICIES),
-    Param("target_kv", str, "full", "the target's KV cache: full, streaming or l2; anything but full changes the "
+    Param("target_kv", str, "full", "the target's KV cache: full, streaming, l2 or head; anything but full changes the "
           "output (the run is then not lossless)", "Target KV cache", choices=KV_POLICIES),
-    Param("kv_budget", int, 256, "positions a streaming or l2 cache keeps", "KV budget (positions)",
+    Param("kv_budget", int, 256, "positions a streaming, l2 or head cache keeps (per KV head and layer)", "KV budget (positions)",
           low=1, high=2**20, allowed="an integer ≥ 1"),
-    Param("kv_sinks", int, DEFAULT_SINKS, "first positions a streaming or l2 cache always keeps (attention sinks)",
+    Param("kv_sinks", int, DEFAULT_SINKS, "first positions a streaming, l2 or head cache always keeps (attention sinks)",
           "KV sinks", low=0, high=1024, allowed="an integer from 0 to 1024"),
 )
 PARAMS: dict[str, Param] = {p.name: p for p in SCHEMA}
