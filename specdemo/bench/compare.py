@@ -13,6 +13,7 @@ from ..engine.params import DecodeParams
 from .runners import quiet_gc
 from .tables import rounds_frame, summary_frame, target_perplexity, tokens_frame
 from ..engine.trace import GenerationResult
+from .vs_float32 import Float32Reference, reference_for
 
 
 @dataclass
@@ -21,22 +22,29 @@ class Comparison:
     summary: pd.DataFrame
     rounds: pd.DataFrame
     tokens: pd.DataFrame  # one row per drafted token (tables.TOKEN_COLUMNS)
+    # AR on the target's weights at float32, where a model ran below float32 (the rows' vs-fp32 columns);
+    # the run's own AR when its target is float32, else a run that no row's time counts.
+    float32_ar: GenerationResult | None = None
 
 
-def tabulate(pair, results: Sequence[GenerationResult]) -> Comparison:
-    """Summary (with the pair's precisions), per-round and per-token tables; sampled runs are scored by the
-    target's perplexity."""
+def tabulate(pair, results: Sequence[GenerationResult], float32_ar: GenerationResult | None = None) -> Comparison:
+    """Summary (with the pair's precisions, and against `float32_ar` when given), per-round and
+    per-token tables; sampled runs are scored by the target's perplexity."""
     sampled = [r for r in results if r.params.get("temperature", 0.0) > 0]
     perplexities = {r.method: target_perplexity(pair, r) for r in sampled}
-    return Comparison(list(results), summary_frame(results, perplexities, pair), rounds_frame(results), tokens_frame(results))
+    return Comparison(list(results), summary_frame(results, perplexities, pair, float32_ar), rounds_frame(results),
+                      tokens_frame(results), float32_ar)
 
 
 def run_comparison(pair, prompt, methods: Sequence[str], limits=None, decode: DecodeParams | None = None, *,
                    cache: str | None = None, compile: bool = False,
-                   threads_for: Callable[[str], int] | None = None, **params) -> Comparison:
+                   threads_for: Callable[[str], int] | None = None,
+                   vs_float32: Float32Reference | None = None, **params) -> Comparison:
     """Each method in turn on the same prompt; decode (a DecodeParams), params and the engine
     options (cache, compile) as for `generate`; threads_for(method), when given, sets torch's
-    threads for each method's decode."""
+    threads for each method's decode. With `vs_float32`, where either model runs below float32,
+    every row is also set against float32 AR on the same prompt (`bench.vs_float32`): the run's own
+    AR when the target is float32, else a run of `vs_float32` after the methods, timed in no row."""
     decode = DecodeParams.resolve(decode, **params)
     results, before = [], torch.get_num_threads()
     try:
@@ -48,4 +56,5 @@ def run_comparison(pair, prompt, methods: Sequence[str], limits=None, decode: De
                                         compile=compile))
     finally:
         torch.set_num_threads(before)
-    return tabulate(pair, results)
+    float32_ar = reference_for(pair, results, decode, vs_float32, cache=cache) if vs_float32 is not None else None
+    return tabulate(pair, results, float32_ar)

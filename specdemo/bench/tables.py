@@ -18,13 +18,14 @@ from ..engine.kv_policy import lossless_under
 from ..engine.memory import MEMORY_STATS
 from ..engine.trace import GenerationResult, StopNote
 from .acceptance import entropy_auc
+from .vs_float32 import VS_FLOAT32_COLUMNS, vs_float32
 
 SUMMARY_COLUMNS = [
     "method", "label", "drafter", "new_tokens", "seconds", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
     "mean_accepted_tokens", "copied_rounds", "target_forwards", "draft_forwards", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "mean_entropy", "matches_ar", "perplexity", "stop_reason", "temperature", "seed",
     "cache", "compile_seconds", "threads", "alpha", "rounds", "draft_seconds", "verify_seconds", "entropy_auc",
-    "entropy_auc_n", "note", "target_kv", "draft_kv", "target_dtype", "draft_dtype", *MEMORY_STATS,
+    "entropy_auc_n", "note", "target_kv", "draft_kv", "target_dtype", "draft_dtype", *MEMORY_STATS, *VS_FLOAT32_COLUMNS,
 ]
 
 # The last four say where a policy stopped a round's drafting before γ: the rule, the value it read, the
@@ -49,11 +50,14 @@ TOKEN_COLUMNS = [
 
 
 def summary_frame(
-    results: Sequence[GenerationResult], perplexities: dict[str, float] | None = None, pair=None
+    results: Sequence[GenerationResult], perplexities: dict[str, float] | None = None, pair=None,
+    float32_ar: GenerationResult | None = None,
 ) -> pd.DataFrame:
     """One row per method, AR first; speed as a ratio to AR, quality as exact match (greedy,
     lossless methods; empty for the others) or the target's perplexity of the output (sampled,
-    when given); each model's precision as the pair was loaded (when given; empty for no draft)."""
+    when given); each model's precision as the pair was loaded (when given; empty for no draft);
+    with `float32_ar` (AR on the target's weights at float32, same prompt), each row's speed and
+    output against it (VS_FLOAT32_COLUMNS, see `bench.vs_float32`; empty without it)."""
     target_dtype, draft_dtype = (getattr(getattr(pair, side, None), "name", None)
                                  for side in ("target_precision", "draft_precision"))
     ordered = sorted(results, key=lambda r: (r.method != "ar",))
@@ -79,6 +83,7 @@ def summary_frame(
         row["temperature"] = result.params.get("temperature")
         row["seed"] = result.params.get("seed")
         row["entropy_auc"], row["entropy_auc_n"] = entropy_auc(tokens_frame([result]))
+        row.update(vs_float32(result, float32_ar))
         rows.append(row)
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 

@@ -9,6 +9,7 @@ import pandas as pd
 from ..bench.acceptance import comparison_break_evens, describe_auc
 from ..bench.compare import run_comparison
 from ..bench.tables import nodes_frame
+from ..bench.vs_float32 import VS_FLOAT32_COLUMNS, Float32Reference, runs_below_float32
 from ..engine.methods import parse_methods
 from .common import (add_decoding_arguments, add_model_arguments, decode_params, default_chat, engine_options,
                      pair_from_args)
@@ -27,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                           "accepted, drafter entropy) per method here")
     out.add_argument("--nodes-csv", help="write every node of every tree round (one row per node) here")
     out.add_argument("--show-text", action="store_true", help="print each method's output text")
+    out.add_argument("--vs-fp32", dest="vs_fp32", action=argparse.BooleanOptionalAction, default=True,
+                     help="where a model runs below float32 (bfloat16, float16, int8, int4), set every row against "
+                          "AR of the target's weights at float32 on the same prompt: speed, token match, chrF, BLEU "
+                          "(loads a float32 copy of the target unless it is float32 already; that run is timed in "
+                          "no row) (default: on)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,13 +44,19 @@ def run(args: argparse.Namespace) -> int:
     pair = pair_from_args(args)
     if engine.first_round_note:
         print(f"{engine.first_round_note} (the first run of each model; not counted in tokens/s)")
-    comparison = run_comparison(pair, prompt, methods, decode=params, **engine.as_kwargs())
+    reference = Float32Reference() if args.vs_fp32 and runs_below_float32(pair) else None
+    comparison = run_comparison(pair, prompt, methods, decode=params, vs_float32=reference, **engine.as_kwargs())
     summary, rounds = comparison.summary, comparison.rounds
+    print(precision_line(summary))
     with pd.option_context("display.max_columns", None, "display.width", 160, "display.float_format", "{:.3f}".format):
         shown = ["label", "new_tokens", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
                  "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma", "matches_ar", "perplexity", "cache",
                  "compile_seconds"]
+        if comparison.float32_ar is not None:
+            shown += VS_FLOAT32_COLUMNS
         print(summary[shown].to_string(index=False))
+    if reference is not None:
+        print(reference_line(reference, pair, comparison.float32_ar))
     for line in why_lines(summary):
         print(line)
     for result in comparison.results:
@@ -66,6 +78,25 @@ def run(args: argparse.Namespace) -> int:
         nodes_frame(comparison.results).to_csv(args.nodes_csv, index=False)
         print(f"wrote {args.nodes_csv}")
     return 0
+
+
+def precision_line(summary: pd.DataFrame) -> str:
+    """Which precision each model ran at: speedup_vs_ar is over AR at the target's own precision."""
+    first = summary.iloc[0] if len(summary) else {}
+    target, draft = first.get("target_dtype"), first.get("draft_dtype")
+    return (f"target {target or '?'}" + (f", draft {draft}" if isinstance(draft, str) and draft else "")
+            + f": speedup_vs_ar is over AR with the {target or '?'} target")
+
+
+def reference_line(reference: Float32Reference, pair, float32_ar) -> str:
+    """Where the vs-fp32 columns came from, and what that reference cost."""
+    if float32_ar is None:
+        return "vs fp32: no float32 AR reference ran"
+    if not reference.loaded_beside(pair):
+        return "vs fp32 columns: against this run's own AR (the target is float32 already; no extra run)"
+    return (f"vs fp32 columns: against AR on a float32 copy of the target, loaded beside it; that run took "
+            f"{reference.seconds:.2f} s ({len(float32_ar.tokens)} tokens, {float32_ar.stats['tokens_per_s']:.2f} tok/s), "
+            "counted in no row")
 
 
 def why_lines(summary: pd.DataFrame) -> list[str]:

@@ -1,0 +1,84 @@
+"""Rows against float32 AR: where a model runs below float32, each row's speed and output are set
+against AR of the same target weights at float32, on the same prompt."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import specdemo
+from specdemo.bench.compare import run_comparison
+from specdemo.bench.tables import SUMMARY_COLUMNS
+from specdemo.bench.vs_float32 import (VS_FLOAT32_COLUMNS, Float32Reference, load_float32_target, prefix_match,
+                                       runs_below_float32, token_match)
+from specdemo.engine.decoding import generate
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPT = [1, 5, 9, 13, 17]
+GREEDY = dict(max_new_tokens=12, temperature=0.0, seed=0)
+
+
+def test_token_match_counts_equal_positions_and_prefix_match_stops_at_the_first_difference():
+    assert token_match([1, 2, 3], [1, 2, 3]) == prefix_match([1, 2, 3], [1, 2, 3]) == 1.0
+    # They part at the second token and meet again at the third: the match credits the meeting, the prefix does not.
+    assert token_match([1, 9, 3, 4], [1, 2, 3]) == pytest.approx(2 / 4)
+    assert prefix_match([1, 9, 3, 4], [1, 2, 3]) == pytest.approx(1 / 4)
+    assert prefix_match([1, 2], [1, 2, 3, 4]) == pytest.approx(2 / 4)  # a shorter output stops short of the longer
+    assert token_match([], []) == prefix_match([], []) == 1.0
+
+
+@pytest.fixture(scope="module")
+def folders(tiny_pair):
+    return tiny_pair.target_ref, tiny_pair.draft_ref
+
+
+def counting_loader(calls: list):
+    def load(pair):
+        calls.append(pair.target_ref)
+        return load_float32_target(pair)
+    return load
+
+
+def test_a_bfloat16_target_is_set_against_ar_of_its_weights_loaded_at_float32(folders):
+    pair = specdemo.load_pair(*folders, device="cpu", target_dtype="bfloat16", draft_dtype="float32")
+    calls: list = []
+    reference = Float32Reference(loader=counting_loader(calls))
+    comparison = run_comparison(pair, PROMPT, ["ar", "sd"], vs_float32=reference, **GREEDY)
+
+    assert calls == [folders[0]] and reference.runs == 1 and reference.seconds > 0
+    expected = generate(specdemo.load_pair(folders[0], device="cpu", dtype="float32"), PROMPT, method="ar", **GREEDY)
+    assert comparison.float32_ar.token_ids == expected.token_ids
+    summary = comparison.summary.set_index("method")
+    assert set(VS_FLOAT32_COLUMNS) <= set(SUMMARY_COLUMNS)
+    for method in ("ar", "sd"):
+        ids = next(r for r in comparison.results if r.method == method).token_ids
+        assert summary.loc[method, "token_match_vs_fp32"] == token_match(ids, expected.token_ids)
+        assert summary.loc[method, "prefix_match_vs_fp32"] == prefix_match(ids, expected.token_ids)
+        assert 0 <= summary.loc[method, "chrf_vs_fp32"] <= 100
+        speed = summary.loc[method, "tokens_per_s"] / comparison.float32_ar.stats["tokens_per_s"]
+        assert summary.loc[method, "speedup_vs_fp32_ar"] == pytest.approx(speed)
+    assert summary.loc["ar", "target_dtype"] == "bfloat16"
+
+
+def test_a_float32_target_with_a_bfloat16_draft_is_its_own_reference(folders):
+    pair = specdemo.load_pair(*folders, device="cpu", target_dtype="float32", draft_dtype="bfloat16")
+    calls: list = []
+    comparison = run_comparison(pair, PROMPT, ["ar", "sd"], vs_float32=Float32Reference(counting_loader(calls)),
+                                **GREEDY)
+
+    assert calls == []  # no second copy of the target, no extra run
+    assert comparison.float32_ar is next(r for r in comparison.results if r.method == "ar")
+    ar = comparison.summary.set_index("method").loc["ar"]
+    assert ar.token_match_vs_fp32 == ar.prefix_match_vs_fp32 == 1.0
+    assert ar.chrf_vs_fp32 == pytest.approx(100.0) and ar.speedup_vs_fp32_ar == pytest.approx(1.0)
+
+
+def test_pairs_at_float32_or_above_run_no_reference_and_leave_the_columns_empty(tiny_pair):
+    assert not runs_below_float32(tiny_pair)  # float64: above float32, nothing to compare with
+    reference = Float32Reference(loader=counting_loader([]))
+    comparison = run_comparison(tiny_pair, PROMPT, ["ar"], vs_float32=reference, **GREEDY)
+
+    assert comparison.float32_ar is None and reference.runs == 0
+    assert all(math.isnan(v) for v in comparison.summary[VS_FLOAT32_COLUMNS].iloc[0])
