@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from ..bench.long_suite import LONG_LENGTHS, long_suite
 from ..bench.suite import select_prompts
 from ..engine.methods import BASELINES
 from ..bench.sweep import (
@@ -56,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--stop-cap", type=int, default=8, help="the per-token rules' largest γ (default: 8)")
     grid.add_argument("--nasd-gamma", type=int, default=PARAMS["gamma"].default,
                       help=f"NASD: γ at every n (default: {PARAMS['gamma'].default})")
+    parser.add_argument("--long", nargs="?", const=_csv(LONG_LENGTHS), default=None, metavar="LENGTHS",
+                        help="sweep the long suite (bench/long_suite.py) instead: one prompt of each of these lengths "
+                             f"in the target's tokens (default: {_csv(LONG_LENGTHS)}), made from the shipped suite's "
+                             "texts once the pair is loaded; --limit still caps prompts per length")
+    parser.add_argument("--long-per-length", type=int, default=1, metavar="N",
+                        help="with --long: prompts of each length (default: 1)")
     add_model_arguments(parser)
     # The shared decoding flags, as compare takes them, less the ones swept (γ_min stays: EGAG's floor).
     add_decoding_arguments(parser, methods=False, exclude=(*GRID_PARAMS, *CACHE_AXES))
@@ -89,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
                            args.adaedl_lambda, args.entropy_stop, args.specdecpp_threshold,
                            gamma_min=params.gamma_min, nasd_gamma=args.nasd_gamma, stop_cap=args.stop_cap)
     # Prompts cut in the target's tokens are read once the pair is loaded; every other suite now.
-    suite = None if suite_needs_tokenizer(args) else select_prompts(read_suite(args), args.categories, args.limit)
+    long_lengths = _long_lengths(args)
+    suite = None if long_lengths or suite_needs_tokenizer(args) else select_prompts(read_suite(args), args.categories,
+                                                                                    args.limit)
     if args.chart_png:
         from ..bench.chartpng import save_chart_png  # noqa: F401  (fail on a missing Playwright before the sweep)
     threads = torch.get_num_threads()
@@ -109,7 +118,7 @@ def _sweep_with(args, params, settings, suite) -> int:
             print(f"\n== {label(combination)}", flush=True)
         pair = pair_from_args(_with_precisions(args, combination))
         if suite is None:
-            suite = select_prompts(read_suite(args, pair.tokenizer), args.categories, args.limit)
+            suite = select_prompts(_read_suite_with(args, pair.tokenizer), args.categories, args.limit)
         with progress_bar(args.quiet) as progress:
             result = run_sweep(pair, suite, settings, repeats=args.repeats, warmup=args.warmup, progress=progress,
                                **combined.as_dict())
@@ -126,6 +135,30 @@ def _sweep_with(args, params, settings, suite) -> int:
         print("\n" + table.to_string(index=False))
     _write_stacked(args, runs, table)
     return 0
+
+
+def _long_lengths(args) -> tuple[int, ...]:
+    """--long's prompt lengths, checked before any model loads; () without --long."""
+    if args.long is None:
+        return ()
+    if args.suite:
+        raise ValueError("--long and --suite name two suites: give one")
+    if args.long_per_length < 1:
+        raise ValueError(f"--long-per-length must be an integer ≥ 1, got {args.long_per_length}")
+    try:
+        lengths = tuple(int(v) for v in args.long.split(",") if v.strip())
+    except ValueError:
+        lengths = ()
+    if not lengths or min(lengths) < 64:
+        raise ValueError(f"--long takes prompt lengths in tokens, each ≥ 64, e.g. 1024,2048; got {args.long!r}")
+    return lengths
+
+
+def _read_suite_with(args, tokenizer) -> list:
+    """The suite once the pair's tokenizer is there: the long suite under --long, else the command line's."""
+    if args.long is not None:
+        return long_suite(tokenizer, _long_lengths(args), args.long_per_length)
+    return read_suite(args, tokenizer)
 
 
 def _combinations(args, params: DecodeParams) -> list[tuple[dict, DecodeParams]]:

@@ -14,27 +14,46 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from ...engine.kv_policy import KV_POLICIES
+from ...models.precision import resolve_precision
 from .summary import SweepResult
+from .verdict import outcome, paired_ratio, prompt_speedups
 
 PRECISION_AXES = ("target_dtype", "draft_dtype")  # each value loads the pair again
 CACHE_AXES = ("draft_kv", "target_kv", "kv_budget")  # decoding parameters of every method
 OUTER_AXES = (*PRECISION_AXES, *CACHE_AXES)
 
-AXES_TABLE_COLUMNS = ["ar_tokens_per_s", "ar_vs_first", "best", "best_speedup_vs_ar", "best_acceptance_rate",
-                      "exact_match_pct"]
+AXES_TABLE_COLUMNS = ["ar_tokens_per_s", "ar_vs_first", "best", "best_tokens_per_s", "best_speedup_vs_ar",
+                      "best_speedup_low", "best_speedup_high", "best_vs_ar", "best_acceptance_rate",
+                      "draft_kv_bytes_peak", "target_kv_bytes_peak", "exact_match_pct"]
 
 
 def parse_axis(name: str, text: str | None) -> list[Any]:
-    """A comma-separated axis from the command line (kv_budget as integers); [] when not given."""
+    """A comma-separated axis from the command line or the page, each value checked; [] when not given."""
     if text is None or not str(text).strip():
         return []
     values = [v.strip() for v in str(text).split(",") if v.strip()]
-    if name != "kv_budget":
-        return values
-    try:
-        return [int(v) for v in values]
-    except ValueError:
-        raise ValueError(f"kv_budget must be whole numbers of positions, e.g. 128,256; got {text!r}") from None
+    check_axis(name, values)
+    return [int(v) for v in values] if name == "kv_budget" else values
+
+
+def check_axis(name: str, values: Sequence[Any], device: str = "cpu") -> None:
+    """ValueError naming the axis and the bad value: an unknown axis, precision or KV policy, or a
+    budget that is not a whole number of positions ≥ 1."""
+    if name not in OUTER_AXES:
+        raise ValueError(f"unknown axis {name!r}: the axes are {', '.join(OUTER_AXES)}")
+    for value in values:
+        text = str(value).strip()
+        if name == "kv_budget":
+            if not text.lstrip("-").isdigit() or int(text) < 1:
+                raise ValueError(f"kv_budget must be whole numbers of positions ≥ 1, e.g. 128,256; got {text!r}")
+        elif name in PRECISION_AXES:
+            try:
+                resolve_precision(text, device)
+            except ValueError as error:
+                raise ValueError(f"{name}: {error}") from None
+        elif name in ("draft_kv", "target_kv") and text not in KV_POLICIES:
+            raise ValueError(f"{name} must be one of {', '.join(KV_POLICIES)}, got {text!r}")
 
 
 def combinations(axes: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
@@ -65,20 +84,36 @@ def stacked(runs: Sequence[tuple[Mapping[str, Any], SweepResult]], part: str) ->
 
 def axes_table(runs: Sequence[tuple[Mapping[str, Any], SweepResult]]) -> pd.DataFrame:
     """Per combination: AR's tokens/s and its ratio to the first combination's, and the method
-    setting with the best mean speedup over AR there, with its acceptance and its exact match with AR."""
+    setting with the best mean speedup over AR there: its speed, its speedup with the interval
+    over prompts and the verdict against AR, its acceptance, its peak KV bytes and its exact match."""
     rows = []
     for combination, result in runs:
         summary = result.summary
         ar = summary[summary.method == "ar"]
         drafting = summary[(summary.method != "ar") & summary.speedup_vs_ar.notna()]
         best = drafting.loc[drafting.speedup_vs_ar.idxmax()] if not drafting.empty else None
+        low = high = float("nan")
+        if best is not None:
+            per_prompt = prompt_speedups(result.rows).get(best["setting"])
+            if per_prompt is not None and len(per_prompt.dropna()):
+                ones = pd.Series(1.0, index=per_prompt.dropna().index)
+                _, low, high = paired_ratio(per_prompt.dropna(), ones)
+
+        def of_best(column: str) -> float:
+            return float(best[column]) if best is not None else float("nan")
+
         rows.append({
             **combination,
             "ar_tokens_per_s": float(ar.tokens_per_s.iloc[0]) if not ar.empty else float("nan"),
             "best": best["label"] if best is not None else "",
-            "best_speedup_vs_ar": float(best.speedup_vs_ar) if best is not None else float("nan"),
-            "best_acceptance_rate": float(best.acceptance_rate) if best is not None else float("nan"),
-            "exact_match_pct": float(best.exact_match_pct) if best is not None else float("nan"),
+            "best_tokens_per_s": of_best("tokens_per_s"),
+            "best_speedup_vs_ar": of_best("speedup_vs_ar"),
+            "best_speedup_low": low, "best_speedup_high": high,
+            "best_vs_ar": outcome(low, high) if best is not None else "",
+            "best_acceptance_rate": of_best("acceptance_rate"),
+            "draft_kv_bytes_peak": of_best("draft_kv_bytes_peak"),
+            "target_kv_bytes_peak": of_best("target_kv_bytes_peak"),
+            "exact_match_pct": of_best("exact_match_pct"),
         })
     table = pd.DataFrame(rows)
     table["ar_vs_first"] = table.ar_tokens_per_s / table.ar_tokens_per_s.iloc[0] if len(table) else []

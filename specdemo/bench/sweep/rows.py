@@ -21,6 +21,8 @@ Definitions of the row columns (one row per method, setting, prompt and repeat):
                       target step, both from the traces of this prompt and repeat.
   predicted_speedup   Leviathan: (1 − α^(γ+1)) / ((1 − α)(γc + 1)); EGAG uses its mean γ,
                       an approximation since its γ varies by round.
+  target_kv_bytes_peak, draft_kv_bytes_peak  the most bytes that model's KV cache held during the
+                      run (0 where no draft model drafts), as the engine's memory columns record it.
   matches_ar          greedy runs of lossless methods only: the same tokens as AR on the same
                       prompt (empty for the baselines beam and draft, which are not meant to).
 """
@@ -43,7 +45,7 @@ ROW_COLUMNS = [
     "copy_n", "setting", "label", "category", "prompt_index", "order", "seed", "prompt_tokens", "new_tokens", "seconds",
     "rounds", "copied_rounds", "drafted", "accepted", "rejected_rounds", "alpha", "cost_ratio", "draft_seconds",
     "verify_seconds", "stop_reason", "node_budget", "nodes_per_round", "adaedl_lambda", "entropy_stop",
-    "specdecpp_threshold",
+    "specdecpp_threshold", "target_kv_bytes_peak", "draft_kv_bytes_peak",
 ]
 # Methods that stop drafting as they go: Leviathan's prediction reads their mean drafts per drafting round.
 _VARYING_GAMMA = ("adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic")
@@ -92,6 +94,8 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
             "rounds": stats["rounds"], "copied_rounds": stats["copied_rounds"], "drafted": drafted, "accepted": accepted, "rejected_rounds": rejected_rounds,
             "alpha": alpha, "cost_ratio": cost, "draft_seconds": stats["draft_seconds"],
             "verify_seconds": stats["verify_seconds"], "stop_reason": stats["stop_reason"],
+            "target_kv_bytes_peak": stats.get("target_kv_bytes_peak", math.nan),
+            "draft_kv_bytes_peak": stats.get("draft_kv_bytes_peak", math.nan),
         }
         rows.append(row)
     return rows

@@ -34,6 +34,7 @@ _SUMMARY_METRICS = {
     "wasted_drafts_per_token": "per_token", "target_forwards_per_token": "per_token",
     "draft_forwards_per_token": "per_token", "draft_flops_per_token": "per_token",
     "target_flops_per_token": "per_token", "cost_ratio": "mean", "predicted_speedup": "mean",
+    "target_kv_bytes_peak": "max", "draft_kv_bytes_peak": "max",
 }
 
 SUMMARY_COLUMNS = (["method", "label", "setting", *SETTING_COLUMNS, "prompts", "repeats", "runs"]
@@ -117,6 +118,9 @@ def _per_repeat(part: pd.DataFrame, metric: str, how: str) -> float:
         return ratio(part.new_tokens.sum(), part.rounds.sum())
     if how == "drafted/rounds":
         return ratio(part.drafted.sum(), part.rounds.sum())
+    if how == "max":
+        values = part[metric].dropna()
+        return float(values.max()) if len(values) else math.nan
     if how == "per_token":
         ok = part[part[metric].notna()]
         return ratio((ok[metric] * ok.new_tokens).sum(), ok.new_tokens.sum())
