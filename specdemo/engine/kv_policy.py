@@ -195,7 +195,7 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor
     return scores.softmax(dim=-1).sum(dim=(2, 3))[0]
 
 
-_sdpa = None  # transformers' sdpa attention, which `_sdpa_keeping_mass` calls
+_sdpa = None  # the sdpa attention registered before `_sdpa_keeping_mass`, which it calls
 
 
 def _sdpa_keeping_mass(module, query, key, value, attention_mask, *args, **kwargs):
@@ -229,9 +229,11 @@ def track_attention(model, policy: KVPolicy, who: str = "kv") -> list[AttentionM
                          f"model uses {implementation!r}: load it with attn_implementation='sdpa' or use {who}=l2")
     if _sdpa is None:
         from transformers import AttentionInterface
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-        _sdpa = sdpa_attention_forward
+        # Whatever is registered now (row-by-row attention for an int8 target wraps sdpa too), so
+        # that tracking the draft's attention leaves the target's rows as they were computed.
+        _sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
         AttentionInterface.register("sdpa", _sdpa_keeping_mass)
     masses = [AttentionMass() for _ in modules]
     for module, mass in zip(modules, masses):

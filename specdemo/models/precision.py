@@ -33,6 +33,7 @@ import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from ..engine.memory import weight_bytes  # noqa: F401  (re-exported: a model's bytes at its precision)
+from ..engine.row_attention import ROW_LIMIT, attend_row_by_row
 from .errors import ModelLoadError
 
 FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -141,11 +142,14 @@ def _torch_ao_dynamic(model: torch.nn.Module) -> torch.nn.Module:
     for module in model.modules():
         if type(module) is DynamicLinear:
             module.__class__ = RowwiseDynamicLinear
+    if getattr(model.config, "_attn_implementation", None) == "sdpa":
+        attend_row_by_row(model)
     return model
 
 
 # A verification feeds γ + 1 ≤ 65 positions (a tree a few more); a prompt's prefill may feed more.
-ROWWISE_LIMIT = 128
+# The same limit as row-by-row attention's: a row goes one at a time through both or through neither.
+ROWWISE_LIMIT = ROW_LIMIT
 
 
 class RowwiseDynamicLinear(DynamicLinear):
@@ -156,7 +160,9 @@ class RowwiseDynamicLinear(DynamicLinear):
     one-token steps compute, and greedy speculative decoding would leave AR's text. Inputs of up
     to ROWWISE_LIMIT rows therefore go one row at a time (per-token scales). A longer input (a
     long prompt's prefill) goes in one call: every method prefills the same rows, so they still
-    agree."""
+    agree. Per-row scales alone are not enough: attention over several query rows rounds
+    differently from attention over one, and the next layer's quantization turns that into a
+    different token, so the model's attention also goes row by row (`engine.row_attention`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
