@@ -82,3 +82,37 @@ def test_pairs_at_float32_or_above_run_no_reference_and_leave_the_columns_empty(
 
     assert comparison.float32_ar is None and reference.runs == 0
     assert all(math.isnan(v) for v in comparison.summary[VS_FLOAT32_COLUMNS].iloc[0])
+
+
+def test_the_page_table_shows_the_vs_fp32_columns_only_where_a_reference_ran(folders, tiny_pair):
+    from specdemo.app import viz
+
+    pair = specdemo.load_pair(*folders, device="cpu", target_dtype="bfloat16", draft_dtype="float32")
+    below = run_comparison(pair, PROMPT, ["ar", "sd"], vs_float32=Float32Reference(), **GREEDY)
+    table = viz.display_table(below.summary)
+    assert set(viz.VS_FLOAT32_DISPLAY) <= set(table.columns)
+    assert "speedup vs bfloat16 AR" in table.columns and "speedup vs AR" not in table.columns
+    assert table["precision (target / draft)"].tolist() == ["bfloat16 / float32"] * 2
+
+    plain = viz.display_table(run_comparison(tiny_pair, PROMPT, ["ar", "sd"], vs_float32=Float32Reference(),
+                                             **GREEDY).summary)
+    assert list(plain.columns) == viz.DISPLAY_COLUMNS
+
+
+def test_the_playground_runs_a_reference_only_for_a_precision_below_float32_that_was_chosen(folders, monkeypatch):
+    from types import SimpleNamespace
+
+    from specdemo.app import handlers
+    from specdemo.engine.params import DecodeParams
+
+    pair = specdemo.load_pair(*folders, device="cpu", target_dtype="bfloat16", draft_dtype="float32")
+    calls: list = []
+    monkeypatch.setattr(handlers, "FLOAT32_REFERENCE", Float32Reference(counting_loader(calls)))
+    decode = DecodeParams.resolve(None, **GREEDY)
+    results = [generate(pair, PROMPT, method="ar", decode=decode)]
+    default = SimpleNamespace(target_dtype=handlers.AUTO, draft_dtype=handlers.AUTO, params=decode)
+    assert handlers.float32_reference(pair, default, results) == (None, "")
+
+    chosen = SimpleNamespace(target_dtype="bfloat16", draft_dtype=handlers.AUTO, params=decode)
+    float32_ar, note = handlers.float32_reference(pair, chosen, results)
+    assert calls == [folders[0]] and float32_ar.method == "ar" and "counted in no row" in note

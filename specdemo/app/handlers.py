@@ -27,6 +27,7 @@ import torch
 
 from . import charts, viz
 from ..bench.compare import run_comparison, tabulate
+from ..bench.vs_float32 import Float32Reference, reference_for, runs_below_float32
 from ..bench.runners import quiet_gc
 from ..engine.decoding import iter_generate
 from ..engine.methods import available_methods, parse_methods
@@ -237,14 +238,40 @@ def final_update(pair: ModelPair, request: Request, progress: "RunProgress", ela
     if not results:
         return RunUpdate(status="⚠️ nothing ran: " + "; ".join(progress.errors), shown=len(progress.names),
                          panels=panels)
-    comparison = tabulate(pair, results)
+    float32_ar, reference_note = float32_reference(pair, request, results)
+    comparison = tabulate(pair, results, float32_ar)
     # Without a tree method the trees' charts stay hidden: neither built nor sent to the browser.
     trees = any(r.tree is not None for result in results for r in result.rounds)
-    return RunUpdate(status=done_status(request, results, progress.errors, elapsed), shown=len(progress.names),
+    return RunUpdate(status=done_status(request, results, progress.errors, elapsed) + reference_note,
+                     shown=len(progress.names),
                      panels=panels, figures=charts.all_charts(results, pair.tokenizer, trees), charts_shown=True,
                      trees_shown=trees,
                      table=viz.display_table(comparison.summary), why=viz.explain(comparison.summary),
                      files=write_csvs(comparison.summary, comparison.rounds, comparison.tokens), results=results)
+
+
+# The float32 copy of a target that the Playground's runs below float32 are set against, kept between runs.
+FLOAT32_REFERENCE = Float32Reference()
+
+
+def chose_below_float32(request: Request, pair: ModelPair) -> bool:
+    """Whether the visitor chose a precision and either model runs below float32: only then do the
+    table's vs-fp32 columns appear (the page's default precision costs nothing more)."""
+    return (request.target_dtype != AUTO or request.draft_dtype != AUTO) and runs_below_float32(pair)
+
+
+def float32_reference(pair: ModelPair, request: Request, results: list[GenerationResult]
+                      ) -> tuple[GenerationResult | None, str]:
+    """AR on the target's weights at float32 over the run's prompt, where `chose_below_float32`; it
+    runs once every method has ended, so no row's time counts it. With the status line's words on it."""
+    if not results or not chose_below_float32(request, pair):
+        return None, ""
+    before = FLOAT32_REFERENCE.seconds
+    float32_ar = reference_for(pair, results, request.params, FLOAT32_REFERENCE)
+    if float32_ar is None or not FLOAT32_REFERENCE.loaded_beside(pair):
+        return float32_ar, " The vs fp32 columns read this run's own AR (its target is float32)."
+    return float32_ar, (f" The vs fp32 columns read AR on a float32 copy of the target, run afterwards in "
+                        f"{FLOAT32_REFERENCE.seconds - before:.1f} s and counted in no row.")
 
 
 @dataclass
@@ -392,6 +419,7 @@ def compare(request: Request, load: Callable[[Request], ModelPair], limits: Limi
     fit_chat(request, pair)
     comparison = gpu(run_comparison)(pair, request.prompt, request.methods, limits=limits, decode=request.params,
                                      threads_for=threads.for_method if threads is not None else None,
+                                     vs_float32=FLOAT32_REFERENCE if chose_below_float32(request, pair) else None,
                                      **request.engine.as_kwargs())
     summary_path, rounds_path, tokens_path = write_csvs(comparison.summary, comparison.rounds, comparison.tokens)
     return CompareOutcome(viz.records(comparison.summary), summary_path, rounds_path,

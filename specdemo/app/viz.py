@@ -502,10 +502,18 @@ def _isnan(value) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 
+# Shown where a model ran below float32 (the summary's vs-fp32 columns hold numbers): each row's
+# precision, and its speed and output against AR of the target's weights at float32 (bench.vs_float32).
+VS_FLOAT32_DISPLAY = ["precision (target / draft)", "speedup vs fp32 AR", "token match vs fp32 AR",
+                      "chrF vs fp32 AR"]
+
+
 def display_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """The comparison table as the page shows it: AR first, rounded, ratios spelt out."""
+    """The comparison table as the page shows it: AR first, rounded, ratios spelt out; where a
+    float32 AR reference ran, "speedup vs AR" says AR's precision and the vs-fp32 columns follow."""
     if summary.empty:
         return pd.DataFrame(columns=DISPLAY_COLUMNS)
+    against_float32 = "speedup_vs_fp32_ar" in summary and summary.speedup_vs_fp32_ar.notna().any()
     ordered = summary.sort_values("method", key=lambda s: s != "ar", kind="stable")
     rows = []
     for _, row in ordered.iterrows():
@@ -523,8 +531,22 @@ def display_table(summary: pd.DataFrame) -> pd.DataFrame:
             # Drafts a round offers the target: a tree's nodes, a chain's tokens.
             "nodes / round": _num(row["mean_drafted"], ".2f"),
             "quality": _quality(row),
+            **(_vs_float32_cells(row) if against_float32 else {}),
         })
-    return pd.DataFrame(rows, columns=DISPLAY_COLUMNS)
+    frame = pd.DataFrame(rows, columns=DISPLAY_COLUMNS + (VS_FLOAT32_DISPLAY if against_float32 else []))
+    if against_float32:  # the two speeds are over two different models' AR: say whose
+        own = summary.target_dtype.dropna().iloc[0] if summary.target_dtype.notna().any() else "its own precision"
+        frame = frame.rename(columns={"speedup vs AR": f"speedup vs {own} AR"})
+    return frame
+
+
+def _vs_float32_cells(row: pd.Series) -> dict[str, str]:
+    draft = row.get("draft_dtype")
+    return {"precision (target / draft)": f"{row.get('target_dtype')}" + (f" / {draft}" if _text(draft) else ""),
+            "speedup vs fp32 AR": _num(row["speedup_vs_fp32_ar"], ".2f")
+                                  + ("×" if not _isnan(row["speedup_vs_fp32_ar"]) else ""),
+            "token match vs fp32 AR": _num(row["token_match_vs_fp32"], ".0%"),
+            "chrF vs fp32 AR": _num(row["chrf_vs_fp32"], ".1f")}
 
 
 def explain(summary: pd.DataFrame) -> str:
