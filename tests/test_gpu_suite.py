@@ -1,5 +1,5 @@
-"""The GPU suite, rehearsed without a GPU: the forced-acceptance draft, the stage runner's
-budgets and caught failures, the summary and the README's table, the carried parts of the
+"""The GPU suite, rehearsed without a GPU (its planted oracle: test_forced.py): the stage
+runner's budgets and caught failures, the summary and the README's table, the carried parts of the
 embedded target, the CUDA calls bound against the installed libraries, and (slow) the whole
 rehearsal on the CPU and the packed target's greedy output."""
 
@@ -18,78 +18,18 @@ import torch
 from specdemo import generate
 from specdemo.bench.gpu_suite import carry as carry_module
 from specdemo.bench.gpu_suite.carry import CarryError, missing_parts, pack, reassemble
-from specdemo.bench.gpu_suite.checks import bind_calls, forced_hooks_trace
-from specdemo.bench.gpu_suite.forced import ForcedAcceptance
+from specdemo.bench.gpu_suite.checks import bind_calls
 from specdemo.bench.gpu_suite.lossless import compare_rows, tolerance
 from specdemo.bench.gpu_suite.stages import NO_CUDA, OutOfTime, Settings, Stage, run_stages
 from specdemo.bench.gpu_suite.summary import END, NOT_MEASURED, START, fill_readme, markdown, table_block
 from specdemo.bench.roofline import kv_bytes_per_token
-from specdemo.bench.runners import HFRunner
-from specdemo.engine.params import DecodeParams
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = [5, 9, 14, 3, 22, 7]
 
 
-def _acceptance(result) -> float:
-    drafted = sum(len(r.drafted) for r in result.rounds)
-    return sum(r.accepted for r in result.rounds) / drafted
-
-
-@pytest.fixture
-def forced(tiny_pair):
-    """The tiny pair's draft hooked at a given rate; the hooks come off after the test."""
-    hooks = []
-
-    def make(rate: float, seed: int = 0) -> ForcedAcceptance:
-        ar = generate(tiny_pair, PROMPT, "ar", max_new_tokens=40, temperature=0.0)
-        hook = ForcedAcceptance(tiny_pair.draft, rate, seed)
-        hook.set_continuation(PROMPT, ar.token_ids)
-        hooks.append(hook)
-        return hook
-
-    yield make
-    for hook in hooks:
-        hook.remove()
-
-
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
-def test_a_forced_draft_agrees_where_told_and_sd_stays_ar(tiny_pair, forced, cache):
-    ar = generate(tiny_pair, PROMPT, "ar", max_new_tokens=32, temperature=0.0)
-    forced(1.0)
-    always = generate(tiny_pair, PROMPT, "sd", max_new_tokens=32, temperature=0.0, gamma=4, copy_n=0, cache=cache)
-    assert always.token_ids == ar.token_ids and _acceptance(always) == 1.0
-    forced(0.0)
-    never = generate(tiny_pair, PROMPT, "sd", max_new_tokens=32, temperature=0.0, gamma=4, copy_n=0, cache=cache)
-    assert never.token_ids == ar.token_ids and _acceptance(never) == 0.0
-
-
-def test_a_forced_draft_accepts_at_about_its_rate_in_ours_and_in_transformers_assisted(tiny_pair, forced):
-    ar = generate(tiny_pair, PROMPT, "ar", max_new_tokens=32, temperature=0.0)
-    hook = forced(0.6, seed=3)
-    ours = generate(tiny_pair, PROMPT, "sd", max_new_tokens=32, temperature=0.0, gamma=4, copy_n=0)
-    assert ours.token_ids == ar.token_ids and 0.0 < _acceptance(ours) < 1.0
-    # Each round's drafts are accepted up to the first position the mask refuses (the row at
-    # position p predicts the token at p + 1).
-    start = len(PROMPT)
-    for round_ in ours.rounds:
-        if round_.drafted:
-            agrees = hook.agrees[start - 1: start - 1 + len(round_.drafted)].tolist()
-            assert round_.accepted == (agrees + [False]).index(False)
-        start += len(round_.new_tokens)
-    runner = HFRunner(tiny_pair, DecodeParams.from_values(max_new_tokens=32, temperature=0.0, gamma=4))
-    theirs = runner.run("hf-assisted", PROMPT, 0)
-    assert theirs.token_ids == ar.token_ids and 0 < sum(a for _, a in theirs.rounds) < sum(d for d, _ in theirs.rounds)
-
-
-def test_the_forced_hooks_trace_through_dynamo_and_every_cuda_call_binds():
-    assert forced_hooks_trace()
+def test_every_cuda_call_binds_against_the_installed_libraries():
     assert bind_calls() == []
-
-
-def test_a_forced_rate_outside_zero_to_one_is_refused(tiny_pair):
-    with pytest.raises(ValueError, match="rate"):
-        ForcedAcceptance(tiny_pair.draft, 1.5)
 
 
 # --------------------------------------------------------------------------- the stage runner

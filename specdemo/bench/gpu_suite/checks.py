@@ -61,25 +61,32 @@ def bind_calls() -> list[str]:
     return problems
 
 
-def tiny_llama():
+def tiny_llama(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
     return LlamaForCausalLM(config).eval()
 
 
 def forced_hooks_trace() -> bool:
-    """The forced draft, traced by dynamo (eager backend), picks the oracle's token."""
-    model = tiny_llama()
-    forced = ForcedAcceptance(model, rate=1.0, seed=0)
-    forced.set_continuation([1, 2, 3], [7, 9, 11])
-    step = torch.compile(lambda ids, positions: model(input_ids=ids, position_ids=positions).logits, backend="eager")
-    with torch.inference_mode():
-        logits = step(torch.tensor([[1, 2, 3, 7]]), torch.arange(4).view(1, -1))
-    forced.remove()
-    return logits[0, -2:].argmax(-1).tolist() == [7, 9]
+    """The forced pair, each model traced by dynamo (eager backend), answers what was planted: the
+    target the planted text, the draft the planted token where the mask agrees and another elsewhere."""
+    target, draft = tiny_llama(seed=0), tiny_llama(seed=1)
+    forced = ForcedAcceptance(target, draft, rate=0.5, seed=0)
+    ids, positions = torch.tensor([[1, 2, 3, 7, 9, 11]]), torch.arange(6).view(1, -1)
+    answers = []
+    try:
+        for model in (target, draft):
+            step = torch.compile(lambda i, p, m=model: m(input_ids=i, position_ids=p).logits, backend="eager")
+            with torch.inference_mode():
+                answers.append(step(ids, positions)[0].argmax(-1).tolist())
+    finally:
+        forced.remove()
+    planted, agrees = forced.text_after(1, 6), forced.agrees_after(1, 6)
+    draft_follows_mask = all((d == t) == a for d, t, a in zip(answers[1], planted, agrees))
+    return answers[0] == planted and draft_follows_mask and any(agrees) and not all(agrees)
 
 
 def run_cuda_paths(ctx: StageContext) -> None:

@@ -1,68 +1,58 @@
-"""A draft LM that agrees with the target at a set rate, for random-weight pairs.
+"""A planted text that both models of a random-weight pair follow, so acceptance is set, not measured.
 
 Two random models agree on almost nothing, so SD on them would reject every draft and its
-rounds would never show what a round of accepted drafts costs. `ForcedAcceptance` hooks a
-draft LM so that it proposes the target's own greedy token at each position with
-probability `rate` and a token the target never picks otherwise:
+rounds would never show what a round of accepted drafts costs. Forcing the draft to copy the
+target's own greedy text is not enough: random weights give near-uniform logits, bfloat16
+kernels of different shapes (a one-row step, a (γ + 1)-row verification, a static cache)
+break their near-ties differently, and once a method leaves that text every draft is refused.
 
-- the target's greedy continuation of the prompt is computed once (`set_continuation`) and
-  kept on the device, indexed by absolute position;
-- a fixed pseudo-random mask over positions (from `seed`) says where the draft agrees;
-- a pre-hook on the decoder's rotary-position module reads the positions of the rows being
-  computed, and a hook on the LM head replaces the logits with a point mass (logit +30, the
-  rest 0) on the chosen token.
+`ForcedAcceptance` plants one seeded pseudo-random text, indexed by absolute position, in
+both models (the row at position p predicts the token at p + 1):
 
-The draft still runs its whole forward, so every cost is real; only its answer is forced.
-Both hooks are tensor operations only (no read-back, no Python branch on data), so they run
-unchanged inside `torch.compile` and CUDA graphs, and they serve our decode loop and
-transformers' assisted generation alike, since both call the same modules. Per drafted
-position acceptance is `rate`; a round stops at its first rejection, as usual.
+- the target's LM head answers a point mass (logit +30, the rest 0) on the planted token,
+  so every method's greedy output is the planted text in any dtype or kernel shape;
+- the draft's LM head answers the planted token where a fixed mask over positions (from
+  `seed`, true at share `rate`) agrees, and a wrong token elsewhere, so the per-position
+  acceptance is `rate` by construction, and a round stops at its first refused position;
+- a pre-hook on each decoder's rotary-position module reads the positions of the rows being
+  computed.
+
+The text depends on positions only, not on the prompt: after a prompt of n tokens every
+method writes `text_after(n, count)`. Positions past `capacity` wrap around. Neither the
+planted nor the wrong tokens are special ones (`avoid`: EOS, padding), so nothing stops early
+and no draft is cut at an EOS.
+
+Both models still run their whole forward, so every cost is real; only their answers are
+forced. The hooks are tensor operations only (no read-back, no Python branch on data), so they
+run unchanged inside `torch.compile` and CUDA graphs, and they serve our decode loop,
+transformers' static `generate` and its assisted generation alike, since all call the same modules.
 
 May import torch only.
 """
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
 
 FORCED_LOGIT = 30.0
-DEFAULT_CAPACITY = 8192  # positions the oracle covers; later positions read the last entry
+DEFAULT_CAPACITY = 8192  # positions the planted text covers before it wraps around
 
 
-class ForcedAcceptance:
-    """Hooks on `draft` (a transformers causal LM with a rotary-position module)."""
+class _PositionalAnswer:
+    """Hooks on one causal LM: its LM head answers a point mass on `answers[position]`."""
 
-    def __init__(self, draft: torch.nn.Module, rate: float, seed: int = 0, capacity: int = DEFAULT_CAPACITY):
-        if not 0.0 <= rate <= 1.0:
-            raise ValueError(f"forced acceptance rate must be in [0, 1], got {rate}")
-        rotary = getattr(draft.get_decoder(), "rotary_emb", None)
+    def __init__(self, model: torch.nn.Module, answers: torch.Tensor):
+        rotary = getattr(model.get_decoder(), "rotary_emb", None)
         if rotary is None:
-            raise ValueError(f"forced acceptance reads positions from a rotary module; {type(draft).__name__} has none")
-        device = next(draft.parameters()).device
-        self.rate = rate
-        self.vocab = draft.get_output_embeddings().out_features
-        generator = torch.Generator().manual_seed(seed)
-        self.agrees = (torch.rand(capacity, generator=generator) < rate).to(device)
-        # A per-position offset picks the disagreeing token, so refusals do not all name one id.
-        self.offsets = torch.randint(1, self.vocab, (capacity,), generator=generator).to(device)
-        self.oracle = torch.full((capacity,), -1, dtype=torch.long, device=device)
+            raise ValueError(f"forced acceptance reads positions from a rotary module; {type(model).__name__} has none")
+        self.answers = answers
         self.positions: torch.Tensor | None = None
-        self._handles = [
+        self.handles = [
             rotary.register_forward_pre_hook(self._read_positions, with_kwargs=True),
-            draft.get_output_embeddings().register_forward_hook(self._force),
+            model.get_output_embeddings().register_forward_hook(self._answer),
         ]
-
-    def set_continuation(self, prompt_ids: list[int], continuation: list[int]) -> None:
-        """The target's greedy tokens after `prompt_ids`: the row at position p predicts token p + 1."""
-        sequence = list(prompt_ids) + list(continuation)
-        capacity = self.oracle.shape[0]
-        if len(sequence) > capacity:
-            raise ValueError(f"forced acceptance covers {capacity} positions; this sequence has {len(sequence)}")
-        values = torch.full((capacity,), -1, dtype=torch.long)
-        values[: len(sequence) - 1] = torch.tensor(sequence[1:], dtype=torch.long)
-        values[: len(prompt_ids) - 1] = -1  # inside the prompt nothing is drafted
-        with torch.inference_mode():
-            self.oracle.copy_(values)  # in place: a captured graph keeps reading this address
 
     def _read_positions(self, module, args, kwargs):
         positions = kwargs.get("position_ids")
@@ -71,17 +61,61 @@ class ForcedAcceptance:
         self.positions = positions
         return None
 
-    def _force(self, module, inputs, logits: torch.Tensor) -> torch.Tensor:
+    def _answer(self, module, inputs, logits: torch.Tensor) -> torch.Tensor:
         rows = logits.shape[-2]
-        last = self.oracle.shape[0] - 1
-        positions = self.positions[..., -rows:].clamp(0, last).expand(logits.shape[:-1])
-        truth = self.oracle[positions]
-        wrong = torch.remainder(truth.clamp(min=0) + self.offsets[positions], self.vocab)
-        chosen = torch.where(self.agrees[positions] & (truth >= 0), truth, wrong)
-        forced = torch.zeros_like(logits)
-        return forced.scatter(-1, chosen.unsqueeze(-1), FORCED_LOGIT)
+        positions = torch.remainder(self.positions[..., -rows:], self.answers.shape[0]).expand(logits.shape[:-1])
+        chosen = self.answers[positions]
+        return torch.zeros_like(logits).scatter(-1, chosen.unsqueeze(-1), FORCED_LOGIT)
 
     def remove(self) -> None:
-        for handle in self._handles:
+        for handle in self.handles:
             handle.remove()
-        self._handles = []
+        self.handles = []
+
+
+class ForcedAcceptance:
+    """Plants a text in `target` and `draft` (transformers causal LMs with rotary-position modules)."""
+
+    def __init__(self, target: torch.nn.Module, draft: torch.nn.Module, rate: float, seed: int = 0,
+                 avoid: Iterable[int] = (), vocab: int | None = None, capacity: int = DEFAULT_CAPACITY):
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"forced acceptance rate must be in [0, 1], got {rate}")
+        self.rate = rate
+        limit = min(m.get_output_embeddings().out_features for m in (target, draft))
+        limit = min(limit, vocab) if vocab is not None else limit
+        banned = set(avoid)
+        allowed = torch.tensor([t for t in range(limit) if t not in banned], dtype=torch.long)
+        if len(allowed) < 2:
+            raise ValueError("forced acceptance needs two ordinary tokens at least")
+        generator = torch.Generator().manual_seed(seed)
+        picks = torch.randint(len(allowed), (capacity,), generator=generator)
+        # A per-position shift picks the wrong token: never the planted one, not always one id.
+        shifts = torch.randint(1, len(allowed), (capacity,), generator=generator)
+        device = next(target.parameters()).device
+        self.text = allowed[picks].to(device)
+        self.wrong = allowed[(picks + shifts) % len(allowed)].to(next(draft.parameters()).device)
+        self.agrees = (torch.rand(capacity, generator=generator) < rate).to(self.wrong.device)
+        drafts = torch.where(self.agrees, self.text.to(self.wrong.device), self.wrong)
+        self._hooked = [_PositionalAnswer(target, self.text), _PositionalAnswer(draft, drafts)]
+
+    @classmethod
+    def on_pair(cls, pair, rate: float, seed: int = 0) -> "ForcedAcceptance":
+        """Hooks on a loaded pair, its special tokens avoided and its tokenizer's ids only."""
+        tokenizer = pair.tokenizer
+        avoid = set(pair.eos_ids) | set(tokenizer.all_special_ids)
+        return cls(pair.target, pair.draft, rate, seed, avoid=avoid, vocab=len(tokenizer))
+
+    def text_after(self, prompt_length: int, count: int) -> list[int]:
+        """The `count` tokens every greedy method writes after a prompt of `prompt_length` tokens."""
+        positions = torch.arange(prompt_length - 1, prompt_length - 1 + count) % self.text.shape[0]
+        return self.text.cpu()[positions].tolist()
+
+    def agrees_after(self, prompt_length: int, count: int) -> list[bool]:
+        """Whether the draft proposes the planted token at each of those `count` tokens."""
+        positions = torch.arange(prompt_length - 1, prompt_length - 1 + count) % self.agrees.shape[0]
+        return self.agrees.cpu()[positions].tolist()
+
+    def remove(self) -> None:
+        for hooked in self._hooked:
+            hooked.remove()
+        self._hooked = []

@@ -11,7 +11,6 @@ import tempfile
 
 import torch
 
-from ...engine.decoding import generate
 from ...models.loading import load_pair
 from .. import synthetic
 from ..overhead import spread_over_categories
@@ -36,7 +35,7 @@ def suite_prompts(count: int):
 
 def run_synthetic(ctx: StageContext) -> None:
     s = ctx.settings
-    ctx.note(f"Random weights with forced acceptance: the draft proposes the target's greedy token at "
+    ctx.note(f"Random weights with forced acceptance: both models follow one planted text, the draft at "
              f"{s.rate:.0%} of positions (seed {s.seed}), so SD's rounds accept as a trained draft's would.")
     for label, target_size, draft_size in (TINY_SHAPES if s.tiny else SHAPES):
         ctx.check_time(label)
@@ -53,16 +52,13 @@ def run_synthetic(ctx: StageContext) -> None:
 
 def _synthetic_pair(ctx: StageContext, pair, label: str) -> None:
     s = ctx.settings
-    forced = ForcedAcceptance(pair.draft, s.rate, s.seed)
+    forced = ForcedAcceptance.on_pair(pair, s.rate, s.seed)  # every greedy method writes the planted text
     prompts = suite_prompts(1)
     decode = decode_params(ctx, chat=False, copy_n=0)  # copying from the context would hide the draft's rounds
     encoded = prompt_ids(pair, prompts, chat=False)
     stem = label.replace("/", "-")
     for mode in MODES:
         ctx.check_time(f"{label} {mode.name}")
-        continuation = generate(pair, encoded[0][1], "ar", max_new_tokens=s.max_new_tokens + s.gamma + 1,
-                                temperature=0.0, cache=mode.cache, compile=mode.compile).token_ids
-        forced.set_continuation(encoded[0][1], continuation)
         result = bench(ctx, pair, prompts, SYNTHETIC_METHODS, mode, decode, f"synthetic-{stem}-{mode.name}")
         ratio = overhead(ctx, pair, encoded, mode, f"synthetic-{stem}-{mode.name}")
         ctx.headline.append(headline(label, mode, result, round_overhead=ratio))
