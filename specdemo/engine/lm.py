@@ -17,8 +17,9 @@ With `compile=True` (static cache only) the forward over a few new tokens runs
 through `torch.compile`: on CUDA in "reduce-overhead" mode (CUDA graphs), elsewhere
 in the default mode. Feeds are padded to a small set of lengths (`buckets`), so a
 changing draft length never recompiles; padding writes past the real length, which
-the next rollback or feed hides like any stale position. Longer feeds (the prefill)
-run eagerly. Compiled steps and their caches are kept per model and reused by later
+the next rollback or feed hides like any stale position. Longer feeds, and the prefill
+whatever its length, run eagerly: the prefill is timed and comes before `warm_up`, so a
+short prompt through a step not yet compiled would count its compilation as decoding. Compiled steps and their caches are kept per model and reused by later
 generations, so a graph is compiled once per model and bucket.
 
 Encoder-decoder models (T5, BART, ...) go through `seq2seq.EncoderDecoderLM`, a `CachedLM`
@@ -141,6 +142,7 @@ class CachedLM:
         self.compiled = compile
         self.buckets = tuple(sorted(set(buckets)))
         self._step = None
+        self._prefilling = False  # feeds run eagerly (see `prefill`)
         self.kv_policy = KVPolicy()
         self._attention_masses = None  # `head`: each layer's attention mass (kv_policy.track_attention)
         self.evicted = 0  # positions a KV policy dropped: the cache holds length − evicted
@@ -272,7 +274,8 @@ class CachedLM:
         a feature-level drafter reads them).
         """
         n = new_ids.shape[0]
-        size = next((b for b in self.buckets if b >= n), None) if self._step is not None else None
+        compiled = self._step is not None and not self._prefilling
+        size = next((b for b in self.buckets if b >= n), None) if compiled else None
         if self.kind == "static" and self.length + (size or n) > self.max_length:
             raise ValueError(f"static cache: {self.length} + {n} positions exceed its max_length {self.max_length}")
         if size is not None:
@@ -355,7 +358,15 @@ class CachedLM:
 
     def prefill(self, sequence: list[int], hidden: bool = False) -> torch.Tensor | None:
         """Cache every position of `sequence` (no logits needed). With `hidden`, return the
-        final hidden states at every position of `sequence` [len(sequence), d]."""
+        final hidden states at every position of `sequence` [len(sequence), d]. Eager, also where
+        the steps are compiled: see the module's notes."""
+        self._prefilling = True
+        try:
+            return self._prefill(sequence, hidden)
+        finally:
+            self._prefilling = False
+
+    def _prefill(self, sequence: list[int], hidden: bool) -> torch.Tensor | None:
         if hidden:
             if not sequence:
                 return None
