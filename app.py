@@ -1,4 +1,5 @@
-"""Start the speculative-decoding playground: `python app.py [--host H] [--port P] [--share] [--public] [--threads N]`."""
+"""Start the speculative-decoding playground:
+`python app.py [--host H] [--port P] [--share] [--public] [--threads N] [--compile auto|on|off]`."""
 
 from __future__ import annotations
 
@@ -17,20 +18,28 @@ def build_parser() -> argparse.ArgumentParser:
                         help="torch CPU threads for decoding: a count, or auto (one for AR, every core for the "
                              "drafting methods); default: SPECDEMO_THREADS, else the measured choice for a machine "
                              "of 2 cores or fewer, else torch's")
+    parser.add_argument("--compile", choices=("auto", "on", "off"), default=None,
+                        help="the page's default for compiling the decode steps: auto = static cache + compile "
+                             "where CUDA serves a decoder-only pair (not on ZeroGPU), compiled at start before the "
+                             "first Run; on = on any device; off = never by default (visitors may still tick it); "
+                             "default: SPECDEMO_COMPILE, else auto")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    from specdemo.app.engine_controls import compile_setting
     from specdemo.app.ui import build_demo, launch, serving_threads  # after parsing, so --help is instant
     from specdemo.models.choice import default_preset
 
     try:
-        threads = serving_threads(args.threads)
+        threads, compiling = serving_threads(args.threads), compile_setting(args.compile)
     except ValueError as error:
         build_parser().error(str(error))
-    print(f"decoding with {threads.describe()}; loading and warming the default pair …", flush=True)
-    demo = build_demo(public=args.public, default_preset=default_preset(), preload=True, threads=threads)
+    print(f"decoding with {threads.describe()}, compile {compiling}; loading and warming the default pair …",
+          flush=True)
+    demo = build_demo(public=args.public, default_preset=default_preset(), preload=True, threads=threads,
+                      compile=compiling)
     launch(demo, server_name=args.host, server_port=args.port, share=args.share)
 
 

@@ -213,7 +213,7 @@ def test_pair_cache_keeps_one_pair_and_closes_the_previous():
 def test_a_serving_cache_freezes_what_stays_loaded_and_thaws_it_when_a_pair_goes(monkeypatch):
     from specdemo.app import page
 
-    monkeypatch.setattr(page, "_warm_up", lambda pair: None)
+    monkeypatch.setattr(page, "_warm_up", lambda pair, engine: None)
     pairs = {name: SimpleNamespace(name=name, close=lambda: None) for name in ("a", "b")}
     cache = ui.PairCache(lambda target, draft, **_: pairs[target], limit=1)
     try:

@@ -12,11 +12,9 @@ May import engine, models, bench and the page's own viz/limits/page; never gradi
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,7 +35,7 @@ from ..models.loading import ModelPair, Preset, draft_kind_of
 from ..models.precision import PRECISIONS
 from .engine_controls import engine_options, first_round_status
 from .limits import Limits
-from .page import AUTO, ThreadPlan, export_dir, gpu
+from .page import AUTO, ThreadPlan, decoding_thread, export_dir, gpu
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +151,28 @@ def fit_chat(request: Request, pair: ModelPair) -> None:
         request.note = " (this tokenizer has no chat template, so the prompt went in as plain text)"
 
 
+def fit_engine(request: Request, pair: ModelPair) -> None:
+    """Compile is on by default where a GPU serves a decoder-only pair; an encoder-decoder model
+    (a typed one, which the page could not know before loading it) runs eagerly rather than fail,
+    and the status line says so."""
+    if request.engine.compile and getattr(pair, "is_encoder_decoder", False):
+        request.engine = EngineOptions(cache=request.engine.cache)
+        request.note += " (an encoder-decoder model decodes without compile: graph capture runs decoder-only models)"
+
+
+def wait_for_warm_up(ready: threading.Event | None, warming: str,
+                     interval_s: float = STATUS_INTERVAL_S) -> Iterator[RunUpdate]:
+    """A Run pressed while the page warms up (and compiles) its default pair waits for it, saying so,
+    instead of decoding beside it: the warm-up would slow the Run's timed rounds, and the pair's cache
+    is held until it ends. After the first status, an empty update every interval_s, so that a
+    closed tab is noticed."""
+    if ready is None or ready.is_set():
+        return
+    yield RunUpdate(status=warming)
+    while not ready.wait(interval_s):
+        yield RunUpdate()
+
+
 # ---------------------------------------------------------------------------------------
 # The streaming run
 
@@ -190,8 +210,9 @@ def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: L
     Closing the generator (Stop, a closed tab) closes the method's round iterator, so
     decoding ends with the round in flight.
     """
+    compiling = " (a pair new to the page also compiles its decode steps, first time only)" if request.engine.compile else ""
     yield RunUpdate(status=f"Loading **{request.target}**" + (f" + **{request.draft}**" if request.draft else "")
-                    + " …" + STALE_NOTE)
+                    + f"{compiling} …" + STALE_NOTE)
     try:
         pair = load(request)
     except ValueError as error:  # ModelLoadError and tokenizer mismatches are ValueErrors
@@ -203,6 +224,7 @@ def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: L
         yield RunUpdate(status=f"⚠️ {message}", warning=message)
         return
     fit_chat(request, pair)
+    fit_engine(request, pair)
     yield from gpu(decode_methods)(pair, request, limits, threads=threads)
 
 
@@ -385,20 +407,6 @@ def rounds_on_threads(rounds: Iterator[GenerationResult], threads: int | None) -
         yield result
 
 
-_decoder: tuple[int, ThreadPoolExecutor] | None = None
-_decoder_lock = threading.Lock()
-
-
-def decoding_thread() -> ThreadPoolExecutor:
-    """The process's one thread for the Playground's rounds, made on first use, and made again in a
-    forked child (ZeroGPU's), which inherits the executor but not its thread."""
-    global _decoder
-    with _decoder_lock:
-        if _decoder is None or _decoder[0] != os.getpid():
-            _decoder = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdemo-decode"))
-        return _decoder[1]
-
-
 # ---------------------------------------------------------------------------------------
 # The scripted comparison
 
@@ -417,6 +425,7 @@ def compare(request: Request, load: Callable[[Request], ModelPair], limits: Limi
     """Run request.methods one after another on a loaded pair and tabulate them."""
     pair = load(request)
     fit_chat(request, pair)
+    fit_engine(request, pair)
     comparison = gpu(run_comparison)(pair, request.prompt, request.methods, limits=limits, decode=request.params,
                                      threads_for=threads.for_method if threads is not None else None,
                                      vs_float32=FLOAT32_REFERENCE if chose_below_float32(request, pair) else None,

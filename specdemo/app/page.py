@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 from ..engine.decoding import generate
 from ..bench.threads import ThreadPlan
 from ..engine.methods import DEFAULT_METHODS, METHODS
+from ..engine.params import EngineOptions
 from ..models.loading import ModelPair, Preset, load_pair
 from ..models.precision import PRECISIONS
 from .limits import Limits
@@ -43,6 +45,13 @@ PairLoader = Callable[..., ModelPair]
 EXPORT_ROOT = Path(tempfile.gettempdir()) / "specdemo-exports"
 EXPORT_TTL_S = 3600
 AUTO = "auto"  # a model's precision left to `dtype`, else to the loader's default for the device
+# The page's engine options for a pair, given whether it is an encoder-decoder (engine_controls.page_engine_defaults).
+EngineDefaults = Callable[[bool], EngineOptions]
+
+
+def no_engine_defaults(encoder_decoder: bool) -> EngineOptions:
+    """The schema's engine options for every pair (a page that never compiles by default)."""
+    return EngineOptions()
 
 
 # ---------------------------------------------------------------------------------------
@@ -55,12 +64,14 @@ class PairCache:
     visitors) each new pair is warmed, and what is alive then is frozen out of the collector's way
     (`_freeze_what_stays`) until a pair is closed."""
 
-    def __init__(self, loader: PairLoader = load_pair, limit: int = 1, warm_up: bool = True):
+    def __init__(self, loader: PairLoader = load_pair, limit: int = 1, warm_up: bool = True,
+                 engine_defaults: EngineDefaults = no_engine_defaults):
         if limit < 1:
             raise ValueError("the pair cache must hold at least one pair")
         self.loader = loader
         self.limit = limit
         self.warm_up = warm_up
+        self.engine_defaults = engine_defaults  # what a Run on the pair starts from, so the warm-up's too
         self._pairs: OrderedDict[tuple, ModelPair] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -87,7 +98,7 @@ class PairCache:
             pair = self.loader(target, draft, device=device, dtype=dtype, **precisions)
             self._pairs[key] = pair
             if self.warm_up:  # a cache that serves visitors
-                _warm_up(pair)
+                _warm_up(pair, self.engine_defaults(bool(getattr(pair, "is_encoder_decoder", False))))
                 _freeze_what_stays()
             return pair
 
@@ -109,17 +120,37 @@ def _freeze_what_stays() -> None:
 WARM_UP_PROMPT = "Name three colours of the rainbow, then count from one to five."
 
 
-def _warm_up(pair: ModelPair) -> None:
+def _warm_up(pair: ModelPair, engine: EngineOptions | None = None) -> None:
     """Run every default method the pair can run, briefly, so that a page's first Run is timed like
     its second: one-off kernel choices, allocations and the shapes of each method's verification
-    are paid here, never in a visitor's numbers."""
+    are paid here, never in a visitor's numbers. With `engine` compiling, this is also where the
+    decode steps compile (on a GPU, minutes for a large pair) and their CUDA graphs are recorded.
+
+    On the decoding thread, where the visitors' rounds run: torch keeps CUDA graph trees and
+    OpenMP pools per thread, so what is warmed on another thread is warmed for nobody."""
+    engine = engine or EngineOptions()
     for name in DEFAULT_METHODS:
         if METHODS[name].unavailable(pair) is not None:
             continue
         try:
-            generate(pair, WARM_UP_PROMPT, name, max_new_tokens=16, seed=0, chat=False)
+            decoding_thread().submit(generate, pair, WARM_UP_PROMPT, name, max_new_tokens=16, seed=0, chat=False,
+                                     **engine.as_kwargs()).result()
         except Exception:  # a failed warm-up only costs timing accuracy
             log.debug("warm-up of %s failed", name, exc_info=True)
+
+
+_decoder: tuple[int, ThreadPoolExecutor] | None = None
+_decoder_lock = threading.Lock()
+
+
+def decoding_thread() -> ThreadPoolExecutor:
+    """The process's one thread for the Playground's rounds (and the warm-up), made on first use,
+    and made again in a forked child (ZeroGPU's), which inherits the executor but not its thread."""
+    global _decoder
+    with _decoder_lock:
+        if _decoder is None or _decoder[0] != os.getpid():
+            _decoder = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdemo-decode"))
+        return _decoder[1]
 
 
 # ---------------------------------------------------------------------------------------
@@ -179,7 +210,8 @@ class TabContext:
     export() gives a fresh folder for a run's files; queue_id is the concurrency group every
     decoding event shares; follow(request, updates) relays a run's updates, stopping it when
     the visitor's tab closes and tidying the visitor's session after it; ready, when given, is
-    set once the default pair has been loaded and warmed at startup.
+    set once the default pair has been loaded and warmed at startup, and warming is what the status
+    line says until then; engine_defaults gives the engine controls' values for a pair.
     """
 
     presets: Mapping[str, Preset]
@@ -191,6 +223,8 @@ class TabContext:
     queue_id: str = GPU_QUEUE
     follow: Callable[[gr.Request | None, Iterator], Iterator] = _relay
     ready: threading.Event | None = None  # set once the default pair is loaded and warm (None: loaded on demand)
+    warming: str = ""  # the status line while it warms (engine_controls.warming_status)
+    engine_defaults: EngineDefaults = no_engine_defaults  # the engine controls' values for a pair
     threads: ThreadPlan | None = None  # torch's threads per method (None: as the process has them)
     precisions: tuple[str, ...] = PRECISIONS  # the models' precisions the device serves, besides AUTO
 

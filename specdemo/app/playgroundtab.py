@@ -143,7 +143,7 @@ def build_tab(ctx: TabContext, initial: Mapping[str, Any]) -> None:
     """Lay the tab out inside the current Blocks and wire /run and /compare.
     initial: the inputs' first values by parameter name (prompt, methods, max_new_tokens, ...)."""
     inputs = _inputs(ctx, initial)
-    outputs = _outputs(initial, warming=ctx.ready is not None)
+    outputs = _outputs(initial, warming=(ctx.warming or WARMING) if ctx.ready is not None else "")
     shown = BySession(Shown(panels=len(viz.method_order(initial["methods"]))))
     _wire_run(ctx, inputs, outputs, shown)
     _wire_compare(ctx, inputs)
@@ -196,14 +196,29 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> Inputs:
     with gr.Accordion("Advanced settings", open=False):
         controls.update(forms.param_controls(forms.ADVANCED_PARAMS, initial, row_width=forms.ROW_WIDTH))
         with gr.Row():
-            engine = engine_controls()
+            engine = engine_controls(ctx.engine_defaults(_encoder_decoder(ctx, ctx.default_preset)))
             precisions = precision_controls(ctx.precisions)
     preset.change(lambda name, chosen: _offer_methods(ctx, name, chosen), inputs=[preset, methods],
                   outputs=[methods], api_visibility="private", queue=False)
     # An encoder-decoder pair reads the prompt as it is: its chat switch would do nothing.
     preset.change(lambda name: gr.update(visible=not getattr(ctx.presets.get(name), "encoder_decoder", False)),
                   inputs=[preset], outputs=[controls["chat"]], api_visibility="private")
+    preset.change(lambda name: engine_values(ctx, name), inputs=[preset], outputs=list(engine.values()),
+                  api_visibility="private", queue=False)
     return Inputs(prompt, preset, methods, controls, target, draft, engine, precisions, run_btn, stop_btn)
+
+
+def _encoder_decoder(ctx: TabContext, preset_name: str) -> bool:
+    return bool(getattr(ctx.presets.get(preset_name), "encoder_decoder", False))
+
+
+def engine_values(ctx: TabContext, preset_name: str) -> list[Any]:
+    """A new pair starts from its own engine defaults, in `ENGINE_NAMES` order: compiled on a GPU for a
+    decoder-only pair, eager for an encoder-decoder one (graph capture runs decoder-only models)."""
+    if preset_name not in ctx.presets:
+        return [gr.skip() for _ in ENGINE_NAMES]
+    options = ctx.engine_defaults(_encoder_decoder(ctx, preset_name))
+    return [getattr(options, name) for name in ENGINE_NAMES]
 
 
 def precision_controls(offered: tuple[str, ...]) -> dict[str, gr.Dropdown]:
@@ -235,8 +250,9 @@ def _offer_methods(ctx: TabContext, preset_name: str, chosen: list[str] | None):
     return gr.update(choices=method_choices(preset.draft), value=[m for m in chosen or [] if m in offered])
 
 
-def _outputs(initial: Mapping[str, Any], warming: bool = False) -> Outputs:
-    status = gr.Markdown(WARMING if warming else READY, elem_id="sd-status")
+def _outputs(initial: Mapping[str, Any], warming: str = "") -> Outputs:
+    """warming: the status line while the default pair warms up ("" when it is loaded on demand)."""
+    status = gr.Markdown(warming or READY, elem_id="sd-status")
     gr.HTML(viz.legend_html(), css_template=viz.TOKEN_CSS, elem_id="sd-legend")
     with gr.Column(elem_id="sd-panels"):
         shown = viz.method_order(initial["methods"])
@@ -309,6 +325,7 @@ class RunStreams:
         except ValueError as error:
             yield RunUpdate(status=f"⚠️ {error}", warning=str(error))
             return
+        yield from handlers.wait_for_warm_up(ctx.ready, ctx.warming or WARMING)
         with contextlib.closing(handlers.stream_run(req, _loader(ctx), ctx.limits, ctx.gpu, ctx.threads)) as stream:
             yield from stream
 

@@ -25,6 +25,7 @@ from .examples import DEFAULT_PROMPT
 from .handlers import (  # noqa: F401  (the page's handlers, re-exported for callers of `ui`)
     PARAM_NAMES, Request, RunUpdate, fit_chat, make_request, readable_failure, resolve_models, write_csvs,
 )
+from .engine_controls import compile_setting, page_engine_defaults, warming_status
 from .limits import Limits
 from .page import (  # noqa: F401  (what the tabs share, re-exported for callers of `ui`)
     GPU_QUEUE, PairCache, PairLoader, RunningSessions, TabContext, ThreadPlan, export_dir,
@@ -73,6 +74,7 @@ def build_demo(
     limits: Limits | None = None,
     preload: bool = False,
     threads: ThreadPlan | None = None,
+    compile: str | None = None,
 ) -> gr.Blocks:
     """The page's Blocks, queued so GPU work runs one request at a time.
 
@@ -83,12 +85,16 @@ def build_demo(
     environment when not given. preload: load and warm the default pair in the background from
     the start, so that the first Run is timed like the second. threads: torch's threads per method
     (`serving_threads`; None leaves them as they are). defaults: initial values of the page's inputs by parameter name (prompt, methods,
-    max_new_tokens, temperature, ...), e.g. a shorter run for a slow machine.
+    max_new_tokens, temperature, ...), e.g. a shorter run for a slow machine. compile: auto, on or off
+    (`engine_controls.compile_setting`; None: SPECDEMO_COMPILE, else auto): auto makes static + compile
+    the engine default where CUDA serves a decoder-only pair, warmed (compiled) by the preload.
     """
     limits = limits or Limits.from_env(public=True if public else None)
     served = served_presets(limits, presets if presets is not None else PRESETS)
     limit = cache_limit if cache_limit is not None else int(os.environ.get("SPECDEMO_MAX_PAIRS", "1"))
-    cache = PairCache(pair_loader or load_pair, limit=limit)
+    engine_defaults = functools.partial(page_engine_defaults, device or default_device(),
+                                        setting=compile_setting(compile), zero_gpu=on_zero_gpu())
+    cache = PairCache(pair_loader or load_pair, limit=limit, engine_defaults=engine_defaults)
 
     with gr.Blocks(title="specdemo — speculative decoding playground", delete_cache=(3600, 3600)) as demo:
         demo.specdemo_cache = cache  # type: ignore[attr-defined]
@@ -103,6 +109,8 @@ def build_demo(
             load=functools.partial(cache.get, device=device, dtype=dtype),
             limits=limits, gpu=gpu, export=export_dir, queue_id=GPU_QUEUE, follow=runs.follow, ready=ready,
             threads=threads, precisions=served_precisions(device or default_device()),
+            warming=warming_status(default, engine_defaults(served[default].encoder_decoder)),
+            engine_defaults=engine_defaults,
         )
         gr.Markdown(INTRO, elem_id="sd-intro")
         with gr.Tab("Playground", elem_id="sd-playground-tab"):
