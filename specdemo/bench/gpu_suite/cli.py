@@ -15,14 +15,19 @@ import torch
 from ...engine.params import PARAMS
 from ...models.embedded import _cache_is_complete, cache_dir, gguf_path
 from .carry import MiB, CarryError, activate, carry_plan, missing_parts, pack, reassemble
+from . import compile_cache
 from .checks import run_cuda_paths
 from .head import run_head
 from .lossless import run_lossless
-from .pairs import cuda_probe, run_embedded, run_synthetic
+from .pairs import cuda_probe, embedded_units, synthetic_units
+from .plan import Cost, default_cost
 from .stages import Settings, Stage, StageContext, parse_minutes, run_stages
 from .summary import environment, fill_readme, markdown
 
 DEFAULT_CARRY = Path(".gpu_carry")
+# A lent GPU machine runs one command for at most 10 minutes: the default budget leaves one for start-up and the archive.
+CUDA_BUDGET_MINUTES = 9.0
+CPU_BUDGET_MINUTES = 30.0
 
 
 def run_carry(ctx: StageContext) -> None:
@@ -54,15 +59,27 @@ def _no_head(settings: Settings) -> str | None:
     return _waiting(settings)
 
 
+def _table(name: str):
+    return lambda s: default_cost(name, s.rehearsal)
+
+
+def _head_cost(settings: Settings) -> Cost:
+    return default_cost("head", True) if settings.rehearsal else Cost(run=settings.head_minutes)
+
+
 STAGES = [
-    Stage("carry", "the embedded target from its carried parts", run_carry, budget=lambda s: max(s.minutes, 2)),
-    Stage("cuda-paths", "CUDA-only calls bound against this torch and transformers", run_cuda_paths),
-    Stage("cuda-probe", "CUDA events, a CUDA graph and reduce-overhead compile on a toy", cuda_probe, needs_cuda=True),
-    Stage("synthetic", "random-weight pairs of real shapes, forced acceptance", run_synthetic),
-    Stage("embedded", "the embedded pair: AR, SD, EGAG, NASD and the peers", run_embedded, skip=_waiting),
-    Stage("lossless", "greedy outputs of every method against AR", run_lossless, skip=_waiting),
+    Stage("carry", "the embedded target from its carried parts", run_carry, cost=_table("carry"),
+          budget=lambda s: None if s.minutes is None else max(s.minutes, 2)),
+    Stage("cuda-paths", "CUDA-only calls bound against this torch and transformers", run_cuda_paths,
+          cost=_table("cuda-paths")),
+    Stage("cuda-probe", "CUDA events, a CUDA graph and reduce-overhead compile on a toy", cuda_probe, needs_cuda=True,
+          cost=_table("cuda-probe")),
+    Stage("synthetic", "random-weight pairs of real shapes, forced acceptance", units=synthetic_units),
+    Stage("embedded", "the embedded pair: AR, SD, EGAG, NASD and the peers", units=embedded_units, skip=_waiting),
+    Stage("lossless", "greedy outputs of every method against AR", run_lossless, skip=_waiting,
+          cost=_table("lossless")),
     Stage("head", "head data at scale: corpus, training, held-out acceptance", run_head,
-          budget=lambda s: s.minutes if s.tiny else s.head_minutes, skip=_no_head),
+          budget=lambda s: s.minutes if s.tiny else s.head_minutes, skip=_no_head, cost=_head_cost),
 ]
 
 
@@ -77,8 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on a CPU")
     parser.add_argument("--tiny", action="store_true", help="rehearsal: tiny shapes, a few tokens, one repeat")
     parser.add_argument("--stages", default=",".join(s.name for s in STAGES), help="comma-separated stages to run")
-    parser.add_argument("--minutes", default="5", metavar="M[,STAGE=M...]",
-                        help="time budget of each stage, and of named ones, e.g. 4,synthetic=6 (default: 5)")
+    parser.add_argument("--budget", type=float, default=None, metavar="MINUTES",
+                        help=f"the whole run's minutes: units whose estimate exceeds what is left are skipped "
+                             f"(default: {CUDA_BUDGET_MINUTES:g} on CUDA, {CPU_BUDGET_MINUTES:g} on a CPU)")
+    parser.add_argument("--minutes", default="", metavar="M[,STAGE=M...]",
+                        help="also cap each stage, or named ones, within the budget, e.g. 4,synthetic=6 "
+                             "(default: no cap)")
     parser.add_argument("--head-minutes", type=float, default=0.0, help="budget of the head stage (0: skip it)")
     parser.add_argument("--gamma", type=int, default=PARAMS["gamma"].default,
                         help="γ of SD and of hf-assisted (default: the decoders' own)")
@@ -95,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bandwidth", default=None, help="memory bandwidth (bytes/s or a GPU name) for the roofline")
     parser.add_argument("--no-install", action="store_true", help="never install a better head")
     parser.add_argument("--archive", type=Path, default=None, help="also write the output folder as this .tar.gz")
+    parser.add_argument("--compile-cache", type=Path, default=None, metavar="FILE",
+                        help="torch.compile's artifacts: loaded at the start when FILE was made on this card "
+                             "model and torch, saved after every unit")
     tools = parser.add_argument_group("packing and the README")
     tools.add_argument("--pack", type=Path, default=None, metavar="DIR",
                        help="write the embedded target in parts and stop")
@@ -117,9 +141,12 @@ def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
     unknown = sorted(set(named) - {s.name for s in STAGES})
     if unknown:
         raise ValueError(f"--minutes names unknown stage(s) {', '.join(unknown)}")
+    budget = args.budget if args.budget is not None else (CUDA_BUDGET_MINUTES if cuda else CPU_BUDGET_MINUTES)
+    if budget <= 0:
+        raise ValueError(f"--budget must be positive, got {budget:g}")
     return Settings(
         out=args.out, device=device, dtype=args.dtype or ("bfloat16" if cuda else "float32"), tiny=tiny,
-        minutes=minutes, stage_minutes=named, head_minutes=args.head_minutes, gamma=args.gamma,
+        budget_minutes=budget, minutes=minutes, stage_minutes=named, compile_cache=args.compile_cache, head_minutes=args.head_minutes, gamma=args.gamma,
         max_new_tokens=args.max_new_tokens or (8 if tiny else 128), repeats=args.repeats or (1 if tiny else 3),
         prompts=args.prompts or (1 if tiny else 2), rate=args.rate, seed=args.seed, carry=carry,
         bandwidth=args.bandwidth, install_head=not args.no_install,
@@ -170,9 +197,33 @@ def run_suite(settings: Settings, stages: list[Stage]) -> list:
     facts = environment(settings.device, settings.dtype)
     if settings.tiny and not settings.cuda:
         facts.append(("compile", "off (CPU rehearsal)"))
-    outcomes = run_stages(stages, settings, partial(_write_summary, settings, facts), log)
+    facts.append(("budget", f"{settings.budget_minutes:g} min"))
+    save_cache = _compile_cache(settings, facts, log)
+    outcomes = run_stages(stages, settings, partial(_write_summary, settings, facts), log, after_unit=save_cache)
     log(f"summary: {settings.out / 'summary.md'}")
     return outcomes
+
+
+def _compile_cache(settings: Settings, facts: list, log):
+    """Load --compile-cache when it was made here; a function that saves it (after every unit)."""
+    if settings.compile_cache is None:
+        return None
+    key = compile_cache.device_key(settings.device)
+    try:
+        said = compile_cache.load(settings.compile_cache, key)
+    except Exception as error:  # a cache that cannot be read costs compiling, never the run
+        said = f"`{settings.compile_cache}` could not be loaded ({type(error).__name__}: {error})"
+    log(f"compile cache: {said}")
+    facts.append(("compile cache", said))
+
+    def save() -> None:
+        try:
+            saved = compile_cache.save(settings.compile_cache, key)
+        except Exception as error:
+            saved = f"not saved ({type(error).__name__}: {error})"
+        if saved:
+            log(f"compile cache: {saved}")
+    return save
 
 
 def main(argv: list[str] | None = None) -> int:

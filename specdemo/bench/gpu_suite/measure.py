@@ -1,5 +1,6 @@
-"""What the synthetic and embedded stages share: one benchmark of a pair in one mode, its
-files, the round overhead, and the headline numbers read off the summary.
+"""What the synthetic and embedded stages share: one benchmark of a pair in one mode (after a
+timed warm-up call of each method, as long as a timed one, whose extra seconds are the method's
+compile seconds), its files, the round overhead, and the headline numbers read off the summary.
 
 May import torch, pandas and the other bench modules.
 """
@@ -16,13 +17,16 @@ from ..benchmark import BenchResult, run_benchmark
 from ..overhead import measure_round_overhead
 from ..report import write_outputs
 from ..roofline import add_roofline
+from ..runners import HF_METHODS, HFRunner, run_ours
 from ..suite import ALL, SuitePrompt, conversation, encode_prompt
-from .stages import Mode, StageContext
+from .stages import Mode, OutOfTime, StageContext
 
 
-def decode_params(ctx: StageContext, chat: bool, copy_n: int | None = None) -> DecodeParams:
+def decode_params(ctx: StageContext, chat: bool, copy_n: int | None = None,
+                  max_new_tokens: int | None = None) -> DecodeParams:
     s = ctx.settings
-    values = dict(max_new_tokens=s.max_new_tokens, gamma=s.gamma, temperature=0.0, seed=s.seed, chat=chat)
+    values = dict(max_new_tokens=max_new_tokens or s.max_new_tokens, gamma=s.gamma, temperature=0.0, seed=s.seed,
+                  chat=chat)
     if copy_n is not None:
         values["copy_n"] = copy_n
     return DecodeParams.from_values(**values)
@@ -33,14 +37,18 @@ def prompt_ids(pair, prompts: Sequence[SuitePrompt], chat: bool) -> list[tuple[s
 
 
 def bench(ctx: StageContext, pair, prompts: Sequence[SuitePrompt], methods: list[str], mode: Mode,
-          decode: DecodeParams, stem: str, repeats: int | None = None, warmup: bool | None = None,
+          decode: DecodeParams, stem: str, repeats: int | None = None, warmup: bool = True,
           roofline: bool = True) -> BenchResult:
-    """One benchmark run, its CSVs and report under the output folder, its roofline lines noted.
-    warmup: default on, except in a rehearsal (each run collects garbage first: half a second on a CPU)."""
-    ctx.log(f"{stem}: {', '.join(methods)} × {len(prompts)} prompt(s) × {repeats or ctx.settings.repeats}")
-    warmup = not ctx.settings.tiny if warmup is None else warmup
-    result = run_benchmark(pair, list(prompts), methods, repeats=repeats or ctx.settings.repeats, warmup=warmup,
-                           decode=decode, cache=mode.cache, compile=mode.compile)
+    """One benchmark run, its CSVs and report under the output folder, its roofline lines noted, each
+    method's compile seconds recorded (warmup) and the run stopped at the stage's deadline."""
+    repeats = repeats or ctx.settings.repeats
+    ctx.log(f"{stem}: {', '.join(methods)} × {len(prompts)} prompt(s) × {repeats}")
+    chat = bool(decode.chat)
+    warm = warm_up(ctx, pair, encode_prompt(pair, conversation(prompts[0], 1, []), chat), methods, mode, decode) \
+        if warmup else {}
+    result = run_benchmark(pair, list(prompts), methods, repeats=repeats, warmup=False, decode=decode,
+                           cache=mode.cache, compile=mode.compile, progress=_deadline(ctx, stem))
+    ctx.compile_rows.extend(compile_rows(stem, warm, result))
     lines = add_roofline(result, pair, ctx.settings.bandwidth) if roofline else []
     ctx.note(f"**{stem}** ({mode.name})" + (": " + "; ".join(line.strip() for line in lines) if lines else ""))
     write_files(ctx, result, stem)
@@ -48,6 +56,48 @@ def bench(ctx: StageContext, pair, prompts: Sequence[SuitePrompt], methods: list
     for _, row in errors.drop_duplicates("method").iterrows():
         ctx.note(f"- {row.method} failed: `{row.error}`")
     return result
+
+
+def warm_up(ctx: StageContext, pair, prompt_ids: list[int], methods: list[str], mode: Mode,
+            decode: DecodeParams) -> dict[str, float]:
+    """One untimed-by-the-benchmark call of each method, as long as a timed one, so that compiling,
+    kernel selection and every cache shape happen here; the wall seconds of each."""
+    hf = HFRunner(pair, decode) if any(m in HF_METHODS for m in methods) else None
+    values = {k: v for k, v in decode.as_dict().items() if k != "seed"}
+    seed = decode.seed if decode.seed is not None else 1234
+    seconds = {}
+    for method in methods:
+        ctx.check_time(f"{method}'s warm-up")
+        try:
+            if method in HF_METHODS:
+                warm = hf.run(method, prompt_ids, seed)
+            else:
+                warm = run_ours(pair, method, prompt_ids, values, seed, cache=mode.cache, compile=mode.compile)
+        except Exception:  # the benchmark's own call of it records the error
+            continue
+        # As a timed call is timed (after its garbage collection), with what our runs keep off the clock.
+        seconds[method] = warm.seconds + (warm.result.off_clock_seconds if warm.result is not None else 0.0)
+    return seconds
+
+
+def compile_rows(unit: str, warm: dict[str, float], result: BenchResult) -> list[dict]:
+    """Per method: its warm-up's seconds, its timed calls' median, and the difference (compiling and
+    first-call start-up; never below zero)."""
+    rows = result.rows[result.rows.error.fillna("") == ""]
+    out = []
+    for method, seconds in warm.items():
+        timed = float(rows[rows.method == method].seconds.median()) if (rows.method == method).any() else math.nan
+        compiling = max(seconds - timed, 0.0) if not math.isnan(timed) else math.nan
+        out.append({"unit": unit, "method": method, "warmup_s": seconds, "timed_s": timed, "compile_s": compiling})
+    return out
+
+
+def _deadline(ctx: StageContext, stem: str):
+    """A benchmark progress callback that stops the run once the stage's time is spent."""
+    def progress(done: int, total: int, message: str) -> None:
+        if done < total and ctx.seconds_left() <= 0:
+            raise OutOfTime(f"stopped at its budget in {stem}, after {done} of {total} calls")
+    return progress
 
 
 def write_files(ctx: StageContext, result: BenchResult, stem: str) -> None:
@@ -99,6 +149,7 @@ def headline(pair_name: str, mode: Mode, result: BenchResult, assisted: BenchRes
         "pair": pair_name, "mode": mode.name,
         "ar_tokens_per_s": _overall(result, "ar", "tokens_per_s_mean"),
         "roofline_pct": 100 * _overall(result, "ar", "roofline_fraction"),
+        "ar_vs_hf_generate": ratio(result, "ar", other_method="hf-generate"),
         "ar_vs_hf_static": ratio(result, "ar", other_method="hf-generate-static"),
         "sd_vs_ar": ratio(result, "sd"),
         "sd_vs_hf_assisted": ratio(assisted, "sd", other_method="hf-assisted"),

@@ -1,5 +1,6 @@
-"""The stages that measure speed: random-weight pairs of real shapes (with forced acceptance)
-and the embedded pair, each compiled + static and eager + dynamic.
+"""The stages that measure speed, cut into units of (shape or pair) × mode: random-weight pairs of
+real shapes (with forced acceptance) and the embedded pair. Compiled + static, the path users meet
+on a GPU, runs first and whole; eager + dynamic is short (our AR and SD, half the new tokens).
 
 May import torch, pandas, ``engine``, ``models`` and the other bench modules.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from functools import partial
 
 import torch
 
@@ -17,15 +19,19 @@ from ..overhead import spread_over_categories
 from ..suite import DEFAULT_SUITE, load_suite
 from .forced import ForcedAcceptance
 from .measure import bench, decode_params, headline, overhead, prompt_ids
-from .stages import MODES, Mode, StageContext
+from .plan import Cost, Workload, default_cost
+from .stages import MODES, Mode, Settings, StageContext, Unit
 
 # (label, target size, draft size) from `synthetic.SIZES`.
 SHAPES = (("pythia-1.4b/70m", "1.4b", "70m"), ("qwen2.5-1.5b/0.5b", "qwen2.5-1.5b", "qwen2.5-0.5b"))
 TINY_SHAPES = (("pythia-tiny", "tiny", "tiny"), ("qwen2.5-tiny", "qwen2.5-tiny", "qwen2.5-tiny"))
 TINY_VOCAB = 512
-SYNTHETIC_METHODS = ["ar", "sd", "hf-generate-static", "hf-assisted"]
+# transformers' eager generate beside its compiled static one; its assisted generation refuses a
+# static cache, so it always runs a dynamic one.
+SYNTHETIC_METHODS = ["ar", "sd", "hf-generate", "hf-generate-static", "hf-assisted"]
 HEAD_METHODS = ["ar", "sd", "egag", "nasd", "hf-generate", "hf-generate-static"]
 LM_METHODS = ["ar", "sd", "hf-assisted"]
+EAGER_METHODS = ("ar", "sd")
 
 
 def suite_prompts(count: int):
@@ -33,57 +39,104 @@ def suite_prompts(count: int):
     return spread_over_categories(load_suite(DEFAULT_SUITE), count)
 
 
-def run_synthetic(ctx: StageContext) -> None:
+def unit_methods(methods: list[str], mode: Mode) -> list[str]:
+    return methods if mode.compile else [m for m in methods if m in EAGER_METHODS]
+
+
+def unit_tokens(settings: Settings, mode: Mode) -> int:
+    return settings.max_new_tokens if mode.compile else max(4, settings.max_new_tokens // 2)
+
+
+def unit_cost(key: str, settings: Settings, methods: int, mode: Mode, prompts: int, default_prompts: int) -> Cost:
+    """The table's minutes for `key`, scaled from the suite's default workload to this run's."""
+    tokens, repeats = (8, 1) if settings.tiny else (128, 3)
+    reference = Workload(methods, tokens if mode.compile else max(4, tokens // 2), repeats, default_prompts)
+    work = Workload(methods, unit_tokens(settings, mode), settings.repeats, prompts)
+    return default_cost(key, settings.rehearsal).for_work(work.size, reference.size)
+
+
+def synthetic_units(settings: Settings) -> list[Unit]:
+    units = []
+    for mode in MODES:  # compiled + static of both shapes before any eager unit
+        for label, target_size, draft_size in (TINY_SHAPES if settings.tiny else SHAPES):
+            cost = unit_cost(f"synthetic {label} {mode.name}", settings, len(unit_methods(SYNTHETIC_METHODS, mode)),
+                             mode, 1, 1)
+            run = partial(run_synthetic_unit, shape=(label, target_size, draft_size), mode=mode)
+            units.append(Unit(f"{label} {mode.name}", run, cost))
+    return units
+
+
+def run_synthetic_unit(ctx: StageContext, shape: tuple[str, str, str], mode: Mode) -> None:
     s = ctx.settings
-    ctx.note(f"Random weights with forced acceptance: both models follow one planted text, the draft at "
-             f"{s.rate:.0%} of positions (seed {s.seed}), so SD's rounds accept as a trained draft's would.")
-    for label, target_size, draft_size in (TINY_SHAPES if s.tiny else SHAPES):
-        ctx.check_time(label)
-        with tempfile.TemporaryDirectory(prefix="gpu-suite-") as folder:
-            ctx.log(f"{label}: writing random weights")
-            target, draft = synthetic.build(folder, target_size, draft_size, vocab=TINY_VOCAB if s.tiny else None,
+    if not ctx.lines:
+        ctx.note(f"Random weights with forced acceptance: both models follow one planted text, the draft at "
+                 f"{s.rate:.0%} of positions (seed {s.seed}), so SD's rounds accept as a trained draft's would.")
+    label = shape[0]
+    target, draft = _random_weights(ctx, *shape)
+    pair = load_pair(str(target), str(draft), device=s.device, dtype=s.dtype)
+    try:
+        _synthetic_pair(ctx, pair, label, mode)
+    finally:
+        pair.close()
+
+
+def _random_weights(ctx: StageContext, label: str, target_size: str, draft_size: str):
+    """The shape's folders, written once and kept for its other mode until the stage ends."""
+    s = ctx.settings
+    if label not in ctx.shared:
+        folder = ctx.stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-suite-"))
+        ctx.log(f"{label}: writing random weights")
+        ctx.shared[label] = synthetic.build(folder, target_size, draft_size, vocab=TINY_VOCAB if s.tiny else None,
                                             dtype=s.dtype, device=s.device)
-            pair = load_pair(str(target), str(draft), device=s.device, dtype=s.dtype)
-            try:
-                _synthetic_pair(ctx, pair, label)
-            finally:
-                pair.close()
+    return ctx.shared[label]
 
 
-def _synthetic_pair(ctx: StageContext, pair, label: str) -> None:
+def _synthetic_pair(ctx: StageContext, pair, label: str, mode: Mode) -> None:
     s = ctx.settings
     forced = ForcedAcceptance.on_pair(pair, s.rate, s.seed)  # every greedy method writes the planted text
     prompts = suite_prompts(1)
-    decode = decode_params(ctx, chat=False, copy_n=0)  # copying from the context would hide the draft's rounds
+    decode = decode_params(ctx, chat=False, copy_n=0,  # copying from the context would hide the draft's rounds
+                           max_new_tokens=unit_tokens(s, mode))
     encoded = prompt_ids(pair, prompts, chat=False)
-    stem = label.replace("/", "-")
-    for mode in MODES:
-        ctx.check_time(f"{label} {mode.name}")
-        result = bench(ctx, pair, prompts, SYNTHETIC_METHODS, mode, decode, f"synthetic-{stem}-{mode.name}")
-        ratio = overhead(ctx, pair, encoded, mode, f"synthetic-{stem}-{mode.name}")
+    stem = f"synthetic-{label.replace('/', '-')}-{mode.name}"
+    try:
+        result = bench(ctx, pair, prompts, unit_methods(SYNTHETIC_METHODS, mode), mode, decode, stem)
+        ratio = overhead(ctx, pair, encoded, mode, stem)
         ctx.headline.append(headline(label, mode, result, round_overhead=ratio))
-    forced.remove()
+    finally:
+        forced.remove()
 
 
-def run_embedded(ctx: StageContext) -> None:
+def embedded_units(settings: Settings) -> list[Unit]:
+    units = []
+    for mode in MODES[:1] if settings.tiny else MODES:  # the synthetic stage rehearses both modes
+        for pair_name, methods in (("embedded", HEAD_METHODS), ("embedded-lm", LM_METHODS)):
+            cost = unit_cost(f"embedded {pair_name} {mode.name}", settings, len(unit_methods(methods, mode)), mode,
+                             settings.prompts, 1 if settings.tiny else 2)
+            run = partial(run_embedded_unit, pair_name=pair_name, methods=methods, mode=mode)
+            units.append(Unit(f"{pair_name} {mode.name}", run, cost))
+    return units
+
+
+def run_embedded_unit(ctx: StageContext, pair_name: str, methods: list[str], mode: Mode) -> None:
     s = ctx.settings
     prompts = suite_prompts(s.prompts)
-    decode = decode_params(ctx, chat=True)
-    for mode in MODES[:1] if s.tiny else MODES:  # the synthetic stage rehearses both modes
-        ctx.check_time(f"embedded {mode.name}")
-        results = {}
-        for pair_name, methods in (("embedded", HEAD_METHODS), ("embedded-lm", LM_METHODS)):
-            pair = load_pair(pair_name, device=s.device, dtype=s.dtype)
-            try:
-                results[pair_name] = bench(ctx, pair, prompts, methods, mode, decode, f"{pair_name}-{mode.name}")
-                if pair_name == "embedded":
-                    ratio = overhead(ctx, pair, prompt_ids(pair, prompts[:1], True), mode, f"embedded-{mode.name}")
-            finally:
-                pair.close()
-        # transformers' assisted generation runs a draft LM, never the head: its ratio is the LM pair's row.
-        ctx.headline.append(headline("embedded (head)", mode, results["embedded"], round_overhead=ratio))
-        ctx.headline.append(headline("embedded-lm", mode, results["embedded-lm"]))
-        ctx.note(_verdict(ctx.headline[-2], mode))
+    decode = decode_params(ctx, chat=True, max_new_tokens=unit_tokens(s, mode))
+    pair = load_pair(pair_name, device=s.device, dtype=s.dtype)
+    try:
+        # The rehearsal's 135 M pair on a CPU: a warm-up would add a call of every method for nothing compiled.
+        result = bench(ctx, pair, prompts, unit_methods(methods, mode), mode, decode, f"{pair_name}-{mode.name}",
+                       warmup=not s.rehearsal)
+        if pair_name == "embedded":
+            ratio = overhead(ctx, pair, prompt_ids(pair, prompts[:1], True), mode, f"embedded-{mode.name}")
+            row = headline("embedded (head)", mode, result, round_overhead=ratio)
+            ctx.headline.append(row)
+            ctx.note(_verdict(row, mode))
+        else:
+            # transformers' assisted generation runs a draft LM, never the head: its ratio is this pair's row.
+            ctx.headline.append(headline("embedded-lm", mode, result))
+    finally:
+        pair.close()
 
 
 def _verdict(row: dict, mode: Mode) -> str:
@@ -101,13 +154,23 @@ def cuda_probe(ctx: StageContext) -> None:
     """What only a GPU can show, on a toy function before the real stages: CUDA events time a
     product, a CUDA graph replays one, and torch.compile captures one in reduce-overhead mode."""
     device = torch.device(ctx.settings.device)
-    x = torch.randn(1024, 1024, device=device, dtype=torch.bfloat16)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    x = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    for _ in range(5):  # cuBLAS's handle, workspace and kernel choice come with the first calls, not the product
+        y = x @ x
+    torch.cuda.synchronize(device)
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        y = x @ x
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    median = sorted(times)[len(times) // 2]
+    ctx.note(f"- CUDA events: a 4096² bf16 product, after 5 warm-up calls, took {median:.3f} ms (median of 20, "
+             f"{min(times):.3f}–{max(times):.3f}): {2 * 4096 ** 3 / median / 1e9:,.0f} TFLOP/s")
+    x = x[:1024, :1024].contiguous()  # the graph and compile checks on a smaller product
     y = x @ x
-    end.record()
-    end.synchronize()
-    ctx.note(f"- CUDA events: a 1024² bf16 product took {start.elapsed_time(end):.3f} ms")
     static_in = x.clone()
     graph = torch.cuda.CUDAGraph()
     torch.cuda.synchronize(device)

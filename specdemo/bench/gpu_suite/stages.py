@@ -1,12 +1,15 @@
-"""The suite's stages: each runs under its own time budget, catches its own failure, and
-adds lines, files and headline rows to one markdown summary, rewritten after every stage
-so that a run cut short still leaves what it measured.
+"""The suite's stages, cut into units: the whole run has one time budget (`--budget`), planned
+before the first unit from estimated minutes (`plan`), and each unit is skipped, with its reason,
+when its estimate is more than what is left. Each stage catches its units' failures; the
+markdown summary is rewritten after every unit, so a run cut short keeps every row it measured.
 
 May import torch, pandas and the other bench modules.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -14,6 +17,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from .plan import Cost, Estimator, plan_lines, skip_reason
 
 NO_CUDA = "skipped: no CUDA"
 
@@ -36,9 +41,10 @@ class Settings:
     device: str
     dtype: str
     tiny: bool = False
-    minutes: float = 5.0
+    budget_minutes: float = 9.0  # the whole run's
+    minutes: float | None = None  # a cap on every stage, within the run's budget (None: none)
     head_minutes: float = 0.0
-    stage_minutes: dict[str, float] = field(default_factory=dict)  # budgets given by stage name
+    stage_minutes: dict[str, float] = field(default_factory=dict)  # caps given by stage name
     gamma: int = 4
     max_new_tokens: int = 128
     repeats: int = 3
@@ -48,6 +54,7 @@ class Settings:
     carry: Path | None = None
     bandwidth: str | None = None
     install_head: bool = True
+    compile_cache: Path | None = None
     command: str = ""
     waiting_for: list[str] = field(default_factory=list)  # carried parts not here yet
 
@@ -55,9 +62,15 @@ class Settings:
     def cuda(self) -> bool:
         return torch.device(self.device).type == "cuda"
 
+    @property
+    def rehearsal(self) -> bool:
+        """Tiny shapes on a CPU: estimates come from the rehearsal's table, not the H100's."""
+        return self.tiny and not self.cuda
 
-def parse_minutes(text: str) -> tuple[float, dict[str, float]]:
-    """'5' → every stage 5 minutes; '4,synthetic=6,embedded=3' → 4 by default, those two by name."""
+
+def parse_minutes(text: str) -> tuple[float | None, dict[str, float]]:
+    """'5' → every stage at most 5 minutes; '4,synthetic=6,embedded=3' → 4 by default, those two by
+    name; '' → no cap."""
     default, named = None, {}
     for item in (part.strip() for part in str(text).split(",") if part.strip()):
         name, _, value = item.rpartition("=")
@@ -71,25 +84,32 @@ def parse_minutes(text: str) -> tuple[float, dict[str, float]]:
             named[name.strip()] = minutes
         else:
             default = minutes
-    return (5.0 if default is None else default), named
+    return default, named
 
 
 class OutOfTime(Exception):
-    """A stage's budget ran out between two units of work."""
+    """A stage's budget ran out between two pieces of work."""
 
 
 @dataclass
 class StageContext:
+    """What a stage's units share: its deadline, its notes, files and headline rows, and (in
+    `shared`, closed by `stack` after its last unit) what one unit builds for the next."""
+
     settings: Settings
     deadline: float
     lines: list[str] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     headline: list[dict] = field(default_factory=list)
+    compile_rows: list[dict] = field(default_factory=list)  # per method: unit, method, warm-up and compile seconds
     status: str = "ok"
     log: Callable[[str], None] = print
+    clock: Callable[[], float] = time.monotonic
+    shared: dict = field(default_factory=dict)
+    stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def seconds_left(self) -> float:
-        return self.deadline - time.monotonic()
+        return self.deadline - self.clock()
 
     def check_time(self, next_unit: str) -> None:
         """Stop the stage cleanly before `next_unit` when its budget is spent."""
@@ -104,13 +124,49 @@ class StageContext:
 
 
 @dataclass(frozen=True)
+class Unit:
+    """A piece of a stage that is planned, skipped or run whole, and leaves its rows when it ends."""
+
+    name: str
+    run: Callable[[StageContext], None]
+    cost: Cost = Cost()
+
+
+@dataclass(frozen=True)
 class Stage:
     name: str
     title: str
-    run: Callable[[StageContext], None]
+    run: Callable[[StageContext], None] | None = None  # a stage of one unit
     needs_cuda: bool = False
-    budget: Callable[[Settings], float] | None = None  # minutes; default settings.minutes
+    budget: Callable[[Settings], float | None] | None = None  # a cap in minutes; default settings.minutes
     skip: Callable[[Settings], str | None] | None = None  # a reason to skip, said in the summary
+    cost: Callable[[Settings], Cost] | None = None  # the estimate of a stage of one unit
+    units: Callable[[Settings], list[Unit]] | None = None  # finer units, in the order they run
+
+    def plan(self, settings: Settings) -> list[Unit]:
+        if self.units is not None:
+            return self.units(settings)
+        return [Unit(self.name, self.run, self.cost(settings) if self.cost else Cost())]
+
+    def cap(self, settings: Settings) -> float | None:
+        minutes = settings.stage_minutes.get(self.name)
+        if minutes is None:
+            minutes = self.budget(settings) if self.budget else settings.minutes
+        return minutes
+
+
+@dataclass
+class UnitOutcome:
+    name: str
+    estimate_minutes: float
+    status: str = "planned"
+    seconds: float = 0.0
+    compile_seconds: float = 0.0
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status.startswith("ok") or self.status.startswith("waiting")
 
 
 @dataclass
@@ -118,42 +174,145 @@ class Outcome:
     stage: Stage
     status: str
     seconds: float
-    budget_minutes: float
+    budget_minutes: float | None
     context: StageContext | None = None
     error: str = ""
+    units: list[UnitOutcome] = field(default_factory=list)
 
 
-def run_stage(stage: Stage, settings: Settings, log: Callable[[str], None]) -> Outcome:
-    minutes = settings.stage_minutes.get(stage.name)
-    if minutes is None:
-        minutes = stage.budget(settings) if stage.budget else settings.minutes
+def stage_status(units: list[UnitOutcome]) -> str:
+    """One unit: its status. Several: "ok", or how many were ok and what became of the others."""
+    if len(units) == 1:
+        return units[0].status
+    if all(u.ok for u in units):
+        return "ok"
+    others = "; ".join(f"{u.name}: {u.status}" for u in units if not u.ok)
+    return f"{sum(u.ok for u in units)} of {len(units)} units ok; {others}"
+
+
+@dataclass
+class Planned:
+    stage: Stage
+    units: list[Unit]
+    estimates: list[float]
+    reason: str | None  # why the whole stage does not run (no CUDA, not asked for), or None
+
+
+def stage_reason(stage: Stage, settings: Settings) -> str | None:
+    """Why a whole stage does not run (no CUDA, not asked for, waiting for parts), or None."""
     if stage.needs_cuda and not settings.cuda:
-        log(f"{stage.name}: {NO_CUDA}")
-        return Outcome(stage, NO_CUDA, 0.0, minutes)
-    reason = stage.skip(settings) if stage.skip else None
-    if reason:
-        log(f"{stage.name}: skipped: {reason}")
-        return Outcome(stage, f"skipped: {reason}", 0.0, minutes)
-    start = time.monotonic()
-    context = StageContext(settings, start + 60 * minutes, log=lambda m: log(f"{stage.name}: {m}"))
-    log(f"{stage.name}: {stage.title} (budget {minutes:g} min)")
-    error = ""
-    try:
-        stage.run(context)
-        status = context.status
-    except OutOfTime as stop:
-        status = str(stop)
-    except Exception:  # one broken stage must not sink the rest
-        status, error = "failed", traceback.format_exc()
-    seconds = time.monotonic() - start
-    log(f"{stage.name}: {status} after {seconds:.1f} s")
-    return Outcome(stage, status, seconds, minutes, context, error)
+        return NO_CUDA
+    skipped = stage.skip(settings) if stage.skip else None
+    return f"skipped: {skipped}" if skipped else None
+
+
+def make_plan(stages: list[Stage], settings: Settings, estimator: Estimator) -> list[Planned]:
+    planned = []
+    for stage in stages:
+        units = stage.plan(settings)
+        planned.append(Planned(stage, units, [estimator.minutes(u.cost) for u in units], stage_reason(stage, settings)))
+    return planned
+
+
+def print_plan(plan: list[Planned], settings: Settings, log: Callable[[str], None]) -> None:
+    """Each unit with its estimate, and whether it can fit if every unit before it runs as estimated."""
+    rows, left = [], settings.budget_minutes
+    for item in plan:
+        for unit, minutes in zip(item.units, item.estimates):
+            tight = skip_reason(minutes, left)
+            reason = item.reason or (f"does not fit: {tight}" if tight else None)
+            if reason is None:
+                left -= minutes
+            rows.append((item.stage.name, unit.name, minutes, reason))
+    for line in plan_lines(rows, settings.budget_minutes):
+        log(line)
 
 
 def run_stages(stages: list[Stage], settings: Settings, write: Callable[[list[Outcome]], None],
-               log: Callable[[str], None] = print) -> list[Outcome]:
+               log: Callable[[str], None] = print, after_unit: Callable[[], None] | None = None,
+               clock: Callable[[], float] = time.monotonic) -> list[Outcome]:
+    """Plan every stage's units, print the plan, then run them in order under the run's budget,
+    writing the summary (and calling `after_unit`) after every unit."""
+    estimator = Estimator()
+    run_deadline = clock() + 60 * settings.budget_minutes
+    plan = make_plan(stages, settings, estimator)
+    print_plan(plan, settings, log)
     outcomes: list[Outcome] = []
-    for stage in stages:
-        outcomes.append(run_stage(stage, settings, log))
-        write(outcomes)
+    try:
+        _run_plan(plan, outcomes, settings, run_deadline, estimator, write, after_unit, log, clock)
+    finally:
+        gc.unfreeze()
     return outcomes
+
+
+def _run_plan(plan, outcomes, settings, run_deadline, estimator, write, after_unit, log, clock) -> None:
+    for item in plan:
+        reason = stage_reason(item.stage, settings)  # again: an earlier stage may have changed it
+        outcome = Outcome(item.stage, "planned", 0.0, item.stage.cap(settings), units=[
+            UnitOutcome(u.name, e, reason or "planned") for u, e in zip(item.units, item.estimates)])
+        outcomes.append(outcome)
+        if reason:
+            log(f"{item.stage.name}: {reason}")
+            outcome.status = reason
+            write(outcomes)
+            continue
+        _run_stage(item, outcome, settings, run_deadline, estimator, lambda: write(outcomes), after_unit, log, clock)
+
+
+def _run_stage(item: Planned, outcome: Outcome, settings: Settings, run_deadline: float, estimator: Estimator,
+               write: Callable[[], None], after_unit: Callable[[], None] | None, log: Callable[[str], None],
+               clock: Callable[[], float]) -> None:
+    stage, start = item.stage, clock()
+    deadline = run_deadline if outcome.budget_minutes is None else min(run_deadline,
+                                                                         start + 60 * outcome.budget_minutes)
+    ctx = StageContext(settings, deadline, log=lambda m: log(f"{stage.name}: {m}"), clock=clock)
+    outcome.context = ctx
+    cap = f", at most {outcome.budget_minutes:g} min" if outcome.budget_minutes is not None else ""
+    log(f"{stage.name}: {stage.title} ({len(item.units)} unit(s){cap})")
+    with ctx.stack:
+        for unit, result in zip(item.units, outcome.units):
+            estimate = estimator.minutes(unit.cost)  # refined by the units that ran before
+            result.estimate_minutes = estimate
+            reason, rows = skip_reason(estimate, ctx.seconds_left() / 60), len(ctx.headline)
+            if reason:
+                result.status = f"skipped: {reason}"
+                log(f"{stage.name}: {unit.name}: {result.status}")
+            else:
+                result.status = "running"
+                write()  # a run cut from outside now says where it was cut
+                _run_unit(unit, result, ctx, estimator, announce=len(item.units) > 1)
+            outcome.seconds = clock() - start
+            outcome.status = "running"
+            outcome.error = "\n".join(u.error for u in outcome.units if u.error)
+            write()
+            if not reason and len(ctx.headline) > rows:
+                log(f"{stage.name}: {unit.name}: {len(ctx.headline) - rows} headline row(s) written to the summary")
+            if after_unit is not None and not reason:
+                after_unit()
+    outcome.status = stage_status(outcome.units)
+    write()
+    log(f"{stage.name}: {outcome.status} after {outcome.seconds:.1f} s")
+
+
+def _run_unit(unit: Unit, result: UnitOutcome, ctx: StageContext, estimator: Estimator, announce: bool) -> None:
+    if announce:
+        ctx.log(f"{unit.name}: started (~{result.estimate_minutes:.2f} min)")
+    # Every timed call collects garbage first; frozen survivors of earlier units (their garbage
+    # collected just before) make that collection scan only what this unit makes: ~1 s a call less.
+    gc.collect()
+    gc.freeze()
+    ctx.status, start, compiled_before = "ok", ctx.clock(), len(ctx.compile_rows)
+    try:
+        unit.run(ctx)
+        result.status = ctx.status
+    except OutOfTime as stop:
+        result.status = str(stop)
+    except Exception:  # one broken unit must not sink the rest
+        result.status, result.error = "failed", traceback.format_exc()
+    result.seconds = ctx.clock() - start
+    result.compile_seconds = sum(row["compile_s"] for row in ctx.compile_rows[compiled_before:]
+                                 if row["compile_s"] == row["compile_s"])  # NaN: not known
+    if result.status == "ok":
+        estimator.observe(unit.cost, result.seconds, result.compile_seconds)
+    if announce:
+        ctx.log(f"{unit.name}: {result.status} after {result.seconds:.1f} s")
