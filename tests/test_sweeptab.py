@@ -66,6 +66,12 @@ def test_a_form_becomes_a_validated_request():
     ({"prompts_per_category": 0}, "prompts per category must be at least 1"),
     ({"temperature": -1}, "temperature must be a number ≥ 0"),
     ({"preset": "huge"}, "unknown preset 'huge'"),
+    ({"kv_budget_axis": "64,0"}, "kv_budget must be whole numbers of positions ≥ 1, e.g. 128,256; got '0'"),
+    ({"kv_budget_axis": "64.5"}, "kv_budget must be whole numbers of positions ≥ 1, e.g. 128,256; got '64.5'"),
+    ({"draft_kv_axis": "full,window"}, "draft_kv must be one of full, streaming, l2, head, got 'window'"),
+    ({"target_dtype_axis": "float32,fp8"}, "target_dtype: dtype must be one of"),
+    ({"draft_kv_axis": "head", "kv_budget_axis": "5"},
+     "draft_kv=head, kv_budget=5: draft_kv=head: kv_budget (5) must be at least kv_sinks (4) + the 8 newest"),
 ])
 def test_bad_forms_read_as_messages(changes, message):
     with pytest.raises(ValueError) as caught:
@@ -118,6 +124,32 @@ def test_stream_sweep_reports_progress_then_draws_once_at_the_end(tiny_pair, tmp
     assert rows.loc[rows.method != "ar", "matches_ar"].all()
     assert len(pd.read_csv(last.files.summary_csv)) == 5
     assert "Speculative decoding sweep" in open(last.files.report, encoding="utf-8").read()
+
+
+def test_axes_run_the_grid_once_per_combination_and_set_them_side_by_side(tiny_pair, tmp_path):
+    req = sweeptab.make_sweep_request(form(methods=["sd"], gamma="2", draft_kv_axis="full, head",
+                                           target_dtype_axis="float64", kv_budget_axis="10", kv_sinks=2),
+                                      PRESETS, Limits(), SUITE)
+    assert [c for c, _ in req.combinations] == [{"target_dtype": "float64", "draft_kv": d, "kv_budget": 10}
+                                                for d in ("full", "head")]
+    loads = []
+    updates = list(sweeptab.stream_sweep(req, lambda t, d, **precisions: loads.append(precisions) or tiny_pair,
+                                         lambda: tmp_path, warmup=False))
+    assert loads == [{"target_dtype": "float64"}] * 2  # each combination loads its precisions
+    assert updates[0].message == "target_dtype=float64, draft_kv=full, kv_budget=10: Loading the model pair …"
+    running, last = [u for u in updates[1:-1] if "Loading" not in u.message], updates[-1]
+    assert [u.done for u in running] == [1, 2, 2, 3, 4, 4] and {u.total for u in running} == {4}
+    shown = last.table.set_index("draft_kv")
+    assert list(shown.columns[:2]) == ["target_dtype", "kv_budget"] and shown.best.tolist() == ["SD γ=2"] * 2
+    for column in ("best_tokens_per_s", "best_speedup_vs_ar", "best_acceptance_rate", "draft_kv_bytes_peak"):
+        assert (shown[column] > 0).all(), column
+    assert shown.best_vs_ar.str.startswith("under 3 prompts").all()  # one prompt: no interval
+    assert shown.draft_kv_bytes_peak["head"] < shown.draft_kv_bytes_peak["full"]
+    assert shown.exact_match_pct.tolist() == [100.0, 100.0]  # the draft's cache is lossless
+    assert last.verdict.startswith("**target_dtype=float64, draft_kv=full, kv_budget=10**: ")
+    rows = pd.read_csv(last.files.rows_csv)
+    assert len(rows) == 4 and list(rows.columns[:3]) == ["target_dtype", "draft_kv", "kv_budget"]
+    assert "draft_kv_bytes_peak" in open(last.files.report, encoding="utf-8").read()
 
 
 def _sweep_threads():
@@ -182,6 +214,9 @@ def test_sweep_endpoint_reports_bad_grids(client):
     with pytest.raises(AppError) as caught:
         call_sweep(client, gamma="1,x")
     assert "gamma: 'x' is not a number" in str(caught.value)
+    with pytest.raises(AppError) as caught:
+        call_sweep(client, draft_kv_axis="full,H2O")
+    assert "draft_kv must be one of full, streaming, l2, head, got 'H2O'" in str(caught.value)
 
 
 def test_while_a_sweep_runs_the_page_changes_its_status_line_alone(tiny_pair, tmp_path):

@@ -3,16 +3,21 @@
 The handlers are plain functions: `make_sweep_request` validates a form into a
 `SweepRequest`, `stream_sweep` yields `SweepUpdate`s (progress, the charts redrawn as
 points finish, then the verdict, the summary and the files) and `sweep_outcome` runs one
-to the end for the API. `build_tab` lays the tab out and maps those onto components.
+to the end for the API. Axes around the grid (the models' precisions, the KV caches and their
+budget, as `specdemo sweep --target-dtype … --draft-kv … --kv-budget …` takes them) run the
+whole grid once per combination, AR included, and the table then sets the combinations side by
+side (`bench.sweep.axes.axes_table`). `build_tab` lays the tab out and maps those onto components.
 The sweep itself is `bench.sweep`, the same code the command line runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import html
 import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -22,6 +27,7 @@ import torch
 
 from . import forms
 from ..bench import sweep
+from ..bench.sweep.axes import CACHE_AXES, OUTER_AXES, PRECISION_AXES, axes_table, combinations, label, parse_axis, stacked
 from ..bench.sweep.grid import RULE_AXES
 from ..bench.suite import DEFAULT_SUITE, SUITE_CATEGORIES, SuitePrompt, load_suite, select_prompts
 from ..engine.params import PARAMS, DecodeParams
@@ -32,7 +38,12 @@ from .streams import StatusThenDraw, wire_status_then_draw
 
 GRID = tuple(sweep.SETTING_COLUMNS)  # gamma, gamma_max, ema, ngram_n, copy_n, node_budget: comma-separated lists here
 SHARED_PARAMS = tuple(name for name in PARAMS if name not in GRID)  # one value for every grid point
-FORM = ("preset", "methods", *GRID, "categories", "prompts_per_category", "repeats")  # before SHARED_PARAMS
+AXIS_FIELDS = {name: f"{name}_axis" for name in OUTER_AXES}  # the form's names of the axes: comma-separated lists
+AXIS_LABELS = {"target_dtype": "Target precisions", "draft_dtype": "Draft precisions",
+               "draft_kv": "Draft KV caches (full, streaming, l2, head)", "target_kv": "Target KV caches",
+               "kv_budget": "KV budgets (positions per head)"}
+FORM = ("preset", "methods", *GRID, "categories", "prompts_per_category", "repeats",
+        *AXIS_FIELDS.values())  # before SHARED_PARAMS
 GRID_LABELS = {"gamma": "SD: γ values", "gamma_max": "EGAG: γ_max values", "ema": "EGAG: EMA β values",
                "ngram_n": "NASD: n values", "copy_n": "SD / EGAG: copy_n values (0 = off; empty = the default)",
                "node_budget": "SD-tree: node budgets", "adaedl_lambda": "AdaEDL: λ values",
@@ -80,6 +91,8 @@ class SweepRequest:
     prompts: list[SuitePrompt]
     repeats: int
     params: DecodeParams  # the shared parameters; each setting overrides its own
+    # Each combination of the axes with its checked parameters; empty: one sweep with `params`.
+    combinations: list[tuple[dict[str, Any], DecodeParams]] = field(default_factory=list)
 
 
 def _whole(name: str, value: Any) -> int:
@@ -122,6 +135,7 @@ def make_sweep_request(form: Mapping[str, Any], presets: Mapping[str, Preset], l
              **{axis: tuple(m for m, a in RULE_AXES.items() if a == axis) for axis in RULE_AXES.values()}}
     grid = {name: _grid_values(name, form.get(name)) if set(needs[name]) & set(methods) else None for name in GRID}
     params = DecodeParams.from_values(**{name: form.get(name) for name in SHARED_PARAMS})
+    planned = axis_combinations(form, params)
     settings = sweep.expand_grid(**grid, methods=methods, gamma_min=params.gamma_min, nasd_gamma=params.gamma)
     categories = form.get("categories")
     categories = categories.split(",") if isinstance(categories, str) else list(categories or [])
@@ -131,10 +145,26 @@ def make_sweep_request(form: Mapping[str, Any], presets: Mapping[str, Preset], l
     repeats = _whole("repeats", form.get("repeats"))
     prompts = select_prompts(list(suite) if suite is not None else load_suite(DEFAULT_SUITE), categories,
                              per_category)
-    limits.check_sweep(len(settings) - 1, len(prompts), repeats)
+    limits.check_sweep((len(settings) - 1) * max(len(planned), 1), len(prompts), repeats)
     limits.check_new_tokens(params.max_new_tokens)
     chosen = presets[form["preset"]]
-    return SweepRequest(chosen.target, chosen.draft, settings, prompts, repeats, params)
+    return SweepRequest(chosen.target, chosen.draft, settings, prompts, repeats, params, planned)
+
+
+def axis_combinations(form: Mapping[str, Any], params: DecodeParams) -> list[tuple[dict[str, Any], DecodeParams]]:
+    """Each combination of the form's axes with the shared parameters it runs under, checked (a
+    ValueError names the axis, or the combination that cannot run); [] when no axis has values."""
+    axes = {name: parse_axis(name, form.get(field_name)) for name, field_name in AXIS_FIELDS.items()}
+    if not any(axes.values()):
+        return []
+    planned = []
+    for combination in combinations(axes):
+        caches = {name: value for name, value in combination.items() if name in CACHE_AXES}
+        try:
+            planned.append((combination, DecodeParams.from_values(**{**params.as_dict(), **caches})))
+        except ValueError as error:
+            raise ValueError(f"{label(combination)}: {error}") from None
+    return planned
 
 
 # --------------------------------------------------------------------------- the run
@@ -201,30 +231,66 @@ def sweep_events(pair: ModelPair, request: SweepRequest, warmup: bool = True,
         worker.join()
 
 
-def stream_sweep(request: SweepRequest, load: Callable[[str, str | None], ModelPair],
+def stream_sweep(request: SweepRequest, load: Callable[..., ModelPair],
                  export: Callable[[], Path], gpu: Callable[[Callable], Callable] = lambda fn: fn,
                  warmup: bool = True, threads: int | None = None) -> Iterator[SweepUpdate]:
-    """Load the pair and sweep (on `threads` torch threads): progress while it runs, then the
-    charts, table and verdict once.
+    """Load the pair and sweep (on `threads` torch threads), once per combination of the axes:
+    progress while it runs, then the charts, table and verdict once.
 
     Nothing is summarised or drawn while runs are timed: on a small machine the server's and the
     browser's drawing would take the cores the timed runs need."""
-    yield SweepUpdate(0, 0, "Loading the model pair …")
-    pair = load(request.target, request.draft)
-    rows: list[dict] = []
-    event = None
-    for event, rows in gpu(sweep_events)(pair, request, warmup, threads):
-        yield SweepUpdate(event.done, event.total, event.message)
-    result = sweep.sweep_result(pair, rows, request.settings, repeats=request.repeats, warmup=warmup,
-                                stopped=bool(event and event.stopped), tokens=event.tokens if event else None,
-                                **request.params.as_dict())
-    folder = export()
+    planned = request.combinations or [({}, request.params)]
+    runs: list[tuple[dict[str, Any], sweep.SweepResult]] = []
+    done = total = 0
+    for i, (combination, params) in enumerate(planned):
+        where = f"{label(combination)}: " if combination else ""
+        yield SweepUpdate(done, total, f"{where}Loading the model pair …")
+        precisions = {name: combination[name] for name in PRECISION_AXES if name in combination}
+        pair = load(request.target, request.draft, **precisions)
+        one = dataclasses.replace(request, params=params, combinations=[])
+        rows: list[dict] = []
+        event = None
+        for event, rows in gpu(sweep_events)(pair, one, warmup, threads):
+            total = event.total * len(planned)
+            done = i * event.total + event.done
+            yield SweepUpdate(done, total, where + event.message)
+        runs.append((combination, sweep.sweep_result(
+            pair, rows, request.settings, repeats=request.repeats, warmup=warmup, stopped=bool(event and event.stopped),
+            tokens=event.tokens if event else None, **params.as_dict())))
+        del pair  # one pair in memory at a time
+        if event is not None and event.stopped:
+            break
+    yield _finished(runs, export(), done)
+
+
+def _finished(runs: list[tuple[dict[str, Any], sweep.SweepResult]], folder: Path, done: int) -> SweepUpdate:
+    """The last update: one sweep's charts, summary and verdict; over axes, the combinations side
+    by side (`axes_table`), each one's verdict, the stacked CSVs and the first one's charts."""
     files = SweepFiles(str(folder / "sweep.csv"), str(folder / "sweep.summary.csv"), str(folder / "sweep-report.html"))
-    sweep.write_outputs(result, files.rows_csv, files.summary_csv, files.report)
-    summary = result.summary
-    done = event.done if event else 0
-    yield SweepUpdate(done, done, "done", sweep.sweep_figures(summary), table(summary), result.verdict, files,
-                      result, finished=True)
+    combination, first = runs[0]
+    if len(runs) == 1 and not combination:
+        sweep.write_outputs(first, files.rows_csv, files.summary_csv, files.report)
+        summary = first.summary
+        return SweepUpdate(done, done, "done", sweep.sweep_figures(summary), table(summary), first.verdict, files,
+                           first, finished=True)
+    rows, summary = stacked(runs, "rows"), stacked(runs, "summary")
+    rows.to_csv(files.rows_csv, index=False)
+    summary.to_csv(files.summary_csv, index=False)
+    side_by_side = axes_table(runs)
+    verdict = "\n\n".join(f"**{label(c)}**: {r.verdict}" for c, r in runs)
+    Path(files.report).write_text(
+        f"<!doctype html><meta charset='utf-8'><title>Speculative decoding sweep over axes</title>"
+        f"<h1>Speculative decoding sweep over {html.escape(', '.join(c for c in combination))}</h1>"
+        f"{side_by_side.to_html(index=False, float_format='{:.3f}'.format)}"
+        + "".join(f"<p><b>{html.escape(label(c))}</b>: {html.escape(r.verdict)}</p>" for c, r in runs),
+        encoding="utf-8")
+    shown = side_by_side.copy()
+    numeric = shown.select_dtypes("number").columns
+    shown[numeric] = shown[numeric].round(3)
+    result = sweep.SweepResult(rows, first.settings, {**first.meta, "combinations": len(runs)},
+                               stopped=runs[-1][1].stopped, _summary=summary)
+    return SweepUpdate(done, done, "done", sweep.sweep_figures(first.summary), shown, verdict, files, result,
+                       finished=True)
 
 
 def sweep_outcome(request: SweepRequest, load, export, gpu=lambda fn: fn) -> SweepUpdate:
@@ -269,6 +335,7 @@ class SweepForm:
     categories: Any
     prompts: Any
     repeats: Any
+    axes: dict[str, Any]  # AXIS_FIELDS' names
     controls: dict[str, Any]  # SHARED_PARAMS' names
 
     def inputs(self, methods: Any = None, categories: Any = None) -> list[Any]:
@@ -276,7 +343,7 @@ class SweepForm:
         methods and categories replace the page's own (the API takes them as JSON)."""
         return [self.preset, self.methods if methods is None else methods, *self.grid.values(),
                 self.categories if categories is None else categories,
-                self.prompts, self.repeats, *forms.inputs(self.controls, params=SHARED_PARAMS)]
+                self.prompts, self.repeats, *self.axes.values(), *forms.inputs(self.controls, params=SHARED_PARAMS)]
 
 
 def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
@@ -300,12 +367,18 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
                                       elem_id="sweep-categories")
         prompts = gr.Number(value=initial["prompts_per_category"], precision=0, label="Prompts per category")
         repeats = gr.Number(value=initial["repeats"], precision=0, label="Repeats")
+    with gr.Accordion("Axes: precisions and KV caches (each combination runs the whole grid again, AR included)",
+                      open=False):
+        with gr.Row():
+            axes = {field_name: gr.Textbox("", label=AXIS_LABELS[name], info="comma-separated; empty = not an axis",
+                                           elem_id=f"sweep-{name.replace('_', '-')}-axis")
+                    for name, field_name in AXIS_FIELDS.items()}
     controls = forms.param_controls(("max_new_tokens",), initial,
                                     maxima={"max_new_tokens": ctx.limits.max_new_tokens})
     with gr.Accordion("Decoding settings shared by every point", open=False):
         controls.update(forms.param_controls([n for n in SHARED_PARAMS if n != "max_new_tokens"], initial,
                                              row_width=forms.ROW_WIDTH))
-    return SweepForm(preset, methods, grid, categories, prompts, repeats, controls)
+    return SweepForm(preset, methods, grid, categories, prompts, repeats, axes, controls)
 
 
 def _outputs() -> list[Any]:
@@ -335,8 +408,10 @@ def page_values(update: SweepUpdate) -> str | tuple:
     if not update.finished:
         return f"Running: {update.done}/{update.total} — {update.message}" if update.total else update.message
     result, files = update.result, update.files
+    over = result.meta.get("combinations")
     status = (f"Done: {len(result.rows)} runs, {len(result.settings)} settings on {result.meta.get('prompts')} "
-              f"prompts × {result.meta.get('repeats')} repeats, {result.meta.get('device')}.")
+              f"prompts × {result.meta.get('repeats')} repeats" + (f" × {over} combinations of the axes (the charts: "
+              "the first one's)" if over else "") + f", {result.meta.get('device')}.")
     figures = update.figures or {}
     return (status, update.verdict or "", update.table, *(figures.get(name) for name in CHARTS),
             *(gr.update(value=path, interactive=True) for path in (files.rows_csv, files.summary_csv, files.report)),
