@@ -116,3 +116,39 @@ def test_the_playground_runs_a_reference_only_for_a_precision_below_float32_that
     chosen = SimpleNamespace(target_dtype="bfloat16", draft_dtype=handlers.AUTO, params=decode)
     float32_ar, note = handlers.float32_reference(pair, chosen, results)
     assert calls == [folders[0]] and float32_ar.method == "ar" and "counted in no row" in note
+
+
+BENCH_SUITE = [{"prompt": "w5 w6 w7 w8 w9 w10 w5 w6 w7 w8", "category": "summarisation"},
+               {"prompt": "w11 w12 w13", "category": "chat"}]
+
+
+def test_the_benchmark_sets_each_method_against_float32_ar_per_prompt_and_repeat(folders):
+    from specdemo.bench import run_benchmark
+
+    pair = specdemo.load_pair(*folders, device="cpu", target_dtype="bfloat16", draft_dtype="float32")
+    reference = Float32Reference(counting_loader(calls := []))
+    result = run_benchmark(pair, BENCH_SUITE, ["ar", "sd"], repeats=2, warmup=False, vs_float32=reference,
+                           max_new_tokens=8, temperature=0.0, chat=False)
+
+    assert calls == [folders[0]] and reference.runs == 4  # one float32 AR per prompt and repeat, loaded once
+    assert result.meta["target_dtype"] == "bfloat16" and "copy" in result.meta["fp32_reference"]
+    rows = result.rows
+    float32 = specdemo.load_pair(folders[0], device="cpu", dtype="float32")
+    for _, row in rows.iterrows():
+        ids = [int(t) for t in row.output_ids.split()]
+        expected = generate(float32, pair.encode(BENCH_SUITE[row.prompt_index]["prompt"]), method="ar",
+                            max_new_tokens=8, temperature=0.0).token_ids
+        assert row.token_match_vs_fp32 == token_match(ids, expected) and row.fp32_ar_new_tokens == len(expected)
+    overall = result.summary[result.summary.category == "all"].set_index("method")
+    assert overall.loc["ar", "token_match_vs_fp32"] == pytest.approx(rows[rows.method == "ar"].token_match_vs_fp32.mean())
+    assert overall.speedup_vs_fp32_ar.notna().all()
+
+
+def test_the_benchmark_of_a_float32_pair_adds_nothing(tiny_pair):
+    from specdemo.bench import run_benchmark
+
+    reference = Float32Reference(counting_loader([]))
+    result = run_benchmark(tiny_pair, BENCH_SUITE[:1], ["ar"], repeats=1, warmup=False, vs_float32=reference,
+                           max_new_tokens=4, temperature=0.0, chat=False)
+    assert reference.runs == 0 and "fp32_reference" not in result.meta
+    assert result.summary[VS_FLOAT32_COLUMNS].isna().all().all()

@@ -27,6 +27,7 @@ from .threads import ThreadPlan
 from .suite import DEFAULT_SUITE, SuitePrompt, conversation, encode_prompt, load_suite, select_prompts
 from . import tables
 from .tables import target_perplexity
+from .vs_float32 import AGREEMENT_COLUMNS, Float32Reference, agreement, runs_below_float32, target_is_float32
 
 ROW_COLUMNS = [
     "repeat", "prompt_index", "prompt_id", "turn", "category", "method", "label", "drafter", "order", "seed", "threads", "prompt_tokens",
@@ -35,6 +36,9 @@ ROW_COLUMNS = [
     "draft_forwards", "target_forwards_per_token", "mean_gamma", "mean_drafted", "mean_entropy",
     "draft_seconds", "verify_seconds", "matches_ar", "perplexity", *QUALITY_COLUMNS, "stop_reason", "cache", "compile_seconds",
     "error", "note", "output_ids", "text",
+    # Against float32 AR of the same target weights on the same prompt and repeat, where a model runs below
+    # float32 (bench.vs_float32): that run's seconds and tokens (for speedup_vs_fp32_ar) and the agreement.
+    "fp32_ar_seconds", "fp32_ar_new_tokens", *AGREEMENT_COLUMNS,
 ]
 ROUND_COLUMNS = ["category", "method", "drafted", "accepted", "count"]
 # One row per drafted token of our methods' runs (transformers' peers do not say what decided theirs).
@@ -66,6 +70,7 @@ def run_benchmark(
     cache: str | None = None,
     compile: bool = False,
     threads: ThreadPlan | None = None,
+    vs_float32: Float32Reference | None = None,
     **params: Any,
 ) -> BenchResult:
     """Run every method on every selected prompt, `repeats` times, and summarise.
@@ -77,6 +82,10 @@ def run_benchmark(
     keep their own settings (hf-generate-static always compiles). threads, when given, sets
     torch's thread count per method for each run (else every run has the process's count);
     each row says which count ran.
+    vs_float32, where either model runs below float32, sets every first-turn row against float32 AR
+    of the target's weights on the same prompt and repeat (`bench.vs_float32`): AR's own run where
+    the target is float32, else a run of vs_float32 after the prompt's methods, timed in no row
+    (its total in `meta["fp32_reference_seconds"]`).
     progress(done, total, message) is called after each run; raising from it aborts.
     """
     decode = DecodeParams.resolve(decode, **params)
@@ -88,7 +97,8 @@ def run_benchmark(
     encoded = [_first_turn_ids(pair, item, decode) for item in prompts]
     total = sum(p.turn_count for p in prompts) * len(names) * repeats + (len(names) if warmup else 0)
     session = _Session(pair, decode, engine, names, repeats, total, progress,
-                       HFRunner(pair, decode) if any(n in HF_METHODS for n in names) else None, threads)
+                       HFRunner(pair, decode) if any(n in HF_METHODS for n in names) else None, threads,
+                       vs_float32 if vs_float32 is not None and runs_below_float32(pair) else None)
     base_seed = decode.seed if decode.seed is not None else 1234
     warmup_compile = session.warm_up(encoded[0], base_seed) if warmup else {}
     for repeat, index, (item, first_ids), order in interleaved(list(zip(prompts, encoded)), names, repeats):
@@ -103,6 +113,10 @@ def run_benchmark(
     meta = _meta(pair, decode, names, prompts, repeats, warmup)
     if threads is not None:
         meta["threads"] = {name: threads.for_method(name) for name in names}
+    if session.float32 is not None:
+        meta["fp32_reference"] = ("the run's own AR" if not session.float32.loaded_beside(pair)
+                                  else "AR on a float32 copy of the target, timed in no row")
+        meta["fp32_reference_seconds"] = session.float32.seconds
     meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, warmup_compile_seconds=warmup_compile)
     return session.result(meta)
 
@@ -136,6 +150,7 @@ class _Session:
     progress: Progress | None
     hf: HFRunner | None
     threads: ThreadPlan | None = None
+    float32: Float32Reference | None = None  # where a model runs below float32
     done: int = 0
     rows: list[dict] = field(default_factory=list)
     round_counts: dict[tuple[str, str, int, int], int] = field(default_factory=dict)
@@ -192,11 +207,16 @@ class _Session:
     def record(self, group: dict, repeat: int, index: int, item: SuitePrompt, turn: int) -> None:
         """One turn's rows, in the methods' order, each compared with AR's answer on the same turn."""
         reference = group.get("ar", (None, None, None))[1]
+        float32_ar = self.float32_ar(group, reference, turn)
         for method in self.names:
             row, result, ids = group[method]
             if result is not None:
                 _fill_row(row, result, self.pair, self.decode, ids, reference, self.decode.sampling.greedy)
                 row.update(reference_scores(row["text"], item.references_for(turn)))
+                if float32_ar is not None:
+                    row.update(fp32_ar_seconds=float32_ar.seconds, fp32_ar_new_tokens=len(float32_ar.token_ids),
+                               **agreement(result.token_ids, row["text"], float32_ar.token_ids,
+                                           _text(self.pair, float32_ar)))
                 for drafted, accepted in result.rounds:
                     key = (item.category, method, drafted, accepted)
                     self.round_counts[key] = self.round_counts.get(key, 0) + 1
@@ -206,6 +226,23 @@ class _Session:
                         self.token_frames.append(decided.assign(repeat=repeat, prompt_index=index,
                                                                 category=item.category)[TOKEN_COLUMNS])
             self.rows.append(row)
+
+    def float32_ar(self, group: dict, reference: Run | None, turn: int) -> Run | None:
+        """float32 AR on this turn's prompt: AR's run where the target is float32, else a run on the
+        float32 copy. First turns only: a later turn's prompt holds each method's own earlier answer."""
+        if self.float32 is None or turn != 1:
+            return None
+        if target_is_float32(self.pair):
+            return reference
+        row, _, ids = next(iter(group.values()))
+        if not ids:  # the prompt did not fit: every method failed before running
+            return None
+        values = {k: v for k, v in self.decode.as_dict().items() if k != "seed"}
+        with self.threads.applied("ar") if self.threads is not None else contextlib.nullcontext():
+            run = run_ours(self.float32.model_for(self.pair), "ar", ids, values, row["seed"], **self.engine.as_kwargs())
+        self.float32.seconds += run.seconds
+        self.float32.runs += 1
+        return run
 
     def result(self, meta: dict[str, Any]) -> BenchResult:
         frame = pd.DataFrame(self.rows, columns=ROW_COLUMNS)
@@ -261,6 +298,9 @@ def _meta(pair, decode: DecodeParams, names, prompts, repeats, warmup) -> dict[s
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "dtype": str(next(pair.target.parameters()).dtype).replace("torch.", ""),
+        # Each model's precision as loaded: an int8 target computes in float32 and is still not float32's model.
+        "target_dtype": getattr(getattr(pair, "target_precision", None), "name", None),
+        "draft_dtype": getattr(getattr(pair, "draft_precision", None), "name", None),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "methods": list(names), "prompts": len(prompts), "categories": list(dict.fromkeys(p.category for p in prompts)),
         "repeats": repeats, "warmup": warmup, "params": decode.as_dict(),

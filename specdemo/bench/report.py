@@ -16,6 +16,7 @@ import pandas as pd
 from . import acceptance_charts, statistics
 from .benchmark import ROUND_COLUMNS, TOKEN_COLUMNS, BenchResult
 from .quality import QUALITY_COLUMNS
+from .vs_float32 import VS_FLOAT32_COLUMNS
 from .roofline import ROOFLINE_COLUMNS
 from .runners import bench_methods
 from .statistics import summarize
@@ -189,6 +190,7 @@ def _summary_table(summary: pd.DataFrame) -> str:
     if summary.speedup_vs_hf_static.notna().any():
         shown.insert(shown.index("speedup_vs_hf") + 1, "speedup_vs_hf_static")
     shown += [c for c in QUALITY_COLUMNS if c in summary and summary[c].notna().any()]
+    shown += [c for c in VS_FLOAT32_COLUMNS if c in summary and summary[c].notna().any()]
     shown += [c for c in ROOFLINE_COLUMNS if c in summary]
     return summary[shown].to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="–", border=0,
                                   classes="summary")
@@ -201,7 +203,7 @@ def _run_info(meta: dict[str, Any]) -> str:
             f"draft {html.escape(str(meta.get('draft')))}; SD and EGAG drafted with "
             f"{html.escape(str(meta.get('drafter')))}) on {html.escape(str(meta.get('device')))} "
             f"({html.escape(str(meta.get('device_name')))}, {html.escape(threads_text(meta.get('threads')))}), "
-            f"dtype {meta.get('dtype')}, our cache {meta.get('cache', '–')}, compile {meta.get('compile', '–')}; "
+            f"dtype {meta.get('dtype')}{_precisions(meta)}, our cache {meta.get('cache', '–')}, compile {meta.get('compile', '–')}; "
             f"torch {meta.get('torch')}, transformers {meta.get('transformers')}; "
             f"{meta.get('prompts')} prompts × {meta.get('repeats')} repeats; {html.escape(params)}; {meta.get('time')}")
     bound = meta.get("roofline")
@@ -213,6 +215,17 @@ def _run_info(meta: dict[str, Any]) -> str:
                     + (f", our AR reaches {100 * bound['ar_fraction']:.1f} % of it" if "ar_fraction" in bound else "")
                     if bandwidth else f"no memory bandwidth is known for {html.escape(str(bound['device_name']))}"))
     return info
+
+
+def _precisions(meta: dict[str, Any]) -> str:
+    """Each model's precision, where the run recorded it, and what the vs-fp32 columns read."""
+    if not meta.get("target_dtype"):
+        return ""
+    text = f" (target {html.escape(str(meta['target_dtype']))}"
+    text += f", draft {html.escape(str(meta['draft_dtype']))})" if meta.get("draft_dtype") else ")"
+    if meta.get("fp32_reference"):
+        text += f"; the vs fp32 columns read {html.escape(str(meta['fp32_reference']))}"
+    return text
 
 
 def write_outputs(result: BenchResult, csv: str | Path | None = None, summary_csv: str | Path | None = None,

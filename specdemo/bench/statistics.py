@@ -47,6 +47,13 @@ Definitions used in the tables (written into the report too):
                   round's cost in AR steps, γ̄c' + v', with c' its drafting seconds per drafted
                   token and v' its verification seconds per round, each ÷ one AR step
                   (acceptance.BreakEven); compare with mean_accepted_tokens, what it got.
+  speedup_vs_fp32_ar  where a model runs below float32 (bfloat16, float16, int8, int4): the
+                  speedup against float32 AR of the same target weights, the same geometric
+                  mean over prompts, that run timed apart from every row (bench.vs_float32).
+  token_match_vs_fp32, prefix_match_vs_fp32, chrf_vs_fp32, bleu_vs_fp32   the output against
+                  float32 AR's on the same prompt: the share of positions with its token (over
+                  the longer output), the share before the first difference, sentence chrF and
+                  BLEU (0–100); first turns only; mean over runs.
   entropy_auc     how well the drafter's entropy ranks acceptances: the area under the ROC
                   curve of −entropy as a predictor that a judged draft is kept (0.5: not at
                   all), over entropy_auc_n drafts (acceptance.entropy_auc).
@@ -62,6 +69,7 @@ from .acceptance import BreakEven, entropy_auc
 from .quality import QUALITY_COLUMNS
 from .runners import bench_methods
 from .suite import ALL
+from .vs_float32 import AGREEMENT_COLUMNS, VS_FLOAT32_COLUMNS
 
 # Methods whose γ is fixed, so Leviathan's formula applies to them.
 _PREDICTABLE = ("sd", "nasd", "hf-assisted")
@@ -72,7 +80,7 @@ SUMMARY_COLUMNS = [
     "speedup_vs_hf_static", "speedup_vs_hf_static_std", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "copied_share", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
     "predicted_speedup_v", "break_even_tokens", "entropy_auc", "entropy_auc_n", *QUALITY_COLUMNS, "cache",
-    "compile_seconds",
+    "compile_seconds", *VS_FLOAT32_COLUMNS,
 ]
 
 
@@ -205,7 +213,22 @@ def _measured(sub: pd.DataFrame, mine: pd.DataFrame, everything: pd.DataFrame, m
         # Against the suite's references, over the runs that have them (see bench.quality).
         **{name: mine[name].mean() if name in mine and mine[name].notna().any() else math.nan
            for name in QUALITY_COLUMNS},
+        "speedup_vs_fp32_ar": _speedup_vs_float32(mine),
+        **{name: mine[name].mean() if name in mine and mine[name].notna().any() else math.nan
+           for name in AGREEMENT_COLUMNS},
     }
+
+
+def _speedup_vs_float32(mine: pd.DataFrame) -> float:
+    """Geometric mean over prompts of float32 AR's time per token / the method's, over the runs
+    that have a float32 AR reference (the rows' fp32_ar_seconds, fp32_ar_new_tokens)."""
+    if "fp32_ar_seconds" not in mine or mine.fp32_ar_seconds.isna().all():
+        return math.nan
+    runs = mine[mine.fp32_ar_seconds.notna()]
+    grouped = runs.groupby("prompt_index")[["seconds", "new_tokens", "fp32_ar_seconds", "fp32_ar_new_tokens"]].sum()
+    ratio = ((grouped.fp32_ar_seconds / grouped.fp32_ar_new_tokens.where(grouped.fp32_ar_new_tokens > 0))
+             / (grouped.seconds / grouped.new_tokens.where(grouped.new_tokens > 0)))
+    return _geomean(ratio.dropna().tolist())
 
 
 def _predicted(method: str, mine: pd.DataFrame, sd: pd.DataFrame, ar_step: float, sd_cost: float,

@@ -17,6 +17,7 @@ from ..bench.roofline import add_roofline, parse_bandwidth
 from ..bench.runners import DEFAULT_BENCH_METHODS, bench_methods, parse_bench_methods
 from ..bench.suite import ALL, encode_prompt, select_prompts
 from ..bench.threads import ThreadPlan
+from ..bench.vs_float32 import Float32Reference
 from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, add_thread_plan_argument,
                      decode_params, default_chat,
                      engine_options, pair_from_args, progress_bar, read_suite,
@@ -56,6 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--tokens-csv", help="one row per drafted token of our methods (p, q, acceptance probability, "
                                           "accepted, drafter entropy); default: next to --csv as *.tokens.csv")
     out.add_argument("--report", help="HTML report with the figures")
+    out.add_argument("--vs-fp32", dest="vs_fp32", action=argparse.BooleanOptionalAction, default=True,
+                     help="where a model runs below float32 (bfloat16, float16, int8, int4), set every method against "
+                          "AR of the target's weights at float32 on the same prompts: speedup, token match, prefix "
+                          "match, chrF, BLEU (loads a float32 copy of the target unless it is float32 already; those "
+                          "runs are timed in no row) (default: on)")
     out.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
                      help="embed plotly.js in the report (offline) or link it from a CDN (default: inline)")
     out.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -115,7 +121,8 @@ def _bench_with(args, params, engine, methods, suite) -> int:
 def _compare_methods(args, params, engine, methods, suite, pair) -> None:
     with progress_bar(args.quiet) as progress:
         result = run_benchmark(pair, suite, methods, repeats=args.repeats, warmup=args.warmup,
-                               progress=progress, decode=params, threads=args.thread_plan, **engine.as_kwargs())
+                               progress=progress, decode=params, threads=args.thread_plan,
+                               vs_float32=Float32Reference() if args.vs_fp32 else None, **engine.as_kwargs())
     roofline_lines = add_roofline(result, pair, args.bandwidth) if args.roofline or args.bandwidth else []
     summary_csv = args.summary_csv
     if args.csv and not summary_csv:
@@ -170,8 +177,16 @@ def _print_summary(result: BenchResult) -> None:
         c for c in ("perplexity", *QUALITY_COLUMNS) if c in overall and overall[c].notna().any()]
     if not overall.compile_seconds.fillna(0).any():
         shown.remove("compile_seconds")
+    if overall.speedup_vs_fp32_ar.notna().any():
+        shown += ["speedup_vs_fp32_ar", "token_match_vs_fp32", "prefix_match_vs_fp32", "chrf_vs_fp32"]
+    meta = result.meta
+    print(f"target {meta.get('target_dtype')}" + (f", draft {meta['draft_dtype']}" if meta.get("draft_dtype") else "")
+          + f": speedup_vs_ar is over AR with the {meta.get('target_dtype')} target")
     with pd.option_context("display.max_columns", None, "display.width", 200, "display.float_format", "{:.3f}".format):
         print(overall[shown].to_string(index=False))
+    if "fp32_reference" in meta:
+        print(f"vs fp32 columns: against {meta['fp32_reference']}"
+              + (f" ({meta['fp32_reference_seconds']:.1f} s in all)" if "copy" in meta["fp32_reference"] else ""))
     warm = {m: s for m, s in result.meta.get("warmup_compile_seconds", {}).items() if s and s == s}
     if warm:
         print("compiled in the warm-up (not counted in tokens/s): "
