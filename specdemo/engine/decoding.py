@@ -23,6 +23,7 @@ from .kv_policy import prepare_caches
 from .lm import CACHE_KINDS, CachedLM, buckets_up_to
 from .methods import Method, get_method
 from .nocache import recomputing_lm
+from .onnx_lm import TREES_REFUSED
 from .params import DecodeParams, EngineOptions
 from .rounds import Decoding, RoundOutcome
 from .seq2seq import cached_lm, decoder_start, is_encoder_decoder
@@ -65,6 +66,8 @@ def iter_generate(
     if spec.run is not None:  # a method not made of the loop's rounds (beam search)
         return spec.run(pair, decode_params, seed, result)
     drafter, policy = spec.build(pair, decode_params)
+    if drafter is not None and drafter.drafts_trees and getattr(pair, "target_runtime", None) is not None:
+        raise ValueError(f"method {method!r}: {TREES_REFUSED}")
     if drafter is not None and drafter.drafts_trees and is_encoder_decoder(pair.target):
         raise ValueError(f"method {method!r} drafts a tree, which runs on decoder-only pairs only; "
                          "this pair is encoder-decoder: pick sd, egag, nasd or rest (without nasd_tree or rest_tree)")
@@ -148,6 +151,9 @@ def _start(pair: ModelPair, drafter: Drafter, policy, params: DecodeParams, seed
     generator.manual_seed(seed)
     run = Decoding(writer, drafter, policy, params.sampling, generator, phase_clock(pair.device), pair.eos_ids)
     result.cache, result.drafter = writer.kind, drafter.describe(pair.drafter_name)
+    runtime = getattr(pair, "target_runtime", None)
+    if runtime is not None and writer.model is pair.target:
+        result.runtime = f"{pair.runtime} {runtime.precision}"
     with torch.inference_mode():
         run.clock.start()
         states = writer.prefill(sequence[:-1], hidden=drafter.reads_target_features)
@@ -164,6 +170,9 @@ def _writer(pair: ModelPair, drafter: Drafter, longest_chain: int, max_length: i
     model = pair.draft if method is not None and method.decoder == "draft" else pair.target
     if method is not None and not method.cached:
         return recomputing_lm(model, pair.vocab_size)
+    runtime = getattr(pair, "target_runtime", None)
+    if runtime is not None and model is pair.target:
+        return runtime.cached_lm(model, pair.vocab_size, max_length, kind=cache, compile=compile)
     # AR verifies one token a round; drafting methods up to γ + 1 (padded to a bucket).
     buckets = buckets_up_to(longest_chain) if drafter.drafts_tokens else (1,)
     return cached_lm(model, pair.vocab_size, cache=cache, max_length=max_length, compile=compile, buckets=buckets)

@@ -61,6 +61,10 @@ class Method:
             return (f"method {self.name!r} runs the pair's draft model alone, and this pair drafts with a feature "
                     "head, which cannot write without the target's hidden states; load a pair with a draft model "
                     "(e.g. the embedded-lm preset)")
+        runtime = getattr(pair, "runtime", "torch")
+        if runtime != "torch" and self.decoder == "target" and (self.run is not None or not self.cached):
+            return (f"method {self.name!r} runs torch's own loop over the target ({'beam search' if self.run else 'no KV cache'}); "
+                    f"this pair's target runs on {runtime}: pick a chain method, or load the pair with runtime=torch")
         return None
 
     def fit(self, params: DecodeParams) -> tuple[DecodeParams, str]:

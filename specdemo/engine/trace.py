@@ -145,6 +145,9 @@ class GenerationResult:
     stop_reason: str | None = None  # "eos", "max_new_tokens" or None while running
     done: bool = False
     cache: str = "dynamic"  # the target's KV cache kind: "dynamic" or "static"
+    # What ran the target's forwards: "torch", or "onnx fp32" / "onnx int4" ... (the runtime and its weights'
+    # precision, since an int4 target is a different model from the fp32 one)
+    runtime: str = "torch"
     drafter: str = "none"  # what drafted: the pair's draft, NASD's table, or none (AR)
     compile_seconds: float = 0.0  # compile and warm-up before the first round; never part of `seconds`
     threads: int = 1  # torch's intra-op threads while it decoded (CPU speeds depend on it)
@@ -211,6 +214,7 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "verify_seconds": sum(r.verify_seconds for r in rounds),
         "stop_reason": result.stop_reason,
         "cache": result.cache,
+        "runtime": result.runtime,
         "drafter": result.drafter,
         "compile_seconds": result.compile_seconds,
         "threads": result.threads,

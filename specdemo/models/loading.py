@@ -28,6 +28,7 @@ from ..engine.feature_head import FeatureHead, is_feature_head
 from ..engine.few_rows import use_few_row_products
 from .embedded import DEFAULT_DRAFT, EMBEDDED_HEAD, EMBEDDED_LM, load_embedded_draft, load_embedded_target
 from .errors import ModelLoadError
+from .onnx_export import ONNX, TORCH, check_runtime, onnx_target
 from .precision import Precision, quantize, resolve_precision, self_draft, self_draft_precision
 from .tokens import check_token_ids, collect_eos_ids, default_device, encode_chat, resolve_dtype
 
@@ -98,6 +99,10 @@ class ModelPair:
     # Each model's precision as loaded (`specdemo.models.precision`); None where not recorded.
     target_precision: Precision | None = None
     draft_precision: Precision | None = None
+    # What runs the target's forwards: torch (the reference) or "onnx" (`engine.onnx_lm.OnnxTarget`,
+    # in `target_runtime`; `target` keeps the torch weights, which a feature head and the config read).
+    runtime: str = TORCH
+    target_runtime: Any = None
 
     def __post_init__(self) -> None:
         if not self.eos_ids:
@@ -185,6 +190,7 @@ def load_pair(
     *,
     target_dtype: str | torch.dtype | None = None,
     draft_dtype: str | torch.dtype | None = None,
+    runtime: str = TORCH,
 ) -> ModelPair:
     """Load a target and an optional draft (hub id, local folder, .gguf file, a preset name, or
     `self:PRECISION`: the target's own weights at that precision, e.g. `self:int8`).
@@ -192,6 +198,9 @@ def load_pair(
     `load_pair("embedded")` is the offline default; `load_pair("qwen2.5-1.5b")` any preset.
     `target_dtype` and `draft_dtype` (float32, bfloat16, float16, int8, int4, ...: see
     `specdemo.models.precision`) set each model's precision; `dtype` sets both where they are not given.
+    `runtime` runs the target's forwards: "torch" (the default and the reference) or "onnx"
+    (ONNX Runtime on the CPU at float32, int8 or int4: see `specdemo.models.onnx_export`; the embedded
+    target or a local transformers folder, exported on first use).
     """
     if not isinstance(target, str) or not target.strip():
         raise ValueError("target must be a model id, a local folder, a .gguf file or a preset name")
@@ -204,6 +213,9 @@ def load_pair(
     device = device or str(default_device())
     target_precision, draft_precision = _pair_precisions(device, dtype, target_dtype, draft_dtype, draft)
     torch_dtype = target_precision.float_dtype
+    check_runtime(runtime, device, target_precision.name)
+    if runtime == ONNX:  # the torch copy stays float: a feature head reads its weights
+        torch_dtype = torch.float32
 
     if target == EMBEDDED:
         target_model, tokenizer = load_embedded_target(device=device, dtype=torch_dtype)
@@ -216,8 +228,10 @@ def load_pair(
         draft_model = _load_draft(draft, target, target_model, tokenizer, device, draft_precision, trust_remote_code)
         if not isinstance(draft_model, FeatureHead):  # a head predicts over the target's own vocabulary
             vocab_size = shared_vocab_size(target_model, draft_model, tokenizer, target, draft)
+    target_runtime = _onnx_target(target, target_model, tokenizer, target_precision) if runtime == ONNX else None
     # Last, so that a feature head and a self-draft read the target's float weights.
-    target_model = quantize(target_model, target_precision)
+    if target_runtime is None:
+        target_model = quantize(target_model, target_precision)
     if torch.device(device).type == "cpu":
         # A quantized model's linear layers run their library's kernels, not float products.
         for model, precision in ((target_model, target_precision), (draft_model, draft_precision)):
@@ -225,7 +239,29 @@ def load_pair(
                 use_few_row_products(model)
     return ModelPair(target_model, tokenizer, draft_model, name=name, target_ref=target, draft_ref=draft,
                      vocab_size=vocab_size, target_precision=target_precision,
-                     draft_precision=draft_precision if draft is not None else None)
+                     draft_precision=draft_precision if draft is not None else None,
+                     runtime=runtime, target_runtime=target_runtime)
+
+
+def _onnx_target(target: str, target_model, tokenizer, precision: Precision):
+    """The target exported for ONNX Runtime from its transformers folder (the embedded target's
+    converted cache, else a copy written next to the exports)."""
+    from .embedded import _cache_is_complete, cache_dir
+    from .onnx_export import export_root
+
+    if target == EMBEDDED:
+        source = cache_dir()
+        if not _cache_is_complete(source):  # a read-only cache or a Hub copy: write a folder to export from
+            source = export_root() / "sources" / "smollm2-135m-instruct"
+            if not (source / "config.json").is_file():
+                target_model.save_pretrained(source)
+                tokenizer.save_pretrained(source)
+    elif Path(target).is_dir():
+        source = Path(target)
+    else:
+        raise ModelLoadError(f"runtime onnx exports the embedded target or a local transformers folder; {target!r} is "
+                             "neither: download it to a folder first, or use runtime=torch")
+    return onnx_target(source, precision.name)
 
 
 def _pair_precisions(device, dtype, target_dtype, draft_dtype, draft: str | None):

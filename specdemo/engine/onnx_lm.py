@@ -1,0 +1,142 @@
+"""The target on ONNX Runtime (onnxruntime-genai) instead of torch: the same cached-LM interface.
+
+`OnnxTarget` holds an exported model folder (`specdemo.models.onnx_export` writes it) and one
+runtime session per thread count; `OnnxTarget.cached_lm` gives the decode loop a writer that
+answers exactly what `CachedLM` answers, so every chain method runs on it unchanged:
+
+  feed      `Generator.append_tokens` over the new ids, one forward; the logits (and, for a
+            drafter that reads them, the final normed hidden states) of every fed position come
+            back from that forward (`get_output`, [1, n, V] and [1, n, d]).
+  rollback  `Generator.rewind_to(length)`: the runtime's cache keeps its buffer and forgets the
+            positions from `length` on.
+
+What it cannot do is refused where it is asked for: trees (the runtime takes no attention mask
+over a list of positions), intermediate layers' states, KV policies and graph capture.
+onnxruntime-genai is imported only when a target is opened, so the engine runs without it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .kv_policy import KVPolicy
+from .lm import CachedLM
+
+RUNTIME_NAME = "onnx"
+TREES_REFUSED = ("trees need a verification over a list of positions with an attention mask; the onnx runtime "
+                 "verifies a chain only: use a chain method (ar, sd, egag, nasd, rest, adaptive stops) or "
+                 "runtime=torch")
+
+
+class OnnxTarget:
+    """An exported target folder and its runtime sessions, one per intra-op thread count (a
+    session's thread count is fixed when it is created; the page and the benchmark set theirs
+    through torch's, which the writer follows)."""
+
+    def __init__(self, folder: Path | str, precision: str):
+        import onnxruntime_genai  # noqa: F401  (fail here, with the loader's message, if missing)
+
+        self.folder = Path(folder)
+        self.precision = precision  # the runtime's weight precision: fp32, int8 or int4
+        self._models: dict[int, object] = {}
+        self._lock = threading.Lock()
+
+    def model(self, threads: int):
+        import onnxruntime_genai as og
+
+        with self._lock:
+            if threads not in self._models:
+                config = og.Config(str(self.folder))
+                options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+                config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+                self._models[threads] = og.Model(config)
+            return self._models[threads]
+
+    def cached_lm(self, torch_model: torch.nn.Module, vocab_size: int | None, max_length: int,
+                  kind: str = "dynamic", compile: bool = False) -> "OnnxCachedLM":
+        if compile:
+            raise ValueError("compile: graph capture is torch's; the onnx runtime runs its own graph: turn compile off")
+        return OnnxCachedLM(self.model(torch.get_num_threads()), torch_model, vocab_size, max_length, kind)
+
+
+class OnnxCachedLM(CachedLM):
+    """A `CachedLM` whose forwards and cache are onnxruntime-genai's. `logits` and `prefill` are
+    CachedLM's own (common prefix, rollback, one feed); only the forward and the rollback differ.
+
+    torch_model: the same weights in torch, which the trace's weight count and a feature head read;
+    kind: the cache kind the drafter's own torch cache takes (the writer's cache is the runtime's).
+    """
+
+    def __init__(self, runtime_model, torch_model: torch.nn.Module, vocab_size: int | None, max_length: int,
+                 kind: str = "dynamic"):
+        import onnxruntime_genai as og
+
+        params = og.GeneratorParams(runtime_model)
+        params.set_search_options(max_length=max_length)
+        self.generator = og.Generator(runtime_model, params)
+        self.model = torch_model
+        self.vocab_size = vocab_size
+        self.device = torch.device("cpu")
+        self.kind = kind
+        self.max_length = max_length
+        self.cached_ids: list[int] = []
+        self.length = 0
+        self.forwards = 0
+        self.hidden: torch.Tensor | None = None
+        self.feature_layers: tuple[int, ...] = ()
+        self.compiled = False
+        self.buckets = (1,)
+        self._step = None
+        self.kv_policy = KVPolicy()
+        self.evicted = 0
+        self._compressed_at = 0
+        self.kv_bytes_peak = 0
+        self.kv_peak_sink = None
+        self.cache = self.generator
+
+    def rollback(self, length: int) -> None:
+        if length < self.length:
+            self.generator.rewind_to(length)
+            self.length = length
+        del self.cached_ids[length:]
+
+    def set_kv_policy(self, policy: KVPolicy, who: str = "kv") -> None:
+        if policy.compresses:
+            raise ValueError(f"{who}={policy.kind}: KV policies compress torch's cache; the onnx runtime keeps its "
+                             "own full cache: use full, or runtime=torch")
+        self.kv_policy = policy
+
+    def read_features(self, layers: tuple[int, ...]) -> None:
+        if layers:
+            raise ValueError(f"this drafter reads the target's layers {list(layers)}; the onnx runtime exports "
+                             "the final hidden state only: use a head that reads the final state, or runtime=torch")
+
+    def warm_up(self) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        self.generator = self.cache = None
+
+    def feed(self, new_ids: torch.Tensor, n_logits: int, n_hidden: int = 0) -> torch.Tensor:
+        """Append new_ids [n] to the runtime's cache in one forward; logits [n_logits, V] (and
+        with n_hidden, the last n_hidden positions' final states in `self.hidden`)."""
+        n = new_ids.shape[0]
+        if self.length + n > self.max_length:
+            raise ValueError(f"onnx runtime cache: {self.length} + {n} positions exceed its max_length {self.max_length}")
+        self.generator.append_tokens(new_ids.to(torch.int32).numpy().reshape(1, n))
+        self.forwards += 1
+        self.length += n
+        logits = torch.from_numpy(np.asarray(self.generator.get_output("logits"))[0, n - n_logits:])
+        if n_hidden:
+            self.hidden = torch.from_numpy(np.asarray(self.generator.get_output("hidden_states"))[0, n - n_hidden:])
+        if self.vocab_size is not None:
+            logits = logits[..., : self.vocab_size]
+        return logits
+
+    def tree_logits(self, *args, **kwargs):
+        raise ValueError(TREES_REFUSED)

@@ -1,0 +1,125 @@
+"""The target exported for ONNX Runtime (runtime="onnx"): written once per model and precision, then reused.
+
+onnxruntime-genai's model builder (`python -m onnxruntime_genai.models.builder`) turns a
+transformers folder into an ONNX graph with a KV cache it manages itself, for the CPU, at
+fp32, int8 or int4; `include_hidden_states` makes the graph return the final normed hidden
+states beside the logits, which the feature head reads. The export runs in a child process
+(the builder is a command, and its memory goes when it ends) into a temporary sibling folder
+that is renamed into place, so a crash never leaves a folder that looks complete.
+
+Where: ``$SPECDEMO_CACHE/onnx/`` or ``~/.cache/specdemo/onnx/``, one folder per source and
+precision. The embedded target's fp32 export takes about 30 s and 540 MB on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .errors import ModelLoadError
+
+RUNTIMES = ("torch", "onnx")
+TORCH, ONNX = RUNTIMES
+# The runtime's weight precisions, by the names the rest of specdemo uses for a target's precision.
+ONNX_PRECISIONS = {"float32": "fp32", "int8": "int8", "int4": "int4"}
+_MARKER = ".specdemo-onnx"
+_EXPORT_VERSION = "1"
+
+
+def onnx_runtime_missing() -> str | None:
+    """Why runtime="onnx" cannot run here, or None when it can."""
+    for module, package in (("onnxruntime_genai", "onnxruntime-genai"), ("onnx_ir", "onnx-ir"), ("onnx", "onnx")):
+        if importlib.util.find_spec(module) is None:
+            return (f"runtime onnx needs the {package} package, which is not installed: "
+                    "pip install onnxruntime-genai onnx onnx-ir")
+    return None
+
+
+def check_runtime(runtime: str, device: str, precision_name: str) -> None:
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime: {runtime!r} is not one of {', '.join(RUNTIMES)}")
+    if runtime == ONNX:
+        if not str(device).startswith("cpu"):
+            raise ValueError(f"runtime onnx runs the target on the CPU; device is {device!r}: use runtime=torch there")
+        if precision_name not in ONNX_PRECISIONS:
+            raise ValueError(f"runtime onnx runs the target at {', '.join(ONNX_PRECISIONS)}, not {precision_name}")
+
+
+def export_root() -> Path:
+    root = os.environ.get("SPECDEMO_CACHE")
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "specdemo") / "onnx"
+
+
+def export_folder(source: Path, precision_name: str) -> Path:
+    """Where the export of the transformers folder `source` at this precision lives (a name per source path)."""
+    source = Path(source).resolve()
+    digest = hashlib.sha1(str(source).encode()).hexdigest()[:10]
+    return export_root() / f"{source.name}-{digest}-{ONNX_PRECISIONS[precision_name]}"
+
+
+def is_exported(folder: Path) -> bool:
+    marker = folder / _MARKER
+    return marker.is_file() and marker.read_text().strip() == _EXPORT_VERSION
+
+
+def check_exportable(source: Path) -> None:
+    """Refuse a model the builder would export wrongly: it takes the first linear layer whose
+    output width is the vocabulary size for the LM head, so a vocabulary as wide as a projection
+    (only ever a tiny test model) would get a layer's projection as its head."""
+    config_file = Path(source) / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"runtime onnx exports a transformers folder; {source} has no config.json")
+    config = json.loads(config_file.read_text())
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads") or 1
+    head_dim = config.get("head_dim") or (hidden // heads if hidden else None)
+    widths = {hidden, config.get("intermediate_size"), heads * head_dim if head_dim else None,
+              (config.get("num_key_value_heads") or heads) * head_dim if head_dim else None}
+    if config.get("vocab_size") in widths:
+        raise ModelLoadError(f"{source}: its vocabulary ({config['vocab_size']}) is as wide as one of its projections, "
+                             "which onnxruntime-genai's builder would take for the LM head; use runtime=torch")
+
+
+def export(source: Path, precision_name: str) -> Path:
+    """The ONNX folder for `source` at this precision, exported now if it is not on disk yet."""
+    missing = onnx_runtime_missing()
+    if missing:
+        raise ModelLoadError(missing)
+    target = export_folder(source, precision_name)
+    if is_exported(target):
+        return target
+    check_exportable(source)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():  # a half-written folder from an export that was cut
+        shutil.rmtree(target, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(work / "model"),
+                   "-p", ONNX_PRECISIONS[precision_name], "-e", "cpu", "-c", str(work / "hf-cache"),
+                   "--extra_options", "include_hidden_states=true"]
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip()[-1500:]
+            raise ModelLoadError(f"exporting {source} for onnx runtime failed (exit {done.returncode}): {tail}")
+        (work / "model" / _MARKER).write_text(_EXPORT_VERSION + "\n")
+        try:
+            os.replace(work / "model", target)
+        except OSError:  # another process exported it first, just as well
+            if not is_exported(target):
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def onnx_target(source: Path, precision_name: str):
+    """An `OnnxTarget` for the transformers folder `source`, exported first if needed."""
+    from ..engine.onnx_lm import OnnxTarget
+
+    return OnnxTarget(export(source, precision_name), ONNX_PRECISIONS[precision_name])

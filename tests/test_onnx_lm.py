@@ -1,0 +1,149 @@
+"""The target on ONNX Runtime (runtime="onnx"): every chain method returns the runtime's own AR
+tokens, a rollback forgets exactly the rejected positions, and what it cannot verify is refused.
+
+A tiny random Llama goes through the same export as the embedded target (onnxruntime-genai's
+model builder, once per module, into a temporary cache).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import specdemo
+from specdemo.models.errors import ModelLoadError
+from specdemo.models.onnx_export import check_exportable, export_folder, is_exported, onnx_runtime_missing
+from tests.tiny import write_model, write_tiny_head, write_tokenizer
+
+pytestmark = pytest.mark.skipif(onnx_runtime_missing() is not None, reason=str(onnx_runtime_missing()))
+
+# Not 64, tiny.py's default: the builder takes the first layer as wide as the vocabulary for the
+# LM head, and with 64 a projection of this model is (export_folder's check refuses that case).
+VOCAB = 80
+PROMPTS = [[1, 5, 9, 14, 5, 9, 14, 5], [1, 30, 31, 32, 33, 40, 41, 42, 43, 30, 31]]
+
+
+@pytest.fixture(scope="module")
+def onnx_folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("onnx")
+    target, draft, head = root / "target", root / "draft", root / "head"
+    write_model(target, seed=0, hidden=64, layers=2, vocab=VOCAB)
+    write_tokenizer(target, VOCAB)
+    write_model(draft, seed=1, hidden=64, layers=2, vocab=VOCAB, like=target, noise=0.5)
+    write_tokenizer(draft, VOCAB)
+    write_tiny_head(head, target)
+    before = os.environ.get("SPECDEMO_CACHE")
+    os.environ["SPECDEMO_CACHE"] = str(root / "cache")
+    yield target, draft, head
+    if before is None:
+        os.environ.pop("SPECDEMO_CACHE", None)
+    else:
+        os.environ["SPECDEMO_CACHE"] = before
+
+
+@pytest.fixture(scope="module")
+def lm_pair(onnx_folders):
+    target, draft, _ = onnx_folders
+    return specdemo.load_pair(str(target), str(draft), device="cpu", dtype="float32", runtime="onnx")
+
+
+@pytest.fixture(scope="module")
+def head_pair(onnx_folders):
+    target, _, head = onnx_folders
+    return specdemo.load_pair(str(target), str(head), device="cpu", dtype="float32", runtime="onnx")
+
+
+def greedy(pair, prompt, method, **params):
+    return specdemo.generate(pair, prompt, method=method, max_new_tokens=40, temperature=0.0, seed=0, **params)
+
+
+def test_the_export_is_written_once_and_runs_the_target(onnx_folders, lm_pair):
+    target, _, _ = onnx_folders
+    assert is_exported(export_folder(target, "float32"))
+    result = greedy(lm_pair, PROMPTS[0], "ar")
+    assert result.runtime == "onnx fp32" and result.stats["runtime"] == "onnx fp32"
+    torch_pair = specdemo.load_pair(str(target), device="cpu", dtype="float32")
+    assert greedy(torch_pair, PROMPTS[0], "ar").stats["runtime"] == "torch"
+    # The same weights: at float32 the two runtimes agree on this peaked random model's tokens.
+    assert result.token_ids == greedy(torch_pair, PROMPTS[0], "ar").token_ids
+
+
+CHAIN_METHODS = ["sd", "nasd", "egag", "rest", "sd-heuristic", "sd-confidence", "adaedl", "egag-token", "specdecpp"]
+
+
+@pytest.mark.parametrize("drafter", ["lm", "head"])
+@pytest.mark.parametrize("method", CHAIN_METHODS)
+def test_every_chain_method_returns_the_runtimes_own_ar_tokens(lm_pair, head_pair, drafter, method):
+    pair = lm_pair if drafter == "lm" else head_pair
+    drafted = accepted = 0
+    for prompt in PROMPTS:
+        reference = greedy(pair, prompt, "ar").token_ids
+        result = greedy(pair, prompt, method, gamma=4)
+        assert result.token_ids == reference, f"{method} with the {drafter} on prompt {prompt}"
+        drafted += result.stats["drafted"]
+        accepted += result.stats["accepted"]
+    if method in ("sd", "egag"):  # the comparison means something only if drafts were kept and refused
+        assert 0 < accepted < drafted
+
+
+def test_the_feature_head_reads_the_runtimes_hidden_states(head_pair):
+    """The head drafts from the states the runtime returns: states of zeros would change its drafts."""
+    assert greedy(head_pair, PROMPTS[0], "sd", gamma=4).stats["accepted"] > 0
+
+
+def fresh_logits(pair, ids: list[int]) -> torch.Tensor:
+    lm = pair.target_runtime.cached_lm(pair.target, None, 64)
+    return lm.feed(torch.tensor(ids), len(ids))
+
+
+@pytest.mark.parametrize("kept", range(5))
+def test_a_rollback_after_a_rejection_forgets_exactly_the_rejected_positions(lm_pair, kept):
+    """Verify 4 drafts, keep `kept` of them, then feed a correction: its logits are those of a
+    runtime that never saw the rejected drafts."""
+    context, drafts, correction = PROMPTS[1], [7, 8, 9, 10], 20
+    lm = lm_pair.target_runtime.cached_lm(lm_pair.target, None, 64)
+    lm.logits(context, 1)
+    lm.logits(context, 5, then=torch.tensor(drafts))
+    lm.note_fed(drafts)
+    kept_sequence = context + drafts[:kept] + [correction]
+    after = lm.logits(kept_sequence, 1)
+    assert lm.length == len(kept_sequence)
+    torch.testing.assert_close(after[0], fresh_logits(lm_pair, kept_sequence)[-1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["sd-tree", "egag-tree"])
+def test_a_tree_is_refused_with_the_reason(head_pair, method):
+    with pytest.raises(ValueError, match="verifies a chain only"):
+        greedy(head_pair, PROMPTS[0], method)
+
+
+@pytest.mark.parametrize("method", ["beam", "ar-nocache"])
+def test_torchs_own_loops_are_refused_on_the_runtime(lm_pair, method):
+    with pytest.raises(ValueError, match="runs on onnx"):
+        greedy(lm_pair, PROMPTS[0], method)
+
+
+def test_graph_capture_is_refused_on_the_runtime(lm_pair):
+    with pytest.raises(ValueError, match="graph capture is torch's"):
+        specdemo.generate(lm_pair, PROMPTS[0], method="ar", max_new_tokens=4, cache="static", compile=True)
+
+
+def test_a_compressing_target_cache_is_refused_on_the_runtime(lm_pair):
+    with pytest.raises(ValueError, match="onnx runtime keeps its own full cache"):
+        specdemo.generate(lm_pair, PROMPTS[0], method="ar", max_new_tokens=4, target_kv="streaming",
+                          kv_budget=16)
+
+
+def test_a_vocabulary_as_wide_as_a_projection_is_refused(tmp_path):
+    write_model(tmp_path / "m", seed=0, hidden=64, layers=1, vocab=64)
+    with pytest.raises(ModelLoadError, match="as wide as one of its projections"):
+        check_exportable(tmp_path / "m")
+
+
+def test_the_runtime_refuses_a_gpu_and_a_precision_it_does_not_run():
+    with pytest.raises(ValueError, match="on the CPU"):
+        specdemo.load_pair("embedded", device="cuda", runtime="onnx")
+    with pytest.raises(ValueError, match="not one of torch, onnx"):
+        specdemo.load_pair("embedded", runtime="tensorrt")
