@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -14,6 +15,35 @@ import torch
 torch.set_num_threads(1)
 
 from tests.tiny import build_tiny_pair
+
+
+# Under pytest-xdist (the README's `-n auto`) a module's tests stay on one worker, so its
+# module-scoped fixtures (served pages, built pairs) are built once. The modules below serve a
+# page, drive Chromium or time things; they form one unit of work, so one worker runs them one
+# after another and no two servers or browsers compete for the same two cores.
+SERIAL_MODULES = frozenset({
+    "test_browser", "test_tree_browser", "test_ui", "test_ui_load", "test_sweeptab", "test_benchtab",
+    "test_streams", "test_quiet", "test_sweep_cli", "test_page_bench", "test_clock",
+})
+SERIAL_UNIT = "served-timed-or-browser"
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope` (pyproject's addopts), with the modules above as one scope.
+
+    xdist's own `xdist_group` mark cannot do this under pytest 9, whose node ids xdist can no
+    longer rename."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ServedInTurn(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if Path(nodeid.split("::", 1)[0]).stem in SERIAL_MODULES:
+                return SERIAL_UNIT
+            return super()._split_scope(nodeid)
+
+    return ServedInTurn(config, log)
 
 
 @pytest.fixture
