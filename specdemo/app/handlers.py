@@ -5,7 +5,8 @@ slot, figures, the comparison table, file paths) and `compare` returns a `Compar
 `playgroundtab` only maps those onto its components. So the streaming logic is tested by
 iterating the generator (tests/test_handlers.py), without a server.
 
-What every tab shares (the pair cache, export folders, the ZeroGPU decorator) lives in `page`.
+What every tab shares (the pair cache, the decoding thread, export folders, the ZeroGPU decorator)
+lives in `page`.
 May import engine, models, bench and the page's own viz/limits/page; never gradio.
 """
 

@@ -1,6 +1,6 @@
-"""What the page's tabs share: the pair cache (loaded and warmed once), export folders, the
-ZeroGPU decorator, the context each tab is built with, and the bookkeeping of visitors' runs.
-Gradio is never imported here (the tabs import it), so the handlers can share these too.
+"""What the page's tabs share: the pair cache (loaded and warmed once, compiled where the page
+compiles by default), the decoding thread, export folders, the ZeroGPU decorator, the context
+each tab is built with, and the bookkeeping of visitors' runs. Gradio is never imported here (the tabs import it), so the handlers can share these too.
 
 `TabContext` is everything a tab's `build_tab` needs from the page (the served presets, a
 cached pair loader, the deployment's limits, the GPU decorator, the export folder, the

@@ -86,8 +86,7 @@ def build_demo(
     the start, so that the first Run is timed like the second. threads: torch's threads per method
     (`serving_threads`; None leaves them as they are). defaults: initial values of the page's inputs by parameter name (prompt, methods,
     max_new_tokens, temperature, ...), e.g. a shorter run for a slow machine. compile: auto, on or off
-    (`engine_controls.compile_setting`; None: SPECDEMO_COMPILE, else auto): auto makes static + compile
-    the engine default where CUDA serves a decoder-only pair, warmed (compiled) by the preload.
+    (`engine_controls.compile_setting`, `page_engine_defaults`): the engine controls' default.
     """
     limits = limits or Limits.from_env(public=True if public else None)
     served = served_presets(limits, presets if presets is not None else PRESETS)
