@@ -19,7 +19,8 @@ import torch
 
 from ..engine.methods import is_lossless, matches_reference
 from ..engine.params import DecodeParams, EngineOptions
-from .runners import HF_METHODS, HFRunner, Run, bench_methods, parse_bench_methods, result_for_perplexity, run_ours
+from .runners import (HF_METHODS, TORCH_AR, HFRunner, Run, bench_methods, on_torch, parse_bench_methods,
+                      result_for_perplexity, run_ours)
 from .quality import QUALITY_COLUMNS, reference_scores
 from .schedule import interleaved, turn_seed
 from .statistics import summarize
@@ -169,6 +170,8 @@ class _Session:
         values = {k: v for k, v in self.decode.as_dict().items() if k != "seed"}
         if max_new_tokens is not None:
             values["max_new_tokens"] = max_new_tokens
+        if method == TORCH_AR:
+            return run_ours(on_torch(self.pair), "ar", ids, values, seed, **self.engine.as_kwargs())
         return run_ours(self.pair, method, ids, values, seed, **self.engine.as_kwargs())
 
     def tick(self, message: str) -> None:
@@ -239,7 +242,11 @@ class _Session:
             return None
         values = {k: v for k, v in self.decode.as_dict().items() if k != "seed"}
         with self.threads.applied("ar") if self.threads is not None else contextlib.nullcontext():
-            run = run_ours(self.float32.model_for(self.pair), "ar", ids, values, row["seed"], **self.engine.as_kwargs())
+            model = self.float32.model_for(self.pair)
+            if not self.float32.runs:  # its warm-up, as every method has one, untimed
+                run_ours(model, "ar", ids, {**values, "max_new_tokens": min(8, self.decode.max_new_tokens)},
+                         row["seed"], **self.engine.as_kwargs())
+            run = run_ours(model, "ar", ids, values, row["seed"], **self.engine.as_kwargs())
         self.float32.seconds += run.seconds
         self.float32.runs += 1
         return run
@@ -288,6 +295,14 @@ def _fill_row(row: dict, run: Run, pair, decode: DecodeParams, prompt_ids, refer
     row["text"] = _text(pair, run)
 
 
+def _target_precision(pair) -> str | None:
+    """The target's precision as loaded, with the runtime that runs it where that is not torch
+    ("onnx fp32"): an int4 runtime target is another model than the fp32 one, never compared as the same."""
+    name = getattr(getattr(pair, "target_precision", None), "name", None)
+    runtime = getattr(pair, "target_runtime", None)
+    return f"{pair.runtime} {runtime.precision}" if runtime is not None else name
+
+
 def _meta(pair, decode: DecodeParams, names, prompts, repeats, warmup) -> dict[str, Any]:
     import transformers
 
@@ -299,7 +314,7 @@ def _meta(pair, decode: DecodeParams, names, prompts, repeats, warmup) -> dict[s
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "dtype": str(next(pair.target.parameters()).dtype).replace("torch.", ""),
         # Each model's precision as loaded: an int8 target computes in float32 and is still not float32's model.
-        "target_dtype": getattr(getattr(pair, "target_precision", None), "name", None),
+        "target_dtype": _target_precision(pair),
         "draft_dtype": getattr(getattr(pair, "draft_precision", None), "name", None),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "methods": list(names), "prompts": len(prompts), "categories": list(dict.fromkeys(p.category for p in prompts)),
