@@ -96,7 +96,7 @@ def _deadline(ctx: StageContext, stem: str):
     """A benchmark progress callback that stops the run once the stage's time is spent."""
     def progress(done: int, total: int, message: str) -> None:
         if done < total and ctx.seconds_left() <= 0:
-            raise OutOfTime(f"stopped at its budget in {stem}, after {done} of {total} calls")
+            raise OutOfTime(f"stopped at its budget in {stem} ({done} of {total} calls done)")
     return progress
 
 

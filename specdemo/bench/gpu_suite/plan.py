@@ -67,16 +67,16 @@ GPU_COSTS = {
 # Minutes of the rehearsal (--tiny, torch.compile off) on a 2-core CPU shared with other work.
 REHEARSAL_COSTS = {
     "carry": Cost(run=0.01),
-    "cuda-paths": Cost(run=0.1),
+    "cuda-paths": Cost(run=0.05),
     "cuda-probe": Cost(),
-    "synthetic pythia-tiny compiled+static": Cost(run=0.1, calibrated=True),
+    "synthetic pythia-tiny compiled+static": Cost(run=0.15, calibrated=True),
     "synthetic qwen2.5-tiny compiled+static": Cost(run=0.1, calibrated=True),
-    "synthetic pythia-tiny eager+dynamic": Cost(run=0.05, calibrated=True),
-    "synthetic qwen2.5-tiny eager+dynamic": Cost(run=0.05, calibrated=True),
-    "embedded embedded compiled+static": Cost(run=0.2, calibrated=True),
-    "embedded embedded-lm compiled+static": Cost(run=0.1, calibrated=True),
-    "lossless": Cost(run=0.3),
-    "head": Cost(run=0.5),
+    "synthetic pythia-tiny eager+dynamic": Cost(run=0.03, calibrated=True),
+    "synthetic qwen2.5-tiny eager+dynamic": Cost(run=0.03, calibrated=True),
+    "embedded embedded compiled+static": Cost(run=0.6, calibrated=True),
+    "embedded embedded-lm compiled+static": Cost(run=0.2, calibrated=True),
+    "lossless": Cost(run=0.5),
+    "head": Cost(run=1.0),
 }
 UNKNOWN = Cost(run=1.0)
 

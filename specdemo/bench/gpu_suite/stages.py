@@ -181,13 +181,13 @@ class Outcome:
 
 
 def stage_status(units: list[UnitOutcome]) -> str:
-    """One unit: its status. Several: "ok", or how many were ok and what became of the others."""
+    """One unit: its status. Several: "ok", or how many were ok (the units' table says why not)."""
     if len(units) == 1:
         return units[0].status
     if all(u.ok for u in units):
         return "ok"
-    others = "; ".join(f"{u.name}: {u.status}" for u in units if not u.ok)
-    return f"{sum(u.ok for u in units)} of {len(units)} units ok; {others}"
+    failed = [u.name for u in units if u.error]
+    return f"{sum(u.ok for u in units)} of {len(units)} units ok" + (f"; failed: {', '.join(failed)}" if failed else "")
 
 
 @dataclass
@@ -268,7 +268,8 @@ def _run_stage(item: Planned, outcome: Outcome, settings: Settings, run_deadline
     ctx = StageContext(settings, deadline, log=lambda m: log(f"{stage.name}: {m}"), clock=clock)
     outcome.context = ctx
     cap = f", at most {outcome.budget_minutes:g} min" if outcome.budget_minutes is not None else ""
-    log(f"{stage.name}: {stage.title} ({len(item.units)} unit(s){cap})")
+    units = f"{len(item.units)} units" if len(item.units) > 1 else ""
+    log(f"{stage.name}: {stage.title}" + (f" ({units}{cap})".replace("(, ", "(") if units or cap else ""))
     with ctx.stack:
         for unit, result in zip(item.units, outcome.units):
             estimate = estimator.minutes(unit.cost)  # refined by the units that ran before
@@ -276,7 +277,8 @@ def _run_stage(item: Planned, outcome: Outcome, settings: Settings, run_deadline
             reason, rows = skip_reason(estimate, ctx.seconds_left() / 60), len(ctx.headline)
             if reason:
                 result.status = f"skipped: {reason}"
-                log(f"{stage.name}: {unit.name}: {result.status}")
+                if len(item.units) > 1:
+                    log(f"{stage.name}: {unit.name}: {result.status}")
             else:
                 result.status = "running"
                 write()  # a run cut from outside now says where it was cut
