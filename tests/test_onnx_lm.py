@@ -147,3 +147,25 @@ def test_the_runtime_refuses_a_gpu_and_a_precision_it_does_not_run():
         specdemo.load_pair("embedded", device="cuda", runtime="onnx")
     with pytest.raises(ValueError, match="not one of torch, onnx"):
         specdemo.load_pair("embedded", runtime="tensorrt")
+
+
+def test_the_benchmark_times_the_torch_target_beside_the_runtimes(lm_pair):
+    from specdemo import bench
+
+    suite = [{"prompt": "w5 w6 w7 w8 w9 w10 w5 w6 w7 w8", "category": "chat"}]
+    result = bench.run_benchmark(lm_pair, suite, ["ar", "sd", "torch-ar"], repeats=1, warmup=False,
+                                 max_new_tokens=12, temperature=0.0)
+    rows = result.rows.set_index("method")
+    assert rows.loc["ar", "runtime"] == rows.loc["sd", "runtime"] == "onnx fp32"
+    assert rows.loc["torch-ar", "runtime"] == "torch"
+    assert rows.loc["sd", "matches_ar"] and rows.loc["torch-ar", "matches_ar"]
+    assert result.meta["target_dtype"] == "onnx fp32"
+
+
+def test_torch_ar_is_refused_where_the_target_is_torchs_already(onnx_folders):
+    from specdemo.bench.runners import parse_bench_methods
+
+    target, _, _ = onnx_folders
+    torch_pair = specdemo.load_pair(str(target), device="cpu", dtype="float32")
+    with pytest.raises(ValueError, match="runs on torch already"):
+        parse_bench_methods("ar,torch-ar", torch_pair)

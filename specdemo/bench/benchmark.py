@@ -35,8 +35,8 @@ ROW_COLUMNS = [
     "new_tokens", "seconds", "tokens_per_s", "engine_seconds", "ttft_s", "prefill_s", "rounds", "copied_rounds", "drafted",
     "accepted", "rejected_rounds", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards",
     "draft_forwards", "target_forwards_per_token", "mean_gamma", "mean_drafted", "mean_entropy",
-    "draft_seconds", "verify_seconds", "matches_ar", "perplexity", *QUALITY_COLUMNS, "stop_reason", "cache", "compile_seconds",
-    "error", "note", "output_ids", "text",
+    "draft_seconds", "verify_seconds", "matches_ar", "perplexity", *QUALITY_COLUMNS, "stop_reason", "cache", "runtime",
+    "compile_seconds", "error", "note", "output_ids", "text",
     # Against float32 AR of the same target weights on the same prompt and repeat, where a model runs below
     # float32 (bench.vs_float32): that run's seconds and tokens (for speedup_vs_fp32_ar) and the agreement.
     "fp32_ar_seconds", "fp32_ar_new_tokens", *AGREEMENT_COLUMNS,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import gc
 import math
 import time
@@ -32,13 +33,20 @@ HF_METHODS: dict[str, tuple[str, str]] = {
     "hf-assisted-default": ("HF assisted (defaults)", "assisted generation with our draft and transformers' default schedule"),
     "hf-prompt-lookup": ("HF prompt lookup", "prompt-lookup decoding, γ tokens, matching up to n−1 tokens"),
 }
+# For a pair whose target runs on another runtime (runtime=onnx): our AR on the torch copy of the
+# same weights, so one run times the two targets side by side.
+TORCH_AR = "torch-ar"
+RUNTIME_PEERS: dict[str, tuple[str, str]] = {
+    TORCH_AR: ("AR (torch target)", "AR on the torch copy of the target, beside a target on another runtime"),
+}
 # The peers that write one token a step, as AR does (the others verify drafts).
-ONE_TOKEN_BASELINES = frozenset({"hf-generate", "hf-generate-static"})
+ONE_TOKEN_BASELINES = frozenset({"hf-generate", "hf-generate-static", TORCH_AR})
 DEFAULT_BENCH_METHODS = ("ar", "sd", "nasd", "egag", "hf-generate", "hf-assisted", "hf-prompt-lookup")
 
 def bench_methods() -> dict[str, str]:
     """Every method the benchmark knows, name → label."""
-    return {**{name: m.label for name, m in METHODS.items()}, **{n: label for n, (label, _) in HF_METHODS.items()}}
+    return {**{name: m.label for name, m in METHODS.items()}, **{n: label for n, (label, _) in HF_METHODS.items()},
+            **{n: label for n, (label, _) in RUNTIME_PEERS.items()}}
 
 
 def unavailable_bench_methods(draft_kind: str | None) -> dict[str, str]:
@@ -71,6 +79,9 @@ def parse_bench_methods(value: str | Sequence[str] | None, pair=None) -> list[st
         if needs:
             raise ValueError(f"method(s) {', '.join(needs)} need a draft model; load the pair with a draft "
                              "or drop them")
+    if pair is not None and TORCH_AR in names and getattr(pair, "runtime", "torch") == "torch":
+        raise ValueError(f"{TORCH_AR} times the torch target beside a target on another runtime; this pair's "
+                         "target runs on torch already (its ar row is torch's): load it with --runtime onnx or drop it")
     if pair is not None:
         for name in names:
             refused = METHODS[name].unavailable(pair) if name in METHODS else None
@@ -113,6 +124,11 @@ def quiet_gc():
     finally:
         if was_enabled:
             gc.enable()
+
+
+def on_torch(pair):
+    """The same pair with its target's forwards on torch (the copy a runtime pair keeps)."""
+    return dataclasses.replace(pair, runtime="torch", target_runtime=None)
 
 
 def run_ours(pair, method: str, prompt_ids: list[int], params: dict, seed: int, cache: str | None = None,

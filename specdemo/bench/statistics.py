@@ -80,7 +80,7 @@ SUMMARY_COLUMNS = [
     "speedup_vs_hf_static", "speedup_vs_hf_static_std", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "copied_share", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
     "predicted_speedup_v", "break_even_tokens", "entropy_auc", "entropy_auc_n", *QUALITY_COLUMNS, "cache",
-    "compile_seconds", *VS_FLOAT32_COLUMNS,
+    "runtime", "compile_seconds", *VS_FLOAT32_COLUMNS,
 ]
 
 
@@ -209,6 +209,8 @@ def _measured(sub: pd.DataFrame, mine: pd.DataFrame, everything: pd.DataFrame, m
         "predicted_speedup_v": math.nan, "break_even_tokens": math.nan,
         "entropy_auc": math.nan, "entropy_auc_n": 0,
         "cache": ",".join(dict.fromkeys(everything.cache.dropna().astype(str))) if "cache" in everything else "",
+        # What ran the target's forwards ("torch", "onnx fp32"), per method: a torch-ar row beside onnx rows.
+        "runtime": ",".join(dict.fromkeys(mine.runtime.dropna().astype(str))) if "runtime" in mine else "",
         "compile_seconds": mine.compile_seconds.mean() if "compile_seconds" in mine else math.nan,
         # Against the suite's references, over the runs that have them (see bench.quality).
         **{name: mine[name].mean() if name in mine and mine[name].notna().any() else math.nan

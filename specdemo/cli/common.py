@@ -11,6 +11,7 @@ from typing import Sequence
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..engine.params import ENGINE_SCHEMA, SCHEMA, DecodeParams, EngineOptions, Param
 from ..models.loading import EMBEDDED, PRESETS, load_pair
+from ..models.onnx_export import RUNTIMES
 from ..models.precision import CONFIGURATIONS, PRECISIONS
 
 # What the command line says instead of the schema's default, where its default differs.
@@ -35,6 +36,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="a configuration of precisions and KV caches: short-text (full caches), long-text "
                             "(the draft's cache streams, 1024 tokens) or low-memory (int8 models, both caches "
                             "streaming, lossy); flags given explicitly win")
+    group.add_argument("--runtime", default="torch", choices=RUNTIMES,
+                       help="what runs the target's forwards: torch (the reference) or onnx (ONNX Runtime on the "
+                            "CPU at float32, int8 or int4, exported on first use; chain methods only: "
+                            "docs/runtime.md) (default: torch)")
     group.add_argument("--draft-dtype", default=None, metavar="PRECISION",
                        help="the draft's precision (default: --dtype); --draft self:int8 drafts with the "
                             "target's own weights in int8")
@@ -112,7 +117,7 @@ def configured(args: argparse.Namespace, name: str):
 
 def pair_from_args(args: argparse.Namespace):
     precisions = dict(dtype=args.dtype, target_dtype=configured(args, "target_dtype"),
-                      draft_dtype=configured(args, "draft_dtype"))
+                      draft_dtype=configured(args, "draft_dtype"), runtime=getattr(args, "runtime", None) or "torch")
     if args.target:
         return load_pair(args.target, args.draft, device=args.device, **precisions)
     if args.draft:  # a preset's target with another draft (e.g. --pair embedded --draft self:int8)
