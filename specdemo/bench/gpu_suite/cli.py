@@ -59,7 +59,8 @@ def _no_head(settings: Settings) -> str | None:
     return _waiting(settings)
 
 
-def _table(name: str):
+def _estimate_of(name: str):
+    """A whole stage's estimate: its row of the H100's table, or of the rehearsal's."""
     return lambda s: default_cost(name, s.rehearsal)
 
 
@@ -68,16 +69,16 @@ def _head_cost(settings: Settings) -> Cost:
 
 
 STAGES = [
-    Stage("carry", "the embedded target from its carried parts", run_carry, cost=_table("carry"),
+    Stage("carry", "the embedded target from its carried parts", run_carry, cost=_estimate_of("carry"),
           budget=lambda s: None if s.minutes is None else max(s.minutes, 2)),
     Stage("cuda-paths", "CUDA-only calls bound against this torch and transformers", run_cuda_paths,
-          cost=_table("cuda-paths")),
+          cost=_estimate_of("cuda-paths")),
     Stage("cuda-probe", "CUDA events, a CUDA graph and reduce-overhead compile on a toy", cuda_probe, needs_cuda=True,
-          cost=_table("cuda-probe")),
+          cost=_estimate_of("cuda-probe")),
     Stage("synthetic", "random-weight pairs of real shapes, forced acceptance", units=synthetic_units),
     Stage("embedded", "the embedded pair: AR, SD, EGAG, NASD and the peers", units=embedded_units, skip=_waiting),
     Stage("lossless", "greedy outputs of every method against AR", run_lossless, skip=_waiting,
-          cost=_table("lossless")),
+          cost=_estimate_of("lossless")),
     Stage("head", "head data at scale: corpus, training, held-out acceptance", run_head,
           budget=lambda s: s.minutes if s.tiny else s.head_minutes, skip=_no_head, cost=_head_cost),
 ]
