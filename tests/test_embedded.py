@@ -106,18 +106,19 @@ def test_draft_has_the_target_vocab_and_is_accepted_often(target):
 
 @pytest.mark.slow
 @needs_gguf
-def test_the_embedded_pairs_drafts_keep_greedy_outputs_identical_to_ar():
+def test_the_embedded_pairs_drafts_keep_greedy_outputs_identical_to_ar(embedded_pair):
     """SD and EGAG on real prompts, with the packaged default draft and with the previous draft LM."""
     import specdemo
     from specdemo.training.prompts import heldout_prompts
 
     for preset in ("embedded", "embedded-lm", "embedded-head"):
-        pair = specdemo.load_pair(preset)
+        pair = embedded_pair if preset == "embedded" else specdemo.load_pair(preset)
         assert pair.drafter_name
         for prompt in heldout_prompts()[:2]:
-            ar = specdemo.generate(pair, prompt, method="ar", max_new_tokens=40)
+            # 24 tokens cross about ten rounds (γ = 4, two tokens a round): enough for a wrong draft to show.
+            ar = specdemo.generate(pair, prompt, method="ar", max_new_tokens=24)
             for method, copy_n in (("sd", 4), ("egag", 4), ("sd", 0)):
-                result = specdemo.generate(pair, prompt, method=method, max_new_tokens=40, copy_n=copy_n)
+                result = specdemo.generate(pair, prompt, method=method, max_new_tokens=24, copy_n=copy_n)
                 assert result.token_ids == ar.token_ids, (preset, method, prompt, copy_n)
                 copying = f" + context copy (n={copy_n})" if copy_n else ""
                 assert result.drafter == pair.drafter_name + copying
@@ -125,14 +126,13 @@ def test_the_embedded_pairs_drafts_keep_greedy_outputs_identical_to_ar():
 
 @pytest.mark.slow
 @needs_gguf
-def test_the_packaged_head_is_accepted_often_and_costs_under_a_tenth_of_the_target():
-    import specdemo
+def test_the_packaged_head_is_accepted_often_and_costs_under_a_tenth_of_the_target(embedded_pair):
     from specdemo.engine.feature_head import FeatureHead
     from specdemo.training.evaluate import greedy_answers, heldout_acceptance, step_cost
     from specdemo.training.prompts import heldout_prompts
 
     torch.set_num_threads(1)
-    pair = specdemo.load_pair("embedded")
+    pair = embedded_pair
     assert pair.draft_kind == "feature-head"
     answers = greedy_answers(pair, heldout_prompts()[:4], 48)
     trained = heldout_acceptance(pair.draft, pair.target, answers, gamma=4)
