@@ -38,3 +38,26 @@ def test_ar_command_writes_the_table_and_the_chart(tiny_pair, tmp_path, capsys):
     assert table.token_match_vs_float32.between(0, 1).all() and (table.perplexity_under_float32 >= 1).all()
     assert "perplexity under float32" in html.read_text(encoding="utf-8")
     assert f"wrote {html}" in capsys.readouterr().out
+
+
+def test_the_sweep_sets_each_target_and_draft_precision_against_its_own_ar_and_float32_ar(tiny_pair, monkeypatch):
+    monkeypatch.setattr(precision, "suite_prompts", lambda pair, per_category, categories: [[1, 5, 9], [2, 6]])
+    table = precision.measure_sweep(tiny_pair.target_ref, ["bfloat16"], ["float32", "bfloat16"], 1, None, 8,
+                                    draft=tiny_pair.draft_ref)
+
+    assert list(table.columns) == precision.SWEEP_COLUMNS
+    assert table[["target", "draft", "method"]].values.tolist() == [
+        ["float32", "", "ar"], ["bfloat16", "", "ar"], ["float32", "float32", "sd"], ["float32", "bfloat16", "sd"],
+        ["bfloat16", "float32", "sd"], ["bfloat16", "bfloat16", "sd"]]
+    float32_ar = table.iloc[0]
+    assert float32_ar.speedup_vs_own_ar == float32_ar.speedup_vs_fp32_ar == float32_ar.token_match_vs_fp32 == 1.0
+    assert float32_ar.chrf_vs_fp32 == pytest.approx(100.0)
+    float32_target = table[table.target == "float32"]
+    # A float32 target's own AR is float32 AR: the two speedups are one number.
+    assert (float32_target.speedup_vs_own_ar == float32_target.speedup_vs_fp32_ar).all()
+    # A bfloat16 row's two speedups differ by bfloat16 AR's speed over float32 AR's.
+    bfloat16_ar = table.iloc[1].speedup_vs_fp32_ar
+    for _, row in table[table.target == "bfloat16"].iterrows():
+        assert row.speedup_vs_fp32_ar == pytest.approx(row.speedup_vs_own_ar * bfloat16_ar)
+    assert (table[table.method == "sd"].matches_own_ar == 1.0).all()  # lossless at every precision
+    assert table[table.method == "sd"].acceptance_rate.between(0, 1).all()

@@ -122,14 +122,16 @@ SWEEP_COLUMNS = ["target", "draft", "method", "tokens_per_s", "speedup_vs_own_ar
 
 
 def measure_sweep(pair_name: str, targets: list[str], drafts: list[str], prompts_per_category: int,
-                  categories: str | None, max_new_tokens: int, method: str = "sd") -> pd.DataFrame:
+                  categories: str | None, max_new_tokens: int, method: str = "sd",
+                  draft: str | None = None) -> pd.DataFrame:
     """One row per target precision's AR and one per (target, draft) precision's `method`, greedy:
     decoding tokens/s (the prefill apart), its ratio to AR at the same target precision and to float32
     AR, its acceptance, the share of prompts where it gave its own AR's tokens, and its mean token
     match, prefix match, chrF and BLEU against float32 AR's output (`bench.vs_float32`). float32 AR
-    is the float32 target's own AR run, so the reference costs no extra run."""
+    is the float32 target's own AR run, so the reference costs no extra run. `pair_name` is a preset,
+    or a target with `draft`."""
     targets = list(dict.fromkeys([FLOAT32, *targets]))
-    pairs = {(t, d): load_pair(pair_name, device="cpu", target_dtype=t, draft_dtype=d) for t in targets for d in drafts}
+    pairs = {(t, d): load_pair(pair_name, draft, device="cpu", target_dtype=t, draft_dtype=d) for t in targets for d in drafts}
     prompts = suite_prompts(next(iter(pairs.values())), prompts_per_category, categories)
     keys = [(t, None, "ar") for t in targets] + [(t, d, method) for t in targets for d in drafts]
     runs: dict[tuple, list] = {key: [] for key in keys}
