@@ -130,6 +130,12 @@ def test_precision_and_cache_axes_run_the_grid_once_per_combination(tiny_pair, s
     assert list(axes[["target_dtype", "draft_kv"]].itertuples(index=False, name=None)) == [
         ("float64", "full"), ("float64", "streaming"), ("float32", "full"), ("float32", "streaming")]
     assert axes.ar_vs_first.iloc[0] == pytest.approx(1.0) and (axes.best == "SD γ=2").all()
+    peaks = axes.set_index(["target_dtype", "draft_kv"]).draft_kv_bytes_peak
+    for dtype in ("float64", "float32"):
+        assert 0 < peaks[dtype, "streaming"] <= peaks[dtype, "full"]  # a short prompt: budget ≈ its length
+    sd = summary[summary.method == "sd"].set_index(["target_dtype", "draft_kv"])
+    assert peaks.to_dict() == sd.draft_kv_bytes_peak.to_dict()  # the best setting's, from the summary
+    assert (axes.best_tokens_per_s > 0).all() and axes.best_vs_ar.str.startswith("under 3 prompts").all()
     assert "== target_dtype=float32, draft_kv=streaming, kv_budget=6" in out
     assert (tmp_path / "axes" / "sweep.target_dtype-float32.draft_kv-streaming.kv_budget-6.html").exists()
 
@@ -138,8 +144,28 @@ def test_precision_and_cache_axes_run_the_grid_once_per_combination(tiny_pair, s
     (["--kv-budget", "2,x"], "kv_budget must be whole numbers"),
     (["--draft-kv", "full,window"], "draft_kv"),
     (["--kv-budget", "2", "--kv-sinks", "4", "--draft-kv", "streaming"], "kv_budget"),
+    (["--kv-budget", "64,0"], "kv_budget must be whole numbers of positions ≥ 1, e.g. 128,256; got '0'"),
+    (["--draft-kv", "full,H2O"], "draft_kv must be one of full, streaming, l2, head, got 'H2O'"),
+    (["--target-dtype", "float32,fp8"], "target_dtype: dtype must be one of"),
+    (["--draft-kv", "head", "--kv-budget", "9"], "kv_budget (9) must be at least kv_sinks (4) + the 8 newest"),
+    (["--long", "1024"], "--long and --suite name two suites: give one"),
 ])
 def test_bad_axes_fail_before_any_pair_loads(tiny_pair, suite, capsys, extra, message):
     assert cli.main(["sweep", *model_args(tiny_pair), "--suite", str(suite), "--quiet", *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+def test_long_sweeps_the_long_suite_cut_in_the_targets_tokens(tiny_pair, tmp_path, capsys):
+    assert cli.main(["sweep", *model_args(tiny_pair), "--long", "1024,x", "--quiet"]) == 2
+    assert "--long takes prompt lengths in tokens, each ≥ 64" in capsys.readouterr().err
+    csv = tmp_path / "long.csv"
+    code = cli.main(["sweep", *model_args(tiny_pair), "--long", "64,96", "--long-per-length", "2", "--methods", "sd",
+                     "--gamma", "2", "--max-new-tokens", "4", "--repeats", "1", "--no-warmup", "--draft-kv", "head",
+                     "--kv-budget", "32", "--csv", str(csv), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    rows = pd.read_csv(csv)
+    sd = rows[rows.method == "sd"].set_index("prompt_id")
+    assert sorted(sd.index) == ["long-64-0", "long-64-1", "long-96-0", "long-96-1"]
+    assert sd.prompt_tokens["long-96-0"] - sd.prompt_tokens["long-64-0"] == 32  # cut to the lengths asked
+    assert sd.matches_ar.astype(bool).all()  # a head draft cache stays lossless
