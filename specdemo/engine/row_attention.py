@@ -70,16 +70,17 @@ def _row_by_row_sdpa(module, query, key, value, attention_mask, *args, **kwargs)
     if not getattr(module, MARK, False) or not 2 <= rows <= ROW_LIMIT or query.shape[0] != 1:
         return _inner(module, query, key, value, attention_mask, *args, **kwargs)
     length = key.shape[2]
-    buffer = False
-    if attention_mask is None:
-        seen = [torch.arange(length - rows + i + 1, device=key.device) for i in range(rows)]
-    else:
-        allowed = attention_mask[0, 0] if attention_mask.dtype == torch.bool else attention_mask[0, 0] == 0
-        allowed = allowed[-rows:, :length]
-        seen = [row.nonzero().view(-1) for row in allowed]
-        # Keys no row may see at the end: a static cache's unwritten buffer, which its one-row step
-        # also sees, masked. On a dynamic cache (a tree's rows) the last key is the last row itself.
-        buffer = not bool(allowed[:, -1].any())
+    if attention_mask is None:  # causal: row i sees the keys before the last rows − 1 − i, a view of the cache
+        outputs = [_inner(module, query[:, :, i : i + 1], key[:, :, : length - rows + i + 1],
+                          value[:, :, : length - rows + i + 1], None, *args, **kwargs)[0] for i in range(rows)]
+        return torch.cat(outputs, dim=1), None
+    # A mask (a tree's rows, a static cache): row i sees the keys its mask row allows, gathered in order.
+    allowed = attention_mask[0, 0] if attention_mask.dtype == torch.bool else attention_mask[0, 0] == 0
+    allowed = allowed[-rows:, :length]
+    seen = [row.nonzero().view(-1) for row in allowed]
+    # Keys no row may see at the end: a static cache's unwritten buffer, which its one-row step
+    # also sees, masked. On a dynamic cache (a tree's rows) the last key is the last row itself.
+    buffer = not bool(allowed[:, -1].any())
     outputs = []
     for i, positions in enumerate(seen):
         row_key, row_value = key.index_select(2, positions), value.index_select(2, positions)
