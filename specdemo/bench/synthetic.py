@@ -33,6 +33,9 @@ SIZES = {
     "160m": ("pythia", 768, 12, 12, 12, 3072),
     "70m": ("pythia", 512, 6, 8, 8, 2048),
     "tiny": ("pythia", 64, 2, 4, 4, 256),
+    # The narrowest shape found whose bfloat16 CPU kernels break near-ties as a GPU's do: a static
+    # cache or SD's multi-row verification leaves AR's greedy text within a few hundred tokens.
+    "tiny-256": ("pythia", 256, 2, 4, 4, 1024),
     "qwen2.5-1.5b": ("qwen2", 1536, 28, 12, 2, 8960),
     "qwen2.5-0.5b": ("qwen2", 896, 24, 14, 2, 4864),
     "qwen2.5-tiny": ("qwen2", 64, 2, 4, 2, 256),
