@@ -7,14 +7,17 @@ model builder, once per module, into a temporary cache).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
 import torch
 
 import specdemo
+from specdemo.engine.sampling import SamplingConfig, probabilities
 from specdemo.models.errors import ModelLoadError
 from specdemo.models.onnx_export import check_exportable, export_folder, is_exported, onnx_runtime_missing
+from tests.chi2 import pooled_chisquare
 from tests.tiny import write_model, write_tiny_head, write_tokenizer
 
 pytestmark = pytest.mark.skipif(onnx_runtime_missing() is not None, reason=str(onnx_runtime_missing()))
@@ -142,6 +145,12 @@ def test_a_vocabulary_as_wide_as_a_projection_is_refused(tmp_path):
         check_exportable(tmp_path / "m")
 
 
+def test_a_head_size_the_runtimes_attention_cannot_run_is_refused(tmp_path):
+    write_model(tmp_path / "m", seed=0, hidden=32, layers=1, vocab=VOCAB)  # 4 heads of 8
+    with pytest.raises(ModelLoadError, match="multiple of 16"):
+        check_exportable(tmp_path / "m")
+
+
 def test_the_runtime_refuses_a_gpu_and_a_precision_it_does_not_run():
     with pytest.raises(ValueError, match="on the CPU"):
         specdemo.load_pair("embedded", device="cuda", runtime="onnx")
@@ -169,3 +178,48 @@ def test_torch_ar_is_refused_where_the_target_is_torchs_already(onnx_folders):
     torch_pair = specdemo.load_pair(str(target), device="cpu", dtype="float32")
     with pytest.raises(ValueError, match="runs on torch already"):
         parse_bench_methods("ar,torch-ar", torch_pair)
+
+
+SAMPLING_PROMPT = [3, 4, 5, 3, 4, 5, 3, 4]
+
+
+@pytest.fixture(scope="module")
+def small_vocab_onnx_pair(onnx_folders):
+    """An 8-token target on the runtime and a noisy torch copy as its draft, with no EOS, so that
+    every run yields two tokens (an 8-token vocabulary is narrower than every projection)."""
+    root = onnx_folders[0].parent
+    target, draft = root / "target8", root / "draft8"
+    write_model(target, seed=0, hidden=64, layers=1, vocab=8, head_scale=1.5)
+    write_tokenizer(target, 8)
+    write_model(draft, seed=1, hidden=64, layers=1, vocab=8, like=target, noise=0.6)
+    write_tokenizer(draft, 8)
+    pair = specdemo.load_pair(str(target), str(draft), device="cpu", dtype="float32", runtime="onnx")
+    return dataclasses.replace(pair, eos_ids=frozenset({10_000}))
+
+
+def runtime_joint(pair, config) -> torch.Tensor:
+    """p(t1) · p(t2 | t1) as the runtime computes it (its own forwards, not torch's)."""
+    first = probabilities(fresh_logits(pair, SAMPLING_PROMPT)[-1], config)
+    joint = torch.zeros(8, 8)
+    for t1 in range(8):
+        if first[t1] > 0:
+            joint[t1] = first[t1] * probabilities(fresh_logits(pair, SAMPLING_PROMPT + [t1])[-1], config)
+    return joint
+
+
+@pytest.mark.parametrize("method", ["sd", "egag"])
+def test_sd_under_sampling_draws_from_the_runtimes_distribution(small_vocab_onnx_pair, method):
+    pair, samples = small_vocab_onnx_pair, 600
+    counts = torch.zeros(8, 8)
+    drafted = accepted = 0
+    for seed in range(samples):
+        result = specdemo.generate(pair, SAMPLING_PROMPT, method=method, max_new_tokens=3, gamma=2, gamma_min=2,
+                                   gamma_max=3, temperature=1.0, copy_n=0, seed=seed)
+        t1, t2 = result.token_ids[:2]
+        counts[t1, t2] += 1
+        drafted += result.stats["drafted"]
+        accepted += result.stats["accepted"]
+    assert 0 < accepted < drafted, "the test means something only if drafts were both kept and refused"
+    expected = runtime_joint(pair, SamplingConfig(temperature=1.0)).flatten() * samples
+    assert counts.flatten()[expected == 0].sum() == 0
+    assert pooled_chisquare(counts.flatten(), expected) > 1e-3

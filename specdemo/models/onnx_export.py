@@ -70,7 +70,8 @@ def is_exported(folder: Path) -> bool:
 
 
 def check_exportable(source: Path) -> None:
-    """Refuse a model the builder would export wrongly: it takes the first linear layer whose
+    """Refuse a model the runtime cannot run (heads not a multiple of 16 wide) or the builder would
+    export wrongly: it takes the first linear layer whose
     output width is the vocabulary size for the LM head, so a vocabulary as wide as a projection
     (only ever a tiny test model) would get a layer's projection as its head."""
     config_file = Path(source) / "config.json"
@@ -81,6 +82,9 @@ def check_exportable(source: Path) -> None:
     head_dim = config.get("head_dim") or (hidden // heads if hidden else None)
     widths = {hidden, config.get("intermediate_size"), heads * head_dim if head_dim else None,
               (config.get("num_key_value_heads") or heads) * head_dim if head_dim else None}
+    if head_dim and head_dim % 16:  # the runtime's CPU attention kernel (GroupQueryAttention)
+        raise ModelLoadError(f"{source}: its attention heads are {head_dim} wide; onnx runtime's attention takes a "
+                             "multiple of 16: use runtime=torch")
     if config.get("vocab_size") in widths:
         raise ModelLoadError(f"{source}: its vocabulary ({config['vocab_size']}) is as wide as one of its projections, "
                              "which onnxruntime-genai's builder would take for the LM head; use runtime=torch")
