@@ -28,8 +28,15 @@ SERIAL_MODULES = frozenset({
 SERIAL_UNIT = "served-timed-or-browser"
 
 
+# The slowest units, in seconds on one core of a 2-core CPU (`--durations=0`, summed per module).
+# They are handed out first, longest first, so that no worker starts a long one when the rest of
+# the suite is nearly done; the other modules follow, those with the most tests first.
+SLOWEST_UNITS_SECONDS = {SERIAL_UNIT: 0}
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadscope` (pyproject's addopts), with the modules above as one scope.
+    """`--dist loadscope` (pyproject's addopts), with the modules above as one scope and the
+    slowest units handed out first.
 
     xdist's own `xdist_group` mark cannot do this under pytest 9, whose node ids xdist can no
     longer rename."""
@@ -42,6 +49,14 @@ def pytest_xdist_make_scheduler(config, log):
             if Path(nodeid.split("::", 1)[0]).stem in SERIAL_MODULES:
                 return SERIAL_UNIT
             return super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            def cost(scope: str) -> tuple[float, int]:
+                unit = scope if scope == SERIAL_UNIT else Path(scope.split("::", 1)[0]).stem
+                return -SLOWEST_UNITS_SECONDS.get(unit, 0), -len(self.workqueue[scope])
+
+            self.workqueue.move_to_end(min(self.workqueue, key=cost), last=False)
+            super()._assign_work_unit(node)
 
     return ServedInTurn(config, log)
 
