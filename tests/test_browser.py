@@ -32,18 +32,37 @@ pytestmark = [
 ]
 
 
-@contextmanager
-def opened_page(url: str):
-    """The page in a fresh headless Chromium, closed afterwards."""
+@pytest.fixture(scope="module")
+def chromium():
+    """One headless Chromium for the module's tests (starting one costs seconds); each test opens
+    the page in a fresh context of it, so no test sees another's storage."""
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url, wait_until="domcontentloaded")
-            yield page
-        finally:
-            browser.close()
+        yield browser
+        browser.close()
+
+
+@contextmanager
+def opened_page(url: str, browser=None):
+    """The page in a fresh context of `browser`, or of a headless Chromium of its own; closed afterwards."""
+    if browser is None:
+        sync_api = pytest.importorskip("playwright.sync_api")
+        with sync_api.sync_playwright() as p:
+            own = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            try:
+                with opened_page(url, own) as page:
+                    yield page
+            finally:
+                own.close()
+        return
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        page.goto(url, wait_until="domcontentloaded")
+        yield page
+    finally:
+        context.close()
 
 
 # SPECDEMO_SCREENSHOT_PAIR=embedded serves the real default pair instead of the tiny one,
@@ -65,8 +84,8 @@ def page_url(tmp_path_factory):
         yield url
 
 
-def test_run_renders_panels_charts_and_table(page_url, tmp_path):
-    with opened_page(page_url) as page:
+def test_run_renders_panels_charts_and_table(page_url, tmp_path, chromium):
+    with opened_page(page_url, chromium) as page:
         page.locator("#sd-run").click(timeout=30_000)
         page.get_by_text("Done in", exact=False).wait_for(timeout=600_000 if REAL_PAIR else 90_000)
 
@@ -131,13 +150,13 @@ def long_run_server(tmp_path_factory, monkeypatch_module):
 
 
 @pytest.mark.parametrize("stream", ["open", "never opened"])
-def test_closing_the_tab_stops_the_run(long_run_server, stream):
+def test_closing_the_tab_stops_the_run(long_run_server, stream, chromium):
     """Whether the closed tab's result stream notices (the usual way) or no stream was ever open to
     notice (a tab closed right after Run, on a loaded machine), the session's heartbeat does."""
     url, demo = long_run_server
     # 40 ms a forward makes the 480-token run last ~20 s, far longer than the server needs to
     # notice the closed tab even on a loaded machine.
-    with opened_page(url) as page, counting_target_forwards(demo, pause_s=0.04) as forwards, \
+    with opened_page(url, chromium) as page, counting_target_forwards(demo, pause_s=0.04) as forwards, \
             watching_decodes() as (ended, stopped):
         if stream == "never opened":
             page.route("**/queue/data*", lambda route: route.abort())
@@ -158,8 +177,8 @@ def test_closing_the_tab_stops_the_run(long_run_server, stream):
         assert stopped_at - closed_at < 300, f"stopped {stopped_at - closed_at} forwards after the tab was closed"
 
 
-def test_benchmark_tab_runs_a_category_and_shows_its_results(page_url):
-    with opened_page(page_url) as page:
+def test_benchmark_tab_runs_a_category_and_shows_its_results(page_url, chromium):
+    with opened_page(page_url, chromium) as page:
         page.get_by_role("tab", name="Benchmark").click(timeout=30_000)
         page.locator("#bench-category input").click()
         page.get_by_role("option", name="math", exact=True).click()
@@ -174,14 +193,14 @@ def test_benchmark_tab_runs_a_category_and_shows_its_results(page_url):
         assert page.locator("#bench-summary-csv").is_enabled()
 
 
-def test_benchmark_tab_runs_an_uploaded_question_file(page_url, tmp_path):
+def test_benchmark_tab_runs_an_uploaded_question_file(page_url, tmp_path, chromium):
     import json
 
     questions = [{"question_id": 1, "category": "writing", "turns": ["w5 w6", "w7 w8"]},
                  {"question_id": 2, "category": "translation", "turns": ["w9 w10"], "reference": "w29 w29 w43"}]
     suite = tmp_path / "question.jsonl"
     suite.write_text("".join(json.dumps(q) + "\n" for q in questions), encoding="utf-8")
-    with opened_page(page_url) as page:
+    with opened_page(page_url, chromium) as page:
         page.get_by_role("tab", name="Benchmark").click(timeout=30_000)
         page.locator("#bench-suite input[type=file]").set_input_files(str(suite))
         page.locator("#bench-mt-bench input").check()
@@ -193,8 +212,8 @@ def test_benchmark_tab_runs_an_uploaded_question_file(page_url, tmp_path):
 
 
 @pytest.mark.slow
-def test_sweep_tab_runs_a_small_sweep_and_draws_its_chart(page_url):
-    with opened_page(page_url) as page:
+def test_sweep_tab_runs_a_small_sweep_and_draws_its_chart(page_url, chromium):
+    with opened_page(page_url, chromium) as page:
         page.get_by_role("tab", name="Sweep").click(timeout=30_000)
         page.locator("#sweep-gamma textarea, #sweep-gamma input").first.fill("1,2")
         page.locator("#sweep-gamma-max textarea, #sweep-gamma-max input").first.fill("3")
@@ -221,8 +240,8 @@ def head_page_url(tmp_path_factory):
         yield url
 
 
-def test_empty_tabs_show_placeholders_not_blank_frames(head_page_url):
-    with opened_page(head_page_url) as page:
+def test_empty_tabs_show_placeholders_not_blank_frames(head_page_url, chromium):
+    with opened_page(head_page_url, chromium) as page:
         for tab, name, what in (("Benchmark", "bench", "benchmark"), ("Sweep", "sweep", "sweep")):
             page.get_by_role("tab", name=tab).click(timeout=30_000)
             placeholder = page.locator(f"#{name}-placeholder")
@@ -248,30 +267,28 @@ window.requestAnimationFrame = (callback) => { window.framesAsked += 1; return a
 """
 
 
-def test_an_idle_page_asks_for_few_animation_frames(head_page_url):
+def test_an_idle_page_asks_for_few_animation_frames(head_page_url, chromium):
     """Gradio's status trackers redraw a timer every frame (60 a second, one of them forever, shown
     or not): the page holds a hidden tracker's frames until a tracker shows, so an idle Playground
     draws nothing."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            page = browser.new_page()
-            page.add_init_script(COUNT_FRAMES)
-            page.goto(head_page_url)
-            page.locator("#sd-run").wait_for(timeout=30_000)
-            time.sleep(6)  # the page's opening transitions end
-            page.evaluate("() => { window.framesAsked = 0; }")
-            time.sleep(3)
-            frames = page.evaluate("() => window.framesAsked")
-        finally:
-            browser.close()
+    context = chromium.new_context()
+    try:
+        page = context.new_page()
+        page.add_init_script(COUNT_FRAMES)
+        page.goto(head_page_url)
+        page.locator("#sd-run").wait_for(timeout=30_000)
+        time.sleep(6)  # the page's opening transitions end
+        page.evaluate("() => { window.framesAsked = 0; }")
+        time.sleep(3)
+        frames = page.evaluate("() => window.framesAsked")
+    finally:
+        context.close()
     assert frames <= 3  # 180 without the page's throttle, 30 with one that ignores whether a tracker shows
 
 
-def test_benchmark_defaults_run_on_a_feature_head_pair(head_page_url):
+def test_benchmark_defaults_run_on_a_feature_head_pair(head_page_url, chromium):
     """Nothing changed: the default methods leave out what the pair cannot run, and the run completes."""
-    with opened_page(head_page_url) as page:
+    with opened_page(head_page_url, chromium) as page:
         page.get_by_role("tab", name="Benchmark").click(timeout=30_000)
         assisted = page.locator('#bench-methods label:has(input[name="hf-assisted"])')
         assisted.wait_for(timeout=30_000)
