@@ -152,3 +152,20 @@ def test_the_benchmark_of_a_float32_pair_adds_nothing(tiny_pair):
                            max_new_tokens=4, temperature=0.0, chat=False)
     assert reference.runs == 0 and "fp32_reference" not in result.meta
     assert result.summary[VS_FLOAT32_COLUMNS].isna().all().all()
+
+
+@pytest.mark.parametrize("flags, shown", [([], True), (["--no-vs-fp32"], False)])
+def test_the_compare_command_labels_the_precision_and_prints_the_vs_fp32_columns(folders, tmp_path, capsys, flags,
+                                                                                 shown):
+    import pandas as pd
+
+    from specdemo import cli
+
+    summary_csv = tmp_path / "summary.csv"
+    assert cli.main(["compare", "--prompt", "w5 w6 w7 w8", "--target", folders[0], "--draft", folders[1], "--device",
+                     "cpu", "--target-dtype", "bfloat16", "--draft-dtype", "float32", "--methods", "ar,sd",
+                     "--max-new-tokens", "8", "--csv", str(summary_csv), *flags]) == 0
+    out = capsys.readouterr().out
+    assert "target bfloat16, draft float32: speedup_vs_ar is over AR with the bfloat16 target" in out
+    assert ("speedup_vs_fp32_ar" in out) is shown and ("loaded beside it" in out) is shown
+    assert bool(pd.read_csv(summary_csv).token_match_vs_fp32.notna().all()) is shown
