@@ -1,5 +1,6 @@
-"""Row-by-row attention: with an int8 target, every row of a verification forward (a chain or a
-tree of drafts, on a dynamic or a static cache) equals AR's one-row step bit for bit."""
+"""Row-by-row attention: with an int8 target, and with a bfloat16 or float16 target on the CPU, every
+row of a verification forward (a chain or a tree of drafts, on a dynamic or a static cache) equals
+AR's one-row step bit for bit."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ CONTEXT = [3, 9, 4, 11, 5, 3, 9, 4, 17, 2, 8]
 DRAFTS = [6, 12, 7, 30, 21]
 
 
-@pytest.fixture(scope="module")
-def int8_target(tmp_path_factory):
+@pytest.fixture(scope="module", params=["int8", "bfloat16", "float16"])
+def int8_target(request, tmp_path_factory):
+    """The tiny target at a precision whose verification is made row-exact on the CPU."""
     root = tmp_path_factory.mktemp("row-attention")
     build_tiny_pair(root, dtype="float32", hidden=64, layers=2)
-    pair = specdemo.load_pair(str(root / "target"), str(root / "draft"), device="cpu", target_dtype="int8")
+    pair = specdemo.load_pair(str(root / "target"), str(root / "draft"), device="cpu", target_dtype=request.param)
     assert all(getattr(m, MARK, False) for m in pair.target.modules() if type(m).__name__.endswith("Attention"))
+    assert pair.exactness == "bit-exact"
     return pair.target
 
 

@@ -151,6 +151,8 @@ def _start(pair: ModelPair, drafter: Drafter, policy, params: DecodeParams, seed
     generator.manual_seed(seed)
     run = Decoding(writer, drafter, policy, params.sampling, generator, phase_clock(pair.device), pair.eos_ids)
     result.cache, result.drafter = writer.kind, drafter.describe(pair.drafter_name)
+    if writer.model is pair.target:
+        result.exactness = getattr(pair, "exactness", "")
     runtime = getattr(pair, "target_runtime", None)
     if runtime is not None and writer.model is pair.target:
         result.runtime = f"{pair.runtime} {runtime.precision}"

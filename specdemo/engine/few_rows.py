@@ -69,3 +69,34 @@ def use_few_row_products(model: nn.Module) -> int:
             module.__class__ = FewRowLinear
             switched += 1
     return switched
+
+
+class OneRowLinear(nn.Linear):
+    """`nn.Linear` computing each of 2..row_attention.ROW_LIMIT rows alone, as a one-row step does.
+
+    A product of several rows runs another kernel and summation order than a product of one, so
+    in half precision a verified row rounds differently from AR's step and a greedy near-tie can
+    flip. Fed one at a time, each row of a verification is AR's step bit for bit (with
+    `row_attention` doing the same for attention). One row and long inputs (a long prefill, which
+    every method shares) run unchanged."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from . import row_attention  # its limit is read per call, so a measurement can move it
+
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if not 2 <= rows <= row_attention.ROW_LIMIT:
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(rows, x.shape[-1])
+        out = torch.cat([F.linear(flat[i : i + 1], self.weight, self.bias) for i in range(rows)])
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def use_one_row_products(model: nn.Module) -> int:
+    """Switch every plain (or few-row) linear layer of `model` to `OneRowLinear`, in place;
+    returns how many were switched."""
+    switched = 0
+    for module in model.modules():
+        if type(module) in (nn.Linear, FewRowLinear):
+            module.__class__ = OneRowLinear
+            switched += 1
+    return switched

@@ -148,6 +148,10 @@ class GenerationResult:
     # What ran the target's forwards: "torch", or "onnx fp32" / "onnx int4" ... (the runtime and its weights'
     # precision, since an int4 target is a different model from the fp32 one)
     runtime: str = "torch"
+    # What greedy decoding promises against AR on the target as loaded: "bit-exact" (each verified row
+    # computes as AR's step), "exact at float32", or "up to near-ties at bfloat16" (…int4, …), where
+    # a near-tie can round the other way and leave AR's text. "" where the pair did not say.
+    exactness: str = ""
     drafter: str = "none"  # what drafted: the pair's draft, NASD's table, or none (AR)
     compile_seconds: float = 0.0  # compile and warm-up before the first round; never part of `seconds`
     threads: int = 1  # torch's intra-op threads while it decoded (CPU speeds depend on it)
@@ -215,6 +219,7 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "stop_reason": result.stop_reason,
         "cache": result.cache,
         "runtime": result.runtime,
+        "exactness": result.exactness,
         "drafter": result.drafter,
         "compile_seconds": result.compile_seconds,
         "threads": result.threads,

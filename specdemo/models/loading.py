@@ -29,7 +29,8 @@ from ..engine.few_rows import use_few_row_products
 from .embedded import DEFAULT_DRAFT, EMBEDDED_HEAD, EMBEDDED_LM, load_embedded_draft, load_embedded_target
 from .errors import ModelLoadError
 from .onnx_export import ONNX, TORCH, check_runtime, onnx_target
-from .precision import Precision, quantize, resolve_precision, self_draft, self_draft_precision
+from .precision import (Precision, attention_of, make_verification_row_exact, quantize, resolve_precision, self_draft,
+                        self_draft_precision, verification_exactness)
 from .tokens import check_token_ids, collect_eos_ids, default_device, encode_chat, resolve_dtype
 
 
@@ -40,6 +41,13 @@ class Preset:
     draft: str | None
     note: str = ""
     encoder_decoder: bool = False  # the prompt goes to an encoder (T5, BART): no chat template
+
+    @property
+    def exactness(self) -> str:
+        """What greedy speculative decoding promises against AR on this target as loaded
+        (`precision.verification_exactness`): "bit-exact", "exact at float32" or "up to near-ties at …"."""
+        precision = self.target_precision or resolve_precision(self.target.dtype, self.device)
+        return verification_exactness(precision, self.device, attention_of(self.target), self.runtime)
 
     @property
     def draft_kind(self) -> str | None:
@@ -116,6 +124,13 @@ class ModelPair:
     def is_encoder_decoder(self) -> bool:
         """The prompt goes to an encoder; the output is the decoder's (T5, BART, ...)."""
         return is_encoder_decoder_model(self.target)
+
+    @property
+    def exactness(self) -> str:
+        """What greedy speculative decoding promises against AR on this target as loaded
+        (`precision.verification_exactness`): "bit-exact", "exact at float32" or "up to near-ties at …"."""
+        precision = self.target_precision or resolve_precision(self.target.dtype, self.device)
+        return verification_exactness(precision, self.device, attention_of(self.target), self.runtime)
 
     @property
     def draft_kind(self) -> str | None:
@@ -232,6 +247,7 @@ def load_pair(
     # Last, so that a feature head and a self-draft read the target's float weights.
     if target_runtime is None:
         target_model = quantize(target_model, target_precision)
+        make_verification_row_exact(target_model, target_precision)
     if torch.device(device).type == "cpu":
         # A quantized model's linear layers run their library's kernels, not float products.
         for model, precision in ((target_model, target_precision), (draft_model, draft_precision)):

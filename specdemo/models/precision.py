@@ -16,7 +16,9 @@ each quantized precision was chosen by measurement (docs/precision-and-memory.md
                         `IntxWeightOnlyConfig(int4, group 32)`, 4-bit values held one a byte
 
 Greedy decoding stays lossless against the target as loaded: an int8 target's speculative
-output equals the same int8 target's AR output. It is not the float32 target's output.
+output equals the same int8 target's AR output. It is not the float32 target's output. Whether a
+loaded target's verification computes its rows exactly as AR's one-row step is decided in one
+place, `verification_exactness`; every surface shows its label.
 
 May import torch (and torchao when a precision asks for it); nothing of specdemo outside
 ``engine`` and ``models``.
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
+from ..engine.few_rows import use_one_row_products
 from ..engine.memory import weight_bytes  # noqa: F401  (re-exported: a model's bytes at its precision)
 from ..engine.row_attention import ROW_LIMIT, attend_row_by_row
 from .errors import ModelLoadError
@@ -171,6 +174,69 @@ class RowwiseDynamicLinear(DynamicLinear):
         flat = x.reshape(rows, x.shape[-1])
         out = torch.cat([super(RowwiseDynamicLinear, self).forward(flat[i : i + 1]) for i in range(rows)])
         return out.view(*x.shape[:-1], out.shape[-1])
+
+
+# What a verification promises against AR's one-row steps (`GenerationResult.exactness`).
+BIT_EXACT = "bit-exact"  # every verified row computes as AR's step: greedy output equals AR's
+# Float rows differ from AR's step in their last bits only: at float32 a greedy near-tie that this
+# flips has not been seen on the suite's prompts, so the promise holds in practice.
+EXACT_AT = "exact at {}"
+# Rounding that can flip a near-tie: greedy output may leave AR's (measured at bfloat16 on 2 of 6 prompts).
+NEAR_TIES_AT = "up to near-ties at {}"
+# Half precisions whose verification is made row-exact on a CPU (`make_verification_row_exact`).
+ROW_EXACT_HALVES_ON_CPU = ("bfloat16", "float16")
+
+
+def verification_rows_are_exact(precision: Precision | str, device: str | torch.device,
+                                attention: str | None = "sdpa", runtime: str = "torch") -> bool:
+    """Whether a target at `precision` on `device`, with this attention implementation and runtime,
+    has its verification rows computed one at a time exactly as AR's step computes them: torch.ao's
+    dynamic int8 and, on a CPU, bfloat16 and float16, each with sdpa attention. The rule that both
+    the loading (what it switches on) and every label (`verification_exactness`) read."""
+    if runtime != "torch" or attention != "sdpa" or torch.device(device).type != "cpu":
+        return False
+    resolved = precision if isinstance(precision, Precision) else resolve_precision(precision, device)
+    return resolved.scheme == "int8-dynamic" or (not resolved.quantized and resolved.name in ROW_EXACT_HALVES_ON_CPU)
+
+
+def verification_exactness(precision: Precision | str, device: str | torch.device,
+                           attention: str | None = "sdpa", runtime: str = "torch") -> str:
+    """What greedy speculative decoding promises against AR on this target: BIT_EXACT where its rows
+    compute as AR's step, "exact at float32" (or float64) for a full-precision float target, else
+    "up to near-ties at PRECISION" (CUDA half precision, torchao's int8 and int4 paths, any target
+    whose attention is not sdpa, another runtime's reduced precision): there a mismatch with AR
+    is the precision's rounding, not a fault of the method."""
+    resolved = precision if isinstance(precision, Precision) else resolve_precision(precision, device)
+    if verification_rows_are_exact(resolved, device, attention, runtime):
+        return BIT_EXACT
+    if not resolved.quantized and resolved.float_dtype in (torch.float32, torch.float64):
+        return EXACT_AT.format(resolved.name)
+    return NEAR_TIES_AT.format(resolved.name)
+
+
+def is_exact(exactness: str | None) -> bool:
+    """False for an "up to near-ties" label, where AR's text may differ at that precision."""
+    return not (exactness or "").startswith(NEAR_TIES_AT.format(""))
+
+
+def attention_of(model: torch.nn.Module) -> str | None:
+    """A model's attention implementation as the exactness rule reads it; an encoder-decoder's
+    cross-attention is not row-by-row attention's, whatever its self-attention runs."""
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return "encoder-decoder"
+    return getattr(config, "_attn_implementation", None)
+
+
+def make_verification_row_exact(model: torch.nn.Module, precision: Precision) -> bool:
+    """Switch a float half-precision target on the CPU to one-row linears and row-by-row attention
+    where the rule asks for it (torch.ao's int8 does its own in `quantize`); True if it did."""
+    device = next(model.parameters()).device
+    if precision.quantized or not verification_rows_are_exact(precision, device, attention_of(model)):
+        return False
+    use_one_row_products(model)
+    attend_row_by_row(model)
+    return True
 
 
 def _torchao(model: torch.nn.Module, scheme: str, device: torch.device) -> None:
