@@ -33,7 +33,7 @@ from ..engine.methods import available_methods, parse_methods
 from ..engine.params import PARAMS, DecodeParams, EngineOptions
 from ..engine.trace import GenerationResult
 from ..models.loading import ModelPair, Preset, draft_kind_of
-from ..models.precision import PRECISIONS
+from ..models.precision import PRECISIONS, exactness_sentence, is_exact
 from .engine_controls import engine_options, first_round_status
 from .limits import Limits
 from .page import AUTO, ThreadPlan, decoding_thread, export_dir, gpu
@@ -335,6 +335,10 @@ def done_status(request: Request, results: list[GenerationResult], errors: list[
     done = (f"Done in {elapsed:.1f} s{request.note} ({decoding:.1f} s decoding, {threads} torch "
             f"thread{'' if threads == '1' else 's'}; the charts and panels were drawn after the timed rounds). "
             "Hover a token for its round and what decided it; download the numbers below.")
+    inexact = next((r.exactness for r in results if not is_exact(r.exactness)), None)
+    if inexact:
+        sentence = exactness_sentence(inexact)
+        done += f" ℹ️ {sentence[0].upper()}{sentence[1:]}."
     notes = [r.note for r in results if r.note]  # e.g. AR without a cache stopped early
     if notes:
         done += " ℹ️ " + "; ".join(notes) + "."

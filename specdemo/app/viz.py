@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from ..bench import acceptance, acceptance_charts
 from ..bench.tables import summary_frame, tokens_frame
 from ..engine.methods import METHODS, is_lossless
+from ..models.precision import mismatch_reading
 from ..engine.trace import (ACCEPTED, BONUS, COPIED, CORRECTED, REJECTED, TARGET, DraftDecision, GenerationResult,
                             Round, StopNote)
 
@@ -131,7 +132,10 @@ def legend_html() -> str:
         )
     note = ('<span class="sd-legend-note">hover a token: its round, γ, drafter entropy, drafts accepted, and what '
             'decided a draft: its q (drafter) and p (target) and the probability it was kept; a round\'s last '
-            'draft says why drafting stopped there, when a policy stopped it early</span>')
+            'draft says why drafting stopped there, when a policy stopped it early. AR\'s "quality" cell says '
+            'what greedy output promises against AR on the target as loaded: bit-exact; exact at float32; or, '
+            'at a precision whose verification rounds unlike AR\'s step (a GPU\'s bfloat16, int4), up to '
+            'near-ties, where a difference from AR is not lossless at that precision rather than a fault</span>')
     return f'<div class="sd-legend">{"".join(items)}{note}</div>'
 
 
@@ -486,10 +490,12 @@ def _num(value, fmt: str, missing: str = "–") -> str:
 
 
 def _quality(row: pd.Series) -> str:
+    exactness = _text(row.get("exactness"))
     if row["method"] == "ar" and row["matches_ar"] is not None and not _isnan(row["matches_ar"]):
-        return "reference"
+        # What "identical to AR" can promise on this target: bit-exact, exact at float32, or up to near-ties.
+        return f"reference ({exactness})" if exactness else "reference"
     if row["matches_ar"] is not None and not _isnan(row["matches_ar"]):
-        return "identical to AR" if bool(row["matches_ar"]) else "differs from AR"
+        return "identical to AR" if bool(row["matches_ar"]) else mismatch_reading(exactness)
     ppl = row.get("perplexity")
     if ppl is not None and not _isnan(ppl):
         return f"target perplexity {ppl:.2f}"

@@ -36,7 +36,7 @@ ROW_COLUMNS = [
     "accepted", "rejected_rounds", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards",
     "draft_forwards", "target_forwards_per_token", "mean_gamma", "mean_drafted", "mean_entropy",
     "draft_seconds", "verify_seconds", "matches_ar", "perplexity", *QUALITY_COLUMNS, "stop_reason", "cache", "runtime",
-    "compile_seconds", "error", "note", "output_ids", "text",
+    "exactness", "compile_seconds", "error", "note", "output_ids", "text",
     # Against float32 AR of the same target weights on the same prompt and repeat, where a model runs below
     # float32 (bench.vs_float32): that run's seconds and tokens (for speedup_vs_fp32_ar) and the agreement.
     "fp32_ar_seconds", "fp32_ar_new_tokens", *AGREEMENT_COLUMNS,
@@ -316,6 +316,8 @@ def _meta(pair, decode: DecodeParams, names, prompts, repeats, warmup) -> dict[s
         # Each model's precision as loaded: an int8 target computes in float32 and is still not float32's model.
         "target_dtype": _target_precision(pair),
         "draft_dtype": getattr(getattr(pair, "draft_precision", None), "name", None),
+        # What greedy output promises against AR on this target (models.precision.verification_exactness).
+        "exactness": getattr(pair, "exactness", ""),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "methods": list(names), "prompts": len(prompts), "categories": list(dict.fromkeys(p.category for p in prompts)),
         "repeats": repeats, "warmup": warmup, "params": decode.as_dict(),

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from . import acceptance_charts, statistics
+from ..models.precision import exactness_sentence
 from .benchmark import ROUND_COLUMNS, TOKEN_COLUMNS, BenchResult
 from .quality import QUALITY_COLUMNS
 from .vs_float32 import VS_FLOAT32_COLUMNS
@@ -223,6 +224,8 @@ def _precisions(meta: dict[str, Any]) -> str:
         return ""
     text = f" (target {html.escape(str(meta['target_dtype']))}"
     text += f", draft {html.escape(str(meta['draft_dtype']))})" if meta.get("draft_dtype") else ")"
+    if meta.get("exactness"):
+        text += f"; {html.escape(exactness_sentence(meta['exactness']))}"
     if meta.get("fp32_reference"):
         text += f"; the vs fp32 columns read {html.escape(str(meta['fp32_reference']))}"
     return text

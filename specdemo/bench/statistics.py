@@ -33,6 +33,9 @@ Definitions used in the tables (written into the report too):
                   AR's verify_seconds / target_forwards, per category).
   matches_ar      greedy runs of lossless methods: the same tokens as AR (per turn); empty
                   for beam search and the draft alone, which are not meant to match.
+  exactness       what matches_ar can promise on this target (models.precision): "bit-exact",
+                  "exact at float32", or "up to near-ties at bfloat16" (int4, ...), where a
+                  mismatch is the precision's rounding, not a fault of the method.
   turn            a question of several turns (MT-bench) is answered turn by turn, each
                   method continuing its own conversation; every turn is a timed row.
   bleu, chrf, rouge1, rouge2, rougeL   against the suite's references (where a prompt has
@@ -80,7 +83,7 @@ SUMMARY_COLUMNS = [
     "speedup_vs_hf_static", "speedup_vs_hf_static_std", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "copied_share", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
     "predicted_speedup_v", "break_even_tokens", "entropy_auc", "entropy_auc_n", *QUALITY_COLUMNS, "cache",
-    "runtime", "compile_seconds", *VS_FLOAT32_COLUMNS,
+    "runtime", "exactness", "compile_seconds", *VS_FLOAT32_COLUMNS,
 ]
 
 
@@ -211,6 +214,9 @@ def _measured(sub: pd.DataFrame, mine: pd.DataFrame, everything: pd.DataFrame, m
         "cache": ",".join(dict.fromkeys(everything.cache.dropna().astype(str))) if "cache" in everything else "",
         # What ran the target's forwards ("torch", "onnx fp32"), per method: a torch-ar row beside onnx rows.
         "runtime": ",".join(dict.fromkeys(mine.runtime.dropna().astype(str))) if "runtime" in mine else "",
+        # What its greedy output promises against AR ("bit-exact", "up to near-ties at bfloat16"); empty for peers.
+        "exactness": (",".join(dict.fromkeys(e for e in mine.exactness.dropna().astype(str) if e))
+                      if "exactness" in mine else ""),
         "compile_seconds": mine.compile_seconds.mean() if "compile_seconds" in mine else math.nan,
         # Against the suite's references, over the runs that have them (see bench.quality).
         **{name: mine[name].mean() if name in mine and mine[name].notna().any() else math.nan

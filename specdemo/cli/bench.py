@@ -18,6 +18,7 @@ from ..bench.runners import DEFAULT_BENCH_METHODS, bench_methods, parse_bench_me
 from ..bench.suite import ALL, encode_prompt, select_prompts
 from ..bench.threads import ThreadPlan
 from ..bench.vs_float32 import Float32Reference
+from ..models.precision import exactness_sentence
 from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, add_thread_plan_argument,
                      decode_params, default_chat,
                      engine_options, pair_from_args, progress_bar, read_suite,
@@ -182,6 +183,8 @@ def _print_summary(result: BenchResult) -> None:
     meta = result.meta
     print(f"target {meta.get('target_dtype')}" + (f", draft {meta['draft_dtype']}" if meta.get("draft_dtype") else "")
           + f": speedup_vs_ar is over AR with the {meta.get('target_dtype')} target")
+    if meta.get("exactness"):
+        print(f"exactness {meta['exactness']}: {exactness_sentence(meta['exactness'])}")
     with pd.option_context("display.max_columns", None, "display.width", 200, "display.float_format", "{:.3f}".format):
         print(overall[shown].to_string(index=False))
     if "fp32_reference" in meta:

@@ -11,6 +11,7 @@ from ..bench.compare import run_comparison
 from ..bench.tables import nodes_frame
 from ..bench.vs_float32 import VS_FLOAT32_COLUMNS, Float32Reference, runs_below_float32
 from ..engine.methods import parse_methods
+from ..models.precision import exactness_sentence, is_exact, mismatch_reading
 from .common import (add_decoding_arguments, add_model_arguments, decode_params, default_chat, engine_options,
                      pair_from_args)
 
@@ -57,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         print(summary[shown].to_string(index=False))
     if reference is not None:
         print(reference_line(reference, pair, comparison.float32_ar))
+    for line in mismatch_lines(summary):
+        print(line)
     for line in why_lines(summary):
         print(line)
     for result in comparison.results:
@@ -81,11 +84,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def precision_line(summary: pd.DataFrame) -> str:
-    """Which precision each model ran at: speedup_vs_ar is over AR at the target's own precision."""
+    """Which precision each model ran at (speedup_vs_ar is over AR at the target's own precision),
+    and what matches_ar can promise there."""
     first = summary.iloc[0] if len(summary) else {}
-    target, draft = first.get("target_dtype"), first.get("draft_dtype")
-    return (f"target {target or '?'}" + (f", draft {draft}" if isinstance(draft, str) and draft else "")
+    target, draft, exactness = first.get("target_dtype"), first.get("draft_dtype"), first.get("exactness")
+    line = (f"target {target or '?'}" + (f", draft {draft}" if isinstance(draft, str) and draft else "")
             + f": speedup_vs_ar is over AR with the {target or '?'} target")
+    if isinstance(exactness, str) and exactness:
+        line += f"\nexactness {exactness}: {exactness_sentence(exactness)}"
+    return line
+
+
+def mismatch_lines(summary: pd.DataFrame) -> list[str]:
+    """Each greedy run that left AR's tokens, read at its target's exactness: a fault of the method
+    where the verification is exact, the precision's rounding where it is not."""
+    lines = []
+    for _, row in summary[summary.matches_ar.notna()].iterrows():
+        if not bool(row["matches_ar"]):
+            exactness = row.get("exactness") if isinstance(row.get("exactness"), str) else ""
+            lines.append(f"{row['label']}: {mismatch_reading(exactness)}"
+                         + ("" if is_exact(exactness) else " (its rounding, not a fault of the method)"))
+    return lines
 
 
 def reference_line(reference: Float32Reference, pair, float32_ar) -> str:

@@ -219,6 +219,27 @@ def is_exact(exactness: str | None) -> bool:
     return not (exactness or "").startswith(NEAR_TIES_AT.format(""))
 
 
+def exactness_sentence(exactness: str | None) -> str:
+    """What a label means for greedy output against AR, in one sentence every surface can print."""
+    if not exactness:
+        return ""
+    if exactness == BIT_EXACT:
+        return "greedy output equals AR's bit for bit (every verified row computes as AR's one-row step)"
+    if is_exact(exactness):
+        return (f"greedy output equals AR's ({exactness}: verified rows differ from AR's step in their last "
+                "bits only)")
+    return (f"not lossless at this precision: greedy output equals AR's {exactness} (a verification "
+            "rounds its rows unlike AR's one-row step, so a near-tie can flip; a difference from AR is "
+            "that rounding, not a fault of the method)")
+
+
+def mismatch_reading(exactness: str | None) -> str:
+    """How a greedy run that differs from AR reads at this exactness."""
+    if is_exact(exactness):
+        return "differs from AR"
+    return f"differs from AR: not lossless at {exactness.removeprefix(NEAR_TIES_AT.format(''))}"
+
+
 def attention_of(model: torch.nn.Module) -> str | None:
     """A model's attention implementation as the exactness rule reads it; an encoder-decoder's
     cross-attention is not row-by-row attention's, whatever its self-attention runs."""
