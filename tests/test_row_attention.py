@@ -1,6 +1,6 @@
 """Row-by-row attention: with an int8 target, and with a bfloat16 or float16 target on the CPU where
-SPECDEMO_ROW_EXACT_HALF=1 asks for it, every row of a verification forward (a chain or a tree of drafts, on a dynamic or a static cache) equals
-AR's one-row step bit for bit."""
+SPECDEMO_ROW_EXACT_HALF=1 asks for it, every row of a verification forward (a chain or a tree of
+drafts, on a dynamic or a static cache) equals AR's one-row step bit for bit."""
 
 from __future__ import annotations
 

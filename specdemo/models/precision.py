@@ -266,7 +266,8 @@ def attention_of(model: torch.nn.Module) -> str | None:
 
 def make_verification_row_exact(model: torch.nn.Module, precision: Precision) -> bool:
     """Switch a float half-precision target on the CPU to one-row linears and row-by-row attention
-    where the rule asks for it (SPECDEMO_ROW_EXACT_HALF=1) (torch.ao's int8 does its own in `quantize`); True if it did."""
+    where the rule asks for it (SPECDEMO_ROW_EXACT_HALF=1; torch.ao's int8 does its own in
+    `quantize`); True if it did."""
     device = next(model.parameters()).device
     if precision.quantized or not verification_rows_are_exact(precision, device, attention_of(model)):
         return False
