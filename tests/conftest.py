@@ -39,13 +39,14 @@ SLOWEST_UNITS_SECONDS = {
 }
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, unknown to pytest without it
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadscope` (pyproject's addopts), with the modules above as one scope and the
-    slowest units handed out first.
+    """`-n`'s default distribution (and `--dist loadscope`): a module per unit of work, the modules
+    above as one unit, and the slowest units handed out first. Another `--dist` keeps xdist's.
 
     xdist's own `xdist_group` mark cannot do this under pytest 9, whose node ids xdist can no
     longer rename."""
-    if config.getoption("dist") != "loadscope":
+    if config.getoption("dist") not in ("load", "loadscope"):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
