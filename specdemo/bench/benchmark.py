@@ -112,14 +112,21 @@ def run_benchmark(
                      for position, method in enumerate(order)}
             session.record(group, repeat, index, item, turn)
     meta = _meta(pair, decode, names, prompts, repeats, warmup)
+    meta.update(_run_meta(session, threads, names))
+    meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, warmup_compile_seconds=warmup_compile)
+    return session.result(meta)
+
+
+def _run_meta(session: "_Session", threads: ThreadPlan | None, names: list[str]) -> dict[str, Any]:
+    """What this run's thread plan and float32 reference were, for the meta."""
+    meta: dict[str, Any] = {}
     if threads is not None:
         meta["threads"] = {name: threads.for_method(name) for name in names}
     if session.float32 is not None:
-        meta["fp32_reference"] = ("the run's own AR" if not session.float32.loaded_beside(pair)
+        meta["fp32_reference"] = ("the run's own AR" if not session.float32.loaded_beside(session.pair)
                                   else "AR on a float32 copy of the target, timed in no row")
         meta["fp32_reference_seconds"] = session.float32.seconds
-    meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, warmup_compile_seconds=warmup_compile)
-    return session.result(meta)
+    return meta
 
 
 def _prompts(suite, categories, limit) -> list[SuitePrompt]:

@@ -181,12 +181,12 @@ def _print_summary(result: BenchResult) -> None:
     if overall.speedup_vs_fp32_ar.notna().any():
         shown += ["speedup_vs_fp32_ar", "token_match_vs_fp32", "prefix_match_vs_fp32", "chrf_vs_fp32"]
     meta = result.meta
+    with pd.option_context("display.max_columns", None, "display.width", 200, "display.float_format", "{:.3f}".format):
+        print(overall[shown].to_string(index=False))
     print(f"target {meta.get('target_dtype')}" + (f", draft {meta['draft_dtype']}" if meta.get("draft_dtype") else "")
           + f": speedup_vs_ar is over AR with the {meta.get('target_dtype')} target")
     if meta.get("exactness"):
         print(f"exactness {meta['exactness']}: {exactness_sentence(meta['exactness'])}")
-    with pd.option_context("display.max_columns", None, "display.width", 200, "display.float_format", "{:.3f}".format):
-        print(overall[shown].to_string(index=False))
     if "fp32_reference" in meta:
         print(f"vs fp32 columns: against {meta['fp32_reference']}"
               + (f" ({meta['fp32_reference_seconds']:.1f} s in all)" if "copy" in meta["fp32_reference"] else ""))

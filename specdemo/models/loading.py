@@ -249,14 +249,19 @@ def load_pair(
         target_model = quantize(target_model, target_precision)
         make_verification_row_exact(target_model, target_precision)
     if torch.device(device).type == "cpu":
-        # A quantized model's linear layers run their library's kernels, not float products.
-        for model, precision in ((target_model, target_precision), (draft_model, draft_precision)):
-            if model is not None and not (precision.quantized and not isinstance(model, FeatureHead)):
-                use_few_row_products(model)
+        _use_few_row_products(((target_model, target_precision), (draft_model, draft_precision)))
     return ModelPair(target_model, tokenizer, draft_model, name=name, target_ref=target, draft_ref=draft,
                      vocab_size=vocab_size, target_precision=target_precision,
                      draft_precision=draft_precision if draft is not None else None,
                      runtime=runtime, target_runtime=target_runtime)
+
+
+def _use_few_row_products(models) -> None:
+    """The CPU's few-row products for each float model of (model, precision) pairs; a quantized
+    model's linear layers run their library's kernels, not float products."""
+    for model, precision in models:
+        if model is not None and not (precision.quantized and not isinstance(model, FeatureHead)):
+            use_few_row_products(model)
 
 
 def _onnx_target(target: str, target_model, tokenizer, precision: Precision):
