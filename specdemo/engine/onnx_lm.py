@@ -32,6 +32,19 @@ TREES_REFUSED = ("trees need a verification over a list of positions with an att
                  "verifies a chain only: use a chain method (ar, sd, egag, nasd, rest, adaptive stops) or "
                  "runtime=torch")
 
+# By default ONNX Runtime's pool threads busy-wait after each run for the next one. Between two target
+# forwards torch runs the drafter and the sampling, and the spinning threads take its cores: at 2 threads
+# on a 2-core CPU, spinning made AR 1.3x slower (31.7 against 40 tok/s) and the feature head's draft
+# steps 1.7x slower (15 against 9 ms a round); at 1 thread it changed nothing (docs/runtime.md).
+# Off, the pool's threads sleep between runs.
+NO_SPINNING = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
+
+
+def session_options(threads: int) -> dict:
+    """onnxruntime-genai's `session_options` for a session of `threads` intra-op threads (the string
+    entries that are not its own keys go to ONNX Runtime as session config entries)."""
+    return {"intra_op_num_threads": threads, "inter_op_num_threads": 1, **NO_SPINNING}
+
 
 class OnnxTarget:
     """An exported target folder and its runtime sessions, one per intra-op thread count (a
@@ -52,8 +65,7 @@ class OnnxTarget:
         with self._lock:
             if threads not in self._models:
                 config = og.Config(str(self.folder))
-                options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
-                config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+                config.overlay(json.dumps({"model": {"decoder": {"session_options": session_options(threads)}}}))
                 self._models[threads] = og.Model(config)
             return self._models[threads]
 
