@@ -236,3 +236,97 @@ def test_sd_under_sampling_draws_from_the_runtimes_distribution(small_vocab_onnx
     expected = runtime_joint(pair, SamplingConfig(temperature=1.0)).flatten() * samples
     assert counts.flatten()[expected == 0].sum() == 0
     assert pooled_chisquare(counts.flatten(), expected) > 1e-3
+
+
+# --------------------------------------------------------------------------- the Playground on the runtime
+
+
+@pytest.fixture(scope="module")
+def page_presets(onnx_folders):
+    from specdemo.models.loading import Preset
+
+    target, draft, head = onnx_folders
+    return {"tiny-onnx": Preset("tiny-onnx", str(target), str(draft)),
+            "tiny-head-onnx": Preset("tiny-head-onnx", str(target), str(head)),
+            "hub": Preset("hub", "someone/some-model", None)}
+
+
+def float32_loader(target, draft=None, device=None, dtype=None, **chosen):
+    return specdemo.load_pair(target, draft, device="cpu", dtype="float32", **chosen)
+
+
+def runtime_dropdown(demo):
+    return next(block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "sd-runtime")
+
+
+def test_the_page_offers_the_runtime_where_it_runs_and_hides_it_elsewhere(page_presets, monkeypatch):
+    from types import SimpleNamespace
+
+    from specdemo.app import ui
+    from specdemo.app.playgroundtab import runtime_offered
+    from specdemo.models import onnx_export
+
+    assert onnx_export.served_runtimes("cpu") == ("torch", "onnx")
+    assert onnx_export.served_runtimes("cuda:0") == ("torch",)
+    demo = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
+    dropdown = runtime_dropdown(demo)
+    assert dropdown.visible and [value for _, value in dropdown.choices] == ["torch", "onnx"]
+    # A Hub target cannot be exported as it is: choosing its pair hides the control and goes back to torch.
+    ctx = SimpleNamespace(presets=page_presets, runtimes=("torch", "onnx"))
+    assert runtime_offered(ctx, "hub") == {"__type__": "update", "visible": False, "value": "torch"}
+    assert runtime_offered(ctx, "tiny-head-onnx")["visible"]
+    monkeypatch.setattr(onnx_export, "onnx_runtime_missing", lambda: "onnxruntime-genai is not installed")
+    assert not runtime_dropdown(ui.build_demo(pair_loader=float32_loader, presets=page_presets,
+                                              default_preset="tiny-onnx")).visible
+
+
+def page_run(presets, methods: str, runtime: str = "onnx", preset: str = "tiny-head-onnx"):
+    from specdemo.app import handlers
+    from specdemo.app.page import PairCache
+
+    cache = PairCache(float32_loader, warm_up=False)
+    request = handlers.make_request("w5 w6 w7 w8 w9 w10 w5 w6 w7 w8", preset, "", "",
+                                    {"temperature": 0.0, "max_new_tokens": 24, "chat": False, "runtime": runtime},
+                                    presets, methods=methods, runtimes=("torch", "onnx"))
+    load = lambda r: cache.get(r.target, r.draft, target_dtype=r.target_dtype, runtime=r.runtime)  # noqa: E731
+    return list(handlers.stream_run(request, load))
+
+
+def test_a_playground_run_on_the_runtime_gives_sd_the_runtimes_own_ar_tokens(page_presets):
+    updates = page_run(page_presets, "ar,sd,egag")
+    assert "exports the target for ONNX Runtime" in updates[0].status
+    ar, *drafting = updates[-1].results
+    assert all(result.runtime == "onnx fp32" for result in (ar, *drafting))
+    assert [result.token_ids for result in drafting] == [ar.token_ids] * 2
+    assert sum(result.stats["accepted"] for result in drafting) > 0
+
+
+def test_a_method_the_runtime_refuses_reads_as_its_reason_on_the_page_and_the_others_run(page_presets):
+    last = page_run(page_presets, "ar,sd-tree")[-1]
+    assert [result.method for result in last.results] == ["ar"]
+    assert "verifies a chain only" in last.status and "verifies a chain only" in last.panels[1]
+
+
+def test_a_runtime_the_page_does_not_offer_is_refused_by_name(page_presets):
+    from specdemo.app import handlers
+
+    with pytest.raises(ValueError, match="runtime must be one of torch, onnx here, got 'tensorrt'"):
+        handlers.make_request("w5", "tiny-onnx", "", "", {"runtime": "tensorrt"}, page_presets,
+                              runtimes=("torch", "onnx"))
+
+
+@pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")  # Gradio's own pandas deprecations
+def test_the_served_page_runs_on_the_runtime_it_is_asked_for(onnx_folders, page_presets):
+    """Through the page's own endpoint: the runtime field reaches the pair cache and the table names it."""
+    gradio_client = pytest.importorskip("gradio_client")
+    from tests.uiserver import serve
+
+    with serve(onnx_folders[0].parent, presets=page_presets, loader=float32_loader) as (url, _):
+        client = gradio_client.Client(url, verbose=False)
+        for runtime in ("onnx", "torch"):
+            summary, *_ = client.predict(prompt="w5 w6 w7 w8 w9 w10 w5 w6", preset="tiny-onnx", methods="ar,sd",
+                                         max_new_tokens=12, temperature=0.0, chat=False, runtime=runtime,
+                                         api_name="/compare")
+            rows = [dict(zip(summary["headers"], row)) for row in summary["data"]]
+            assert [row["runtime"] for row in rows] == [f"{runtime} fp32" if runtime == "onnx" else "torch"] * 2
+            assert rows[1]["matches_ar"] in (True, "True", 1)

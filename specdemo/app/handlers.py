@@ -33,6 +33,7 @@ from ..engine.methods import available_methods, parse_methods
 from ..engine.params import PARAMS, DecodeParams, EngineOptions
 from ..engine.trace import GenerationResult
 from ..models.loading import ModelPair, Preset, draft_kind_of
+from ..models.onnx_export import ONNX, TORCH
 from ..models.precision import PRECISIONS, exactness_sentence, is_exact
 from .engine_controls import engine_options, first_round_status
 from .limits import Limits
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 STATUS_INTERVAL_S = 1.0
 PARAM_NAMES = tuple(PARAMS)  # the decoding parameters every decoding endpoint takes, in the schema's order
 PRECISION_NAMES = ("target_dtype", "draft_dtype")  # the models' precisions the Playground and its endpoints take
+RUNTIME = "runtime"  # what runs the target's forwards (torch, or onnx where the page offers it)
 
 
 def write_csvs(summary: pd.DataFrame, rounds: pd.DataFrame, tokens: pd.DataFrame) -> tuple[str, str, str]:
@@ -74,6 +76,7 @@ class Request:
     engine: EngineOptions = field(default_factory=EngineOptions)  # how tokens are computed, never which
     target_dtype: str = AUTO  # each model's precision, as offered (AUTO: the loader's default for the device)
     draft_dtype: str = AUTO
+    runtime: str = TORCH  # what runs the target's forwards: torch, or onnx where the page offers it
 
 
 def resolve_models(preset: str | None, target: str | None, draft: str | None,
@@ -106,13 +109,24 @@ def chosen_precision(name: str, value: Any, offered: Sequence[str]) -> str:
     return value.strip()
 
 
+def chosen_runtime(value: Any, offered: Sequence[str]) -> str:
+    """The target's runtime from the page or the API: torch when empty, else one of `offered`."""
+    if value in (None, ""):
+        return TORCH
+    if not isinstance(value, str) or value.strip() not in offered:
+        raise ValueError(f"{RUNTIME} must be one of {', '.join(offered)} here, got {value!r}")
+    return value.strip()
+
+
 def make_request(prompt, preset, target, draft, values: Mapping[str, Any], presets: Mapping[str, Preset],
-                 limits: Limits | None = None, methods: Any = None, precisions: Sequence[str] = PRECISIONS) -> Request:
+                 limits: Limits | None = None, methods: Any = None, precisions: Sequence[str] = PRECISIONS,
+                 runtimes: Sequence[str] = (TORCH,)) -> Request:
     """Validate everything that can be checked before loading a model; ValueError otherwise.
 
     values: the decoding parameters by schema name (missing ones take the schema's default), and
     target_dtype and draft_dtype (AUTO when missing); methods: a comma-separated string or a list
-    (None: the default methods); precisions: the ones the page offers besides AUTO.
+    (None: the default methods); precisions: the ones the page offers besides AUTO; runtimes: the
+    target runtimes it offers (`values["runtime"]`, torch when missing).
     """
     if methods is not None and not isinstance(methods, (str, list, tuple)):
         raise ValueError("methods must be a comma-separated string or a list of names")
@@ -122,12 +136,13 @@ def make_request(prompt, preset, target, draft, values: Mapping[str, Any], prese
     decode = DecodeParams.from_values(**{name: values[name] for name in PARAM_NAMES if name in values})
     engine = engine_options(values)
     target_dtype, draft_dtype = (chosen_precision(name, values.get(name), precisions) for name in PRECISION_NAMES)
+    runtime = chosen_runtime(values.get(RUNTIME), runtimes)
     limits = limits or Limits()
     limits.check_models(preset, target, draft, known=presets)
     limits.check_new_tokens(decode.max_new_tokens)
     target, draft = resolve_models(preset, target, draft, presets)
     return Request(prompt, target, draft, decode, methods=names, engine=engine, target_dtype=target_dtype,
-                   draft_dtype=draft_dtype)
+                   draft_dtype=draft_dtype, runtime=runtime)
 
 
 def readable_failure(error: BaseException) -> str:
@@ -211,9 +226,8 @@ def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: L
     Closing the generator (Stop, a closed tab) closes the method's round iterator, so
     decoding ends with the round in flight.
     """
-    compiling = " (a pair new to the page also compiles its decode steps, first time only)" if request.engine.compile else ""
     yield RunUpdate(status=f"Loading **{request.target}**" + (f" + **{request.draft}**" if request.draft else "")
-                    + f"{compiling} …" + STALE_NOTE)
+                    + f"{loading_note(request)} …" + STALE_NOTE)
     try:
         pair = load(request)
     except ValueError as error:  # ModelLoadError and tokenizer mismatches are ValueErrors
@@ -227,6 +241,14 @@ def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: L
     fit_chat(request, pair)
     fit_engine(request, pair)
     yield from gpu(decode_methods)(pair, request, limits, threads=threads)
+
+
+def loading_note(request: Request) -> str:
+    """What a first load costs beyond reading the weights, for the status line."""
+    if request.runtime == ONNX:
+        return (" on the onnx runtime (its first use exports the target for ONNX Runtime, about 30 s for the "
+                "embedded one; afterwards it is read from disk)")
+    return " (a pair new to the page also compiles its decode steps, first time only)" if request.engine.compile else ""
 
 
 STALE_NOTE = " The panels, charts and table below are redrawn when every method has ended."

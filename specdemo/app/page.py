@@ -59,7 +59,7 @@ def no_engine_defaults(encoder_decoder: bool) -> EngineOptions:
 
 
 class PairCache:
-    """Pairs keyed by (target, draft, device, dtype, target_dtype, draft_dtype); beyond `limit`, the least recently
+    """Pairs keyed by (target, draft, device, dtype, target_dtype, draft_dtype, runtime); beyond `limit`, the least recently
     used pair is closed so a new one can take its memory. With `warm_up` (a cache that serves
     visitors) each new pair is warmed, and what is alive then is frozen out of the collector's way
     (`_freeze_what_stays`) until a pair is closed."""
@@ -79,12 +79,16 @@ class PairCache:
         return len(self._pairs)
 
     def get(self, target: str, draft: str | None, device: str | None = None, dtype: str | None = None,
-            target_dtype: str | None = None, draft_dtype: str | None = None) -> ModelPair:
+            target_dtype: str | None = None, draft_dtype: str | None = None, runtime: str | None = None) -> ModelPair:
         """The pair, loaded on first use. Each model's precision ("auto" or None: `dtype`, else the
-        loader's default for the device) is part of the key, so another precision loads another pair."""
+        loader's default for the device) and the target's runtime (None: torch) are part of the key,
+        so another precision or runtime loads another pair."""
         precisions = {name: value for name, value in (("target_dtype", target_dtype), ("draft_dtype", draft_dtype))
                       if value not in (None, "", AUTO)}
-        key = (target, draft, device, dtype, precisions.get("target_dtype"), precisions.get("draft_dtype"))
+        if runtime not in (None, "", "torch"):
+            precisions["runtime"] = runtime
+        key = (target, draft, device, dtype, precisions.get("target_dtype"), precisions.get("draft_dtype"),
+               precisions.get("runtime"))
         with self._lock:
             if key in self._pairs:
                 self._pairs.move_to_end(key)
@@ -94,7 +98,7 @@ class PairCache:
                 _, old = self._pairs.popitem(last=False)
                 gc.unfreeze()  # let the collector reach what the closed pair leaves behind
                 old.close()
-            # Only a precision that was chosen reaches the loader, so the default loads as it always has.
+            # Only a precision or a runtime that was chosen reaches the loader, so the default loads as it always has.
             pair = self.loader(target, draft, device=device, dtype=dtype, **precisions)
             self._pairs[key] = pair
             if self.warm_up:  # a cache that serves visitors
@@ -205,8 +209,9 @@ def _relay(request: gr.Request | None, updates: Iterator) -> Iterator:
 class TabContext:
     """What the page hands each tab.
 
-    load(target, draft, target_dtype, draft_dtype) returns a cached pair (each precision "auto"
-    when not given); precisions are the ones the page offers besides "auto"; gpu decorates the GPU work (ZeroGPU);
+    load(target, draft, target_dtype, draft_dtype, runtime) returns a cached pair (each precision "auto"
+    and the runtime torch when not given); precisions are the ones the page offers besides "auto", runtimes the
+    target runtimes it offers; gpu decorates the GPU work (ZeroGPU);
     export() gives a fresh folder for a run's files; queue_id is the concurrency group every
     decoding event shares; follow(request, updates) relays a run's updates, stopping it when
     the visitor's tab closes and tidying the visitor's session after it; ready, when given, is
@@ -227,6 +232,7 @@ class TabContext:
     engine_defaults: EngineDefaults = no_engine_defaults  # the engine controls' values for a pair
     threads: ThreadPlan | None = None  # torch's threads per method (None: as the process has them)
     precisions: tuple[str, ...] = PRECISIONS  # the models' precisions the device serves, besides AUTO
+    runtimes: tuple[str, ...] = ("torch",)  # the target runtimes this install and device serve
 
 
 def session_id(request: gr.Request | None) -> str | None:

@@ -21,17 +21,18 @@ from . import charts as charts_module
 from . import forms, handlers, viz
 from ..bench.tables import summary_frame
 from ..engine.methods import DEFAULT_METHODS, METHODS
-from ..models.loading import ModelPair, Preset
+from ..models.loading import ModelPair, Preset, onnx_can_export
+from ..models.onnx_export import TORCH
 from .engine_controls import ENGINE_NAMES, engine_controls
 from .examples import EXAMPLES, encoder_decoder_examples
-from .handlers import PRECISION_NAMES, Request, RunUpdate, make_request
+from .handlers import PRECISION_NAMES, RUNTIME, Request, RunUpdate, make_request
 from .page import AUTO, TabContext, session_id, wire_stop
 from .streams import BySession, wire_status_then_draw
 
 log = logging.getLogger(__name__)
 
 # The endpoints' own inputs around the schema's parameters, in the API's order.
-FORM_BEFORE, FORM_AFTER = ("prompt", "preset", "methods"), ("target", "draft", *ENGINE_NAMES, *PRECISION_NAMES)
+FORM_BEFORE, FORM_AFTER = ("prompt", "preset", "methods"), ("target", "draft", *ENGINE_NAMES, *PRECISION_NAMES, RUNTIME)
 CHARTS = charts_module.CHART_NAMES
 # Where each chart sits: how the methods ran (two rows of two), why drafts were kept, the trees of
 # tree methods, and the break-even beside the reading under the table.
@@ -53,12 +54,13 @@ class Inputs:
     draft: gr.Textbox
     engine: dict[str, Any]
     precisions: dict[str, gr.Dropdown]  # by PRECISION_NAMES
+    runtime: gr.Dropdown  # the target's runtime (hidden where only torch serves the pair)
     run_btn: gr.Button
     stop_btn: gr.Button
 
     def event_inputs(self, methods: Any) -> list[Any]:
         return forms.inputs(self.controls, [self.prompt, self.preset, methods],
-                            [self.target, self.draft, *self.engine.values(), *self.precisions.values()])
+                            [self.target, self.draft, *self.engine.values(), *self.precisions.values(), self.runtime])
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,7 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> Inputs:
         with gr.Row():
             engine = engine_controls(ctx.engine_defaults(_encoder_decoder(ctx, ctx.default_preset)))
             precisions = precision_controls(ctx.precisions)
+            runtime = runtime_control(ctx)
     preset.change(lambda name, chosen: _offer_methods(ctx, name, chosen), inputs=[preset, methods],
                   outputs=[methods], api_visibility="private", queue=False)
     # An encoder-decoder pair reads the prompt as it is: its chat switch would do nothing.
@@ -205,7 +208,9 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> Inputs:
                   inputs=[preset], outputs=[controls["chat"]], api_visibility="private")
     preset.change(lambda name: engine_values(ctx, name), inputs=[preset], outputs=list(engine.values()),
                   api_visibility="private", queue=False)
-    return Inputs(prompt, preset, methods, controls, target, draft, engine, precisions, run_btn, stop_btn)
+    preset.change(lambda name: runtime_offered(ctx, name), inputs=[preset], outputs=[runtime],
+                  api_visibility="private", queue=False)
+    return Inputs(prompt, preset, methods, controls, target, draft, engine, precisions, runtime, run_btn, stop_btn)
 
 
 def _encoder_decoder(ctx: TabContext, preset_name: str) -> bool:
@@ -234,6 +239,25 @@ def precision_controls(offered: tuple[str, ...]) -> dict[str, gr.Dropdown]:
     return {name: gr.Dropdown([AUTO, *offered], value=AUTO, label=labels[name], info=info[name],
                               allow_custom_value=True, elem_id=f"sd-{name.replace('_', '-')}")
             for name in PRECISION_NAMES}
+
+
+def runtime_control(ctx: TabContext) -> gr.Dropdown:
+    """What runs the target's forwards. Like a precision it changes how the target is loaded, so it sits
+    beside them; shown only where onnx runs here and the chosen pair's target can be exported for it."""
+    info = ("onnx: the target on ONNX Runtime (the CPU), exported on first use (about 30 s). Greedy SD still "
+            "equals AR on the same runtime; trees, beam search, AR without a cache, target KV policies and "
+            "compile run on torch only")
+    return gr.Dropdown(list(ctx.runtimes), value=TORCH, label="Target runtime", info=info, allow_custom_value=True,
+                       visible=runtime_offered(ctx, ctx.default_preset)["visible"], elem_id="sd-runtime")
+
+
+def runtime_offered(ctx: TabContext, preset_name: str) -> dict:
+    """The runtime control for a pair: shown where another runtime than torch serves its target, else hidden
+    and back on torch (a Hub target cannot be exported as it is)."""
+    preset = ctx.presets.get(preset_name)
+    offered = len(ctx.runtimes) > 1 and preset is not None and not preset.encoder_decoder \
+        and onnx_can_export(preset.target)
+    return gr.update(visible=offered) if offered else gr.update(visible=False, value=TORCH)
 
 
 def method_choices(draft: str | None) -> list[tuple[str, str]]:
@@ -301,7 +325,7 @@ def _outputs(initial: Mapping[str, Any], warming: str = "") -> Outputs:
 def _loader(ctx: TabContext):
     def load(request: Request) -> ModelPair:
         return ctx.load(request.target, request.draft, target_dtype=request.target_dtype,
-                        draft_dtype=request.draft_dtype)
+                        draft_dtype=request.draft_dtype, runtime=request.runtime)
     return load
 
 
@@ -321,7 +345,7 @@ class RunStreams:
         try:
             req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
                                ctx.presets, ctx.limits, methods=form["methods"] or [],
-                               precisions=ctx.precisions)
+                               precisions=ctx.precisions, runtimes=ctx.runtimes)
         except ValueError as error:
             yield RunUpdate(status=f"⚠️ {error}", warning=str(error))
             return
@@ -423,7 +447,7 @@ def _wire_compare(ctx: TabContext, inputs: Inputs) -> None:
         try:
             req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
                                ctx.presets, ctx.limits, methods=form["methods"],
-                               precisions=ctx.precisions)
+                               precisions=ctx.precisions, runtimes=ctx.runtimes)
             outcome = handlers.compare(req, _loader(ctx), ctx.limits, ctx.gpu, ctx.threads)
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None

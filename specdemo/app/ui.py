@@ -33,6 +33,7 @@ from .page import (  # noqa: F401  (what the tabs share, re-exported for callers
 )
 from ..models.loading import PRESETS, Preset, load_pair
 from ..models.precision import served_precisions
+from ..models.onnx_export import served_runtimes
 from ..models.tokens import default_device
 from ..engine.methods import DEFAULT_METHODS
 from ..engine.params import DecodeParams
@@ -79,9 +80,8 @@ def build_demo(
     """The page's Blocks, queued so GPU work runs one request at a time.
 
     pair_loader: called as loader(target, draft, device=..., dtype=...) (default `load_pair`), plus
-    target_dtype=... and draft_dtype=... when a visitor chose a precision other than auto;
-    tests pass presets with a tiny local pair. public: turn public mode on (it is also on
-    for a Space or with SPECDEMO_PUBLIC=1); limits: the deployment's limits, read from the
+    target_dtype, draft_dtype and runtime where a visitor chose other than auto (torch); tests pass presets
+    with a tiny local pair. public: turn public mode on (it is also on for a Space or with SPECDEMO_PUBLIC=1); limits: the deployment's limits, read from the
     environment when not given. preload: load and warm the default pair in the background from
     the start, so that the first Run is timed like the second. threads: torch's threads per method
     (`serving_threads`; None leaves them as they are). defaults: initial values of the page's inputs by parameter name (prompt, methods,
@@ -108,6 +108,7 @@ def build_demo(
             load=functools.partial(cache.get, device=device, dtype=dtype),
             limits=limits, gpu=gpu, export=export_dir, queue_id=GPU_QUEUE, follow=runs.follow, ready=ready,
             threads=threads, precisions=served_precisions(device or default_device()),
+            runtimes=served_runtimes(str(device or default_device())),
             warming=warming_status(default, engine_defaults(served[default].encoder_decoder)),
             engine_defaults=engine_defaults,
         )

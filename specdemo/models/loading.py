@@ -264,6 +264,12 @@ def _use_few_row_products(models) -> None:
             use_few_row_products(model)
 
 
+def onnx_can_export(target: str) -> bool:
+    """Whether runtime onnx can load this target reference (the embedded target or a local transformers
+    folder; a Hub id or a .gguf file cannot be exported as it is)."""
+    return target == EMBEDDED or Path(target).is_dir()
+
+
 def _onnx_target(target: str, target_model, tokenizer, precision: Precision):
     """The target exported for ONNX Runtime from its transformers folder (the embedded target's
     converted cache, else a copy written next to the exports)."""
@@ -277,7 +283,7 @@ def _onnx_target(target: str, target_model, tokenizer, precision: Precision):
             if not (source / "config.json").is_file():
                 target_model.save_pretrained(source)
                 tokenizer.save_pretrained(source)
-    elif Path(target).is_dir():
+    elif onnx_can_export(target):
         source = Path(target)
     else:
         raise ModelLoadError(f"runtime onnx exports the embedded target or a local transformers folder; {target!r} is "

@@ -42,6 +42,12 @@ def onnx_runtime_missing() -> str | None:
     return None
 
 
+def served_runtimes(device: str) -> tuple[str, ...]:
+    """The runtimes a page on `device` offers for the target: onnx beside torch where it is installed
+    and the device is the CPU (the one the runtime runs on)."""
+    return RUNTIMES if str(device).startswith("cpu") and onnx_runtime_missing() is None else (TORCH,)
+
+
 def check_runtime(runtime: str, device: str, precision_name: str) -> None:
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime: {runtime!r} is not one of {', '.join(RUNTIMES)}")
