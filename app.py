@@ -1,5 +1,6 @@
 """Start the speculative-decoding playground:
-`python app.py [--host H] [--port P] [--share] [--public] [--threads N] [--compile auto|on|off]`."""
+`python app.py [--host H] [--port P] [--share] [--public] [--threads N] [--compile auto|on|off]
+[--runtime torch|onnx]`."""
 
 from __future__ import annotations
 
@@ -23,23 +24,28 @@ def build_parser() -> argparse.ArgumentParser:
                              "where CUDA serves a decoder-only pair (not on ZeroGPU), compiled at start before the "
                              "first Run; on = on any device; off = never by default (visitors may still tick it); "
                              "default: SPECDEMO_COMPILE, else auto")
+    parser.add_argument("--runtime", choices=("torch", "onnx"), default=None,
+                        help="the page's default target runtime, loaded and warmed at start (onnx: ONNX Runtime on "
+                             "the CPU, where onnxruntime-genai is installed); default: SPECDEMO_RUNTIME, else torch")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     from specdemo.app.engine_controls import compile_setting
-    from specdemo.app.ui import build_demo, launch, serving_threads  # after parsing, so --help is instant
+    from specdemo.app.ui import build_demo, launch, page_runtimes, serving_threads  # after parsing: --help is instant
     from specdemo.models.choice import default_preset
+    from specdemo.models.tokens import default_device
 
     try:
         threads, compiling = serving_threads(args.threads), compile_setting(args.compile)
+        runtime = page_runtimes(default_device(), args.runtime)[0]
     except ValueError as error:
         build_parser().error(str(error))
-    print(f"decoding with {threads.describe()}, compile {compiling}; loading and warming the default pair …",
-          flush=True)
+    print(f"decoding with {threads.describe()}, compile {compiling}, the target on {runtime}; loading and warming "
+          "the default pair …", flush=True)
     demo = build_demo(public=args.public, default_preset=default_preset(), preload=True, threads=threads,
-                      compile=compiling)
+                      compile=compiling, runtime=runtime)
     launch(demo, server_name=args.host, server_port=args.port, share=args.share)
 
 

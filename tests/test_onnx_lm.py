@@ -275,6 +275,12 @@ def test_the_page_offers_the_runtime_where_it_runs_and_hides_it_elsewhere(page_p
     ctx = SimpleNamespace(presets=page_presets, runtimes=("torch", "onnx"))
     assert runtime_offered(ctx, "hub") == {"__type__": "update", "visible": False, "value": "torch"}
     assert runtime_offered(ctx, "tiny-head-onnx")["visible"]
+    # `python app.py --runtime onnx`: the page's default, which its preloaded pair runs on.
+    assert ui.page_runtimes("cpu", "onnx") == ("onnx", "torch") and ui.page_runtimes("cpu") == ("torch", "onnx")
+    assert runtime_dropdown(ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx",
+                                          runtime="onnx")).value == "onnx"
+    with pytest.raises(ValueError, match="onnx runs the target on the CPU"):
+        ui.page_runtimes("cuda", "onnx")
     monkeypatch.setattr(onnx_export, "onnx_runtime_missing", lambda: "onnxruntime-genai is not installed")
     assert not runtime_dropdown(ui.build_demo(pair_loader=float32_loader, presets=page_presets,
                                               default_preset="tiny-onnx")).visible

@@ -110,9 +110,9 @@ def chosen_precision(name: str, value: Any, offered: Sequence[str]) -> str:
 
 
 def chosen_runtime(value: Any, offered: Sequence[str]) -> str:
-    """The target's runtime from the page or the API: torch when empty, else one of `offered`."""
+    """The target's runtime from the page or the API: one of `offered`, the page's default (the first) when empty."""
     if value in (None, ""):
-        return TORCH
+        return offered[0]
     if not isinstance(value, str) or value.strip() not in offered:
         raise ValueError(f"{RUNTIME} must be one of {', '.join(offered)} here, got {value!r}")
     return value.strip()

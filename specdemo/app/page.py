@@ -232,7 +232,7 @@ class TabContext:
     engine_defaults: EngineDefaults = no_engine_defaults  # the engine controls' values for a pair
     threads: ThreadPlan | None = None  # torch's threads per method (None: as the process has them)
     precisions: tuple[str, ...] = PRECISIONS  # the models' precisions the device serves, besides AUTO
-    runtimes: tuple[str, ...] = ("torch",)  # the target runtimes this install and device serve
+    runtimes: tuple[str, ...] = ("torch",)  # the target runtimes this install and device serve, the page's default first
 
 
 def session_id(request: gr.Request | None) -> str | None:

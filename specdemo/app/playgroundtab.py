@@ -247,8 +247,9 @@ def runtime_control(ctx: TabContext) -> gr.Dropdown:
     info = ("onnx: the target on ONNX Runtime (the CPU), exported on first use (about 30 s). Greedy SD still "
             "equals AR on the same runtime; trees, beam search, AR without a cache, target KV policies and "
             "compile run on torch only")
-    return gr.Dropdown(list(ctx.runtimes), value=TORCH, label="Target runtime", info=info, allow_custom_value=True,
-                       visible=runtime_offered(ctx, ctx.default_preset)["visible"], elem_id="sd-runtime")
+    offered = runtime_offered(ctx, ctx.default_preset)
+    return gr.Dropdown(list(ctx.runtimes), value=offered.get("value", ctx.runtimes[0]), label="Target runtime",
+                       info=info, allow_custom_value=True, visible=offered["visible"], elem_id="sd-runtime")
 
 
 def runtime_offered(ctx: TabContext, preset_name: str) -> dict:

@@ -33,7 +33,7 @@ from .page import (  # noqa: F401  (what the tabs share, re-exported for callers
 )
 from ..models.loading import PRESETS, Preset, load_pair
 from ..models.precision import served_precisions
-from ..models.onnx_export import served_runtimes
+from ..models.onnx_export import TORCH, onnx_runtime_missing, served_runtimes
 from ..models.tokens import default_device
 from ..engine.methods import DEFAULT_METHODS
 from ..engine.params import DecodeParams
@@ -76,6 +76,7 @@ def build_demo(
     preload: bool = False,
     threads: ThreadPlan | None = None,
     compile: str | None = None,
+    runtime: str | None = None,
 ) -> gr.Blocks:
     """The page's Blocks, queued so GPU work runs one request at a time.
 
@@ -86,7 +87,7 @@ def build_demo(
     the start, so that the first Run is timed like the second. threads: torch's threads per method
     (`serving_threads`; None leaves them as they are). defaults: initial values of the page's inputs by parameter name (prompt, methods,
     max_new_tokens, temperature, ...), e.g. a shorter run for a slow machine. compile: auto, on or off
-    (`engine_controls.compile_setting`, `page_engine_defaults`): the engine controls' default.
+    (`engine_controls.compile_setting`, `page_engine_defaults`): the engine controls' default. runtime: the target's.
     """
     limits = limits or Limits.from_env(public=True if public else None)
     served = served_presets(limits, presets if presets is not None else PRESETS)
@@ -96,19 +97,18 @@ def build_demo(
     cache = PairCache(pair_loader or load_pair, limit=limit, engine_defaults=engine_defaults)
 
     with gr.Blocks(title="specdemo — speculative decoding playground", delete_cache=(3600, 3600)) as demo:
-        demo.specdemo_cache = cache  # type: ignore[attr-defined]
-        demo.specdemo_limits = limits  # type: ignore[attr-defined]
-        demo.specdemo_presets = served  # type: ignore[attr-defined]
+        demo.specdemo_cache, demo.specdemo_limits, demo.specdemo_presets = cache, limits, served  # type: ignore[attr-defined]
         runs = RunningSessions(tidy=functools.partial(forget_replaced_components, demo))
         runs.watch(demo)
         default = default_preset if default_preset in served else next(iter(served))
-        ready = preload_pair(cache, served[default], device=device, dtype=dtype) if preload else None
+        runtimes = page_runtimes(device or default_device(), runtime)
+        ready = preload_pair(cache, served[default], device=device, dtype=dtype, runtime=runtimes[0]) if preload else None
         ctx = TabContext(
             presets=served, default_preset=default,
             load=functools.partial(cache.get, device=device, dtype=dtype),
             limits=limits, gpu=gpu, export=export_dir, queue_id=GPU_QUEUE, follow=runs.follow, ready=ready,
             threads=threads, precisions=served_precisions(device or default_device()),
-            runtimes=served_runtimes(str(device or default_device())),
+            runtimes=runtimes,
             warming=warming_status(default, engine_defaults(served[default].encoder_decoder)),
             engine_defaults=engine_defaults,
         )
@@ -125,8 +125,18 @@ def build_demo(
     return demo
 
 
-def preload_pair(cache: PairCache, preset: Preset, device: str | None = None, dtype: str | None = None
-                 ) -> threading.Event:
+def page_runtimes(device, runtime: str | None = None) -> tuple[str, ...]:
+    """The target runtimes the page offers on `device`, its default first: `runtime` (SPECDEMO_RUNTIME when
+    None, else torch) where it is served here (ValueError otherwise)."""
+    served, runtime = served_runtimes(str(device)), runtime or os.environ.get("SPECDEMO_RUNTIME") or TORCH
+    if runtime not in served:
+        raise ValueError(f"runtime {runtime!r} is not served here (runtimes: {', '.join(served)}); "
+                         + (onnx_runtime_missing() or "onnx runs the target on the CPU"))
+    return (runtime, *(r for r in served if r != runtime))
+
+
+def preload_pair(cache: PairCache, preset: Preset, device: str | None = None, dtype: str | None = None,
+                 runtime: str | None = None) -> threading.Event:
     """Load and warm `preset`'s pair in a background thread, under the key a Run with the default
     ("auto") precisions looks up; the event is set when it is done (also when it failed: the first
     Run then loads it and reports the error)."""
@@ -134,7 +144,7 @@ def preload_pair(cache: PairCache, preset: Preset, device: str | None = None, dt
 
     def load() -> None:
         try:
-            cache.get(preset.target, preset.draft, device=device, dtype=dtype)
+            cache.get(preset.target, preset.draft, device=device, dtype=dtype, runtime=runtime)
         except Exception:
             log.exception("preloading %s failed", preset.name)
         finally:

@@ -95,15 +95,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def served_page(threads: int | None, port: int | None = None) -> Iterator[tuple[str, psutil.Process]]:
-    """`python app.py` on 127.0.0.1 (with `threads` torch threads, else its own choice); yields its
-    URL and process."""
+def served_page(threads: int | None, port: int | None = None, runtime: str = "torch"
+                ) -> Iterator[tuple[str, psutil.Process]]:
+    """`python app.py` on 127.0.0.1 (with `threads` torch threads, else its own choice; the target on
+    `runtime`); yields its URL and process."""
     if not APP.exists():
         raise SystemExit(f"the page benchmark serves {APP}, which this installation lacks: run it from a checkout")
     port = port or free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="specdemo-page-", suffix=".log", delete=False)
     command = [sys.executable, str(APP), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--threads", str(threads)] if threads else []
+    command += (["--threads", str(threads)] if threads else []) + ["--runtime", runtime]
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_for_port(port, server, log.name)
@@ -545,16 +546,16 @@ class Measured:
 
 def measure(runs: int, threads: Sequence[int], served_threads: str | None, preset: str,
             bench_category: str | None = None, screenshot: Path | None = None, port: int | None = None,
-            bench_repeats: int = 1) -> Measured:
+            bench_repeats: int = 1, runtime: str = "torch") -> Measured:
     """`runs` page runs, each followed by one engine pass at every thread count (and the page after
     the last run saved as `screenshot`); then, when asked, `bench_repeats` times the Benchmark tab's
     default run on `bench_category` (one repeat), each followed by `run_benchmark` on the same
     settings: the two sides take turns, so that the machine's drift over the minutes they take falls
-    on both alike rather than on whichever side ran last."""
+    on both alike rather than on whichever side ran last. runtime: the target's, on the page and the engine alike."""
     chosen = PRESETS[preset]
-    pair = load_pair(chosen.target, chosen.draft)
+    pair = load_pair(chosen.target, chosen.draft, runtime=runtime)
     engine, page_runs = EngineRuns(), []
-    with served_page(served_threads, port) as (url, server), opened_page(url) as page:
+    with served_page(served_threads, port, runtime) as (url, server), opened_page(url) as page:
         prompt = page.locator("#sd-prompt textarea").input_value()
         engine_pass(pair, prompt, DEFAULT_METHODS, threads, EngineRuns())  # warm, like the page's startup
         for k in range(runs):
@@ -603,6 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bench-repeats", type=int, default=3,
                         help="repeats of the Benchmark tab and of bench, one of each in turn, so that noise is "
                              "below the 10 %% compared (default 3)")
+    parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
+                        help="the target's runtime on the page (app.py --runtime) and in the engine (default torch)")
     parser.add_argument("--screenshot", type=Path, default=None, help="save the page after the last run here (PNG)")
     parser.add_argument("--out", default=None,
                         help="a folder for methods.csv, paired.csv, costs.csv, runs.csv (and bench.csv)")
@@ -613,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
     measured = measure(args.runs, threads, args.page_threads, args.preset, args.bench_category, args.screenshot,
-                       bench_repeats=args.bench_repeats)
+                       bench_repeats=args.bench_repeats, runtime=args.runtime)
     tables = {"methods": method_table(measured.page_runs, measured.engine),
               "paired": paired_table(measured.page_runs, measured.engine),
               "costs": cost_table(measured.page_runs, measured.engine)}
