@@ -336,3 +336,12 @@ def test_the_served_page_runs_on_the_runtime_it_is_asked_for(onnx_folders, page_
             rows = [dict(zip(summary["headers"], row)) for row in summary["data"]]
             assert [row["runtime"] for row in rows] == [f"{runtime} fp32" if runtime == "onnx" else "torch"] * 2
             assert rows[1]["matches_ar"] in (True, "True", 1)
+
+
+def test_auto_threads_give_ar_every_core_on_the_runtime_and_one_on_torch():
+    from specdemo.bench.threads import ThreadPlan
+
+    auto = ThreadPlan.parse("auto", cores=2)
+    assert [auto.for_runtime("onnx").for_method(m) for m in ("ar", "sd")] == [2, 2]
+    assert [auto.for_runtime("torch").for_method(m) for m in ("ar", "sd")] == [1, 2]
+    assert ThreadPlan.parse(1).for_runtime("onnx").for_method("sd") == 1

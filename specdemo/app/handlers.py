@@ -260,6 +260,7 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
     names = viz.method_order(request.methods)
     progress = RunProgress(names, request.params.max_new_tokens)
     started = time.perf_counter()
+    threads = threads.for_runtime(getattr(pair, "runtime", TORCH)) if threads is not None else None
     for k, name in enumerate(names):
         if request.engine.first_round_note:
             yield RunUpdate(status=progress.line(k, first_round_status(request.engine)))

@@ -56,6 +56,12 @@ class ThreadPlan:
             return self.count
         return self.cores if drafts(name) else 1
 
+    def for_runtime(self, runtime: str) -> "ThreadPlan":
+        """The plan for a target on `runtime`: auto's one thread for AR is torch's measured choice; the
+        onnx target's AR gains from every core (31.7 against 43.2 tok/s at 1 and 2 threads on a 2-core
+        machine, docs/runtime.md), so there auto gives every method every core. A count stays a count."""
+        return ThreadPlan(count=self.cores) if self.count is None and runtime != "torch" else self
+
     @property
     def default(self) -> int:
         """The count for work that is not one Playground decode (the Benchmark and Sweep tabs)."""
