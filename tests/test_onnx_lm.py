@@ -345,3 +345,24 @@ def test_auto_threads_give_ar_every_core_on_the_runtime_and_one_on_torch():
     assert [auto.for_runtime("onnx").for_method(m) for m in ("ar", "sd")] == [2, 2]
     assert [auto.for_runtime("torch").for_method(m) for m in ("ar", "sd")] == [1, 2]
     assert ThreadPlan.parse(1).for_runtime("onnx").for_method("sd") == 1
+
+
+def test_torch_works_on_one_thread_between_the_runtimes_forwards_which_keep_the_count_asked_for(lm_pair, monkeypatch):
+    from specdemo.engine import onnx_lm
+
+    seen, feed = [], onnx_lm.OnnxCachedLM.feed
+
+    def counting_feed(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return feed(self, *args, **kwargs)
+
+    monkeypatch.setattr(onnx_lm.OnnxCachedLM, "feed", counting_feed)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        result = greedy(lm_pair, PROMPTS[0], "sd", gamma=4)
+        assert torch.get_num_threads() == 2 and result.threads == 2
+    finally:
+        torch.set_num_threads(before)
+    assert 2 in lm_pair.target_runtime._models  # the runtime's session: the count asked for
+    assert seen[0] == 2 and set(seen[1:]) == {1}  # the prefill before the rounds, then every round's forwards

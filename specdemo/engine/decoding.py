@@ -23,7 +23,7 @@ from .kv_policy import prepare_caches
 from .lm import CACHE_KINDS, CachedLM, buckets_up_to
 from .methods import Method, get_method
 from .nocache import recomputing_lm
-from .onnx_lm import TREES_REFUSED
+from .onnx_lm import TREES_REFUSED, torch_threads
 from .params import DecodeParams, EngineOptions
 from .rounds import Decoding, RoundOutcome
 from .seq2seq import cached_lm, decoder_start, is_encoder_decoder
@@ -104,11 +104,14 @@ def _rounds(pair: ModelPair, drafter: Drafter | None, policy, params: DecodePara
                            method)
     play = tree_round if run.drafter.drafts_trees else chain_round
     prefill_forwards = run.writer.forwards
+    # A target on another runtime keeps the thread count for its own pool, and has torch's work between
+    # its forwards run on the count it names (onnx_lm.TORCH_THREADS_BETWEEN_FORWARDS).
+    between_forwards = getattr(run.writer, "torch_threads", None)
     try:
         while not result.done:
             # Inference mode is thread-local and a generator may be resumed on another thread (a page
             # streams rounds from worker threads), so each round enters it afresh; no yield sits inside it.
-            with torch.inference_mode():
+            with torch.inference_mode(), torch_threads(between_forwards):
                 run.clock.start()
                 # Leave room for the writer's own token so that a round never overshoots.
                 outcome = play(run, sequence, params.max_new_tokens - len(result.tokens) - 1)

@@ -17,6 +17,7 @@ onnxruntime-genai is imported only when a target is opened, so the engine runs w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from pathlib import Path
@@ -38,6 +39,27 @@ TREES_REFUSED = ("trees need a verification over a list of positions with an att
 # steps 1.7x slower (15 against 9 ms a round); at 1 thread it changed nothing (docs/runtime.md).
 # Off, the pool's threads sleep between runs.
 NO_SPINNING = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
+
+
+# The runtime's pool takes the thread count asked for (torch's, as the page and the benchmark set it); torch's
+# own work between two forwards (the drafter's steps, the sampling) runs on one thread. With both on 2
+# threads on a 2-core CPU, torch's OpenMP workers, which wait on their last region a while, sat on the
+# cores the runtime's next forward needed: AR 37 against 41 tok/s, SD and EGAG 5-8 % slower (docs/runtime.md).
+TORCH_THREADS_BETWEEN_FORWARDS = 1
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None):
+    """torch on `count` threads inside the block, and back to its count after (None: as it is)."""
+    if count is None or count == torch.get_num_threads():
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def session_options(threads: int) -> dict:
@@ -83,6 +105,8 @@ class OnnxCachedLM(CachedLM):
     torch_model: the same weights in torch, which the trace's weight count and a feature head read;
     kind: the cache kind the drafter's own torch cache takes (the writer's cache is the runtime's).
     """
+
+    torch_threads = TORCH_THREADS_BETWEEN_FORWARDS  # torch's count while a round runs (`torch_threads`)
 
     def __init__(self, runtime_model, torch_model: torch.nn.Module, vocab_size: int | None, max_length: int,
                  kind: str = "dynamic"):
