@@ -83,12 +83,18 @@ class OneRowLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from . import row_attention  # its limit is read per call, so a measurement can move it
 
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if not 2 <= rows <= row_attention.ROW_LIMIT:
-            return F.linear(x, self.weight, self.bias)
-        flat = x.reshape(rows, x.shape[-1])
-        out = torch.cat([F.linear(flat[i : i + 1], self.weight, self.bias) for i in range(rows)])
-        return out.view(*x.shape[:-1], self.out_features)
+        return one_row_at_a_time(x, lambda rows: F.linear(rows, self.weight, self.bias), row_attention.ROW_LIMIT)
+
+
+def one_row_at_a_time(x: torch.Tensor, product, limit: int) -> torch.Tensor:
+    """`product(x)`, computed one row at a time where x has 2..limit rows (each row's output is then
+    what a one-row call gives), in one call otherwise."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if not 2 <= rows <= limit:
+        return product(x)
+    flat = x.reshape(rows, x.shape[-1])
+    out = torch.cat([product(flat[i : i + 1]) for i in range(rows)])
+    return out.view(*x.shape[:-1], out.shape[-1])
 
 
 def use_one_row_products(model: nn.Module) -> int:

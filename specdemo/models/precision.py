@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
-from ..engine.few_rows import use_one_row_products
+from ..engine.few_rows import one_row_at_a_time, use_one_row_products
 from ..engine.memory import weight_bytes  # noqa: F401  (re-exported: a model's bytes at its precision)
 from ..engine.row_attention import ROW_LIMIT, attend_row_by_row
 from .errors import ModelLoadError
@@ -169,12 +169,7 @@ class RowwiseDynamicLinear(DynamicLinear):
     different token, so the model's attention also goes row by row (`engine.row_attention`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if not 2 <= rows <= ROWWISE_LIMIT:
-            return super().forward(x)
-        flat = x.reshape(rows, x.shape[-1])
-        out = torch.cat([super(RowwiseDynamicLinear, self).forward(flat[i : i + 1]) for i in range(rows)])
-        return out.view(*x.shape[:-1], out.shape[-1])
+        return one_row_at_a_time(x, super().forward, ROWWISE_LIMIT)
 
 
 # What a verification promises against AR's one-row steps (`GenerationResult.exactness`).
