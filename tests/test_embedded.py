@@ -44,13 +44,9 @@ needs_gguf = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def fresh_cache(tmp_path_factory):
     root = tmp_path_factory.mktemp("specdemo-cache")
-    old = os.environ.get("SPECDEMO_CACHE")
-    os.environ["SPECDEMO_CACHE"] = str(root)
-    yield root
-    if old is None:
-        os.environ.pop("SPECDEMO_CACHE", None)
-    else:
-        os.environ["SPECDEMO_CACHE"] = old
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECDEMO_CACHE", str(root))
+        yield root
 
 
 @pytest.fixture(scope="module")

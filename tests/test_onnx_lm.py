@@ -8,7 +8,6 @@ model builder, once per module, into a temporary cache).
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -37,13 +36,9 @@ def onnx_folders(tmp_path_factory):
     write_model(draft, seed=1, hidden=64, layers=2, vocab=VOCAB, like=target, noise=0.5)
     write_tokenizer(draft, VOCAB)
     write_tiny_head(head, target)
-    before = os.environ.get("SPECDEMO_CACHE")
-    os.environ["SPECDEMO_CACHE"] = str(root / "cache")
-    yield target, draft, head
-    if before is None:
-        os.environ.pop("SPECDEMO_CACHE", None)
-    else:
-        os.environ["SPECDEMO_CACHE"] = before
+    with pytest.MonkeyPatch.context() as patch:  # the exports land beside the models, for this module only
+        patch.setenv("SPECDEMO_CACHE", str(root / "cache"))
+        yield target, draft, head
 
 
 @pytest.fixture(scope="module")
