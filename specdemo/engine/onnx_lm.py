@@ -33,12 +33,14 @@ TREES_REFUSED = ("trees need a verification over a list of positions with an att
                  "verifies a chain only: use a chain method (ar, sd, egag, nasd, rest, adaptive stops) or "
                  "runtime=torch")
 
-# By default ONNX Runtime's pool threads busy-wait after each run for the next one. Between two target
-# forwards torch runs the drafter and the sampling, and the spinning threads take its cores: at 2 threads
-# on a 2-core CPU, spinning made AR 1.3x slower (31.7 against 40 tok/s) and the feature head's draft
-# steps 1.7x slower (15 against 9 ms a round); at 1 thread it changed nothing (docs/runtime.md).
-# Off, the pool's threads sleep between runs.
-NO_SPINNING = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
+# ONNX Runtime's pool threads spin while they wait for work. Inside one forward that is what keeps a
+# forward fast: a forward is a few hundred parallel sections, and waking sleeping threads for each one
+# cost AR 15 % at 2 threads (46.7 against 55 tok/s, docs/runtime.md). After a forward, though, torch runs
+# the drafter and the sampling, and threads still spinning take its cores: at 2 threads on a 2-core CPU
+# that made AR 1.3x and the feature head's draft steps 1.7x slower. So the threads spin within a run and
+# stop spinning when the run ends (`session.force_spinning_stop`).
+SPIN_WITHIN_A_FORWARD = {"session.intra_op.allow_spinning": "1", "session.inter_op.allow_spinning": "1",
+                         "session.force_spinning_stop": "1"}
 
 
 # The runtime's pool takes the thread count asked for (torch's, as the page and the benchmark set it); torch's
@@ -65,7 +67,7 @@ def torch_threads(count: int | None):
 def session_options(threads: int) -> dict:
     """onnxruntime-genai's `session_options` for a session of `threads` intra-op threads (the string
     entries that are not its own keys go to ONNX Runtime as session config entries)."""
-    return {"intra_op_num_threads": threads, "inter_op_num_threads": 1, **NO_SPINNING}
+    return {"intra_op_num_threads": threads, "inter_op_num_threads": 1, **SPIN_WITHIN_A_FORWARD}
 
 
 class OnnxTarget:
