@@ -179,13 +179,56 @@ def test_the_benchmark_times_the_torch_target_beside_the_runtimes(lm_pair):
     assert result.meta["target_dtype"] == "onnx fp32"
 
 
-def test_torch_ar_is_refused_where_the_target_is_torchs_already(onnx_folders):
+@pytest.mark.parametrize("peer", ["torch-ar", "onnx-generate", "onnx-ngram"])
+def test_the_peers_beside_a_runtime_are_refused_where_the_target_is_torchs_already(onnx_folders, peer):
     from specdemo.bench.runners import parse_bench_methods
 
     target, _, _ = onnx_folders
     torch_pair = specdemo.load_pair(str(target), device="cpu", dtype="float32")
     with pytest.raises(ValueError, match="runs on torch already"):
-        parse_bench_methods("ar,torch-ar", torch_pair)
+        parse_bench_methods(f"ar,{peer}", torch_pair)
+
+
+def test_the_runtimes_own_decoders_run_beside_ours_and_write_its_ar_tokens(lm_pair):
+    from specdemo import bench
+
+    suite = [{"prompt": "w5 w6 w7 w8 w9 w10 w5 w6 w7 w8 w9 w10 w5 w6 w7", "category": "chat"}]
+    result = bench.run_benchmark(lm_pair, suite, ["ar", "onnx-generate", "onnx-ngram"], repeats=1, warmup=False,
+                                 max_new_tokens=24, temperature=0.0, gamma=3)
+    rows = result.rows.set_index("method")
+    assert (rows["error"] == "").all(), rows["error"].to_dict()
+    assert rows.loc["onnx-generate", "runtime"] == rows.loc["onnx-ngram", "runtime"] == "onnx fp32"
+    assert rows.loc["onnx-generate", "matches_ar"] and rows.loc["onnx-ngram", "matches_ar"]
+    ngram = rows.loc["onnx-ngram"]
+    assert ngram["drafted"] > 0 and ngram["rounds"] < ngram["new_tokens"], "the repeated prompt gives the lookup hits"
+    assert 0 <= ngram["accepted"] <= ngram["drafted"]
+
+
+def test_the_runtimes_own_search_stops_at_the_pairs_eos(onnx_folders):
+    target, _, _ = onnx_folders
+    pair = specdemo.load_pair(str(target), device="cpu", dtype="float32", runtime="onnx")
+    free = greedy(pair, PROMPTS[1], "ar").token_ids
+    stop = free[5]
+    assert stop not in free[:5]
+    pair.target_runtime.eos_ids = (stop,)  # before its first session opens, as the loader sets it
+    pair = dataclasses.replace(pair, eos_ids=frozenset({stop}))
+    from specdemo.bench.runtime_peers import RuntimeRunner
+    from specdemo.engine.params import DecodeParams
+
+    run = RuntimeRunner(pair, DecodeParams.resolve(None, max_new_tokens=40, temperature=0.0)).run(
+        "onnx-generate", PROMPTS[1], seed=0)
+    assert run.token_ids == free[:6] == greedy(pair, PROMPTS[1], "ar").token_ids
+    assert run.stats["stop_reason"] == "eos"
+
+
+def test_the_runtimes_sampling_takes_the_runs_settings():
+    from specdemo.bench.runtime_peers import search_options
+    from specdemo.engine.params import DecodeParams
+
+    greedy_options = search_options(DecodeParams.resolve(None, temperature=0.0), 50, 7, 80)
+    assert greedy_options["do_sample"] is False and greedy_options["max_length"] == 50
+    sampled = search_options(DecodeParams.resolve(None, temperature=0.7, top_k=0, top_p=0.9), 50, 7, 80)
+    assert sampled == {**sampled, "do_sample": True, "temperature": 0.7, "top_k": 80, "top_p": 0.9, "random_seed": 7}
 
 
 SAMPLING_PROMPT = [3, 4, 5, 3, 4, 5, 3, 4]

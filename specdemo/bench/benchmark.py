@@ -19,9 +19,10 @@ import torch
 
 from ..engine.methods import is_lossless, matches_reference
 from ..engine.params import DecodeParams, EngineOptions
-from .runners import (HF_METHODS, TORCH_AR, HFRunner, Run, bench_methods, on_torch, parse_bench_methods,
+from .runners import (HF_METHODS, RUNTIME_PEERS, TORCH_AR, HFRunner, Run, bench_methods, on_torch, parse_bench_methods,
                       result_for_perplexity, run_ours)
 from .quality import QUALITY_COLUMNS, reference_scores
+from .runtime_peers import RuntimeRunner
 from .schedule import interleaved, turn_seed
 from .statistics import summarize
 from .threads import ThreadPlan
@@ -99,6 +100,7 @@ def run_benchmark(
     total = sum(p.turn_count for p in prompts) * len(names) * repeats + (len(names) if warmup else 0)
     session = _Session(pair, decode, engine, names, repeats, total, progress,
                        HFRunner(pair, decode) if any(n in HF_METHODS for n in names) else None, threads,
+                       RuntimeRunner(pair, decode) if any(n in RUNTIME_PEERS and n != TORCH_AR for n in names) else None,
                        vs_float32 if vs_float32 is not None and runs_below_float32(pair) else None)
     base_seed = decode.seed if decode.seed is not None else 1234
     warmup_compile = session.warm_up(encoded[0], base_seed) if warmup else {}
@@ -158,6 +160,7 @@ class _Session:
     progress: Progress | None
     hf: HFRunner | None
     threads: ThreadPlan | None = None
+    runtime: RuntimeRunner | None = None  # the target runtime's own decoders
     float32: Float32Reference | None = None  # where a model runs below float32
     done: int = 0
     rows: list[dict] = field(default_factory=list)
@@ -179,6 +182,8 @@ class _Session:
             values["max_new_tokens"] = max_new_tokens
         if method == TORCH_AR:
             return run_ours(on_torch(self.pair), "ar", ids, values, seed, **self.engine.as_kwargs())
+        if method in RUNTIME_PEERS:
+            return self.runtime.run(method, ids, seed, max_new_tokens)
         return run_ours(self.pair, method, ids, values, seed, **self.engine.as_kwargs())
 
     def tick(self, message: str) -> None:
@@ -286,7 +291,8 @@ def _fill_row(row: dict, run: Run, pair, decode: DecodeParams, prompt_ids, refer
     row["new_tokens"] = len(run.token_ids)
     row["seconds"] = run.seconds
     row["tokens_per_s"] = len(run.token_ids) / run.seconds if run.seconds > 0 else math.nan
-    rejected = sum(1 for d, a in run.rounds if a < d)
+    # A peer that reports totals only (the runtime's speculative loop) says how many rounds it rejected.
+    rejected = stats.get("rejected_rounds", sum(1 for d, a in run.rounds if a < d))
     row["rejected_rounds"] = rejected
     trials = row["accepted"] + rejected
     row["alpha"] = row["accepted"] / trials if trials else math.nan

@@ -34,13 +34,17 @@ HF_METHODS: dict[str, tuple[str, str]] = {
     "hf-prompt-lookup": ("HF prompt lookup", "prompt-lookup decoding, γ tokens, matching up to n−1 tokens"),
 }
 # For a pair whose target runs on another runtime (runtime=onnx): our AR on the torch copy of the
-# same weights, so one run times the two targets side by side.
-TORCH_AR = "torch-ar"
+# same weights, so one run times the two targets side by side; and the runtime's own decoders on the
+# same exported target (`bench.runtime_peers`), the yardstick for ours on it.
+TORCH_AR, ONNX_GENERATE, ONNX_NGRAM = "torch-ar", "onnx-generate", "onnx-ngram"
 RUNTIME_PEERS: dict[str, tuple[str, str]] = {
     TORCH_AR: ("AR (torch target)", "AR on the torch copy of the target, beside a target on another runtime"),
+    ONNX_GENERATE: ("Runtime generate", "onnxruntime-genai's own decode loop on the same exported target"),
+    ONNX_NGRAM: ("Runtime n-gram", "onnxruntime-genai's own n-gram speculative decoding: γ tokens a round, "
+                                   "matched on the last n−1 tokens (at least 2)"),
 }
 # The peers that write one token a step, as AR does (the others verify drafts).
-ONE_TOKEN_BASELINES = frozenset({"hf-generate", "hf-generate-static", TORCH_AR})
+ONE_TOKEN_BASELINES = frozenset({"hf-generate", "hf-generate-static", TORCH_AR, ONNX_GENERATE})
 DEFAULT_BENCH_METHODS = ("ar", "sd", "nasd", "egag", "hf-generate", "hf-assisted", "hf-prompt-lookup")
 
 def bench_methods() -> dict[str, str]:
@@ -79,9 +83,11 @@ def parse_bench_methods(value: str | Sequence[str] | None, pair=None) -> list[st
         if needs:
             raise ValueError(f"method(s) {', '.join(needs)} need a draft model; load the pair with a draft "
                              "or drop them")
-    if pair is not None and TORCH_AR in names and getattr(pair, "runtime", "torch") == "torch":
-        raise ValueError(f"{TORCH_AR} times the torch target beside a target on another runtime; this pair's "
-                         "target runs on torch already (its ar row is torch's): load it with --runtime onnx or drop it")
+    beside_runtime = [n for n in names if n in RUNTIME_PEERS]
+    if pair is not None and beside_runtime and getattr(pair, "runtime", "torch") == "torch":
+        raise ValueError(f"{', '.join(beside_runtime)} run beside a target on another runtime (the torch copy's AR, "
+                         "the runtime's own decoders); this pair's target runs on torch already: load it with "
+                         "--runtime onnx or drop them")
     if pair is not None:
         for name in names:
             refused = METHODS[name].unavailable(pair) if name in METHODS else None

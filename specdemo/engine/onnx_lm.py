@@ -80,6 +80,9 @@ class OnnxTarget:
 
         self.folder = Path(folder)
         self.precision = precision  # the runtime's weight precision: fp32, int8 or int4
+        # Where the runtime's own search stops (its decoders as peers): the pair's EOS ids, set by the
+        # loader before a session opens; the export's own config names one id only.
+        self.eos_ids: tuple[int, ...] = ()
         self._models: dict[int, object] = {}
         self._lock = threading.Lock()
 
@@ -89,7 +92,10 @@ class OnnxTarget:
         with self._lock:
             if threads not in self._models:
                 config = og.Config(str(self.folder))
-                config.overlay(json.dumps({"model": {"decoder": {"session_options": session_options(threads)}}}))
+                overlay: dict = {"decoder": {"session_options": session_options(threads)}}
+                if self.eos_ids:
+                    overlay["eos_token_id"] = list(self.eos_ids)
+                config.overlay(json.dumps({"model": overlay}))
                 self._models[threads] = og.Model(config)
             return self._models[threads]
 
