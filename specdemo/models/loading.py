@@ -115,6 +115,8 @@ class ModelPair:
     def __post_init__(self) -> None:
         if not self.eos_ids:
             self.eos_ids = frozenset(collect_eos_ids(self.target, self.tokenizer))
+        if self.target_runtime is not None and not self.target_runtime.eos_ids:  # where its own search stops
+            self.target_runtime.eos_ids = tuple(sorted(self.eos_ids))
 
     @property
     def device(self) -> torch.device:
@@ -250,13 +252,10 @@ def load_pair(
         make_verification_row_exact(target_model, target_precision)
     if torch.device(device).type == "cpu":
         _use_few_row_products(((target_model, target_precision), (draft_model, draft_precision)))
-    pair = ModelPair(target_model, tokenizer, draft_model, name=name, target_ref=target, draft_ref=draft,
+    return ModelPair(target_model, tokenizer, draft_model, name=name, target_ref=target, draft_ref=draft,
                      vocab_size=vocab_size, target_precision=target_precision,
                      draft_precision=draft_precision if draft is not None else None,
                      runtime=runtime, target_runtime=target_runtime)
-    if target_runtime is not None:
-        target_runtime.eos_ids = tuple(sorted(pair.eos_ids))
-    return pair
 
 
 def _use_few_row_products(models) -> None:
