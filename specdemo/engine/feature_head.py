@@ -191,11 +191,14 @@ class FeatureHead(nn.Module):
         lower = [rms_normalised(b, self.config.rms_norm_eps) for b in blocks[:-1]]
         return self.fuse(torch.cat(lower + [blocks[-1]], dim=-1))
 
-    def project(self, features: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor):
-        """The layer's first half: (residual, q, k, v) for features [B, T, d or (k + 1) · d]."""
+    def project(self, features: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
+                embedded: torch.Tensor | None = None):
+        """The layer's first half: (residual, q, k, v) for features [B, T, d or (k + 1) · d]; `embedded`
+        [B, T, d], the embeddings of next_ids where they were looked up already."""
         c = self.config
         b, t, _ = features.shape
-        x = self.fc(torch.cat((self.embed[next_ids].to(features.dtype), self.fuse_features(features)), dim=-1))
+        embedded = self.embed[next_ids] if embedded is None else embedded
+        x = self.fc(torch.cat((embedded.to(features.dtype), self.fuse_features(features)), dim=-1))
         h = self.input_norm(x)
         q = self.q_proj(h).view(b, t, c.num_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
@@ -251,7 +254,10 @@ class FeatureHead(nn.Module):
     def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., V]: the subset's logits scattered into the vocabulary, -inf elsewhere,
         so that q is an exact full-vocabulary distribution with zeros outside the subset."""
-        small = self.subset_logits(predicted)
+        return self.scattered(self.subset_logits(predicted))
+
+    def scattered(self, small: torch.Tensor) -> torch.Tensor:
+        """[..., S] subset logits -> [..., V], -inf outside the subset."""
         full = small.new_full((*small.shape[:-1], self.config.vocab_size), float("-inf"))
         full[..., self.subset] = small
         return full

@@ -86,7 +86,10 @@ def _model_drafter(pair, params: DecodeParams) -> Drafter:
 
 def _plain_drafter(pair) -> Drafter:
     """The pair's draft without context copying (a tree's drafts come from one q per node)."""
-    return FeatureDrafter(pair.draft) if isinstance(pair.draft, FeatureHead) else ModelDrafter(pair.draft, pair.vocab_size)
+    if isinstance(pair.draft, FeatureHead):
+        runtime = getattr(pair, "target_runtime", None)  # beside a runtime target, the head's steps run on it too
+        return runtime.feature_drafter(pair.draft) if runtime is not None else FeatureDrafter(pair.draft)
+    return ModelDrafter(pair.draft, pair.vocab_size)
 
 
 def _tree_policy(p: DecodeParams):

@@ -84,6 +84,7 @@ class OnnxTarget:
         # loader before a session opens; the export's own config names one id only.
         self.eos_ids: tuple[int, ...] = ()
         self._models: dict[int, object] = {}
+        self._head_steps: dict[int, tuple] = {}  # id(head) -> (head, its step's session); the head is kept alive
         self._lock = threading.Lock()
 
     def model(self, threads: int):
@@ -98,6 +99,19 @@ class OnnxTarget:
                 config.overlay(json.dumps({"model": overlay}))
                 self._models[threads] = og.Model(config)
             return self._models[threads]
+
+    def feature_drafter(self, head):
+        """The drafter for a feature head beside this target: its steps on the runtime too (one session
+        per head, opened on first use), or torch's where the runtime cannot run them."""
+        from .feature_drafter import FeatureDrafter
+        from .onnx_head import OnnxFeatureDrafter, open_head_step, runs_on_the_runtime
+
+        if not runs_on_the_runtime(head):
+            return FeatureDrafter(head)
+        with self._lock:
+            if id(head) not in self._head_steps:
+                self._head_steps[id(head)] = (head, open_head_step(head, self.folder.parent / "heads"))
+            return OnnxFeatureDrafter(head, self._head_steps[id(head)][1])
 
     def cached_lm(self, torch_model: torch.nn.Module, vocab_size: int | None, max_length: int,
                   kind: str = "dynamic", compile: bool = False) -> "OnnxCachedLM":
