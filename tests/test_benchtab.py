@@ -118,9 +118,70 @@ def test_the_methods_box_offers_a_pair_only_what_it_can_run(tmp_path):
     assert "hf-assisted" not in value and value == [m for m in bench.DEFAULT_BENCH_METHODS if m != "hf-assisted"]
     assert 'input[name="hf-assisted"]' in note and "drafts with a feature head" in note
     value, note = benchtab.method_choices(Preset(EMBEDDED_LM, EMBEDDED, EMBEDDED_LM))
-    assert value == list(bench.DEFAULT_BENCH_METHODS) and note == ""
+    assert value == list(bench.DEFAULT_BENCH_METHODS) and "feature head" not in note
     value, note = benchtab.method_choices(Preset("alone", "some/target", None), ["ar", "sd", "nasd", "hf-assisted"])
     assert value == ["ar", "nasd"] and "needs a draft" in note
+
+
+def test_the_methods_box_offers_the_runtimes_own_decoders_beside_a_runtime_target_only():
+    from specdemo.bench.runners import HF_METHODS, RUNTIME_PEERS
+    from specdemo.models.loading import EMBEDDED, EMBEDDED_LM, Preset
+
+    lm_pair, both = Preset(EMBEDDED_LM, EMBEDDED, EMBEDDED_LM), ("torch", "onnx")
+    on_torch = benchtab.unavailable_methods(lm_pair.draft_kind, "torch", both)
+    assert {name: on_torch[name] for name in RUNTIME_PEERS} == {name: benchtab.BESIDE_RUNTIME for name in RUNTIME_PEERS}
+    assert "choose the onnx target runtime" in benchtab.method_choices(lm_pair, runtime="torch", runtimes=both)[1]
+    # Where the page runs the pair's target on torch alone, the note does not send the visitor to a runtime it lacks.
+    assert set(benchtab.unavailable_methods(lm_pair.draft_kind, "torch").values()) == {benchtab.NOT_OFFERED}
+
+    value, note = benchtab.method_choices(lm_pair, runtime="onnx", runtimes=both)
+    assert value == ["ar", "sd", "nasd", "egag", "onnx-generate"]  # the runtime's own search, not transformers'
+    on_onnx = benchtab.unavailable_methods(lm_pair.draft_kind, "onnx", both)
+    assert not set(RUNTIME_PEERS) & set(on_onnx), "offered beside the runtime, torch-ar and onnx-ngram unchecked"
+    assert {"sd-tree", "egag-tree", "beam", "ar-nocache", *HF_METHODS} <= set(on_onnx)
+    assert "verifies a chain only" in on_onnx["sd-tree"] and "torch's own loop" in on_onnx["beam"]
+    assert "torch copy of the target" in on_onnx["hf-generate"]
+    assert not {"ar", "sd", "egag", "nasd", "draft"} & set(on_onnx)
+    assert 'input[name="hf-generate"]' in note and 'input[name="onnx-generate"]' not in note
+    # A feature head still cannot run assisted generation, and the note keeps that reason first.
+    head = benchtab.unavailable_methods(Preset(EMBEDDED, EMBEDDED, EMBEDDED).draft_kind, "onnx", both)
+    assert "drafts with a feature head" in head["hf-assisted"]
+
+
+def test_the_tab_checks_the_runtime_against_the_pair_before_loading_it():
+    from types import SimpleNamespace
+
+    from specdemo.models.loading import EMBEDDED, Preset
+
+    presets = {"local": Preset("local", EMBEDDED, EMBEDDED), "hub": Preset("hub", "someone/model", None)}
+    ctx = SimpleNamespace(presets=presets, runtimes=("torch", "onnx"))
+    assert benchtab.pair_runtimes(ctx, "local") == ("torch", "onnx") and benchtab.pair_runtimes(ctx, "hub") == ("torch",)
+    assert benchtab.chosen_runtime(ctx, "local", "") == "torch" and benchtab.chosen_runtime(ctx, "local", "onnx") == "onnx"
+    with pytest.raises(ValueError, match="cannot be exported for it: choose torch"):
+        benchtab.chosen_runtime(ctx, "hub", "onnx")
+    with pytest.raises(ValueError, match="runtime must be one of torch, onnx here, got 'tensorrt'"):
+        benchtab.chosen_runtime(ctx, "local", "tensorrt")
+    with pytest.raises(ValueError, match="onnx-generate: run beside a target on another runtime: choose the onnx"):
+        benchtab.refuse_unavailable(["ar", "onnx-generate"], benchtab.unavailable_methods("model", "torch", ctx.runtimes))
+
+
+def test_a_suite_on_the_runtime_takes_the_playgrounds_plan_for_it():
+    from types import SimpleNamespace
+
+    auto = SimpleNamespace(threads=ThreadPlan(count=None, cores=2))
+    assert [benchtab.suite_threads(auto, "torch").for_method(m) for m in ("ar", "sd")] == [1, 1]
+    assert [benchtab.suite_threads(auto, "onnx").for_method(m) for m in ("ar", "sd")] == [2, 2]
+    assert benchtab.suite_threads(SimpleNamespace(threads=ThreadPlan(count=1)), "onnx").for_method("ar") == 1
+    assert benchtab.suite_threads(SimpleNamespace(threads=None), "onnx") is None
+
+
+def test_the_runtime_is_the_endpoints_last_parameter_and_the_runtimes_peers_need_it(client):
+    parameters = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/benchmark"]["parameters"]
+    names = [p["parameter_name"] for p in parameters]
+    assert names[-3:] == ["suite_file", "group_mt_bench", "runtime"] and names[0] == "preset_name"
+    assert parameters[-1]["parameter_default"] == "torch"  # the page's default runtime
+    with pytest.raises(AppError, match="onnx-generate: run beside a target on another runtime"):
+        benchmark(client, chosen=["ar", "onnx-generate"], runtime="torch")
 
 
 def test_the_server_refuses_assisted_generation_on_a_feature_head_pair_clearly(tiny_pair):

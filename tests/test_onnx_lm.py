@@ -293,8 +293,8 @@ def float32_loader(target, draft=None, device=None, dtype=None, **chosen):
     return specdemo.load_pair(target, draft, device="cpu", dtype="float32", **chosen)
 
 
-def runtime_dropdown(demo):
-    return next(block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "sd-runtime")
+def runtime_dropdown(demo, elem_id: str = "sd-runtime"):
+    return next(block for block in demo.blocks.values() if getattr(block, "elem_id", None) == elem_id)
 
 
 def test_the_page_offers_the_runtime_where_it_runs_and_hides_it_elsewhere(page_presets, monkeypatch):
@@ -374,6 +374,76 @@ def test_the_served_page_runs_on_the_runtime_it_is_asked_for(onnx_folders, page_
             rows = [dict(zip(summary["headers"], row)) for row in summary["data"]]
             assert [row["runtime"] for row in rows] == [f"{runtime} fp32" if runtime == "onnx" else "torch"] * 2
             assert rows[1]["matches_ar"] in (True, "True", 1)
+
+
+def test_the_benchmark_tab_offers_the_runtime_where_the_playground_does(page_presets, monkeypatch):
+    from types import SimpleNamespace
+
+    from specdemo.app import benchtab, ui
+    from specdemo.models import onnx_export
+
+    demo = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
+    playground, tab = runtime_dropdown(demo), runtime_dropdown(demo, "bench-runtime")
+    assert tab.visible and tab.choices == playground.choices and tab.value == playground.value == "torch"
+    hub = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="hub")
+    assert not runtime_dropdown(hub, "bench-runtime").visible and runtime_dropdown(hub, "bench-runtime").value == "torch"
+    onnx_first = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx", runtime="onnx")
+    assert runtime_dropdown(onnx_first, "bench-runtime").value == "onnx"
+    # Choosing onnx offers the methods it runs; a pair it cannot take goes back to torch, and so do its methods.
+    offer = benchtab.offer_methods(SimpleNamespace(presets=page_presets, runtimes=("torch", "onnx")))
+    checked, note = offer("tiny-onnx", ["ar", "sd", "hf-generate", "onnx-ngram"], "onnx")
+    assert checked == ["ar", "sd", "onnx-ngram"] and "torch copy of the target" in note
+    checked, note = offer("hub", ["ar", "onnx-ngram"], "onnx")
+    assert checked == ["ar"] and "which this page does not offer for this pair" in note
+    monkeypatch.setattr(onnx_export, "onnx_runtime_missing", lambda: "onnxruntime-genai is not installed")
+    torch_only = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
+    assert not runtime_dropdown(torch_only, "bench-runtime").visible
+
+
+def plain_prompt_loader(*args, **kwargs):
+    """The pair without a chat template, so that the tab reads its prompts as they are: the tiny template
+    ends a prompt with the EOS id, after which the runtime's own search does not continue as AR does."""
+    import copy
+
+    pair = float32_loader(*args, **kwargs)
+    tokenizer = copy.copy(pair.tokenizer)
+    tokenizer.chat_template = None
+    return dataclasses.replace(pair, tokenizer=tokenizer)
+
+
+def bench_tab_run(presets, folder, methods: list[str], runtime: str) -> list:
+    """The Benchmark tab's handler on a real pair cache: its status lines, then its outputs."""
+    import json
+
+    from specdemo.app import benchtab
+    from specdemo.app.limits import Limits
+    from specdemo.app.page import PairCache, TabContext
+
+    suite = folder / "suite.jsonl"
+    suite.write_text(json.dumps({"prompt": "w5 w6 w7 w8 w9 w10 w5 w6 w7 w8", "category": "chat"}) + "\n")
+    cache = PairCache(plain_prompt_loader, warm_up=False)
+    ctx = TabContext(presets=presets, default_preset="tiny-onnx", load=cache.get,
+                     limits=Limits(), gpu=lambda work: work, export=lambda: folder, runtimes=("torch", "onnx"))
+    form = benchtab.BenchForm("tiny-onnx", "all", 1, 1, 12, methods, 0.0, 3, 3, 0, str(suite), False, runtime)
+    return list(benchtab.benchmark(ctx, form, progress=lambda *args, **kwargs: None))
+
+
+@pytest.mark.filterwarnings("ignore::Warning:gradio")  # Gradio's own deprecations while it builds the outputs
+def test_the_benchmark_tab_runs_on_the_runtime_with_its_own_search_beside_ar(page_presets, tmp_path):
+    import gradio as gr
+    import pandas as pd
+
+    *statuses, outputs = bench_tab_run(page_presets, tmp_path, ["ar", "onnx-generate"], "onnx")
+    assert "exports the target for ONNX Runtime" in statuses[0]
+    message, shown = outputs[:2]
+    assert message.startswith("Done: 2 runs") and "the target on onnx fp32" in message
+    rows = pd.read_csv(tmp_path / "bench-runs.csv").set_index("method")
+    assert rows["error"].isna().all(), rows["error"].to_dict()
+    assert rows.loc["ar", "runtime"] == rows.loc["onnx-generate", "runtime"] == "onnx fp32"
+    assert rows.loc["onnx-generate", "matches_ar"] and rows.loc["ar", "new_tokens"] == 12
+    assert list(shown.columns[:3]) == ["category", "method", "runtime"]  # which target each row timed
+    with pytest.raises(gr.Error, match="onnx-generate: run beside a target on another runtime: choose the onnx"):
+        bench_tab_run(page_presets, tmp_path, ["ar", "onnx-generate"], "torch")
 
 
 def test_auto_threads_give_ar_every_core_on_the_runtime_and_one_on_torch():

@@ -12,17 +12,24 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from types import SimpleNamespace
+from typing import Any, Callable, Iterator, Sequence
 
 import gradio as gr
 import pandas as pd
 
 from .. import bench
+from ..bench.runners import HF_METHODS, ONNX_GENERATE, RUNTIME_PEERS
+from ..bench.threads import ThreadPlan
+from ..engine.methods import METHODS
 from ..engine.params import PARAMS
 from ..models.loading import Preset
+from ..models.onnx_export import ONNX, TORCH
+from . import handlers
 from .forms import param_control
 from .limits import Limits
 from .page import TabContext, session_id, wire_stop
+from .playgroundtab import runtime_offered
 from .streams import StatusThenDraw, wire_status_then_draw
 
 # The columns a reader compares first; the CSV download keeps all of them.
@@ -49,10 +56,20 @@ REFERENCE_COLUMNS = ["bleu", "chrf", "rougeL"]
 
 def table(summary: pd.DataFrame) -> pd.DataFrame:
     columns = TABLE_COLUMNS + [c for c in REFERENCE_COLUMNS if c in summary.columns and summary[c].notna().any()]
+    if timed_another_runtime(summary):  # which target each row timed: the runtime's, or torch's copy of it
+        columns.insert(columns.index("label") + 1, "runtime")
     shown = summary[[c for c in columns if c in summary.columns]].copy()
     numeric = shown.select_dtypes("number").columns
     shown[numeric] = shown[numeric].round(3)
     return shown.rename(columns={"label": "method"})
+
+
+def timed_another_runtime(summary: pd.DataFrame) -> bool:
+    """Whether a row of the run timed a target on another runtime than torch."""
+    if "runtime" not in summary.columns:
+        return False
+    runtimes = summary["runtime"].dropna().astype(str)
+    return bool((runtimes.ne("") & runtimes.ne(TORCH)).any())
 
 
 def check_size(limits: Limits, prompts_per_category: Any, repeats: Any, max_new_tokens: Any) -> tuple[int, int, int]:
@@ -118,8 +135,9 @@ def measure(pair, **kwargs) -> Iterator[tuple[int, int, str] | bench.BenchResult
 INTRO = (
     "Runs the project's prompt suite (chat, translation, summarisation, RAG, maths, code) through each "
     "method, interleaving methods so machine drift hits all alike, and compares our decoders with "
-    "transformers' `generate`, assisted generation and prompt lookup. Speedups are geometric means over "
-    "prompts. The same run from a terminal: `python -m specdemo bench --pair embedded`."
+    "transformers' `generate`, assisted generation and prompt lookup (with the target on the onnx runtime, with "
+    "the runtime's own search and n-gram decoding instead). Speedups are geometric means over prompts. The same "
+    "run from a terminal: `python -m specdemo bench --pair embedded` (`--runtime onnx`)."
 )
 
 
@@ -139,11 +157,12 @@ def build_tab(ctx: TabContext) -> None:
         return ctx.follow(request, benchmark(ctx, BenchForm.from_inputs(*args), progress))
 
     # The parameter names are the /benchmark endpoint's, as gradio_client shows them.
+    # runtime last, so that the parameters before it keep their places.
     def run(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
-            ngram_n_, seed_, suite_file=None, group_mt_bench=False, request: gr.Request = None,
+            ngram_n_, seed_, suite_file=None, group_mt_bench=False, runtime=None, request: gr.Request = None,
             progress=gr.Progress()):
         args = (preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
-                ngram_n_, seed_, suite_file, group_mt_bench)
+                ngram_n_, seed_, suite_file, group_mt_bench, runtime)
         yield from streams.every_output(updates(args, request, progress))
 
     def run_on_page(values: dict, request: gr.Request, progress=gr.Progress()):
@@ -167,19 +186,20 @@ def _inputs(ctx: TabContext) -> list[Any]:
     with gr.Row():
         preset = gr.Dropdown(label="Model pair", value=ctx.default_preset, interactive=True,
                              choices=list(ctx.presets), elem_id="bench-preset")
+        runtime = runtime_control(ctx)
         # Custom values: an uploaded suite brings its own categories.
         category = gr.Dropdown(label="Category", value=bench.ALL, choices=[bench.ALL, *bench.SUITE_CATEGORIES],
                                elem_id="bench-category", allow_custom_value=True)
         prompts = gr.Number(value=1, precision=0, label="Prompts per category")
         repeats = gr.Number(value=1, precision=0, label="Repeats", elem_id="bench-repeats")
         max_new_tokens = gr.Number(value=min(64, ctx.limits.max_new_tokens), precision=0, label="Max new tokens")
-    value, note = method_choices(ctx.presets[ctx.default_preset])
+    value, note = method_choices(ctx.presets[ctx.default_preset], runtime=runtime.value,
+                                 runtimes=pair_runtimes(ctx, ctx.default_preset))
     with gr.Row():
         methods = gr.CheckboxGroup(label="Methods", value=value, elem_id="bench-methods",
                                    choices=[(label, name) for name, label in bench.bench_methods().items()])
     methods_note = gr.HTML(note, elem_id="bench-methods-note")
-    preset.change(_offer_methods(ctx), inputs=[preset, methods], outputs=[methods, methods_note], queue=False,
-                  api_visibility="private")
+    _wire_pair_and_runtime(ctx, preset, runtime, methods, methods_note)
     with gr.Row():
         # The schema's controls (ranges, help); labels name the transformers peers that also read them.
         temperature = param_control(PARAMS["temperature"], PARAMS["temperature"].default)
@@ -194,18 +214,97 @@ def _inputs(ctx: TabContext) -> list[Any]:
         group_mt_bench = gr.Checkbox(False, label="Group MT-bench's eight categories as multi_turn (Spec-Bench)",
                                      elem_id="bench-mt-bench")
     return [preset, category, prompts, repeats, max_new_tokens, methods, temperature, gamma, ngram_n, seed,
-            suite_file, group_mt_bench]
+            suite_file, group_mt_bench, runtime]
 
 
-def method_choices(preset: Preset, checked: list[str] | None = None) -> tuple[list[str], str]:
-    """The Methods box for a pair: which methods are checked (`checked`, by default the benchmark's
-    defaults, less those the pair cannot run) and the note that greys those out, with the reason.
+def runtime_control(ctx: TabContext) -> gr.Dropdown:
+    """What runs the target's forwards, offered where the Playground offers it (`runtime_offered`)."""
+    info = ("onnx: the target on ONNX Runtime (the CPU), exported on first use (about 30 s); the runtime's own "
+            "decoders and AR on torch's copy of the target join the methods")
+    offered = runtime_offered(ctx, ctx.default_preset)
+    return gr.Dropdown(list(ctx.runtimes), value=offered.get("value", ctx.runtimes[0]), label="Target runtime",
+                       info=info, allow_custom_value=True, visible=offered["visible"], elem_id="bench-runtime")
+
+
+def _wire_pair_and_runtime(ctx: TabContext, preset: gr.Dropdown, runtime: gr.Dropdown, methods: gr.CheckboxGroup,
+                           methods_note: gr.HTML) -> None:
+    """Another pair offers its runtimes and its methods; another runtime, the methods it runs."""
+    offer = offer_methods(ctx)
+    preset.change(offer, inputs=[preset, methods, runtime], outputs=[methods, methods_note], queue=False,
+                  api_visibility="private")
+    preset.change(lambda name: runtime_offered(ctx, name) if name in ctx.presets else gr.skip(), inputs=[preset],
+                  outputs=[runtime], queue=False, api_visibility="private")
+    runtime.change(offer, inputs=[preset, methods, runtime], outputs=[methods, methods_note], queue=False,
+                   api_visibility="private")
+
+
+def pair_runtimes(ctx: TabContext, preset_name: str) -> tuple[str, ...]:
+    """The runtimes the tab offers a preset's target: the page's where its dropdown shows, else torch alone."""
+    return tuple(ctx.runtimes) if runtime_offered(ctx, preset_name)["visible"] else (TORCH,)
+
+
+# Why a method does not run beside the chosen runtime, as the Methods box's note says it.
+BESIDE_RUNTIME = "run beside a target on another runtime: choose the onnx target runtime"
+NOT_OFFERED = "run beside a target on another runtime, which this page does not offer for this pair"
+ON_RUNTIME = {
+    "trees": "draft a tree, and the {runtime} runtime verifies a chain only: choose the torch target runtime",
+    "torch loops": "run torch's own loop over the target (beam search, no KV cache): choose the torch target runtime",
+    # transformers' peers call generate on the torch copy a runtime pair keeps: their speed is torch's, and
+    # the runtime's own decoders are the yardstick there, AR (torch target) the torch one.
+    "transformers": "run transformers on the torch copy of the target, not on {runtime} (AR (torch target) times "
+                    "that copy here): choose the torch target runtime",
+}
+# The registry's tree methods are named after their chain method with this suffix; the runtime refuses them
+# once their drafter is built, which the page cannot do before loading the pair.
+TREE_SUFFIX = "-tree"
+
+
+def unavailable_methods(draft_kind: str | None, runtime: str = TORCH,
+                        runtimes: Sequence[str] = (TORCH,)) -> dict[str, str]:
+    """The methods a pair drafting with `draft_kind` cannot run with its target on `runtime`, each with the
+    reason the note gives (runtimes: those the tab offers the pair, which decide what the reason suggests)."""
+    missing = dict(bench.unavailable_bench_methods(draft_kind))
+    if runtime == TORCH:
+        reason = BESIDE_RUNTIME if ONNX in runtimes else NOT_OFFERED
+        return {**missing, **{name: reason for name in RUNTIME_PEERS if name not in missing}}
+    as_loaded = dict(draft=object() if draft_kind else None, draft_kind=draft_kind)
+    on_runtime, on_torch = SimpleNamespace(**as_loaded, runtime=runtime), SimpleNamespace(**as_loaded, runtime=TORCH)
+    for name, method in METHODS.items():
+        if name.endswith(TREE_SUFFIX):
+            missing.setdefault(name, ON_RUNTIME["trees"].format(runtime=runtime))
+        elif method.unavailable(on_runtime) and not method.unavailable(on_torch):
+            missing.setdefault(name, ON_RUNTIME["torch loops"])
+    for name in HF_METHODS:
+        missing.setdefault(name, ON_RUNTIME["transformers"].format(runtime=runtime))
+    return missing
+
+
+def default_methods(runtime: str = TORCH) -> tuple[str, ...]:
+    """The methods checked at first: the benchmark's defaults, and on another runtime its own search."""
+    return bench.DEFAULT_BENCH_METHODS if runtime == TORCH else (*bench.DEFAULT_BENCH_METHODS, ONNX_GENERATE)
+
+
+def method_choices(preset: Preset, checked: list[str] | None = None, runtime: str = TORCH,
+                   runtimes: Sequence[str] = (TORCH,)) -> tuple[list[str], str]:
+    """The Methods box for a pair with its target on `runtime`: which methods are checked (`checked`, by
+    default `default_methods`, less those the pair cannot run there) and the note that greys those out,
+    with the reason.
 
     Every method stays a choice, so the /benchmark endpoint accepts any pair's methods; the
-    server refuses one the pair cannot run with its reason (`bench.parse_bench_methods`)."""
-    missing = bench.unavailable_bench_methods(preset.draft_kind)
-    wanted = checked if checked is not None else bench.DEFAULT_BENCH_METHODS
+    server refuses one the pair cannot run with its reason (`refuse_unavailable`)."""
+    missing = unavailable_methods(preset.draft_kind, runtime, runtimes)
+    wanted = checked if checked is not None else default_methods(runtime)
     return [n for n in wanted if n not in missing], methods_note(missing)
+
+
+def refuse_unavailable(names: Sequence[str], missing: dict[str, str]) -> None:
+    """ValueError naming the chosen methods the note greys out, with their reasons (before any model loads)."""
+    by_reason: dict[str, list[str]] = {}
+    for name in names:
+        if name in missing:
+            by_reason.setdefault(missing[name], []).append(name)
+    if by_reason:
+        raise ValueError("; ".join(f"{', '.join(chosen)}: {reason}" for reason, chosen in by_reason.items()))
 
 
 def methods_note(missing: dict[str, str]) -> str:
@@ -221,11 +320,15 @@ def methods_note(missing: dict[str, str]) -> str:
     return f'{style}<span class="bench-methods-note">Not for this pair — {lines}</span>'
 
 
-def _offer_methods(ctx: TabContext):
-    def offer(preset_name: str, checked: list[str] | None):
+def offer_methods(ctx: TabContext):
+    """The Methods box's event for another pair or runtime: (checked, note) by `method_choices`."""
+    def offer(preset_name: str, checked: list[str] | None, runtime: str | None):
         if preset_name not in ctx.presets:
             return gr.skip(), gr.skip()
-        value, note = method_choices(ctx.presets[preset_name], list(checked or []))
+        runtimes = pair_runtimes(ctx, preset_name)
+        # A pair whose target the runtime cannot take goes back to torch (`runtime_offered`), and so do its methods.
+        value, note = method_choices(ctx.presets[preset_name], list(checked or []),
+                                     runtime if runtime in runtimes else TORCH, runtimes)
         return value, note
     return offer
 
@@ -264,13 +367,14 @@ class BenchForm:
     seed: int
     suite: str | None = None  # an uploaded suite file; None: the built-in suite
     group_mt_bench: bool = False  # MT-bench's categories read as one multi_turn category
+    runtime: str | None = None  # what runs the target's forwards; None: the page's default for the pair
 
     @classmethod
     def from_inputs(cls, preset, category, prompts_per_category, repeats, max_new_tokens, methods, temperature,
-                    gamma, ngram_n, seed, suite=None, group_mt_bench=False) -> "BenchForm":
+                    gamma, ngram_n, seed, suite=None, group_mt_bench=False, runtime=None) -> "BenchForm":
         """The form from the tab's inputs in their order (an empty upload is the built-in suite)."""
         return cls(preset, category, prompts_per_category, repeats, max_new_tokens, methods or [], temperature,
-                   gamma, ngram_n, seed, suite or None, bool(group_mt_bench))
+                   gamma, ngram_n, seed, suite or None, bool(group_mt_bench), runtime or None)
 
 
 def benchmark(ctx: TabContext, form: BenchForm, progress: Callable) -> Iterator[str | tuple]:
@@ -282,14 +386,16 @@ def benchmark(ctx: TabContext, form: BenchForm, progress: Callable) -> Iterator[
         names = bench.parse_bench_methods(form.methods)
         suite = read_suite(form)
         chosen = ctx.presets[form.preset]
-        yield "Loading the model pair …"
-        pair = ctx.load(chosen.target, chosen.draft)
+        runtime = chosen_runtime(ctx, form.preset, form.runtime)
+        refuse_unavailable(names, unavailable_methods(chosen.draft_kind, runtime, pair_runtimes(ctx, form.preset)))
+        yield f"Loading the model pair{handlers.runtime_loading_note(runtime)} …"
+        pair = ctx.load(chosen.target, chosen.draft, runtime=runtime)
         result = None
         for item in ctx.gpu(measure)(
             pair, suite=suite, methods=bench.parse_bench_methods(names, pair), repeats=times, limit=size,
             categories=None if form.category == bench.ALL else form.category, max_new_tokens=new_tokens,
             temperature=form.temperature, gamma=form.gamma, ngram_n=form.ngram_n, seed=form.seed,
-            chat=bool(getattr(pair.tokenizer, "chat_template", None)), threads=ctx.threads.for_suites() if ctx.threads else None,
+            chat=bool(getattr(pair.tokenizer, "chat_template", None)), threads=suite_threads(ctx, runtime),
         ):
             if isinstance(item, bench.BenchResult):
                 result = item
@@ -299,7 +405,24 @@ def benchmark(ctx: TabContext, form: BenchForm, progress: Callable) -> Iterator[
             yield f"Running: {done}/{total} — {message}"
     except ValueError as error:
         raise gr.Error(str(error), print_exception=False) from None
-    yield finished(result, ctx.export())
+    yield finished(result, ctx.export(), runtime)
+
+
+def chosen_runtime(ctx: TabContext, preset_name: str, value: Any) -> str:
+    """The target's runtime from the page or the API (empty: the first the tab offers the pair); ValueError
+    for one the page serves but not for this pair's target, or one it does not serve."""
+    offered = pair_runtimes(ctx, preset_name)
+    if isinstance(value, str) and value.strip() in ctx.runtimes and value.strip() not in offered:
+        raise ValueError(f"runtime {value.strip()} cannot run the {preset_name} pair's target, which cannot be "
+                         f"exported for it: choose {TORCH}")
+    return handlers.chosen_runtime(value, offered)
+
+
+def suite_threads(ctx: TabContext, runtime: str) -> ThreadPlan | None:
+    """The page's plan for a suite with its target on `runtime`: on torch auto runs every method on one thread
+    (`ThreadPlan.for_suites`); on the runtime auto gives every method every core first, as the Playground does,
+    since its AR gains from them (`ThreadPlan.for_runtime`). A count stays a count."""
+    return ctx.threads.for_runtime(runtime).for_suites() if ctx.threads is not None else None
 
 
 def read_suite(form: BenchForm) -> list[bench.SuitePrompt] | None:
@@ -317,16 +440,17 @@ def read_suite(form: BenchForm) -> list[bench.SuitePrompt] | None:
     return suite
 
 
-def finished(result: bench.BenchResult, folder: Path) -> tuple:
-    """The tab's outputs for a finished run, its files written to folder."""
+def finished(result: bench.BenchResult, folder: Path, runtime: str = TORCH) -> tuple:
+    """The tab's outputs for a finished run (its target on `runtime`), its files written to folder."""
     paths = (folder / "bench-runs.csv", folder / "bench-summary.csv", folder / "bench-report.html",
              folder / "bench-runs.tokens.csv")  # the last written beside the runs
     figures = bench.make_figures(result)
     bench.write_outputs(result, csv=paths[0], summary_csv=paths[1], report=paths[2], figures=figures)
     runs = int(result.rows.shape[0])
     failed = int((result.rows["error"].astype(str) != "").sum())
+    on = "" if runtime == TORCH else f", the target on {result.meta.get('target_dtype') or runtime}"
     message = (f"Done: {runs} runs on {result.meta.get('prompts')} prompts, {result.meta.get('device')} "
-               f"({result.meta.get('device_name')})." + (f" ⚠️ {failed} runs failed (see the CSV)." if failed else ""))
+               f"({result.meta.get('device_name')}){on}." + (f" ⚠️ {failed} runs failed (see the CSV)." if failed else ""))
     return (message, table(result.summary), *(figures[name] for name in CHARTS),
             *(gr.update(value=str(path), interactive=True) for path in paths),
             gr.update(visible=False), gr.update(visible=True))

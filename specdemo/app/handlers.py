@@ -245,10 +245,18 @@ def stream_run(request: Request, load: Callable[[Request], ModelPair], limits: L
 
 def loading_note(request: Request) -> str:
     """What a first load costs beyond reading the weights, for the status line."""
-    if request.runtime == ONNX:
+    if request.runtime != TORCH:
+        return runtime_loading_note(request.runtime)
+    return " (a pair new to the page also compiles its decode steps, first time only)" if request.engine.compile else ""
+
+
+def runtime_loading_note(runtime: str) -> str:
+    """The status line's words for a pair loaded with its target on `runtime` ("" on torch): the Playground's
+    and the Benchmark tab's first load on onnx exports the target."""
+    if runtime == ONNX:
         return (" on the onnx runtime (its first use exports the target for ONNX Runtime, about 30 s for the "
                 "embedded one; afterwards it is read from disk)")
-    return " (a pair new to the page also compiles its decode steps, first time only)" if request.engine.compile else ""
+    return ""
 
 
 STALE_NOTE = " The panels, charts and table below are redrawn when every method has ended."

@@ -72,7 +72,8 @@ class ThreadPlan:
         auto runs every method on one thread. A suite decodes for minutes beside the browser and
         the server's event loop, and there two threads gave the drafting methods no more than one
         thread gives them alone (docs/benchmark.md), while the barrier between two threads made
-        every run wait on any other work."""
+        every run wait on any other work. The Benchmark tab takes `for_runtime` first, so that on a runtime
+        target auto gives every method every core, as the Playground does."""
         return self if self.count is not None else ThreadPlan(count=1)
 
     def describe(self) -> str:
