@@ -81,6 +81,42 @@ def test_the_runtimes_threads_spin_within_a_forward_and_stop_when_it_ends(onnx_f
     assert "session.intra_op.allow_spinning: 1" in log and "session.force_spinning_stop: 1" in log
 
 
+def test_the_heads_steps_run_on_the_runtime_and_draft_what_torchs_head_drafts(head_pair):
+    """Beside a runtime target the feature head's steps run on the runtime too (exported once per head);
+    its draft distributions are torch's head's to float rounding, through a catch-up, drafting and rollback."""
+    from specdemo.engine.feature_drafter import FeatureDrafter
+    from specdemo.engine.methods import _plain_drafter
+    from specdemo.engine.onnx_head import OnnxFeatureDrafter
+
+    runtime_drafter, torch_drafter = _plain_drafter(head_pair), FeatureDrafter(head_pair.draft)
+    assert isinstance(runtime_drafter, OnnxFeatureDrafter)
+    config = SamplingConfig(temperature=1.0)
+    torch.manual_seed(0)
+    d = head_pair.draft.config.hidden_size
+    prompt, features = PROMPTS[1], torch.randn(len(PROMPTS[1]) - 1, d)
+    for drafter in (runtime_drafter, torch_drafter):
+        drafter.start(prompt[:4], features[:3])
+        drafter.catch_up(prompt[:4])  # the prompt's read, over an empty cache
+        drafter.observe(prompt[:7], 4, None, target_features=features[3:6])
+    steps = [(drafter.catch_up(prompt[:7]), drafter) for drafter in (runtime_drafter, torch_drafter)]
+    for (predicted, drafter) in steps:
+        drafter.cache.rollback(5)
+        drafter.committed = 5
+        drafter.pending = [features[5:]]
+    again = [drafter.catch_up(prompt) for drafter in (runtime_drafter, torch_drafter)]
+    # A draft step: one position, fed the head's own prediction.
+    drafted = [drafter._step(predicted.view(1, -1), [7], len(prompt) - 1)[-1]
+               for predicted, drafter in zip(again, (runtime_drafter, torch_drafter))]
+    for ours, theirs in (((steps[0][0], runtime_drafter), (steps[1][0], torch_drafter)),
+                         ((again[0], runtime_drafter), (again[1], torch_drafter)),
+                         ((drafted[0], runtime_drafter), (drafted[1], torch_drafter))):
+        q, p = ours[1]._probs(ours[0], config), theirs[1]._probs(theirs[0], config)
+        assert torch.allclose(q, p, atol=1e-5), float((q - p).abs().max())
+    assert runtime_drafter.cache.length == torch_drafter.cache.length == len(prompt)
+    assert torch.allclose(runtime_drafter.cache.k[:, :, : len(prompt)], torch_drafter.cache.k[:, :, : len(prompt)],
+                          atol=1e-5)
+
+
 CHAIN_METHODS = ["sd", "nasd", "egag", "rest", "sd-heuristic", "sd-confidence", "adaedl", "egag-token", "specdecpp"]
 
 
