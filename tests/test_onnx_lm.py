@@ -240,6 +240,19 @@ def test_the_runtimes_own_decoders_run_beside_ours_and_write_its_ar_tokens(lm_pa
     assert 0 <= ngram["accepted"] <= ngram["drafted"]
 
 
+def test_the_runtimes_own_search_reads_a_prompt_that_ends_in_the_eos_id_as_ours_does(lm_pair):
+    """The export names the EOS id its padding id too, and the runtime's search left such a prompt's last
+    token out of attention (a chat template or a later turn can end in it)."""
+    from specdemo.bench.runtime_peers import RuntimeRunner
+    from specdemo.engine.params import DecodeParams
+
+    eos = min(lm_pair.eos_ids)
+    prompt = PROMPTS[0] + [eos]
+    run = RuntimeRunner(lm_pair, DecodeParams.resolve(None, max_new_tokens=40, temperature=0.0)).run(
+        "onnx-generate", prompt, seed=0)
+    assert run.token_ids == greedy(lm_pair, prompt, "ar").token_ids
+
+
 def test_the_runtimes_own_search_stops_at_the_pairs_eos(onnx_folders):
     target, _, _ = onnx_folders
     pair = specdemo.load_pair(str(target), device="cpu", dtype="float32", runtime="onnx")
@@ -436,17 +449,6 @@ def test_the_benchmark_tab_offers_the_runtime_where_the_playground_does(page_pre
     assert not runtime_dropdown(torch_only, "bench-runtime").visible
 
 
-def plain_prompt_loader(*args, **kwargs):
-    """The pair without a chat template, so that the tab reads its prompts as they are: the tiny template
-    ends a prompt with the EOS id, after which the runtime's own search does not continue as AR does."""
-    import copy
-
-    pair = float32_loader(*args, **kwargs)
-    tokenizer = copy.copy(pair.tokenizer)
-    tokenizer.chat_template = None
-    return dataclasses.replace(pair, tokenizer=tokenizer)
-
-
 def bench_tab_run(presets, folder, methods: list[str], runtime: str) -> list:
     """The Benchmark tab's handler on a real pair cache: its status lines, then its outputs."""
     import json
@@ -457,7 +459,7 @@ def bench_tab_run(presets, folder, methods: list[str], runtime: str) -> list:
 
     suite = folder / "suite.jsonl"
     suite.write_text(json.dumps({"prompt": "w5 w6 w7 w8 w9 w10 w5 w6 w7 w8", "category": "chat"}) + "\n")
-    cache = PairCache(plain_prompt_loader, warm_up=False)
+    cache = PairCache(float32_loader, warm_up=False)
     ctx = TabContext(presets=presets, default_preset="tiny-onnx", load=cache.get,
                      limits=Limits(), gpu=lambda work: work, export=lambda: folder, runtimes=("torch", "onnx"))
     form = benchtab.BenchForm("tiny-onnx", "all", 1, 1, 12, methods, 0.0, 3, 3, 0, str(suite), False, runtime)

@@ -317,7 +317,8 @@ class HFRunner:
         stop = "eos" if new_ids and new_ids[-1] in pair.eos_ids else "max_new_tokens"
         stats.update(stop_reason=stop, engine_seconds=math.nan, ttft_s=math.nan, prefill_s=math.nan,
                      draft_seconds=math.nan, verify_seconds=math.nan, mean_entropy=math.nan,
-                     cache="static" if method == "hf-generate-static" else "dynamic", compile_seconds=math.nan)
+                     cache="static" if method == "hf-generate-static" else "dynamic", compile_seconds=math.nan,
+                     runtime="torch")  # transformers' generate runs the torch copy beside a runtime target too
         return Run(new_ids, seconds, stats, rounds)
 
 

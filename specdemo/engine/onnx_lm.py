@@ -83,6 +83,7 @@ class OnnxTarget:
         # Where the runtime's own search stops (its decoders as peers): the pair's EOS ids, set by the
         # loader before a session opens; the export's own config names one id only.
         self.eos_ids: tuple[int, ...] = ()
+        self.vocab_size = int(json.loads((self.folder / "genai_config.json").read_text())["model"]["vocab_size"])
         self._models: dict[int, object] = {}
         self._head_steps: dict[int, tuple] = {}  # id(head) -> (head, its step's session); the head is kept alive
         self._lock = threading.Lock()
@@ -93,7 +94,11 @@ class OnnxTarget:
         with self._lock:
             if threads not in self._models:
                 config = og.Config(str(self.folder))
-                overlay: dict = {"decoder": {"session_options": session_options(threads)}}
+                # The export names the EOS id its padding id too, and the runtime's own search leaves padding
+                # out of attention: a prompt ending in that id (a chat template's, a later turn's) lost its
+                # last token. An id past the vocabulary pads nothing.
+                overlay: dict = {"decoder": {"session_options": session_options(threads)},
+                                 "pad_token_id": self.vocab_size}
                 if self.eos_ids:
                     overlay["eos_token_id"] = list(self.eos_ids)
                 config.overlay(json.dumps({"model": overlay}))
