@@ -68,7 +68,13 @@ class RuntimeRunner:
             while not generator.is_done():
                 generator.generate_next_token()
             seconds = time.perf_counter() - start
-        new_ids = cut_at_eos([int(t) for t in generator.get_sequence(0)[len(prompt_ids):]][:budget], self.pair.eos_ids)
+        new_ids = [int(t) for t in generator.get_sequence(0)[len(prompt_ids):]]
+        # The runtime's search ends at an EOS id without writing it into the sequence; our runs keep it as
+        # their last token, and so do these.
+        last = int(generator.get_next_tokens()[0])
+        if len(new_ids) < budget and last in self.pair.eos_ids and (not new_ids or new_ids[-1] != last):
+            new_ids.append(last)
+        new_ids = cut_at_eos(new_ids[:budget], self.pair.eos_ids)
         speculative = generator.get_speculative_stats() if method == ONNX_NGRAM else None
         stats, rounds = _stats(new_ids, speculative, self.params.gamma if speculative else 0)
         stats["runtime"] = f"{self.pair.runtime} {self.pair.target_runtime.precision}"
