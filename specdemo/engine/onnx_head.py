@@ -9,7 +9,8 @@ with the cache outside the graph: it takes the embeddings of the next ids, the i
 their positions and the cached keys and values, and returns the predicted features, their subset
 logits and the new keys and values, which the drafter writes into the head's own `HeadCache`.
 Rolling back stays an index into that cache. A round's first read over an empty cache (the
-prompt) runs in torch: it happens once a generation.
+prompt) runs in torch: it happens once a generation. The step's session takes the thread count
+asked for, as the target's does.
 """
 
 from __future__ import annotations
@@ -31,9 +32,6 @@ from .feature_drafter import FeatureDrafter
 from .feature_head import FeatureHead
 
 HEAD_STEP_FILE = "head_step.onnx"
-# torch's work between two target forwards runs on one thread (onnx_lm.TORCH_THREADS_BETWEEN_FORWARDS);
-# the head's steps are that work.
-HEAD_THREADS = 1
 
 
 class _HeadStep(nn.Module):
@@ -91,12 +89,20 @@ def export_head_step(head: FeatureHead, folder: Path) -> Path:
     return path
 
 
-def head_session(path: Path):
+def head_session(path: Path, threads: int):
+    """A session of the head's step on `threads` threads, whose pool spins within a step and stops after it,
+    as the target's does (onnx_lm.SPIN_WITHIN_A_FORWARD): at 2 threads on 2 cores a pool left spinning took
+    the target's cores and SD fell from 61 to 39 tok/s; spinning only within a step, the head's 2 threads
+    took SD from 61 (1 thread) to 65 (docs/runtime.md)."""
     import onnxruntime as ort
 
+    from .onnx_lm import SPIN_WITHIN_A_FORWARD
+
     options = ort.SessionOptions()
-    options.intra_op_num_threads = HEAD_THREADS
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    for key, value in SPIN_WITHIN_A_FORWARD.items():
+        options.add_session_config_entry(key, value)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -147,7 +153,7 @@ def runs_on_the_runtime(head: FeatureHead) -> bool:
             and importlib.util.find_spec("onnxscript") is not None)
 
 
-def open_head_step(head: FeatureHead, folder: Path):
+def open_head_step(head: FeatureHead, folder: Path, threads: int):
     """A runtime session of the head's step, exported into `folder` (one subfolder per head) first if needed."""
-    return head_session(export_head_step(head, Path(folder) / head_digest(head)))
+    return head_session(export_head_step(head, Path(folder) / head_digest(head)), threads)
 

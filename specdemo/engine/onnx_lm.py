@@ -85,7 +85,8 @@ class OnnxTarget:
         self.eos_ids: tuple[int, ...] = ()
         self.vocab_size = int(json.loads((self.folder / "genai_config.json").read_text())["model"]["vocab_size"])
         self._models: dict[int, object] = {}
-        self._head_steps: dict[int, tuple] = {}  # id(head) -> (head, its step's session); the head is kept alive
+        # (id(head), threads) -> (head, its step's session); the head is kept alive, so its id stays its own.
+        self._head_steps: dict[tuple[int, int], tuple] = {}
         self._lock = threading.Lock()
 
     def model(self, threads: int):
@@ -113,10 +114,11 @@ class OnnxTarget:
 
         if not runs_on_the_runtime(head):
             return FeatureDrafter(head)
+        key = (id(head), torch.get_num_threads())  # the count asked for, as the target's session takes it
         with self._lock:
-            if id(head) not in self._head_steps:
-                self._head_steps[id(head)] = (head, open_head_step(head, self.folder.parent / "heads"))
-            return OnnxFeatureDrafter(head, self._head_steps[id(head)][1])
+            if key not in self._head_steps:
+                self._head_steps[key] = (head, open_head_step(head, self.folder.parent / "heads", key[1]))
+            return OnnxFeatureDrafter(head, self._head_steps[key][1])
 
     def cached_lm(self, torch_model: torch.nn.Module, vocab_size: int | None, max_length: int,
                   kind: str = "dynamic", compile: bool = False) -> "OnnxCachedLM":
