@@ -117,6 +117,24 @@ def test_the_heads_steps_run_on_the_runtime_and_draft_what_torchs_head_drafts(he
                           atol=1e-5)
 
 
+def test_the_draft_lm_drafts_on_the_runtime_beside_a_runtime_target_and_on_torch_elsewhere(lm_pair, onnx_folders):
+    from specdemo.engine.methods import _plain_drafter
+    from specdemo.engine.onnx_lm import OnnxCachedLM
+
+    assert lm_pair.draft_runtime is not None and lm_pair.draft_runtime.precision == "fp32"
+    result = greedy(lm_pair, PROMPTS[0], "sd", gamma=4)
+    assert result.token_ids == greedy(lm_pair, PROMPTS[0], "ar").token_ids and result.stats["accepted"] > 0
+    drafter = _plain_drafter(lm_pair)
+    drafter.use_cache("dynamic", 64)
+    assert isinstance(drafter.lm, OnnxCachedLM) and drafter.lm.model is lm_pair.draft
+    target, draft, _ = onnx_folders
+    on_torch = specdemo.load_pair(str(target), str(draft), device="cpu", dtype="float32")
+    assert on_torch.draft_runtime is None
+    half_draft = specdemo.load_pair(str(target), str(draft), device="cpu", dtype="float32", draft_dtype="bfloat16",
+                                    runtime="onnx")
+    assert half_draft.draft_runtime is None  # the runtime runs the draft at float32 only; bfloat16 stays torch's
+
+
 CHAIN_METHODS = ["sd", "nasd", "egag", "rest", "sd-heuristic", "sd-confidence", "adaedl", "egag-token", "specdecpp"]
 
 
@@ -499,7 +517,8 @@ def test_torch_works_on_one_thread_between_the_runtimes_forwards_which_keep_the_
     seen, feed = [], onnx_lm.OnnxCachedLM.feed
 
     def counting_feed(self, *args, **kwargs):
-        seen.append(torch.get_num_threads())
+        if self.model is lm_pair.target:  # the draft LM drafts on the runtime too, on its own writer
+            seen.append(torch.get_num_threads())
         return feed(self, *args, **kwargs)
 
     monkeypatch.setattr(onnx_lm.OnnxCachedLM, "feed", counting_feed)
@@ -511,4 +530,5 @@ def test_torch_works_on_one_thread_between_the_runtimes_forwards_which_keep_the_
     finally:
         torch.set_num_threads(before)
     assert 2 in lm_pair.target_runtime._models  # the runtime's session: the count asked for
+    assert 2 in lm_pair.draft_runtime._models  # and the draft's
     assert seen[0] == 2 and set(seen[1:]) == {1}  # the prefill before the rounds, then every round's forwards

@@ -217,8 +217,11 @@ class ModelDrafter(Drafter):
     """A small LM that drafts, with its own KV cache kept across rounds."""
 
     def __init__(self, model: torch.nn.Module, vocab_size: int | None = None, cache: str = "dynamic",
-                 max_length: int | None = None):
-        self.lm = cached_lm(model, vocab_size, cache=cache, max_length=max_length)
+                 max_length: int | None = None, lm_factory=None):
+        """lm_factory(model, vocab_size, cache=, max_length=, compile=, buckets=): what runs the draft's
+        forwards (torch's `cached_lm` by default; a runtime's beside a runtime target)."""
+        self.lm_factory = lm_factory or cached_lm
+        self.lm = self.lm_factory(model, vocab_size, cache=cache, max_length=max_length)
         self.source: list[int] | None = None
         self._fed = 0  # drafts of the last proposal fed back into the cache
 
@@ -226,8 +229,8 @@ class ModelDrafter(Drafter):
                   buckets: tuple[int, ...] = (1,)) -> None:
         """Switch to a fresh cache of this kind (before `start`)."""
         self.lm.close()
-        self.lm = cached_lm(self.lm.model, self.lm.vocab_size, cache=cache, max_length=max_length, compile=compile,
-                            buckets=buckets)
+        self.lm = self.lm_factory(self.lm.model, self.lm.vocab_size, cache=cache, max_length=max_length,
+                                  compile=compile, buckets=buckets)
         if self.source is not None:
             self.lm.set_source(self.source)
 

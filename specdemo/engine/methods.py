@@ -89,7 +89,8 @@ def _plain_drafter(pair) -> Drafter:
     if isinstance(pair.draft, FeatureHead):
         runtime = getattr(pair, "target_runtime", None)  # beside a runtime target, the head's steps run on it too
         return runtime.feature_drafter(pair.draft) if runtime is not None else FeatureDrafter(pair.draft)
-    return ModelDrafter(pair.draft, pair.vocab_size)
+    draft_runtime = getattr(pair, "draft_runtime", None)  # a draft LM exported for the target's runtime
+    return ModelDrafter(pair.draft, pair.vocab_size, lm_factory=draft_runtime.draft_lm if draft_runtime else None)
 
 
 def _tree_policy(p: DecodeParams):

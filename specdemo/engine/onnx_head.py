@@ -89,19 +89,17 @@ def export_head_step(head: FeatureHead, folder: Path) -> Path:
     return path
 
 
-def head_session(path: Path, threads: int):
-    """A session of the head's step on `threads` threads, whose pool spins within a step and stops after it,
-    as the target's does (onnx_lm.SPIN_WITHIN_A_FORWARD): at 2 threads on 2 cores a pool left spinning took
-    the target's cores and SD fell from 61 to 39 tok/s; spinning only within a step, the head's 2 threads
-    took SD from 61 (1 thread) to 65 (docs/runtime.md)."""
+def head_session(path: Path, threads: int, config_entries: dict[str, str]):
+    """A session of the head's step on `threads` threads with the target's session config entries. Its pool
+    must spin within a step and stop after it, as the target's does (onnx_lm.SPIN_WITHIN_A_FORWARD): at 2
+    threads on 2 cores a pool left spinning took the target's cores and SD fell from 61 to 39 tok/s;
+    spinning only within a step, the head's 2 threads took SD from 61 (1 thread) to 65 (docs/runtime.md)."""
     import onnxruntime as ort
-
-    from .onnx_lm import SPIN_WITHIN_A_FORWARD
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    for key, value in SPIN_WITHIN_A_FORWARD.items():
+    for key, value in config_entries.items():
         options.add_session_config_entry(key, value)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
@@ -153,7 +151,7 @@ def runs_on_the_runtime(head: FeatureHead) -> bool:
             and importlib.util.find_spec("onnxscript") is not None)
 
 
-def open_head_step(head: FeatureHead, folder: Path, threads: int):
+def open_head_step(head: FeatureHead, folder: Path, threads: int, config_entries: dict[str, str]):
     """A runtime session of the head's step, exported into `folder` (one subfolder per head) first if needed."""
-    return head_session(export_head_step(head, Path(folder) / head_digest(head)), threads)
+    return head_session(export_head_step(head, Path(folder) / head_digest(head)), threads, config_entries)
 

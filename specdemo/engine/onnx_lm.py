@@ -117,8 +117,19 @@ class OnnxTarget:
         key = (id(head), torch.get_num_threads())  # the count asked for, as the target's session takes it
         with self._lock:
             if key not in self._head_steps:
-                self._head_steps[key] = (head, open_head_step(head, self.folder.parent / "heads", key[1]))
+                session = open_head_step(head, self.folder.parent / "heads", key[1], SPIN_WITHIN_A_FORWARD)
+                self._head_steps[key] = (head, session)
             return OnnxFeatureDrafter(head, self._head_steps[key][1])
+
+    def draft_lm(self, torch_model: torch.nn.Module, vocab_size: int | None, cache: str = "dynamic",
+                 max_length: int | None = None, compile: bool = False, buckets=(1,)) -> CachedLM:
+        """A draft LM's writer on this runtime (a `ModelDrafter`'s lm_factory). Until the decode loop names
+        the cache's length, the torch copy's cache stands in: the runtime sizes its cache once, up front."""
+        if max_length is None:
+            from .seq2seq import cached_lm
+
+            return cached_lm(torch_model, vocab_size, cache=cache)
+        return self.cached_lm(torch_model, vocab_size, max_length, cache, compile)
 
     def cached_lm(self, torch_model: torch.nn.Module, vocab_size: int | None, max_length: int,
                   kind: str = "dynamic", compile: bool = False) -> "OnnxCachedLM":

@@ -12,6 +12,7 @@ The embedded pair is loaded by ``specdemo.models.embedded``; shared token helper
 from __future__ import annotations
 
 import gc
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,9 @@ class ModelPair:
     # in `target_runtime`; `target` keeps the torch weights, which a feature head and the config read).
     runtime: str = TORCH
     target_runtime: Any = None
+    # Beside a runtime target, a draft LM exported for the same runtime (`engine.onnx_lm.OnnxTarget`), which
+    # then drafts there; None where the draft runs on torch (a feature head has its own: `engine.onnx_head`).
+    draft_runtime: Any = None
 
     def __post_init__(self) -> None:
         if not self.eos_ids:
@@ -246,6 +250,7 @@ def load_pair(
         if not isinstance(draft_model, FeatureHead):  # a head predicts over the target's own vocabulary
             vocab_size = shared_vocab_size(target_model, draft_model, tokenizer, target, draft)
     target_runtime = _onnx_target(target, target_model, tokenizer, target_precision) if runtime == ONNX else None
+    draft_runtime = _onnx_draft(draft, draft_model, tokenizer, draft_precision) if target_runtime else None
     # Last, so that a feature head and a self-draft read the target's float weights.
     if target_runtime is None:
         target_model = quantize(target_model, target_precision)
@@ -255,7 +260,7 @@ def load_pair(
     return ModelPair(target_model, tokenizer, draft_model, name=name, target_ref=target, draft_ref=draft,
                      vocab_size=vocab_size, target_precision=target_precision,
                      draft_precision=draft_precision if draft is not None else None,
-                     runtime=runtime, target_runtime=target_runtime)
+                     runtime=runtime, target_runtime=target_runtime, draft_runtime=draft_runtime)
 
 
 def _use_few_row_products(models) -> None:
@@ -291,6 +296,31 @@ def _onnx_target(target: str, target_model, tokenizer, precision: Precision):
         raise ModelLoadError(f"runtime onnx exports the embedded target or a local transformers folder; {target!r} is "
                              "neither: download it to a folder first, or use runtime=torch")
     return onnx_target(source, precision.name)
+
+
+def _onnx_draft(draft: str | None, draft_model, tokenizer, precision: Precision):
+    """A float32 draft LM (the embedded one or a local folder) exported for the runtime, to draft beside the
+    runtime's target; None where it stays on torch: a feature head, another precision, a Hub draft, or a
+    model the runtime cannot run (`check_exportable`)."""
+    from .embedded import DRAFT_DIR
+    from .onnx_export import export_root
+
+    embedded_lm = draft == EMBEDDED_LM or (draft == EMBEDDED and DEFAULT_DRAFT == EMBEDDED_LM)
+    if draft_model is None or isinstance(draft_model, FeatureHead) or precision.name != "float32" \
+            or self_draft_precision(draft) is not None or not (embedded_lm or Path(draft).is_dir()):
+        return None
+    source = DRAFT_DIR if embedded_lm else Path(draft)
+    if not any((source / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        # The exporter writes the runtime's tokenizer files from the folder's; a draft shares the target's.
+        staged = export_root() / "sources" / f"{source.name}-{hashlib.sha1(str(source.resolve()).encode()).hexdigest()[:10]}"
+        if not (staged / "config.json").is_file():
+            draft_model.save_pretrained(staged)
+            tokenizer.save_pretrained(staged)
+        source = staged
+    try:
+        return onnx_target(source, precision.name)
+    except ModelLoadError:
+        return None
 
 
 def _pair_precisions(device, dtype, target_dtype, draft_dtype, draft: str | None):
