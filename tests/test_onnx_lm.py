@@ -328,6 +328,7 @@ def runtime_joint(pair, config) -> torch.Tensor:
 @pytest.mark.parametrize("method", ["sd", "egag"])
 def test_sd_under_sampling_draws_from_the_runtimes_distribution(small_vocab_onnx_pair, method):
     pair, samples = small_vocab_onnx_pair, 600
+    assert pair.draft_runtime is not None  # the draft's q comes from the runtime too
     counts = torch.zeros(8, 8)
     drafted = accepted = 0
     for seed in range(samples):
