@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import importlib.util
 import io
+import logging
 import os
 import tempfile
 import warnings
@@ -74,8 +75,9 @@ def export_head_step(head: FeatureHead, folder: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="head.tmp-", dir=path.parent))
     try:
-        # The exporter reports each stage on stdout and warns about its own internals: none of it is the user's.
-        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        # The exporter reports each stage on stdout and warns and logs about its own internals (operators of
+        # packages that are not installed): none of it is the user's.
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(), _quiet_logger("torch.onnx"):
             warnings.simplefilter("ignore")
             exported = torch.onnx.export(_HeadStep(head).eval(), examples, dynamo=True, dynamic_shapes=shapes,
                                          input_names=["embedded", "features", "positions", "past_k", "past_v"],
@@ -87,6 +89,17 @@ def export_head_step(head: FeatureHead, folder: Path) -> Path:
             leftover.unlink()
         work.rmdir()
     return path
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def head_session(path: Path, threads: int, config_entries: dict[str, str]):
