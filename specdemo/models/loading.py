@@ -312,7 +312,8 @@ def _onnx_draft(draft: str | None, draft_model, tokenizer, precision: Precision)
     source = DRAFT_DIR if embedded_lm else Path(draft)
     if not any((source / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         # The exporter writes the runtime's tokenizer files from the folder's; a draft shares the target's.
-        staged = export_root() / "sources" / f"{source.name}-{hashlib.sha1(str(source.resolve()).encode()).hexdigest()[:10]}"
+        digest = hashlib.sha1(str(source.resolve()).encode()).hexdigest()[:10]
+        staged = export_root() / "sources" / f"{source.name}-{digest}"
         if not (staged / "config.json").is_file():
             draft_model.save_pretrained(staged)
             tokenizer.save_pretrained(staged)
