@@ -9,7 +9,7 @@ gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
 
 from specdemo import bench
-from specdemo.app import benchtab  # noqa: E402
+from specdemo.app import benchtab, suite_runtime  # noqa: E402
 from specdemo.app.limits import Limits  # noqa: E402
 from specdemo.bench.threads import ThreadPlan  # noqa: E402
 from tests.uiserver import TINY, serve  # noqa: E402
@@ -129,10 +129,10 @@ def test_the_methods_box_offers_the_runtimes_own_decoders_beside_a_runtime_targe
 
     lm_pair, both = Preset(EMBEDDED_LM, EMBEDDED, EMBEDDED_LM), ("torch", "onnx")
     on_torch = benchtab.unavailable_methods(lm_pair.draft_kind, "torch", both)
-    assert {name: on_torch[name] for name in RUNTIME_PEERS} == {name: benchtab.BESIDE_RUNTIME for name in RUNTIME_PEERS}
+    assert {name: on_torch[name] for name in RUNTIME_PEERS} == {name: suite_runtime.BESIDE_RUNTIME for name in RUNTIME_PEERS}
     assert "choose the onnx target runtime" in benchtab.method_choices(lm_pair, runtime="torch", runtimes=both)[1]
     # Where the page runs the pair's target on torch alone, the note does not send the visitor to a runtime it lacks.
-    assert set(benchtab.unavailable_methods(lm_pair.draft_kind, "torch").values()) == {benchtab.NOT_OFFERED}
+    assert set(benchtab.unavailable_methods(lm_pair.draft_kind, "torch").values()) == {suite_runtime.NOT_OFFERED}
 
     value, note = benchtab.method_choices(lm_pair, runtime="onnx", runtimes=both)
     assert value == ["ar", "sd", "nasd", "egag", "onnx-generate"]  # the runtime's own search, not transformers'

@@ -503,6 +503,72 @@ def test_the_benchmark_tab_runs_on_the_runtime_with_its_own_search_beside_ar(pag
         bench_tab_run(page_presets, tmp_path, ["ar", "onnx-generate"], "torch")
 
 
+def test_the_sweep_tab_offers_the_runtime_where_the_playground_does(page_presets, monkeypatch):
+    from specdemo.app import ui
+    from specdemo.models import onnx_export
+
+    demo = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
+    playground, tab = runtime_dropdown(demo), runtime_dropdown(demo, "sweep-runtime")
+    assert tab.visible and tab.choices == playground.choices and tab.value == playground.value == "torch"
+    # Another pair offers its runtimes: the tab's Model pair drives its control.
+    preset = runtime_dropdown(demo, "sweep-preset")
+    assert any((preset._id, "change") in [(target[0], target[1]) for target in fn.targets]
+               and tab in fn.outputs for fn in demo.fns.values())
+    hub = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="hub")
+    assert not runtime_dropdown(hub, "sweep-runtime").visible and runtime_dropdown(hub, "sweep-runtime").value == "torch"
+    onnx_first = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx", runtime="onnx")
+    assert runtime_dropdown(onnx_first, "sweep-runtime").value == "onnx"
+    monkeypatch.setattr(onnx_export, "onnx_runtime_missing", lambda: "onnxruntime-genai is not installed")
+    torch_only = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
+    assert not runtime_dropdown(torch_only, "sweep-runtime").visible
+
+
+def sweep_tab_run(presets, folder, load, **changes) -> list:
+    """The Sweep tab's handler on the tiny pair: its status lines, then its outputs."""
+    from specdemo.app import sweeptab
+    from specdemo.app.limits import Limits
+    from specdemo.app.page import TabContext
+
+    ctx = TabContext(presets=presets, default_preset="tiny-onnx", load=load, limits=Limits(), gpu=lambda work: work,
+                     export=lambda: folder, runtimes=("torch", "onnx"))
+    values = {"preset": "tiny-onnx", "methods": ["sd", "egag"], "gamma": "2", "gamma_max": "3", "ema": "0.9",
+              "categories": ["chat"], "prompts_per_category": 1, "repeats": 1, "max_new_tokens": 8, "chat": False,
+              "temperature": 0.0, "seed": 0, "runtime": "onnx", **changes}
+    return list(sweeptab.page_sweep(ctx, values, progress=lambda *args, **kwargs: None))
+
+
+@pytest.mark.filterwarnings("ignore::Warning:gradio")  # Gradio's own deprecations while it builds the outputs
+def test_the_sweep_tab_runs_on_the_runtime_and_its_rows_name_it(page_presets, tmp_path):
+    import pandas as pd
+
+    from specdemo.app.page import PairCache
+
+    cache = PairCache(float32_loader, warm_up=False)
+    *statuses, outputs = sweep_tab_run(page_presets, tmp_path, cache.get)
+    assert "exports the target for ONNX Runtime" in statuses[0]
+    assert outputs[0].startswith("Done: 3 runs") and outputs[0].endswith("the target on onnx fp32.")
+    rows = pd.read_csv(tmp_path / "sweep.csv").set_index("setting")
+    assert rows["runtime"].tolist() == ["onnx fp32"] * 3
+    assert rows.loc[["sd:gamma=2", "egag:gamma_max=3,ema=0.9"], "matches_ar"].all()  # the runtime's own AR tokens
+    summary = pd.read_csv(tmp_path / "sweep.summary.csv")
+    assert summary["runtime"].tolist() == ["onnx fp32"] * 3
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"methods": ["sd-tree"], "node_budget": "3"}, "sd-tree: draft a tree, and the onnx runtime verifies a chain only"),
+    ({"target_dtype_axis": "bfloat16"}, "target_dtype=bfloat16: the onnx runtime runs the target at float32, int8"),
+])
+def test_what_the_runtime_refuses_stops_the_sweep_tab_before_it_loads_a_pair(page_presets, tmp_path, changes,
+                                                                             message):
+    import gradio as gr
+
+    def never(*args, **kwargs):
+        raise AssertionError("the pair was loaded")
+
+    with pytest.raises(gr.Error, match=message):
+        sweep_tab_run(page_presets, tmp_path, never, **changes)
+
+
 def test_auto_threads_give_ar_every_core_on_the_runtime_and_one_on_torch():
     from specdemo.bench.threads import ThreadPlan
 

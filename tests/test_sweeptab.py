@@ -79,6 +79,49 @@ def test_bad_forms_read_as_messages(changes, message):
     assert message in str(caught.value)
 
 
+@pytest.fixture
+def runtime_presets(tmp_path):
+    """A pair whose target runtime onnx can export (a local folder) and one it cannot (a Hub id)."""
+    return {"local": Preset("local", str(tmp_path), "draft-folder"), "hub": Preset("hub", "someone/model", "draft-folder")}
+
+
+def runtime_request(presets, runtimes=("torch", "onnx"), **changes):
+    return sweeptab.make_sweep_request(form(**{"preset": "local", **changes}), presets, Limits(), SUITE,
+                                       runtimes=runtimes)
+
+
+def test_the_runtime_comes_from_the_form_or_the_pages_default_and_is_checked_against_the_pair(runtime_presets):
+    assert runtime_request(runtime_presets).runtime == "torch"  # omitted: the page's default, its first
+    assert runtime_request(runtime_presets, runtimes=("onnx", "torch")).runtime == "onnx"
+    assert runtime_request(runtime_presets, runtime="onnx").runtime == "onnx"
+    with pytest.raises(ValueError, match="runtime onnx cannot run the hub pair's target, which cannot be exported"):
+        runtime_request(runtime_presets, runtime="onnx", preset="hub")
+    with pytest.raises(ValueError, match="runtime must be one of torch here, got 'onnx'"):
+        runtime_request(runtime_presets, runtimes=("torch",), runtime="onnx")  # a page that serves torch alone
+    # What the runtime refuses runs on torch, and the draft takes any precision beside a runtime target.
+    assert runtime_request(runtime_presets, methods=["sd-tree", "beam"], node_budget="3", target_kv="streaming",
+                           kv_budget=64, target_dtype_axis="bfloat16").runtime == "torch"
+    planned = runtime_request(runtime_presets, runtime="onnx", target_dtype_axis="int4,float32",
+                              draft_dtype_axis="bfloat16").combinations
+    assert [c for c, _ in planned] == [{"target_dtype": d, "draft_dtype": "bfloat16"} for d in ("int4", "float32")]
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"methods": ["sd", "sd-tree", "beam", "ar-nocache"], "node_budget": "3"},
+     "sd-tree: draft a tree, and the onnx runtime verifies a chain only: choose the torch target runtime; "
+     "beam, ar-nocache: run torch's own loop over the target"),
+    ({"target_kv_axis": "full,streaming", "kv_budget_axis": "64"},
+     "target_kv=streaming: the onnx runtime keeps its own full cache: use full, or choose the torch target runtime"),
+    ({"target_kv": "head", "kv_budget": 64}, "target_kv=head: the onnx runtime keeps its own full cache"),
+    ({"target_dtype_axis": "int8,bfloat16"},
+     "target_dtype=bfloat16: the onnx runtime runs the target at float32, int8, int4: choose one of those"),
+])
+def test_what_the_runtime_refuses_reads_as_its_reason_before_loading(runtime_presets, changes, message):
+    with pytest.raises(ValueError) as caught:
+        runtime_request(runtime_presets, runtime="onnx", **changes)
+    assert message in str(caught.value)
+
+
 def test_public_mode_caps_grid_prompts_and_repeats():
     public = Limits(public=True, allowed_presets=("tiny",))
     assert public.sweep_caps() == {"settings": 8, "prompts": 2, "repeats": 1}
@@ -109,7 +152,7 @@ def test_stream_sweep_reports_progress_then_draws_once_at_the_end(tiny_pair, tmp
     req = sweeptab.make_sweep_request(form(categories=["chat"], prompts_per_category=2), PRESETS, Limits(), SUITE)
     folder = tmp_path / "export"
     folder.mkdir()
-    updates = list(sweeptab.stream_sweep(req, lambda t, d: tiny_pair, lambda: folder, warmup=False))
+    updates = list(sweeptab.stream_sweep(req, lambda t, d, **loading: tiny_pair, lambda: folder, warmup=False))
     assert updates[0].message.startswith("Loading")
     running, last = updates[1:-1], updates[-1]
     # 5 settings × 2 prompts: an event per run, then the sweep's own "done".
@@ -135,7 +178,7 @@ def test_axes_run_the_grid_once_per_combination_and_set_them_side_by_side(tiny_p
     loads = []
     updates = list(sweeptab.stream_sweep(req, lambda t, d, **precisions: loads.append(precisions) or tiny_pair,
                                          lambda: tmp_path, warmup=False))
-    assert loads == [{"target_dtype": "float64"}] * 2  # each combination loads its precisions
+    assert loads == [{"target_dtype": "float64", "runtime": "torch"}] * 2  # each combination loads its precisions
     assert updates[0].message == "target_dtype=float64, draft_kv=full, kv_budget=10: Loading the model pair …"
     running, last = [u for u in updates[1:-1] if "Loading" not in u.message], updates[-1]
     assert [u.done for u in running] == [1, 2, 2, 3, 4, 4] and {u.total for u in running} == {4}
@@ -179,6 +222,17 @@ def test_the_sweep_decodes_on_the_threads_it_is_given_whatever_its_worker_starts
     assert seen == {1}
 
 
+def test_a_sweep_decodes_on_the_pages_plan_for_a_suite_on_its_runtime():
+    from types import SimpleNamespace
+
+    from specdemo.bench.threads import ThreadPlan
+
+    auto = SimpleNamespace(threads=ThreadPlan(count=None, cores=2))
+    assert (sweeptab.sweep_threads(auto, "torch"), sweeptab.sweep_threads(auto, "onnx")) == (1, 2)
+    assert sweeptab.sweep_threads(SimpleNamespace(threads=ThreadPlan(count=3)), "onnx") == 3
+    assert sweeptab.sweep_threads(SimpleNamespace(threads=None), "onnx") is None
+
+
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     with serve(tmp_path_factory.mktemp("sweep-pair")) as (url, _):
@@ -210,6 +264,16 @@ def test_the_sweep_tab_runs_trees_and_baselines_beside_ar(client):
     assert len(pd.read_csv(csv)) == 5
 
 
+def test_the_runtime_is_the_endpoints_last_parameter(client):
+    parameters = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/sweep"]["parameters"]
+    names = [p["parameter_name"] for p in parameters]
+    assert names[0] == "preset" and names[-1] == "runtime"
+    assert parameters[-1]["parameter_default"] == "torch"  # the page's default runtime
+    summary, csv, _ = call_sweep(client, methods=["sd"], gamma="2")  # omitted: the page's default
+    assert {row[summary["headers"].index("runtime")] for row in summary["data"]} == {"torch"}
+    assert set(pd.read_csv(csv)["runtime"]) == {"torch"}
+
+
 def test_sweep_endpoint_reports_bad_grids(client):
     with pytest.raises(AppError) as caught:
         call_sweep(client, gamma="1,x")
@@ -221,7 +285,7 @@ def test_sweep_endpoint_reports_bad_grids(client):
 
 def test_while_a_sweep_runs_the_page_changes_its_status_line_alone(tiny_pair, tmp_path):
     req = sweeptab.make_sweep_request(form(), PRESETS, Limits(), SUITE)
-    updates = [sweeptab.page_values(u) for u in sweeptab.stream_sweep(req, lambda t, d: tiny_pair, lambda: tmp_path,
+    updates = [sweeptab.page_values(u) for u in sweeptab.stream_sweep(req, lambda t, d, **loading: tiny_pair, lambda: tmp_path,
                                                                        warmup=False)]
     running, last = updates[:-1], updates[-1]
     assert all(isinstance(line, str) for line in running) and running[1].startswith("Running: 1/")

@@ -12,25 +12,24 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Sequence
 
 import gradio as gr
 import pandas as pd
 
 from .. import bench
-from ..bench.runners import HF_METHODS, ONNX_GENERATE, RUNTIME_PEERS
-from ..bench.threads import ThreadPlan
-from ..engine.methods import METHODS
+from ..bench.runners import ONNX_GENERATE
 from ..engine.params import PARAMS
 from ..models.loading import Preset
-from ..models.onnx_export import ONNX, TORCH
+from ..models.onnx_export import TORCH
 from . import handlers
 from .forms import param_control
 from .limits import Limits
 from .page import TabContext, session_id, wire_stop
-from .playgroundtab import runtime_offered
+from .playgroundtab import runtime_control
 from .streams import StatusThenDraw, wire_status_then_draw
+from .suite_runtime import (chosen_runtime, offer_runtime, pair_runtimes, refuse_unavailable, suite_threads,
+                            unavailable_methods)
 
 # The columns a reader compares first; the CSV download keeps all of them.
 TABLE_COLUMNS = [
@@ -41,6 +40,8 @@ TABLE_COLUMNS = [
 CHARTS = ("speedup_vs_ar", "speedup_vs_hf", "acceptance_by_category", "predicted_vs_measured",
           "entropy_acceptance", "position_acceptance", "break_even")  # in rows of two
 PLACEHOLDER = "*Run the benchmark to fill these charts and the table.*"
+RUNTIME_INFO = ("onnx: the target on ONNX Runtime (the CPU), exported on first use (about 30 s); the runtime's own "
+                "decoders and AR on torch's copy of the target join the methods")
 # A public deployment shares one machine among visitors: keep a benchmark to minutes.
 PUBLIC_MAX_PROMPTS = 2
 PUBLIC_MAX_REPEATS = 1
@@ -186,7 +187,7 @@ def _inputs(ctx: TabContext) -> list[Any]:
     with gr.Row():
         preset = gr.Dropdown(label="Model pair", value=ctx.default_preset, interactive=True,
                              choices=list(ctx.presets), elem_id="bench-preset")
-        runtime = runtime_control(ctx)
+        runtime = runtime_control(ctx, "bench-runtime", RUNTIME_INFO)
         # Custom values: an uploaded suite brings its own categories.
         category = gr.Dropdown(label="Category", value=bench.ALL, choices=[bench.ALL, *bench.SUITE_CATEGORIES],
                                elem_id="bench-category", allow_custom_value=True)
@@ -217,66 +218,15 @@ def _inputs(ctx: TabContext) -> list[Any]:
             suite_file, group_mt_bench, runtime]
 
 
-def runtime_control(ctx: TabContext) -> gr.Dropdown:
-    """What runs the target's forwards, offered where the Playground offers it (`runtime_offered`)."""
-    info = ("onnx: the target on ONNX Runtime (the CPU), exported on first use (about 30 s); the runtime's own "
-            "decoders and AR on torch's copy of the target join the methods")
-    offered = runtime_offered(ctx, ctx.default_preset)
-    return gr.Dropdown(list(ctx.runtimes), value=offered.get("value", ctx.runtimes[0]), label="Target runtime",
-                       info=info, allow_custom_value=True, visible=offered["visible"], elem_id="bench-runtime")
-
-
 def _wire_pair_and_runtime(ctx: TabContext, preset: gr.Dropdown, runtime: gr.Dropdown, methods: gr.CheckboxGroup,
                            methods_note: gr.HTML) -> None:
     """Another pair offers its runtimes and its methods; another runtime, the methods it runs."""
     offer = offer_methods(ctx)
     preset.change(offer, inputs=[preset, methods, runtime], outputs=[methods, methods_note], queue=False,
                   api_visibility="private")
-    preset.change(lambda name: runtime_offered(ctx, name) if name in ctx.presets else gr.skip(), inputs=[preset],
-                  outputs=[runtime], queue=False, api_visibility="private")
+    offer_runtime(ctx, preset, runtime)
     runtime.change(offer, inputs=[preset, methods, runtime], outputs=[methods, methods_note], queue=False,
                    api_visibility="private")
-
-
-def pair_runtimes(ctx: TabContext, preset_name: str) -> tuple[str, ...]:
-    """The runtimes the tab offers a preset's target: the page's where its dropdown shows, else torch alone."""
-    return tuple(ctx.runtimes) if runtime_offered(ctx, preset_name)["visible"] else (TORCH,)
-
-
-# Why a method does not run beside the chosen runtime, as the Methods box's note says it.
-BESIDE_RUNTIME = "run beside a target on another runtime: choose the onnx target runtime"
-NOT_OFFERED = "run beside a target on another runtime, which this page does not offer for this pair"
-ON_RUNTIME = {
-    "trees": "draft a tree, and the {runtime} runtime verifies a chain only: choose the torch target runtime",
-    "torch loops": "run torch's own loop over the target (beam search, no KV cache): choose the torch target runtime",
-    # transformers' peers call generate on the torch copy a runtime pair keeps: their speed is torch's, and
-    # the runtime's own decoders are the yardstick there, AR (torch target) the torch one.
-    "transformers": "run transformers on the torch copy of the target, not on {runtime} (AR (torch target) times "
-                    "that copy here): choose the torch target runtime",
-}
-# The registry's tree methods are named after their chain method with this suffix; the runtime refuses them
-# once their drafter is built, which the page cannot do before loading the pair.
-TREE_SUFFIX = "-tree"
-
-
-def unavailable_methods(draft_kind: str | None, runtime: str = TORCH,
-                        runtimes: Sequence[str] = (TORCH,)) -> dict[str, str]:
-    """The methods a pair drafting with `draft_kind` cannot run with its target on `runtime`, each with the
-    reason the note gives (runtimes: those the tab offers the pair, which decide what the reason suggests)."""
-    missing = dict(bench.unavailable_bench_methods(draft_kind))
-    if runtime == TORCH:
-        reason = BESIDE_RUNTIME if ONNX in runtimes else NOT_OFFERED
-        return {**missing, **{name: reason for name in RUNTIME_PEERS if name not in missing}}
-    as_loaded = dict(draft=object() if draft_kind else None, draft_kind=draft_kind)
-    on_runtime, on_torch = SimpleNamespace(**as_loaded, runtime=runtime), SimpleNamespace(**as_loaded, runtime=TORCH)
-    for name, method in METHODS.items():
-        if name.endswith(TREE_SUFFIX):
-            missing.setdefault(name, ON_RUNTIME["trees"].format(runtime=runtime))
-        elif method.unavailable(on_runtime) and not method.unavailable(on_torch):
-            missing.setdefault(name, ON_RUNTIME["torch loops"])
-    for name in HF_METHODS:
-        missing.setdefault(name, ON_RUNTIME["transformers"].format(runtime=runtime))
-    return missing
 
 
 def default_methods(runtime: str = TORCH) -> tuple[str, ...]:
@@ -295,16 +245,6 @@ def method_choices(preset: Preset, checked: list[str] | None = None, runtime: st
     missing = unavailable_methods(preset.draft_kind, runtime, runtimes)
     wanted = checked if checked is not None else default_methods(runtime)
     return [n for n in wanted if n not in missing], methods_note(missing)
-
-
-def refuse_unavailable(names: Sequence[str], missing: dict[str, str]) -> None:
-    """ValueError naming the chosen methods the note greys out, with their reasons (before any model loads)."""
-    by_reason: dict[str, list[str]] = {}
-    for name in names:
-        if name in missing:
-            by_reason.setdefault(missing[name], []).append(name)
-    if by_reason:
-        raise ValueError("; ".join(f"{', '.join(chosen)}: {reason}" for reason, chosen in by_reason.items()))
 
 
 def methods_note(missing: dict[str, str]) -> str:
@@ -406,23 +346,6 @@ def benchmark(ctx: TabContext, form: BenchForm, progress: Callable) -> Iterator[
     except ValueError as error:
         raise gr.Error(str(error), print_exception=False) from None
     yield finished(result, ctx.export(), runtime)
-
-
-def chosen_runtime(ctx: TabContext, preset_name: str, value: Any) -> str:
-    """The target's runtime from the page or the API (empty: the first the tab offers the pair); ValueError
-    for one the page serves but not for this pair's target, or one it does not serve."""
-    offered = pair_runtimes(ctx, preset_name)
-    if isinstance(value, str) and value.strip() in ctx.runtimes and value.strip() not in offered:
-        raise ValueError(f"runtime {value.strip()} cannot run the {preset_name} pair's target, which cannot be "
-                         f"exported for it: choose {TORCH}")
-    return handlers.chosen_runtime(value, offered)
-
-
-def suite_threads(ctx: TabContext, runtime: str) -> ThreadPlan | None:
-    """The page's plan for a suite with its target on `runtime`: on torch auto runs every method on one thread
-    (`ThreadPlan.for_suites`); on the runtime auto gives every method every core first, as the Playground does,
-    since its AR gains from them (`ThreadPlan.for_runtime`). A count stays a count."""
-    return ctx.threads.for_runtime(runtime).for_suites() if ctx.threads is not None else None
 
 
 def read_suite(form: BenchForm) -> list[bench.SuitePrompt] | None:

@@ -241,15 +241,18 @@ def precision_controls(offered: tuple[str, ...]) -> dict[str, gr.Dropdown]:
             for name in PRECISION_NAMES}
 
 
-def runtime_control(ctx: TabContext) -> gr.Dropdown:
-    """What runs the target's forwards. Like a precision it changes how the target is loaded, so it sits
-    beside them; shown only where onnx runs here and the chosen pair's target can be exported for it."""
-    info = ("onnx: the target on ONNX Runtime (the CPU), exported on first use (about 30 s). Greedy SD still "
-            "equals AR on the same runtime; trees, beam search, AR without a cache, target KV policies and "
-            "compile run on torch only")
+RUNTIME_INFO = ("onnx: the target on ONNX Runtime (the CPU), exported on first use (about 30 s). Greedy SD still "
+                "equals AR on the same runtime; trees, beam search, AR without a cache, target KV policies and "
+                "compile run on torch only")
+
+
+def runtime_control(ctx: TabContext, elem_id: str = "sd-runtime", info: str = RUNTIME_INFO) -> gr.Dropdown:
+    """What runs the target's forwards. Like a precision it changes how the target is loaded, so in the
+    Playground it sits beside them (the Benchmark and Sweep tabs have their own, `elem_id`); shown only where
+    onnx runs here and the chosen pair's target can be exported for it."""
     offered = runtime_offered(ctx, ctx.default_preset)
     return gr.Dropdown(list(ctx.runtimes), value=offered.get("value", ctx.runtimes[0]), label="Target runtime",
-                       info=info, allow_custom_value=True, visible=offered["visible"], elem_id="sd-runtime")
+                       info=info, allow_custom_value=True, visible=offered["visible"], elem_id=elem_id)
 
 
 def runtime_offered(ctx: TabContext, preset_name: str) -> dict:

@@ -19,22 +19,28 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import gradio as gr
 import pandas as pd
 import torch
 
-from . import forms
+from . import forms, handlers
 from ..bench import sweep
 from ..bench.sweep.axes import CACHE_AXES, OUTER_AXES, PRECISION_AXES, axes_table, combinations, label, parse_axis, stacked
 from ..bench.sweep.grid import RULE_AXES
 from ..bench.suite import DEFAULT_SUITE, SUITE_CATEGORIES, SuitePrompt, load_suite, select_prompts
 from ..engine.params import PARAMS, DecodeParams
 from ..models.loading import ModelPair, Preset
+from ..models.onnx_export import ONNX, ONNX_PRECISIONS, TORCH
+from ..models.precision import resolve_precision
 from .limits import Limits
 from .page import TabContext, session_id, wire_stop
+from .playgroundtab import runtime_control
 from .streams import StatusThenDraw, wire_status_then_draw
+from .suite_runtime import (chosen_runtime, offer_runtime, pair_runtimes, refuse_unavailable, suite_threads,
+                            unavailable_methods)
 
 GRID = tuple(sweep.SETTING_COLUMNS)  # gamma, gamma_max, ema, ngram_n, copy_n, node_budget: comma-separated lists here
 SHARED_PARAMS = tuple(name for name in PARAMS if name not in GRID)  # one value for every grid point
@@ -44,6 +50,10 @@ AXIS_LABELS = {"target_dtype": "Target precisions", "draft_dtype": "Draft precis
                "kv_budget": "KV budgets (positions per head)"}
 FORM = ("preset", "methods", *GRID, "categories", "prompts_per_category", "repeats",
         *AXIS_FIELDS.values())  # before SHARED_PARAMS
+FORM_AFTER = ("runtime",)  # after SHARED_PARAMS, so that the parameters before it keep their places
+RUNTIME_INFO = ("onnx: the target on ONNX Runtime (the CPU), exported on first use (about 30 s); trees, beam "
+                "search, AR without a cache, compressing target KV caches and target precisions other than "
+                "float32, int8 and int4 run on torch only")
 GRID_LABELS = {"gamma": "SD: γ values", "gamma_max": "EGAG: γ_max values", "ema": "EGAG: EMA β values",
                "ngram_n": "NASD: n values", "copy_n": "SD / EGAG: copy_n values (0 = off; empty = the default)",
                "node_budget": "SD-tree: node budgets", "adaedl_lambda": "AdaEDL: λ values",
@@ -93,6 +103,7 @@ class SweepRequest:
     params: DecodeParams  # the shared parameters; each setting overrides its own
     # Each combination of the axes with its checked parameters; empty: one sweep with `params`.
     combinations: list[tuple[dict[str, Any], DecodeParams]] = field(default_factory=list)
+    runtime: str = TORCH  # what runs the target's forwards
 
 
 def _whole(name: str, value: Any) -> int:
@@ -121,9 +132,10 @@ def _grid_values(name: str, text: Any) -> list[float]:
 
 
 def make_sweep_request(form: Mapping[str, Any], presets: Mapping[str, Preset], limits: Limits,
-                       suite: Sequence[SuitePrompt] | None = None) -> SweepRequest:
-    """Validate a sweep form (FORM's names and the shared decoding parameters) before loading
-    anything; ValueError names the field."""
+                       suite: Sequence[SuitePrompt] | None = None, runtimes: Sequence[str] = (TORCH,)) -> SweepRequest:
+    """Validate a sweep form (FORM's and FORM_AFTER's names and the shared decoding parameters) before
+    loading anything; ValueError names the field. runtimes: the target runtimes the page serves, its
+    default first (`TabContext.runtimes`)."""
     limits.check_models(form.get("preset"), known=presets)
     methods = form.get("methods")
     methods = methods.split(",") if isinstance(methods, str) else list(methods or [])
@@ -148,7 +160,27 @@ def make_sweep_request(form: Mapping[str, Any], presets: Mapping[str, Preset], l
     limits.check_sweep((len(settings) - 1) * max(len(planned), 1), len(prompts), repeats)
     limits.check_new_tokens(params.max_new_tokens)
     chosen = presets[form["preset"]]
-    return SweepRequest(chosen.target, chosen.draft, settings, prompts, repeats, params, planned)
+    page = SimpleNamespace(presets=presets, runtimes=tuple(runtimes))  # what the runtime's offer reads of a page
+    runtime = chosen_runtime(page, form["preset"], form.get("runtime"))
+    refuse_unavailable(methods, unavailable_methods(chosen.draft_kind, runtime, pair_runtimes(page, form["preset"])))
+    refuse_on_runtime(runtime, planned or [({}, params)])
+    return SweepRequest(chosen.target, chosen.draft, settings, prompts, repeats, params, planned, runtime)
+
+
+def refuse_on_runtime(runtime: str, planned: Sequence[tuple[dict[str, Any], DecodeParams]]) -> None:
+    """ValueError naming the first setting of the axes or the shared parameters that the target's runtime
+    cannot run: a compressing target cache (the runtime keeps its own full cache) or a target precision it
+    has no export for. The draft runs at any precision beside it."""
+    if runtime == TORCH:
+        return
+    for combination, params in planned:
+        if params.target_kv != "full":
+            raise ValueError(f"target_kv={params.target_kv}: the {runtime} runtime keeps its own full cache: use full, "
+                             "or choose the torch target runtime")
+        precision = resolve_precision(combination.get("target_dtype"), "cpu").name
+        if runtime == ONNX and precision not in ONNX_PRECISIONS:
+            raise ValueError(f"target_dtype={precision}: the {runtime} runtime runs the target at "
+                             f"{', '.join(ONNX_PRECISIONS)}: choose one of those, or the torch target runtime")
 
 
 def axis_combinations(form: Mapping[str, Any], params: DecodeParams) -> list[tuple[dict[str, Any], DecodeParams]]:
@@ -234,8 +266,8 @@ def sweep_events(pair: ModelPair, request: SweepRequest, warmup: bool = True,
 def stream_sweep(request: SweepRequest, load: Callable[..., ModelPair],
                  export: Callable[[], Path], gpu: Callable[[Callable], Callable] = lambda fn: fn,
                  warmup: bool = True, threads: int | None = None) -> Iterator[SweepUpdate]:
-    """Load the pair and sweep (on `threads` torch threads), once per combination of the axes:
-    progress while it runs, then the charts, table and verdict once.
+    """Load the pair (its target on the request's runtime) and sweep (on `threads` torch threads), once per
+    combination of the axes: progress while it runs, then the charts, table and verdict once.
 
     Nothing is summarised or drawn while runs are timed: on a small machine the server's and the
     browser's drawing would take the cores the timed runs need."""
@@ -244,9 +276,10 @@ def stream_sweep(request: SweepRequest, load: Callable[..., ModelPair],
     done = total = 0
     for i, (combination, params) in enumerate(planned):
         where = f"{label(combination)}: " if combination else ""
-        yield SweepUpdate(done, total, f"{where}Loading the model pair …")
+        loading = f"Loading the model pair{handlers.runtime_loading_note(request.runtime)} …"
+        yield SweepUpdate(done, total, where + loading)
         precisions = {name: combination[name] for name in PRECISION_AXES if name in combination}
-        pair = load(request.target, request.draft, **precisions)
+        pair = load(request.target, request.draft, runtime=request.runtime, **precisions)
         one = dataclasses.replace(request, params=params, combinations=[])
         rows: list[dict] = []
         event = None
@@ -293,10 +326,10 @@ def _finished(runs: list[tuple[dict[str, Any], sweep.SweepResult]], folder: Path
                        finished=True)
 
 
-def sweep_outcome(request: SweepRequest, load, export, gpu=lambda fn: fn) -> SweepUpdate:
+def sweep_outcome(request: SweepRequest, load, export, gpu=lambda fn: fn, threads: int | None = None) -> SweepUpdate:
     """The last update of `stream_sweep`: the whole sweep, for the API."""
     last = None
-    for last in stream_sweep(request, load, export, gpu):
+    for last in stream_sweep(request, load, export, gpu, threads=threads):
         pass
     assert last is not None and last.finished
     return last
@@ -314,8 +347,8 @@ def build_tab(ctx: TabContext) -> None:
         "Where does fixed-γ SD peak, and does EGAG reach that peak without tuning? A sweep runs SD at each γ, "
         "EGAG at each (γ_max, EMA) and NASD at each n on the same prompts, with AR interleaved so every speedup "
         "is a ratio from the same run. The charts appear when the sweep ends: nothing is drawn while runs are "
-        "timed. The same run from a terminal: "
-        "`python -m specdemo sweep --pair embedded`." + (f" This demo allows at most {capped}." if capped else "")
+        "timed. The same run from a terminal: `python -m specdemo sweep --pair embedded` (`--runtime onnx`)."
+        + (f" This demo allows at most {capped}." if capped else "")
     )
     form = _inputs(ctx, initial)
     with gr.Row():
@@ -337,19 +370,22 @@ class SweepForm:
     repeats: Any
     axes: dict[str, Any]  # AXIS_FIELDS' names
     controls: dict[str, Any]  # SHARED_PARAMS' names
+    runtime: Any  # FORM_AFTER
 
     def inputs(self, methods: Any = None, categories: Any = None) -> list[Any]:
-        """The event's inputs in `forms.endpoint(…, FORM, params=SHARED_PARAMS)` order;
+        """The event's inputs in `forms.endpoint(…, FORM, FORM_AFTER, params=SHARED_PARAMS)` order;
         methods and categories replace the page's own (the API takes them as JSON)."""
         return [self.preset, self.methods if methods is None else methods, *self.grid.values(),
                 self.categories if categories is None else categories,
-                self.prompts, self.repeats, *self.axes.values(), *forms.inputs(self.controls, params=SHARED_PARAMS)]
+                self.prompts, self.repeats, *self.axes.values(),
+                *forms.inputs(self.controls, params=SHARED_PARAMS, after=[self.runtime])]
 
 
 def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
     with gr.Row():
         preset = gr.Dropdown(label="Model pair", value=ctx.default_preset, interactive=True,
                              choices=list(ctx.presets), elem_id="sweep-preset")
+        runtime = runtime_control(ctx, "sweep-runtime", RUNTIME_INFO)
         methods = gr.CheckboxGroup(label="Methods (AR always runs)", value=initial["methods"],
                                    choices=[("SD (fixed γ)", "sd"), ("EGAG", "egag"), ("NASD", "nasd"),
                                             ("SD-tree (node budgets)", "sd-tree"), ("AdaEDL", "adaedl"),
@@ -359,6 +395,7 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
                                             ("REST", "rest"), ("OSD", "osd"), ("Beam search", "beam"),
                                             ("Draft alone", "draft"), ("AR (no cache)", "ar-nocache")],
                                    elem_id="sweep-methods")
+    offer_runtime(ctx, preset, runtime)
     with gr.Row():
         grid = {name: gr.Textbox(initial[name], label=GRID_LABELS[name], elem_id=f"sweep-{name.replace('_', '-')}",
                                  info="comma-separated") for name in GRID}
@@ -378,7 +415,7 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
     with gr.Accordion("Decoding settings shared by every point", open=False):
         controls.update(forms.param_controls([n for n in SHARED_PARAMS if n != "max_new_tokens"], initial,
                                              row_width=forms.ROW_WIDTH))
-    return SweepForm(preset, methods, grid, categories, prompts, repeats, axes, controls)
+    return SweepForm(preset, methods, grid, categories, prompts, repeats, axes, controls, runtime)
 
 
 def _outputs() -> list[Any]:
@@ -409,13 +446,41 @@ def page_values(update: SweepUpdate) -> str | tuple:
         return f"Running: {update.done}/{update.total} — {update.message}" if update.total else update.message
     result, files = update.result, update.files
     over = result.meta.get("combinations")
+    runtime = result.meta.get("runtime") or TORCH
     status = (f"Done: {len(result.rows)} runs, {len(result.settings)} settings on {result.meta.get('prompts')} "
               f"prompts × {result.meta.get('repeats')} repeats" + (f" × {over} combinations of the axes (the charts: "
-              "the first one's)" if over else "") + f", {result.meta.get('device')}.")
+              "the first one's)" if over else "") + f", {result.meta.get('device')}"
+              + ("" if runtime == TORCH else f", the target on {runtime}") + ".")
     figures = update.figures or {}
     return (status, update.verdict or "", update.table, *(figures.get(name) for name in CHARTS),
             *(gr.update(value=path, interactive=True) for path in (files.rows_csv, files.summary_csv, files.report)),
             gr.update(visible=False), gr.update(visible=True))
+
+
+def sweep_threads(ctx: TabContext, runtime: str) -> int | None:
+    """The count a sweep decodes on: the page's plan for a suite on `runtime` (`suite_threads`), one count for
+    the whole sweep (None: the count the worker starts with)."""
+    plan = suite_threads(ctx, runtime)
+    return plan.count if plan is not None else None
+
+
+def page_sweep(ctx: TabContext, values: Mapping[str, Any], progress: Callable) -> Iterator[str | tuple]:
+    """The page's run of a form (FORM's, SHARED_PARAMS' and FORM_AFTER's names): checked against the page (its
+    limits, its runtimes) before loading, then swept on the runtime's thread plan, each update as `page_values`
+    gives it; a ValueError reads as the page's error."""
+    try:
+        req = make_sweep_request(values, ctx.presets, ctx.limits, runtimes=ctx.runtimes)
+    except ValueError as error:
+        raise gr.Error(str(error), print_exception=False) from None
+    try:
+        with contextlib.closing(stream_sweep(req, ctx.load, ctx.export, ctx.gpu,
+                                               threads=sweep_threads(ctx, req.runtime))) as updates:
+            for update in updates:
+                if update.total and not update.finished:
+                    progress((update.done, update.total), desc=update.message)
+                yield page_values(update)
+    except ValueError as error:
+        raise gr.Error(str(error), print_exception=False) from None
 
 
 def _wire_page(ctx: TabContext, form: SweepForm, run_btn: Any, stop_btn: Any, outputs: list[Any]) -> None:
@@ -424,25 +489,11 @@ def _wire_page(ctx: TabContext, form: SweepForm, run_btn: Any, stop_btn: Any, ou
     streams = StatusThenDraw(len(outputs))
 
     def run(values: dict, request: gr.Request, progress: gr.Progress):
-        yield from streams.status_lines(ctx.follow(request, sweep_updates(values, progress)), session_id(request))
-
-    def sweep_updates(values: dict, progress: gr.Progress):
-        try:
-            req = make_sweep_request(values, ctx.presets, ctx.limits)
-        except ValueError as error:
-            raise gr.Error(str(error), print_exception=False) from None
-        try:
-            with contextlib.closing(stream_sweep(req, ctx.load, ctx.export, ctx.gpu,
-                                                   threads=ctx.threads.default if ctx.threads else None)) as updates:
-                for update in updates:
-                    if update.total and not update.finished:
-                        progress((update.done, update.total), desc=update.message)
-                    yield page_values(update)
-        except ValueError as error:
-            raise gr.Error(str(error), print_exception=False) from None
+        yield from streams.status_lines(ctx.follow(request, page_sweep(ctx, values, progress)), session_id(request))
 
     event = run_btn.click(
-        forms.endpoint(run, FORM, params=SHARED_PARAMS, name="sweep_page", generator=True, progress=True),
+        forms.endpoint(run, FORM, FORM_AFTER, params=SHARED_PARAMS, name="sweep_page", generator=True,
+                       progress=True),
         inputs=form.inputs(), outputs=[outputs[0]], api_visibility="private", concurrency_id=ctx.queue_id,
         show_progress_on=[outputs[0]],  # the status line alone, as on the Benchmark tab
     )
@@ -461,13 +512,13 @@ def _wire_api(ctx: TabContext, form: SweepForm, initial: Mapping[str, Any]) -> N
     def sweep_api(values: dict, request: gr.Request):
         """Run a sweep to the end; returns the summary table, the rows CSV and the verdict."""
         try:
-            req = make_sweep_request(values, ctx.presets, ctx.limits)
-            last = sweep_outcome(req, ctx.load, ctx.export, ctx.gpu)
+            req = make_sweep_request(values, ctx.presets, ctx.limits, runtimes=ctx.runtimes)
+            last = sweep_outcome(req, ctx.load, ctx.export, ctx.gpu, threads=sweep_threads(ctx, req.runtime))
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
         summary = last.result.summary
         return summary.astype(object).where(summary.notna(), None), last.files.rows_csv, last.verdict
 
-    api_btn.click(forms.endpoint(sweep_api, FORM, params=SHARED_PARAMS, name="sweep"),
+    api_btn.click(forms.endpoint(sweep_api, FORM, FORM_AFTER, params=SHARED_PARAMS, name="sweep"),
                   inputs=form.inputs(api_methods, api_categories), outputs=api_outputs, api_name="sweep",
                   concurrency_id=ctx.queue_id)

@@ -23,6 +23,7 @@ Definitions of the row columns (one row per method, setting, prompt and repeat):
                       an approximation since its γ varies by round.
   target_kv_bytes_peak, draft_kv_bytes_peak  the most bytes that model's KV cache held during the
                       run (0 where no draft model drafts), as the engine's memory columns record it.
+  runtime             what ran the target's forwards: "torch", or the runtime and its weights ("onnx fp32").
   matches_ar          greedy runs of lossless methods only: the same tokens as AR on the same
                       prompt (empty for the baselines beam and draft, which are not meant to).
 """
@@ -45,7 +46,7 @@ ROW_COLUMNS = [
     "copy_n", "setting", "label", "category", "prompt_index", "order", "seed", "prompt_tokens", "new_tokens", "seconds",
     "rounds", "copied_rounds", "drafted", "accepted", "rejected_rounds", "alpha", "cost_ratio", "draft_seconds",
     "verify_seconds", "stop_reason", "node_budget", "nodes_per_round", "adaedl_lambda", "entropy_stop",
-    "specdecpp_threshold", "target_kv_bytes_peak", "draft_kv_bytes_peak",
+    "specdecpp_threshold", "target_kv_bytes_peak", "draft_kv_bytes_peak", "runtime",
 ]
 # Methods that stop drafting as they go: Leviathan's prediction reads their mean drafts per drafting round.
 _VARYING_GAMMA = ("adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic")
@@ -96,6 +97,7 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
             "verify_seconds": stats["verify_seconds"], "stop_reason": stats["stop_reason"],
             "target_kv_bytes_peak": stats.get("target_kv_bytes_peak", math.nan),
             "draft_kv_bytes_peak": stats.get("draft_kv_bytes_peak", math.nan),
+            "runtime": stats.get("runtime"),
         }
         rows.append(row)
     return rows

@@ -38,7 +38,7 @@ _SUMMARY_METRICS = {
 }
 
 SUMMARY_COLUMNS = (["method", "label", "setting", *SETTING_COLUMNS, "prompts", "repeats", "runs"]
-                   + [c for m in _SUMMARY_METRICS for c in (m, f"{m}_std")] + ["exact_match_pct"])
+                   + [c for m in _SUMMARY_METRICS for c in (m, f"{m}_std")] + ["exact_match_pct", "runtime"])
 
 
 @dataclass
@@ -102,7 +102,13 @@ def sweep_meta(pair, decode: DecodeParams, runs, frame, repeats, warmup) -> dict
         "settings": [s.key for s in runs],
         "egag_gamma_min": next((s.gamma_min for s in runs if s.method == "egag"), None), "prompts": int(frame.prompt_id.nunique()), "repeats": repeats,
         "warmup": warmup, "params": decode.as_dict(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "runtime": runtimes_of(frame),
     }
+
+
+def runtimes_of(rows: pd.DataFrame) -> str:
+    """What ran the target in these rows ("onnx fp32", "torch"), each once in order ("" for rows without it)."""
+    return ",".join(dict.fromkeys(rows.runtime.dropna().astype(str))) if "runtime" in rows else ""
 
 
 def _per_repeat(part: pd.DataFrame, metric: str, how: str) -> float:
@@ -144,6 +150,7 @@ def summarize_sweep(rows: pd.DataFrame | Sequence[dict]) -> pd.DataFrame:
             row[f"{metric}_std"] = float(values.std()) if len(values) > 1 else math.nan
         matches = mine.matches_ar.dropna()
         row["exact_match_pct"] = 100.0 * matches.astype(bool).mean() if len(matches) else math.nan
+        row["runtime"] = runtimes_of(mine)
         out.append(row)
     frame = pd.DataFrame(out, columns=SUMMARY_COLUMNS)
     return typed_settings(frame)

@@ -1,0 +1,93 @@
+"""The target runtime of the page's suites (the Benchmark and Sweep tabs): the control, offered where
+the Playground offers it, the runtime a run asks for checked against its pair, the thread plan on that
+runtime, and the methods the runtime refuses, each with the reason the page gives before loading."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+import gradio as gr
+
+from .. import bench
+from ..bench.runners import HF_METHODS, RUNTIME_PEERS
+from ..bench.threads import ThreadPlan
+from ..engine.methods import METHODS
+from ..models.onnx_export import ONNX, TORCH
+from . import handlers
+from .page import TabContext
+from .playgroundtab import runtime_offered
+
+
+def offer_runtime(ctx: TabContext, preset: gr.Dropdown, runtime: gr.Dropdown) -> None:
+    """Another pair offers its runtimes (`runtime_offered`); a name the page does not know leaves the control."""
+    preset.change(lambda name: runtime_offered(ctx, name) if name in ctx.presets else gr.skip(), inputs=[preset],
+                  outputs=[runtime], queue=False, api_visibility="private")
+
+
+def pair_runtimes(ctx: TabContext, preset_name: str) -> tuple[str, ...]:
+    """The runtimes a tab offers a preset's target: the page's where its dropdown shows, else torch alone."""
+    return tuple(ctx.runtimes) if runtime_offered(ctx, preset_name)["visible"] else (TORCH,)
+
+
+def chosen_runtime(ctx: TabContext, preset_name: str, value: Any) -> str:
+    """The target's runtime from the page or the API (empty: the first the tab offers the pair); ValueError
+    for one the page serves but not for this pair's target, or one it does not serve."""
+    offered = pair_runtimes(ctx, preset_name)
+    if isinstance(value, str) and value.strip() in ctx.runtimes and value.strip() not in offered:
+        raise ValueError(f"runtime {value.strip()} cannot run the {preset_name} pair's target, which cannot be "
+                         f"exported for it: choose {TORCH}")
+    return handlers.chosen_runtime(value, offered)
+
+
+def suite_threads(ctx: TabContext, runtime: str) -> ThreadPlan | None:
+    """The page's plan for a suite with its target on `runtime`: on torch auto runs every method on one thread
+    (`ThreadPlan.for_suites`); on the runtime auto gives every method every core first, as the Playground does,
+    since its AR gains from them (`ThreadPlan.for_runtime`). A count stays a count."""
+    return ctx.threads.for_runtime(runtime).for_suites() if ctx.threads is not None else None
+
+
+# Why a method does not run beside the chosen runtime, as the page says it.
+BESIDE_RUNTIME = "run beside a target on another runtime: choose the onnx target runtime"
+NOT_OFFERED = "run beside a target on another runtime, which this page does not offer for this pair"
+ON_RUNTIME = {
+    "trees": "draft a tree, and the {runtime} runtime verifies a chain only: choose the torch target runtime",
+    "torch loops": "run torch's own loop over the target (beam search, no KV cache): choose the torch target runtime",
+    # transformers' peers call generate on the torch copy a runtime pair keeps: their speed is torch's, and
+    # the runtime's own decoders are the yardstick there, AR (torch target) the torch one.
+    "transformers": "run transformers on the torch copy of the target, not on {runtime} (AR (torch target) times "
+                    "that copy here): choose the torch target runtime",
+}
+# The registry's tree methods are named after their chain method with this suffix; the runtime refuses them
+# once their drafter is built, which the page cannot do before loading the pair.
+TREE_SUFFIX = "-tree"
+
+
+def unavailable_methods(draft_kind: str | None, runtime: str = TORCH,
+                        runtimes: Sequence[str] = (TORCH,)) -> dict[str, str]:
+    """The methods a pair drafting with `draft_kind` cannot run with its target on `runtime`, each with the
+    reason the page gives (runtimes: those the tab offers the pair, which decide what the reason suggests)."""
+    missing = dict(bench.unavailable_bench_methods(draft_kind))
+    if runtime == TORCH:
+        reason = BESIDE_RUNTIME if ONNX in runtimes else NOT_OFFERED
+        return {**missing, **{name: reason for name in RUNTIME_PEERS if name not in missing}}
+    as_loaded = dict(draft=object() if draft_kind else None, draft_kind=draft_kind)
+    on_runtime, on_torch = SimpleNamespace(**as_loaded, runtime=runtime), SimpleNamespace(**as_loaded, runtime=TORCH)
+    for name, method in METHODS.items():
+        if name.endswith(TREE_SUFFIX):
+            missing.setdefault(name, ON_RUNTIME["trees"].format(runtime=runtime))
+        elif method.unavailable(on_runtime) and not method.unavailable(on_torch):
+            missing.setdefault(name, ON_RUNTIME["torch loops"])
+    for name in HF_METHODS:
+        missing.setdefault(name, ON_RUNTIME["transformers"].format(runtime=runtime))
+    return missing
+
+
+def refuse_unavailable(names: Sequence[str], missing: dict[str, str]) -> None:
+    """ValueError naming the chosen methods `missing` holds, with their reasons (before any model loads)."""
+    by_reason: dict[str, list[str]] = {}
+    for name in names:
+        if name in missing:
+            by_reason.setdefault(missing[name], []).append(name)
+    if by_reason:
+        raise ValueError("; ".join(f"{', '.join(chosen)}: {reason}" for reason, chosen in by_reason.items()))
