@@ -127,6 +127,9 @@ def test_the_draft_lm_drafts_on_the_runtime_beside_a_runtime_target_and_on_torch
     drafter = _plain_drafter(lm_pair)
     drafter.use_cache("dynamic", 64)
     assert isinstance(drafter.lm, OnnxCachedLM) and drafter.lm.model is lm_pair.draft
+    # A draft cache a KV policy compresses is torch's: the runtime keeps its own full cache.
+    squeezed = greedy(lm_pair, PROMPTS[1], "sd", gamma=4, draft_kv="streaming", kv_budget=8, kv_sinks=2)
+    assert squeezed.token_ids == greedy(lm_pair, PROMPTS[1], "ar").token_ids
     target, draft, _ = onnx_folders
     on_torch = specdemo.load_pair(str(target), str(draft), device="cpu", dtype="float32")
     assert on_torch.draft_runtime is None

@@ -80,16 +80,18 @@ class Method:
 def _model_drafter(pair, params: DecodeParams) -> Drafter:
     """The pair's draft as a drafter: a feature-level head reads the target, a model runs alone;
     with copy_n, rounds where the context repeats itself are copied instead."""
-    drafter = _plain_drafter(pair)
+    # The runtime keeps its own full cache: a draft whose cache a KV policy compresses drafts on torch.
+    drafter = _plain_drafter(pair, draft_on_runtime=params.draft_kv == "full")
     return CopyFirstDrafter(drafter, params.copy_n, pair.device) if params.copy_n else drafter
 
 
-def _plain_drafter(pair) -> Drafter:
-    """The pair's draft without context copying (a tree's drafts come from one q per node)."""
+def _plain_drafter(pair, draft_on_runtime: bool = True) -> Drafter:
+    """The pair's draft without context copying (a tree's drafts come from one q per node); beside a
+    runtime target, its steps on that runtime too where `draft_on_runtime` and the runtime runs it."""
     if isinstance(pair.draft, FeatureHead):
-        runtime = getattr(pair, "target_runtime", None)  # beside a runtime target, the head's steps run on it too
+        runtime = getattr(pair, "target_runtime", None)
         return runtime.feature_drafter(pair.draft) if runtime is not None else FeatureDrafter(pair.draft)
-    draft_runtime = getattr(pair, "draft_runtime", None)  # a draft LM exported for the target's runtime
+    draft_runtime = getattr(pair, "draft_runtime", None) if draft_on_runtime else None
     return ModelDrafter(pair.draft, pair.vocab_size, lm_factory=draft_runtime.draft_lm if draft_runtime else None)
 
 
