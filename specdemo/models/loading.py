@@ -44,13 +44,6 @@ class Preset:
     encoder_decoder: bool = False  # the prompt goes to an encoder (T5, BART): no chat template
 
     @property
-    def exactness(self) -> str:
-        """What greedy speculative decoding promises against AR on this target as loaded
-        (`precision.verification_exactness`): "bit-exact", "exact at float32" or "up to near-ties at …"."""
-        precision = self.target_precision or resolve_precision(self.target.dtype, self.device)
-        return verification_exactness(precision, self.device, attention_of(self.target), self.runtime)
-
-    @property
     def draft_kind(self) -> str | None:
         """What the pair will draft with, known before loading it (as `ModelPair.draft_kind`)."""
         return draft_kind_of(self.draft)
