@@ -87,6 +87,14 @@ SUMMARY_COLUMNS = [
 ]
 
 
+def distinct_values(rows: pd.DataFrame, column: str) -> str:
+    """The column's values in these rows, each once in order of appearance, comma-joined ("" where the
+    column is missing or empty)."""
+    if column not in rows:
+        return ""
+    return ",".join(dict.fromkeys(value for value in rows[column].dropna().astype(str) if value))
+
+
 def _geomean(values) -> float:
     values = [v for v in values if v > 0 and math.isfinite(v)]
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
@@ -211,12 +219,11 @@ def _measured(sub: pd.DataFrame, mine: pd.DataFrame, everything: pd.DataFrame, m
         "cost_ratio": math.nan, "verify_cost_ratio": math.nan, "predicted_speedup": math.nan,
         "predicted_speedup_v": math.nan, "break_even_tokens": math.nan,
         "entropy_auc": math.nan, "entropy_auc_n": 0,
-        "cache": ",".join(dict.fromkeys(everything.cache.dropna().astype(str))) if "cache" in everything else "",
+        "cache": distinct_values(everything, "cache"),
         # What ran the target's forwards ("torch", "onnx fp32"), per method: a torch-ar row beside onnx rows.
-        "runtime": ",".join(dict.fromkeys(mine.runtime.dropna().astype(str))) if "runtime" in mine else "",
+        "runtime": distinct_values(mine, "runtime"),
         # What its greedy output promises against AR ("bit-exact", "up to near-ties at bfloat16"); empty for peers.
-        "exactness": (",".join(dict.fromkeys(e for e in mine.exactness.dropna().astype(str) if e))
-                      if "exactness" in mine else ""),
+        "exactness": distinct_values(mine, "exactness"),
         "compile_seconds": mine.compile_seconds.mean() if "compile_seconds" in mine else math.nan,
         # Against the suite's references, over the runs that have them (see bench.quality).
         **{name: mine[name].mean() if name in mine and mine[name].notna().any() else math.nan

@@ -20,7 +20,7 @@ from ...engine.params import DecodeParams
 from ...engine.methods import METHODS
 from ..acceptance import describe_auc, entropy_auc
 from ..acceptance_charts import why_figures
-from ..statistics import _geomean, break_even
+from ..statistics import _geomean, break_even, distinct_values
 from .charts import sweep_figures
 from .flops import matmul_parameters
 from .grid import AR, SETTING_COLUMNS, Setting, copy_phrase, fmt
@@ -102,13 +102,8 @@ def sweep_meta(pair, decode: DecodeParams, runs, frame, repeats, warmup) -> dict
         "settings": [s.key for s in runs],
         "egag_gamma_min": next((s.gamma_min for s in runs if s.method == "egag"), None), "prompts": int(frame.prompt_id.nunique()), "repeats": repeats,
         "warmup": warmup, "params": decode.as_dict(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "runtime": runtimes_of(frame),
+        "runtime": distinct_values(frame, "runtime"),  # what ran the target: "onnx fp32", "torch"
     }
-
-
-def runtimes_of(rows: pd.DataFrame) -> str:
-    """What ran the target in these rows ("onnx fp32", "torch"), each once in order ("" for rows without it)."""
-    return ",".join(dict.fromkeys(rows.runtime.dropna().astype(str))) if "runtime" in rows else ""
 
 
 def _per_repeat(part: pd.DataFrame, metric: str, how: str) -> float:
@@ -150,7 +145,7 @@ def summarize_sweep(rows: pd.DataFrame | Sequence[dict]) -> pd.DataFrame:
             row[f"{metric}_std"] = float(values.std()) if len(values) > 1 else math.nan
         matches = mine.matches_ar.dropna()
         row["exact_match_pct"] = 100.0 * matches.astype(bool).mean() if len(matches) else math.nan
-        row["runtime"] = runtimes_of(mine)
+        row["runtime"] = distinct_values(mine, "runtime")
         out.append(row)
     frame = pd.DataFrame(out, columns=SUMMARY_COLUMNS)
     return typed_settings(frame)
