@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from specdemo.bench import ab
-from specdemo.bench.schedule import interleaved, turn_seed
+from specdemo.bench.measure.schedule import interleaved, turn_seed
 
 
 def test_every_contender_runs_once_a_turn_and_the_first_place_rotates():

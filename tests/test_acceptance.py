@@ -1,4 +1,4 @@
-"""specdemo.bench.acceptance and tables.tokens_frame: what the entropy and position charts and the
+"""specdemo.bench.measure.acceptance and tables.tokens_frame: what the entropy and position charts and the
 break-even line are computed from."""
 
 import math
@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 import specdemo
-from specdemo.bench import acceptance
-from specdemo.bench.tables import TOKEN_COLUMNS, summary_frame, tokens_frame
+from specdemo.bench.measure import acceptance
+from specdemo.bench.measure.tables import TOKEN_COLUMNS, summary_frame, tokens_frame
 from specdemo.engine.trace import DraftDecision, GenerationResult, Round
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 
 import specdemo
-from specdemo.engine.policies import AdaEDLStop, StopNote, TokenEntropyStop
+from specdemo.engine.drafters.policies import AdaEDLStop, StopNote, TokenEntropyStop
 from tests.test_lossless_sampling import joint_p_value, small_vocab_pair  # noqa: F401 (a fixture)
 
 PROMPTS = ["w5 w6 w7 w8", "w10 w20 w30 w10 w20 w30 w10 w20", [1, 40, 41, 42, 43, 44, 45, 46]]

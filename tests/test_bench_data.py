@@ -10,7 +10,7 @@ import pytest
 
 from specdemo import bench, cli
 from specdemo.bench.hub_data import load_hf_suite, parse_hf_source
-from specdemo.bench.quality import QUALITY_COLUMNS, reference_scores
+from specdemo.bench.measure.quality import QUALITY_COLUMNS, reference_scores
 from specdemo.bench.suite import MULTI_TURN, SuiteError, conversation, load_suite
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from specdemo import bench, cli
-from specdemo.bench.roofline import (
+from specdemo.bench.measure.roofline import (
     ROOFLINE_COLUMNS, device_bandwidth, kv_bytes_per_token, mean_context_length, parameter_bytes, parse_bandwidth,
 )
-from specdemo.bench.runners import HFRunner
+from specdemo.bench.measure.runners import HFRunner
 from specdemo.engine.params import DecodeParams
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdemo.bench import benchmark
-from specdemo.bench.benchmark import run_benchmark
-from specdemo.bench.threads import ThreadPlan, threads_text
+from specdemo.bench.measure import benchmark
+from specdemo.bench.measure.benchmark import run_benchmark
+from specdemo.bench.measure.threads import ThreadPlan, threads_text
 from specdemo.cli import main as cli_main
 
 

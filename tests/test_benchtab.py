@@ -11,7 +11,7 @@ from gradio_client.exceptions import AppError  # noqa: E402
 from specdemo import bench
 from specdemo.app import benchtab, suite_runtime  # noqa: E402
 from specdemo.app.limits import Limits  # noqa: E402
-from specdemo.bench.threads import ThreadPlan  # noqa: E402
+from specdemo.bench.measure.threads import ThreadPlan  # noqa: E402
 from tests.uiserver import TINY, serve  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")
@@ -124,7 +124,7 @@ def test_the_methods_box_offers_a_pair_only_what_it_can_run(tmp_path):
 
 
 def test_the_methods_box_offers_the_runtimes_own_decoders_beside_a_runtime_target_only():
-    from specdemo.bench.runners import HF_METHODS, RUNTIME_PEERS
+    from specdemo.bench.measure.runners import HF_METHODS, RUNTIME_PEERS
     from specdemo.models.loading import EMBEDDED, EMBEDDED_LM, Preset
 
     lm_pair, both = Preset(EMBEDDED_LM, EMBEDDED, EMBEDDED_LM), ("torch", "onnx")

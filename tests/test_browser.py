@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specdemo.bench.chartpng import chromium_path
+from specdemo.bench.measure.chartpng import chromium_path
 from tests.uiserver import TINY, TINY_HEAD, counting_target_forwards, serve, tiny_head_presets, watching_decodes
 
 

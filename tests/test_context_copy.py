@@ -1,14 +1,14 @@
-"""specdemo.engine.context_copy: rounds where the text repeats itself are copied, the rest go
+"""specdemo.engine.drafters.context_copy: rounds where the text repeats itself are copied, the rest go
 to the wrapped drafter, which still sees every verification."""
 
 import pytest
 import torch
 
 import specdemo
-from specdemo.engine.context_copy import CopyFirstDrafter
-from specdemo.engine.drafters import Drafter, Proposal
+from specdemo.engine.drafters.context_copy import CopyFirstDrafter
+from specdemo.engine.drafters.base import Drafter, Proposal
 from specdemo.engine.params import DecodeParams
-from specdemo.engine.policies import EntropyGamma, FixedGamma
+from specdemo.engine.drafters.policies import EntropyGamma, FixedGamma
 from specdemo.engine.sampling import SamplingConfig
 from specdemo.engine.trace import COPIED
 

@@ -181,7 +181,7 @@ def test_streaming_yields_one_growing_result_per_round(tiny_pair):
 
 @pytest.mark.parametrize("method", ["ar", "sd", "nasd", "egag"])
 def test_closing_the_stream_stops_decoding_and_frees_the_caches(tiny_pair, method, monkeypatch):
-    from specdemo.engine import lm, seq2seq
+    from specdemo.engine.targets import lm, seq2seq
 
     made: list[lm.CachedLM] = []
 

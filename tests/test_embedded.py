@@ -123,7 +123,7 @@ def test_the_embedded_pairs_drafts_keep_greedy_outputs_identical_to_ar(embedded_
 @pytest.mark.slow
 @needs_gguf
 def test_the_packaged_head_is_accepted_often_and_costs_under_a_tenth_of_the_target(embedded_pair):
-    from specdemo.engine.feature_head import FeatureHead
+    from specdemo.engine.drafters.feature_head import FeatureHead
     from specdemo.training.evaluate import greedy_answers, heldout_acceptance, step_cost
     from specdemo.training.prompts import heldout_prompts
 

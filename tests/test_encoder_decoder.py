@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import specdemo
-from specdemo.engine.context_copy import CopyFirstDrafter
-from specdemo.engine.drafters import ModelDrafter, NgramDrafter
-from specdemo.engine.seq2seq import EncoderDecoderLM, cached_lm
-from specdemo.engine.policies import FixedGamma
+from specdemo.engine.drafters.context_copy import CopyFirstDrafter
+from specdemo.engine.drafters.model import ModelDrafter
+from specdemo.engine.drafters.ngram import NgramDrafter
+from specdemo.engine.targets.seq2seq import EncoderDecoderLM, cached_lm
+from specdemo.engine.drafters.policies import FixedGamma
 from specdemo.engine.sampling import SamplingConfig, probabilities
 from specdemo.models.loading import ModelLoadError, load_pair
 from tests.chi2 import pooled_chisquare
@@ -225,7 +226,7 @@ def test_first_two_tokens_follow_the_target_distribution(small_vocab_seq2seq, me
 
 
 def test_the_benchmark_runs_ours_and_transformers_peers_on_an_encoder_decoder_pair(seq2seq_pair):
-    from specdemo.bench.benchmark import run_benchmark
+    from specdemo.bench.measure.benchmark import run_benchmark
 
     suite = [{"id": "a", "category": "translation", "prompt": PROMPT},
              {"id": "b", "category": "summarisation", "prompt": "w20 w21 w22 w23 w24"}]
@@ -239,7 +240,7 @@ def test_the_benchmark_runs_ours_and_transformers_peers_on_an_encoder_decoder_pa
 
 
 def test_perplexity_scores_the_output_given_the_source(seq2seq_pair):
-    from specdemo.bench.tables import target_perplexity
+    from specdemo.bench.measure.tables import target_perplexity
 
     result = specdemo.generate(seq2seq_pair, PROMPT, method="ar", max_new_tokens=12)
     lm = cached_lm(seq2seq_pair.target)
@@ -317,7 +318,7 @@ def test_beam_search_on_an_encoder_decoder_pair(seq2seq_pair):
 
 
 def test_a_two_turn_question_runs_turn_by_turn_and_stays_lossless(seq2seq_pair):
-    from specdemo.bench.benchmark import run_benchmark
+    from specdemo.bench.measure.benchmark import run_benchmark
 
     question = {"question_id": 1, "category": "writing", "turns": ["w5 w6 w7", "w8 w9 w10"]}
     result = run_benchmark(seq2seq_pair, [question], "ar,sd,nasd,ar-nocache,beam,draft", repeats=1, warmup=False,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import specdemo
-from specdemo.bench.tables import summary_frame
+from specdemo.bench.measure.tables import summary_frame
 from specdemo.engine.decoding import generate
 from specdemo.models.loading import ModelPair
 from specdemo.models.precision import (BIT_EXACT, exactness_sentence, is_exact, mismatch_reading,
@@ -155,7 +155,7 @@ def test_the_compare_command_prints_the_label_and_writes_its_column(folders, tmp
 
 def test_the_benchmark_rows_summary_and_report_carry_the_label(weight_only_pair):
     from specdemo.bench import run_benchmark
-    from specdemo.bench.report import _precisions
+    from specdemo.bench.measure.report import _precisions
 
     result = run_benchmark(weight_only_pair, [{"prompt": "w5 w6 w7 w8", "category": "chat"}], ["ar", "sd"],
                            repeats=1, warmup=False, max_new_tokens=4, temperature=0.0, chat=False)

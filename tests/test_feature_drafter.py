@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import specdemo
-from specdemo.engine import feature_drafter
-from specdemo.engine.feature_head import FeatureHead, HeadConfig
+from specdemo.engine.drafters import feature_drafter
+from specdemo.engine.drafters.feature_head import FeatureHead, HeadConfig
 from tests.test_lossless_sampling import joint_p_value
 from tests.tiny import build_tiny_pair
 
@@ -112,8 +112,8 @@ def test_replayed_rounds_count_what_the_decode_loop_counts(head_pair, copy_n):
 
 
 def test_results_and_the_benchmark_name_the_drafter(head_pair):
-    from specdemo.bench.runners import parse_bench_methods
-    from specdemo.bench.tables import summary_frame
+    from specdemo.bench.measure.runners import parse_bench_methods
+    from specdemo.bench.measure.tables import summary_frame
 
     results = [specdemo.generate(head_pair, PROMPTS[0], method=m, max_new_tokens=5) for m in ("ar", "sd", "nasd")]
     drafters = dict(zip(summary_frame(results).method, summary_frame(results).drafter))
@@ -126,7 +126,7 @@ def test_results_and_the_benchmark_name_the_drafter(head_pair):
 
 
 def test_the_benchmark_runs_a_feature_head_pair_against_transformers(head_pair):
-    from specdemo.bench.benchmark import run_benchmark
+    from specdemo.bench.measure.benchmark import run_benchmark
 
     result = run_benchmark(head_pair, [{"prompt": "w5 w6 w7 w8 w9", "category": "chat"}],
                            "ar,sd,egag,hf-generate", repeats=1, max_new_tokens=8, chat=False, warmup=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdemo.engine.feature_head import FeatureHead, HeadCache, HeadConfig
+from specdemo.engine.drafters.feature_head import FeatureHead, HeadCache, HeadConfig
 
 
 def tiny_target(vocab: int = 64, hidden: int = 32) -> LlamaForCausalLM:

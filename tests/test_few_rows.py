@@ -1,4 +1,4 @@
-"""specdemo.engine.few_rows: verification's few-row products, computed in another order, give
+"""specdemo.engine.targets.few_rows: verification's few-row products, computed in another order, give
 linear's results, and a pair loaded on the CPU uses them in every model it holds."""
 
 import pytest
@@ -7,7 +7,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import specdemo
-from specdemo.engine.few_rows import FEW_ROWS, SWITCH, FewRowLinear, use_few_row_products
+from specdemo.engine.targets.few_rows import FEW_ROWS, SWITCH, FewRowLinear, use_few_row_products
 from tests.tiny import build_tiny_pair
 
 

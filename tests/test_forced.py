@@ -10,10 +10,11 @@ import functools
 import pytest
 
 from specdemo import generate
-from specdemo.bench import benchmark, synthetic
+from specdemo.bench.measure import benchmark
+from specdemo.bench import synthetic
 from specdemo.bench.gpu_suite.checks import forced_hooks_trace
 from specdemo.bench.gpu_suite.forced import ForcedAcceptance
-from specdemo.bench.runners import HFRunner
+from specdemo.bench.measure.runners import HFRunner
 from specdemo.engine.params import DecodeParams
 from specdemo.models.loading import load_pair
 

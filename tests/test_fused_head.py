@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import specdemo
-from specdemo.engine import feature_drafter
-from specdemo.engine.feature_head import FeatureHead, HeadConfig
-from specdemo.engine.policies import FixedGamma
+from specdemo.engine.drafters import feature_drafter
+from specdemo.engine.drafters.feature_head import FeatureHead, HeadConfig
+from specdemo.engine.drafters.policies import FixedGamma
 from specdemo.engine.sampling import SamplingConfig, probabilities
 from specdemo.models.errors import ModelLoadError
 from tests.test_lossless_sampling import joint_p_value

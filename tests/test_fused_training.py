@@ -15,9 +15,9 @@ import json
 import pytest
 import torch
 
-from specdemo.engine.feature_drafter import FeatureDrafter
-from specdemo.engine.feature_head import FeatureHead, HeadCache, HeadConfig
-from specdemo.engine.policies import FixedGamma
+from specdemo.engine.drafters.feature_drafter import FeatureDrafter
+from specdemo.engine.drafters.feature_head import FeatureHead, HeadCache, HeadConfig
+from specdemo.engine.drafters.policies import FixedGamma
 from specdemo.engine.sampling import SamplingConfig
 from specdemo.training import corpus as corpus_module
 from specdemo.training import eagle, evaluate, layers

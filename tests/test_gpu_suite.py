@@ -26,7 +26,7 @@ from specdemo.bench.gpu_suite.pairs import (SYNTHETIC_METHODS, embedded_units, s
 from specdemo.bench.gpu_suite.plan import GPU_COSTS, Cost, Estimator, skip_reason
 from specdemo.bench.gpu_suite.stages import MODES, NO_CUDA, OutOfTime, Settings, Stage, Unit, run_stages
 from specdemo.bench.gpu_suite.summary import END, NOT_MEASURED, START, fill_readme, markdown, table_block
-from specdemo.bench.roofline import kv_bytes_per_token
+from specdemo.bench.measure.roofline import kv_bytes_per_token
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = [5, 9, 14, 3, 22, 7]
@@ -184,7 +184,7 @@ def test_a_run_killed_after_its_first_unit_keeps_that_units_headline_row(tmp_pat
 
 
 def test_each_methods_compile_seconds_are_its_warm_up_beyond_its_timed_calls(tmp_path):
-    from specdemo.bench.benchmark import BenchResult
+    from specdemo.bench.measure.benchmark import BenchResult
     from specdemo.bench.gpu_suite.measure import compile_rows
 
     rows = pd.DataFrame({"method": ["ar", "ar", "ar", "sd", "hf-assisted"], "seconds": [1.0, 1.2, 5.0, 2.0, 3.0],
@@ -315,7 +315,7 @@ def test_a_difference_at_a_near_tie_is_told_from_a_real_one(tiny_pair):
 
 
 def test_the_roofline_reads_a_feature_heads_config():
-    from specdemo.engine.feature_head import HeadConfig
+    from specdemo.engine.drafters.feature_head import HeadConfig
 
     config = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
                         vocab_size=64, subset_size=32)

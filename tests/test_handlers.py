@@ -16,8 +16,8 @@ import torch
 from specdemo.app import forms, handlers, viz
 from specdemo.app.handlers import Request, RunUpdate, make_request
 from specdemo.app.limits import Limits
-from specdemo.bench.threads import ThreadPlan
-from specdemo.bench.tables import TOKEN_COLUMNS
+from specdemo.bench.measure.threads import ThreadPlan
+from specdemo.bench.measure.tables import TOKEN_COLUMNS
 from specdemo.engine.params import PARAMS, SCHEMA, DecodeParams
 from specdemo.models.loading import Preset
 from tests.tiny import byte_level_tokenizer

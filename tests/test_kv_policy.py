@@ -10,9 +10,9 @@ import torch
 from transformers import DynamicCache, LlamaForCausalLM
 
 import specdemo
-from specdemo.bench.tables import summary_frame
-from specdemo.engine.kv_policy import RECENT, AttentionMass, KVPolicy, check_policy
-from specdemo.engine.lm import CachedLM
+from specdemo.bench.measure.tables import summary_frame
+from specdemo.engine.targets.kv_policy import RECENT, AttentionMass, KVPolicy, check_policy
+from specdemo.engine.targets.lm import CachedLM
 from specdemo.engine.params import DecodeParams
 from tests.tiny import build_tiny_pair, build_tiny_seq2seq_pair, write_model, write_tiny_head
 

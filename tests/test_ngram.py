@@ -1,9 +1,9 @@
-"""specdemo.engine.drafters.NgramTable and NgramDrafter: NASD's table."""
+"""specdemo.engine.drafters.ngram.NgramTable and NgramDrafter: NASD's table."""
 
 import torch
 
-from specdemo.engine.drafters import NgramDrafter, NgramTable
-from specdemo.engine.policies import FixedGamma
+from specdemo.engine.drafters.ngram import NgramDrafter, NgramTable
+from specdemo.engine.drafters.policies import FixedGamma
 from specdemo.engine.sampling import SamplingConfig
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import specdemo
-from specdemo.engine import online
+from specdemo.engine.drafters import online
 from specdemo.engine.methods import METHODS
 from tests.test_feature_drafter import head_pair, with_head  # noqa: F401 (a fixture)
 from tests.test_lossless_sampling import joint_p_value, small_vocab_pair  # noqa: F401 (a fixture)
@@ -107,7 +107,7 @@ def test_sampled_osd_follows_the_targets_distribution_while_its_head_learns(smal
 
 
 def test_a_benchmarks_clock_leaves_the_learning_out(fresh, monkeypatch):
-    from specdemo.bench import runners
+    from specdemo.bench.measure import runners
 
     real = runners.generate
 

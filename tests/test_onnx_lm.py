@@ -15,7 +15,7 @@ import torch
 import specdemo
 from specdemo.engine.sampling import SamplingConfig, probabilities
 from specdemo.models.errors import ModelLoadError
-from specdemo.models.onnx_export import check_exportable, export_folder, is_exported, onnx_runtime_missing
+from specdemo.engine.runtimes.onnx_export import check_exportable, export_folder, is_exported, onnx_runtime_missing
 from tests.chi2 import pooled_chisquare
 from tests.tiny import write_model, write_tiny_head, write_tokenizer
 
@@ -72,7 +72,7 @@ def test_the_runtimes_threads_spin_within_a_forward_and_stop_when_it_ends(onnx_f
     """Spinning inside a forward keeps its few hundred parallel sections fast; spinning after it would
     take torch's cores while the drafter runs between two target forwards. The session ONNX Runtime
     creates carries the entries for both (its verbose log lists a session's config entries)."""
-    from specdemo.engine import onnx_lm
+    from specdemo.engine.runtimes import onnx_lm
 
     options = onnx_lm.session_options
     monkeypatch.setattr(onnx_lm, "session_options", lambda threads: {**options(threads), "log_severity_level": 0})
@@ -84,9 +84,9 @@ def test_the_runtimes_threads_spin_within_a_forward_and_stop_when_it_ends(onnx_f
 def test_the_heads_steps_run_on_the_runtime_and_draft_what_torchs_head_drafts(head_pair):
     """Beside a runtime target the feature head's steps run on the runtime too (exported once per head);
     its draft distributions are torch's head's to float rounding, through a catch-up, drafting and rollback."""
-    from specdemo.engine.feature_drafter import FeatureDrafter
+    from specdemo.engine.drafters.feature_drafter import FeatureDrafter
     from specdemo.engine.methods import _plain_drafter
-    from specdemo.engine.onnx_head import OnnxFeatureDrafter
+    from specdemo.engine.runtimes.onnx_head import OnnxFeatureDrafter
 
     runtime_drafter, torch_drafter = _plain_drafter(head_pair), FeatureDrafter(head_pair.draft)
     assert isinstance(runtime_drafter, OnnxFeatureDrafter)
@@ -119,7 +119,7 @@ def test_the_heads_steps_run_on_the_runtime_and_draft_what_torchs_head_drafts(he
 
 def test_the_draft_lm_drafts_on_the_runtime_beside_a_runtime_target_and_on_torch_elsewhere(lm_pair, onnx_folders):
     from specdemo.engine.methods import _plain_drafter
-    from specdemo.engine.onnx_lm import OnnxCachedLM
+    from specdemo.engine.runtimes.onnx_lm import OnnxCachedLM
 
     assert lm_pair.draft_runtime is not None and lm_pair.draft_runtime.precision == "fp32"
     result = greedy(lm_pair, PROMPTS[0], "sd", gamma=4)
@@ -238,7 +238,7 @@ def test_the_benchmark_times_the_torch_target_beside_the_runtimes(lm_pair):
 
 @pytest.mark.parametrize("peer", ["torch-ar", "onnx-generate", "onnx-ngram"])
 def test_the_peers_beside_a_runtime_are_refused_where_the_target_is_torchs_already(onnx_folders, peer):
-    from specdemo.bench.runners import parse_bench_methods
+    from specdemo.bench.measure.runners import parse_bench_methods
 
     target, _, _ = onnx_folders
     torch_pair = specdemo.load_pair(str(target), device="cpu", dtype="float32")
@@ -264,7 +264,7 @@ def test_the_runtimes_own_decoders_run_beside_ours_and_write_its_ar_tokens(lm_pa
 def test_the_runtimes_own_search_reads_a_prompt_that_ends_in_the_eos_id_as_ours_does(lm_pair):
     """The export names the EOS id its padding id too, and the runtime's search left such a prompt's last
     token out of attention (a chat template or a later turn can end in it)."""
-    from specdemo.bench.runtime_peers import RuntimeRunner
+    from specdemo.bench.measure.runtime_peers import RuntimeRunner
     from specdemo.engine.params import DecodeParams
 
     eos = min(lm_pair.eos_ids)
@@ -282,7 +282,7 @@ def test_the_runtimes_own_search_stops_at_the_pairs_eos(onnx_folders):
     assert stop not in free[:5]
     pair.target_runtime.eos_ids = (stop,)  # before its first session opens, as the loader sets it
     pair = dataclasses.replace(pair, eos_ids=frozenset({stop}))
-    from specdemo.bench.runtime_peers import RuntimeRunner
+    from specdemo.bench.measure.runtime_peers import RuntimeRunner
     from specdemo.engine.params import DecodeParams
 
     run = RuntimeRunner(pair, DecodeParams.resolve(None, max_new_tokens=40, temperature=0.0)).run(
@@ -292,7 +292,7 @@ def test_the_runtimes_own_search_stops_at_the_pairs_eos(onnx_folders):
 
 
 def test_the_runtimes_sampling_takes_the_runs_settings():
-    from specdemo.bench.runtime_peers import search_options
+    from specdemo.bench.measure.runtime_peers import search_options
     from specdemo.engine.params import DecodeParams
 
     greedy_options = search_options(DecodeParams.resolve(None, temperature=0.0), 50, 7, 80)
@@ -373,7 +373,7 @@ def test_the_page_offers_the_runtime_where_it_runs_and_hides_it_elsewhere(page_p
 
     from specdemo.app import ui
     from specdemo.app.playgroundtab import runtime_offered
-    from specdemo.models import onnx_export
+    from specdemo.engine.runtimes import onnx_export
 
     assert onnx_export.served_runtimes("cpu") == ("torch", "onnx")
     assert onnx_export.served_runtimes("cuda:0") == ("torch",)
@@ -451,7 +451,7 @@ def test_the_benchmark_tab_offers_the_runtime_where_the_playground_does(page_pre
     from types import SimpleNamespace
 
     from specdemo.app import benchtab, ui
-    from specdemo.models import onnx_export
+    from specdemo.engine.runtimes import onnx_export
 
     demo = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
     playground, tab = runtime_dropdown(demo), runtime_dropdown(demo, "bench-runtime")
@@ -508,7 +508,7 @@ def test_the_benchmark_tab_runs_on_the_runtime_with_its_own_search_beside_ar(pag
 
 def test_the_sweep_tab_offers_the_runtime_where_the_playground_does(page_presets, monkeypatch):
     from specdemo.app import ui
-    from specdemo.models import onnx_export
+    from specdemo.engine.runtimes import onnx_export
 
     demo = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
     playground, tab = runtime_dropdown(demo), runtime_dropdown(demo, "sweep-runtime")
@@ -573,7 +573,7 @@ def test_what_the_runtime_refuses_stops_the_sweep_tab_before_it_loads_a_pair(pag
 
 
 def test_auto_threads_give_ar_every_core_on_the_runtime_and_one_on_torch():
-    from specdemo.bench.threads import ThreadPlan
+    from specdemo.bench.measure.threads import ThreadPlan
 
     auto = ThreadPlan.parse("auto", cores=2)
     assert [auto.for_runtime("onnx").for_method(m) for m in ("ar", "sd")] == [2, 2]
@@ -582,7 +582,7 @@ def test_auto_threads_give_ar_every_core_on_the_runtime_and_one_on_torch():
 
 
 def test_torch_works_on_one_thread_between_the_runtimes_forwards_which_keep_the_count_asked_for(lm_pair, monkeypatch):
-    from specdemo.engine import onnx_lm
+    from specdemo.engine.runtimes import onnx_lm
 
     seen, feed = [], onnx_lm.OnnxCachedLM.feed
 

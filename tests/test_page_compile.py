@@ -17,7 +17,7 @@ from specdemo.app.engine_controls import (COMPILE_ENV, COMPILED, compile_setting
                                           page_engine_defaults)
 from specdemo.app.limits import Limits
 from specdemo.app.playgroundtab import RunStreams, engine_values
-from specdemo.engine import lm
+from specdemo.engine.targets import lm
 from specdemo.engine.methods import DEFAULT_METHODS
 from specdemo.engine.params import EngineOptions
 from specdemo.models.loading import Preset

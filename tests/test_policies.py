@@ -1,8 +1,8 @@
-"""specdemo.engine.policies: how γ is chosen each round."""
+"""specdemo.engine.drafters.policies: how γ is chosen each round."""
 
 import pytest
 
-from specdemo.engine.policies import ConfidenceStop, StopNote, EntropyGamma, FixedGamma, HeuristicGamma, gamma_from_entropy
+from specdemo.engine.drafters.policies import ConfidenceStop, StopNote, EntropyGamma, FixedGamma, HeuristicGamma, gamma_from_entropy
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import pytest
 
 import specdemo
 from specdemo.bench.rest import build_from_corpus, main, read_documents
-from specdemo.engine.policies import FixedGamma
-from specdemo.engine.rest import (RestDrafter, build_datastore, context_occurrences, load_datastore, save_datastore,
+from specdemo.engine.drafters.policies import FixedGamma
+from specdemo.engine.drafters.rest import (RestDrafter, build_datastore, context_occurrences, load_datastore, save_datastore,
                                   shared_continuation)
 from tests.test_lossless_sampling import PROMPT, joint_p_value, small_vocab_pair  # noqa: F401 (a fixture)
 from tests.tiny import write_tokenizer
@@ -130,7 +130,7 @@ def test_a_tree_of_the_matchs_continuations_writes_ars_tokens(tiny_pair, tiny_st
 
 def test_the_tree_branches_where_the_occurrences_disagree_most_shared_first():
     from specdemo.engine.params import DecodeParams
-    from specdemo.engine.tree_drafting import DynamicTree, RestStepper, grow_tree
+    from specdemo.engine.drafters.tree_drafting import DynamicTree, RestStepper, grow_tree
 
     store = build_datastore([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 5, 6], [9, 9]])
     stepper = RestStepper(RestDrafter(store, 16), [7, 1, 2], DecodeParams().sampling)

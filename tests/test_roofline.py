@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import GPTNeoXConfig, LlamaConfig, LlamaForCausalLM
 
-from specdemo.bench.roofline import BANDWIDTHS, bandwidth_for, kv_bytes_per_token, model_roofline, parameter_bytes, roofline
+from specdemo.bench.measure.roofline import BANDWIDTHS, bandwidth_for, kv_bytes_per_token, model_roofline, parameter_bytes, roofline
 
 
 def test_pythia_1_4b_shaped_bound_by_hand():

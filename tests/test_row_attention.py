@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import specdemo
-from specdemo.engine.lm import CachedLM
-from specdemo.engine.row_attention import MARK, attend_row_by_row
+from specdemo.engine.targets.lm import CachedLM
+from specdemo.engine.targets.row_attention import MARK, attend_row_by_row
 from tests.tiny import build_tiny_pair
 
 CONTEXT = [3, 9, 4, 11, 5, 3, 9, 4, 17, 2, 8]

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import specdemo
-from specdemo.engine.acceptance_head import (DEFAULT_HEAD, FEATURES, AcceptanceHead, load_acceptance_head,
+from specdemo.engine.drafters.acceptance_head import (DEFAULT_HEAD, FEATURES, AcceptanceHead, load_acceptance_head,
                                              round_features)
-from specdemo.engine.policies import PredictedRejectionStop
+from specdemo.engine.drafters.policies import PredictedRejectionStop
 from specdemo.engine.trace import DraftDecision, Round
 from specdemo.training.specdecpp import auc, evaluate, round_examples, split, train_head
 from specdemo.training.specdecpp_card import card_text

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import specdemo
-from specdemo.engine.lm import CachedLM, default_cache_kind
+from specdemo.engine.targets.lm import CachedLM, default_cache_kind
 from tests.tiny import build_tiny_pair
 
 METHODS = ["ar", "sd", "nasd", "egag", "sd-heuristic", "sd-confidence"]
@@ -240,7 +240,7 @@ def test_host_reads_per_round_with_a_feature_head(head32, monkeypatch, method, r
 def test_confidence_stopping_reads_once_each_time_it_weighs_another_draft(request, monkeypatch, pair_name):
     """Whether to draft one more token is decided on the host: one read each time (the position's
     entropy and top probability together), on top of the round's read."""
-    from specdemo.engine.policies import ConfidenceStop
+    from specdemo.engine.drafters.policies import ConfidenceStop
 
     weighed = []
     keep_drafting = ConfidenceStop.keep_drafting

@@ -12,7 +12,7 @@ import pytest
 
 import specdemo
 from specdemo.app import viz
-from specdemo.bench.tables import ROUND_COLUMNS, rounds_frame
+from specdemo.bench.measure.tables import ROUND_COLUMNS, rounds_frame
 from specdemo.engine import methods
 from specdemo.engine.trace import StopNote
 

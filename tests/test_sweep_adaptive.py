@@ -10,7 +10,7 @@ import pytest
 from specdemo.bench import sweep
 from specdemo.bench.sweep import expand_grid, policy_sentence, policy_verdict, run_sweep
 from specdemo.bench.sweep.verdict import paired_ratio
-from specdemo.engine.online import forget_online
+from specdemo.engine.drafters.online import forget_online
 from specdemo.engine.params import PARAMS
 from tests.test_feature_drafter import head_pair, with_head  # noqa: F401 (a fixture)
 

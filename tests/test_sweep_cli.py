@@ -88,7 +88,7 @@ def test_chart_png_without_playwright_says_what_to_install(monkeypatch, tmp_path
 
     import plotly.graph_objects as go
 
-    from specdemo.bench.chartpng import ChartPngError, save_chart_png
+    from specdemo.bench.measure.chartpng import ChartPngError, save_chart_png
 
     monkeypatch.setitem(sys.modules, "playwright.sync_api", None)
     with pytest.raises(ChartPngError, match="pip install playwright"):
@@ -98,7 +98,7 @@ def test_chart_png_without_playwright_says_what_to_install(monkeypatch, tmp_path
 @pytest.mark.slow
 def test_chart_png_renders_a_sweep_chart(tmp_path):
     pytest.importorskip("playwright.sync_api")
-    from specdemo.bench.chartpng import save_chart_png
+    from specdemo.bench.measure.chartpng import save_chart_png
     from tests.test_browser import CHROMIUM, NO_CHROMIUM
 
     if CHROMIUM is None:

@@ -225,7 +225,7 @@ def test_the_sweep_decodes_on_the_threads_it_is_given_whatever_its_worker_starts
 def test_a_sweep_decodes_on_the_pages_plan_for_a_suite_on_its_runtime():
     from types import SimpleNamespace
 
-    from specdemo.bench.threads import ThreadPlan
+    from specdemo.bench.measure.threads import ThreadPlan
 
     auto = SimpleNamespace(threads=ThreadPlan(count=None, cores=2))
     assert (sweeptab.sweep_threads(auto, "torch"), sweeptab.sweep_threads(auto, "onnx")) == (1, 2)

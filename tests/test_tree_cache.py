@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specdemo.engine.lm import CachedLM
+from specdemo.engine.targets.lm import CachedLM
 from specdemo.engine.tree import ROOT, DraftTree
 
 

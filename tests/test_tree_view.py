@@ -8,7 +8,7 @@ import specdemo
 from specdemo.app import viz
 from specdemo.app.charts import all_charts
 from specdemo.app.tree_view import _round_traces, node_states, tree_figure, tree_layout, tree_rounds_figure
-from specdemo.bench.tables import NODE_COLUMNS, ROUND_COLUMNS, nodes_frame, rounds_frame, summary_frame
+from specdemo.bench.measure.tables import NODE_COLUMNS, ROUND_COLUMNS, nodes_frame, rounds_frame, summary_frame
 from specdemo.engine.trace import ACCEPTED, REJECTED, StopNote, TreeRecord
 
 PROMPT = "w5 w6 w7 w8"

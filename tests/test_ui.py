@@ -20,7 +20,7 @@ from specdemo.app.charts import CHART_NAMES  # noqa: E402
 from specdemo.app.playgroundtab import TREE_CHARTS  # noqa: E402
 from specdemo.app.limits import Limits  # noqa: E402
 from specdemo.models.loading import Preset  # noqa: E402
-from specdemo.bench.tables import ROUND_COLUMNS, SUMMARY_COLUMNS, TOKEN_COLUMNS  # noqa: E402
+from specdemo.bench.measure.tables import ROUND_COLUMNS, SUMMARY_COLUMNS, TOKEN_COLUMNS  # noqa: E402
 from tests.tiny import write_model, write_tokenizer  # noqa: E402
 from tests.uiserver import TINY, counting_target_forwards, serve, tiny_loader, tiny_presets  # noqa: E402
 

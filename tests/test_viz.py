@@ -10,7 +10,7 @@ import pytest
 
 import specdemo
 from specdemo.app import viz
-from specdemo.bench.compare import tabulate
+from specdemo.bench.measure.compare import tabulate
 from specdemo.engine.trace import COPIED, DraftDecision, GenerationResult, Round, TokenRecord
 
 

@@ -81,7 +81,7 @@ def write_tiny_head(folder: Path, target_dir: Path, subset: list[int] | None = N
     """A feature-level draft head for the tiny target, saved as a folder `load_pair` reads as a draft."""
     from transformers import LlamaForCausalLM
 
-    from specdemo.engine.feature_head import FeatureHead, HeadConfig
+    from specdemo.engine.drafters.feature_head import FeatureHead, HeadConfig
 
     target = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float64)
     subset = sorted(subset if subset is not None else list(range(0, VOCAB, 2)) + [3, 5, 7, 9])

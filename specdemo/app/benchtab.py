@@ -18,10 +18,10 @@ import gradio as gr
 import pandas as pd
 
 from .. import bench
-from ..bench.runners import ONNX_GENERATE
+from ..bench.measure.runners import ONNX_GENERATE
 from ..engine.params import PARAMS
 from ..models.loading import Preset
-from ..models.onnx_export import TORCH
+from ..engine.runtimes.onnx_export import TORCH
 from . import handlers
 from .forms import param_control
 from .limits import Limits

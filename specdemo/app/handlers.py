@@ -25,15 +25,15 @@ import pandas as pd
 import torch
 
 from . import charts, viz
-from ..bench.compare import run_comparison, tabulate
+from ..bench.measure.compare import run_comparison, tabulate
 from ..bench.vs_float32 import Float32Reference, reference_for, runs_below_float32
-from ..bench.runners import quiet_gc
+from ..bench.measure.runners import quiet_gc
 from ..engine.decoding import iter_generate
 from ..engine.methods import available_methods, parse_methods
 from ..engine.params import PARAMS, DecodeParams, EngineOptions
 from ..engine.trace import GenerationResult
 from ..models.loading import ModelPair, Preset, draft_kind_of
-from ..models.onnx_export import ONNX, TORCH
+from ..engine.runtimes.onnx_export import ONNX, TORCH
 from ..models.precision import PRECISIONS, exactness_sentence, is_exact
 from .engine_controls import engine_options, first_round_status
 from .limits import Limits

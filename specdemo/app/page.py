@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from ..engine.decoding import generate
-from ..bench.threads import ThreadPlan
+from ..bench.measure.threads import ThreadPlan
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..engine.params import EngineOptions
 from ..models.loading import ModelPair, Preset, load_pair

@@ -19,10 +19,10 @@ from gradio.context import Context
 
 from . import charts as charts_module
 from . import forms, handlers, viz
-from ..bench.tables import summary_frame
+from ..bench.measure.tables import summary_frame
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..models.loading import ModelPair, Preset, onnx_can_export
-from ..models.onnx_export import TORCH
+from ..engine.runtimes.onnx_export import TORCH
 from .engine_controls import ENGINE_NAMES, engine_controls
 from .examples import EXAMPLES, encoder_decoder_examples
 from .handlers import PRECISION_NAMES, RUNTIME, Request, RunUpdate, make_request

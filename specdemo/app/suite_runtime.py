@@ -10,10 +10,10 @@ from typing import Any, Sequence
 import gradio as gr
 
 from .. import bench
-from ..bench.runners import HF_METHODS, RUNTIME_PEERS
-from ..bench.threads import ThreadPlan
+from ..bench.measure.runners import HF_METHODS, RUNTIME_PEERS
+from ..bench.measure.threads import ThreadPlan
 from ..engine.methods import METHODS
-from ..models.onnx_export import ONNX, TORCH
+from ..engine.runtimes.onnx_export import ONNX, TORCH
 from . import handlers
 from .page import TabContext
 from .playgroundtab import runtime_offered

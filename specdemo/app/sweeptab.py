@@ -33,7 +33,7 @@ from ..bench.sweep.grid import RULE_AXES
 from ..bench.suite import DEFAULT_SUITE, SUITE_CATEGORIES, SuitePrompt, load_suite, select_prompts
 from ..engine.params import PARAMS, DecodeParams
 from ..models.loading import ModelPair, Preset
-from ..models.onnx_export import ONNX, ONNX_PRECISIONS, TORCH
+from ..engine.runtimes.onnx_export import ONNX, ONNX_PRECISIONS, TORCH
 from ..models.precision import resolve_precision
 from .limits import Limits
 from .page import TabContext, session_id, wire_stop

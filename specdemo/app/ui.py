@@ -33,7 +33,7 @@ from .page import (  # noqa: F401  (what the tabs share, re-exported for callers
 )
 from ..models.loading import PRESETS, Preset, load_pair
 from ..models.precision import served_precisions
-from ..models.onnx_export import TORCH, onnx_runtime_missing, served_runtimes
+from ..engine.runtimes.onnx_export import TORCH, onnx_runtime_missing, served_runtimes
 from ..models.tokens import default_device
 from ..engine.methods import DEFAULT_METHODS
 from ..engine.params import DecodeParams

@@ -15,8 +15,8 @@ from typing import Iterable, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..bench import acceptance, acceptance_charts
-from ..bench.tables import summary_frame, tokens_frame
+from ..bench.measure import acceptance, acceptance_charts
+from ..bench.measure.tables import summary_frame, tokens_frame
 from ..engine.methods import METHODS, is_lossless
 from ..models.precision import mismatch_reading
 from ..engine.trace import (ACCEPTED, BONUS, COPIED, CORRECTED, REJECTED, TARGET, DraftDecision, GenerationResult,

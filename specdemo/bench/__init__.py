@@ -9,12 +9,12 @@ May import ``engine`` and ``models``, pandas and plotly; never gradio, the page 
 command line. The names below are the benchmark's public API.
 """
 
-from .benchmark import ROUND_COLUMNS, ROW_COLUMNS, BenchResult, Progress, run_benchmark
-from .report import load_result, make_figures, report_html, write_outputs
-from .runners import DEFAULT_BENCH_METHODS, HF_METHODS, bench_methods, parse_bench_methods, unavailable_bench_methods
-from .statistics import SUMMARY_COLUMNS, leviathan_speedup, summarize
+from .measure.benchmark import ROUND_COLUMNS, ROW_COLUMNS, BenchResult, Progress, run_benchmark
+from .measure.report import load_result, make_figures, report_html, write_outputs
+from .measure.runners import DEFAULT_BENCH_METHODS, HF_METHODS, bench_methods, parse_bench_methods, unavailable_bench_methods
+from .measure.statistics import SUMMARY_COLUMNS, leviathan_speedup, summarize
 from .hub_data import load_hf_suite
-from .quality import QUALITY_COLUMNS, reference_scores
+from .measure.quality import QUALITY_COLUMNS, reference_scores
 from .suite import (ALL, DEFAULT_SUITE, MT_BENCH, SUITE_CATEGORIES, SuiteError, SuitePrompt, encode_prompt, load_suite,
                     select_prompts)
 

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from .page import markdown
-from .schedule import interleaved
+from .measure.schedule import interleaved
 from .suite import DEFAULT_SUITE, conversation, load_suite, select_prompts
 
 ROOT = Path(__file__).resolve().parents[2]

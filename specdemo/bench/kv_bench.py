@@ -24,7 +24,7 @@ from ..models.loading import load_pair
 from .long_suite import long_suite
 from .precision import show_table, token_match
 from .suite import encode_prompt
-from .tables import target_perplexity
+from .measure.tables import target_perplexity
 
 
 def _settings(budgets: list[int]) -> list[tuple[str, str, str, int]]:

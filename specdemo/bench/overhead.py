@@ -27,11 +27,11 @@ import torch
 
 from ..engine.clock import interleaved_medians
 from ..engine.decoding import generate
-from ..engine.feature_drafter import FeatureDrafter
-from ..engine.feature_head import FeatureHead
-from ..engine.lm import CachedLM, buckets_up_to
+from ..engine.drafters.feature_drafter import FeatureDrafter
+from ..engine.drafters.feature_head import FeatureHead
+from ..engine.targets.lm import CachedLM, buckets_up_to
 from ..engine.params import EngineOptions
-from ..engine.policies import FixedGamma
+from ..engine.drafters.policies import FixedGamma
 from ..engine.sampling import SamplingConfig, pick, probabilities
 from ..engine.trace import Round
 from .suite import ALL, SuitePrompt

@@ -42,13 +42,13 @@ from scipy.stats import bootstrap
 from ..engine.decoding import generate
 from ..engine.methods import DEFAULT_METHODS
 from ..models.loading import PRESETS, load_pair
-from .benchmark import BenchResult, run_benchmark
-from .chartpng import chromium_path
-from .report import load_result
-from .runners import quiet_gc
-from .statistics import summarize
+from .measure.benchmark import BenchResult, run_benchmark
+from .measure.chartpng import chromium_path
+from .measure.report import load_result
+from .measure.runners import quiet_gc
+from .measure.statistics import summarize
 from .suite import ALL
-from .threads import ThreadPlan
+from .measure.threads import ThreadPlan
 
 APP = Path(__file__).resolve().parents[2] / "app.py"
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

@@ -31,7 +31,7 @@ from ..engine.decoding import generate
 from ..models.loading import EMBEDDED, load_pair
 from ..models.precision import weight_bytes
 from .suite import DEFAULT_SUITE, encode_prompt, load_suite, select_prompts
-from .tables import target_perplexity
+from .measure.tables import target_perplexity
 from .vs_float32 import AGREEMENT_COLUMNS, FLOAT32, agreement, token_match
 
 
@@ -248,7 +248,7 @@ def write_figure(fig: go.Figure, html: str | None, png: str | None) -> None:
         fig.write_html(html, include_plotlyjs=True)  # offline: plotly.js inside
         print(f"wrote {html}")
     if png:
-        from .chartpng import save_chart_png
+        from .measure.chartpng import save_chart_png
 
         print(f"wrote {save_chart_png(fig, png)}")
 

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from ..engine.rest import SEPARATOR, Datastore, build_datastore, load_datastore, save_datastore
+from ..engine.drafters.rest import SEPARATOR, Datastore, build_datastore, load_datastore, save_datastore
 
 TEXT_FIELDS = ("text", "content", "prompt", "turns", "reference", "answer", "response", "output")
 EMBEDDED = "embedded"

@@ -19,8 +19,8 @@ import pandas as pd
 import torch
 
 from ..engine.clock import interleaved_medians
-from ..engine.feature_head import FeatureHead
-from ..engine.lm import CachedLM
+from ..engine.drafters.feature_head import FeatureHead
+from ..engine.targets.lm import CachedLM
 from ..engine.tree import ROOT, DraftTree
 
 COST_COLUMNS = ["rows", "chain_seconds", "tree_seconds", "chain_cost", "tree_cost"]

@@ -8,15 +8,15 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..bench.benchmark import BenchResult, run_benchmark
-from ..bench.quality import QUALITY_COLUMNS
+from ..bench.measure.benchmark import BenchResult, run_benchmark
+from ..bench.measure.quality import QUALITY_COLUMNS
 from ..bench.overhead import OverheadReport, measure_round_overhead, spread_over_categories
 from ..bench.tree_cost import largest_budget, verification_costs
-from ..bench.report import write_outputs
-from ..bench.roofline import add_roofline, parse_bandwidth
-from ..bench.runners import DEFAULT_BENCH_METHODS, bench_methods, parse_bench_methods
+from ..bench.measure.report import write_outputs
+from ..bench.measure.roofline import add_roofline, parse_bandwidth
+from ..bench.measure.runners import DEFAULT_BENCH_METHODS, bench_methods, parse_bench_methods
 from ..bench.suite import ALL, encode_prompt, select_prompts
-from ..bench.threads import ThreadPlan
+from ..bench.measure.threads import ThreadPlan
 from ..bench.vs_float32 import Float32Reference
 from ..models.precision import exactness_sentence
 from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, add_thread_plan_argument,

@@ -6,9 +6,9 @@ import argparse
 
 import pandas as pd
 
-from ..bench.acceptance import comparison_break_evens, describe_auc
-from ..bench.compare import run_comparison
-from ..bench.tables import nodes_frame
+from ..bench.measure.acceptance import comparison_break_evens, describe_auc
+from ..bench.measure.compare import run_comparison
+from ..bench.measure.tables import nodes_frame
 from ..bench.vs_float32 import VS_FLOAT32_COLUMNS, Float32Reference, runs_below_float32
 from ..engine.methods import parse_methods
 from ..models.precision import exactness_sentence, is_exact, mismatch_reading

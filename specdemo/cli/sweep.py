@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     suite = None if long_lengths or suite_needs_tokenizer(args) else select_prompts(read_suite(args), args.categories,
                                                                                     args.limit)
     if args.chart_png:
-        from ..bench.chartpng import save_chart_png  # noqa: F401  (fail on a missing Playwright before the sweep)
+        from ..bench.measure.chartpng import save_chart_png  # noqa: F401  (fail on a missing Playwright before the sweep)
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -210,7 +210,7 @@ def _write_reports(args, result: SweepResult, suffix: str | None = None) -> None
         for path in write_outputs(result, report=_suffixed(args.report, suffix), plotlyjs=args.plotlyjs):
             print(f"wrote {path}")
     if args.chart_png:
-        from ..bench.chartpng import save_chart_png
+        from ..bench.measure.chartpng import save_chart_png
 
         print(f"wrote {save_chart_png(result.figures['speedup_vs_gamma'], _suffixed(args.chart_png, suffix))}")
 

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-from .seq2seq import decoder_start, is_encoder_decoder
+from .targets.seq2seq import decoder_start, is_encoder_decoder
 from .params import DecodeParams
 from .tokens import cut_at_eos, token_text
 from .trace import TARGET, GenerationResult, Round, TokenRecord

@@ -8,7 +8,7 @@ probability of every draft travel back with the verdict.
 
 from __future__ import annotations
 
-from .drafters import top_ids
+from .drafters.base import top_ids
 from .rounds import Decoding, RoundOutcome, cut_verdict_at_eos, read_together
 from .sampling import decision_values, probabilities, verify_on_device
 from .trace import DraftDecision

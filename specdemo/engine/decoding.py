@@ -6,7 +6,7 @@ accept). AR's rounds draft nothing.
 
 For an encoder-decoder pair the prompt is the encoder's input (the source, encoded once
 per model) and the sequence the loop grows is the decoder's, from its start token; the
-cached LMs (`engine/lm.py`) keep that difference to themselves.
+cached LMs (`engine/targets/lm.py`) keep that difference to themselves.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ import torch
 
 from .chain_round import chain_round
 from .clock import phase_clock
-from .drafters import Drafter, NoDrafter
-from .kv_policy import prepare_caches
-from .lm import CACHE_KINDS, CachedLM, buckets_up_to
+from .drafters.base import Drafter, NoDrafter
+from .targets.kv_policy import prepare_caches
+from .targets.lm import CACHE_KINDS, CachedLM, buckets_up_to
 from .methods import Method, get_method
-from .nocache import recomputing_lm
-from .onnx_lm import TREES_REFUSED, torch_threads
+from .targets.nocache import recomputing_lm
+from .runtimes.onnx_lm import TREES_REFUSED, torch_threads
 from .params import DecodeParams, EngineOptions
 from .rounds import Decoding, RoundOutcome
-from .seq2seq import cached_lm, decoder_start, is_encoder_decoder
+from .targets.seq2seq import cached_lm, decoder_start, is_encoder_decoder
 from .tokens import token_text
 from .trace import GenerationResult, Round, TokenRecord
 from .tree_round import tree_round

@@ -16,18 +16,20 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .beam import run_beam
-from .context_copy import CopyFirstDrafter
-from .drafters import Drafter, ModelDrafter, NgramDrafter
-from .feature_drafter import FeatureDrafter
-from .feature_head import FeatureHead
+from .drafters.context_copy import CopyFirstDrafter
+from .drafters.base import Drafter
+from .drafters.model import ModelDrafter
+from .drafters.ngram import NgramDrafter
+from .drafters.feature_drafter import FeatureDrafter
+from .drafters.feature_head import FeatureHead
 from .params import DecodeParams
 from .params import parse_shape
-from .acceptance_head import cached_acceptance_head, round_features
-from .policies import (AdaEDLStop, ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma, PredictedRejectionStop,
+from .drafters.acceptance_head import cached_acceptance_head, round_features
+from .drafters.policies import (AdaEDLStop, ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma, PredictedRejectionStop,
                        TokenEntropyStop)
-from .online import OnlineDrafter, online_head
-from .rest import RestDrafter, load_datastore
-from .tree_drafting import DynamicTree, EntropyTree, StaticTree, StopRuleTree, TreeDrafter
+from .drafters.online import OnlineDrafter, online_head
+from .drafters.rest import RestDrafter, load_datastore
+from .drafters.tree_drafting import DynamicTree, EntropyTree, StaticTree, StopRuleTree, TreeDrafter
 
 
 # Recomputing the whole prefix every step is quadratic; longer runs are cut to this many tokens.

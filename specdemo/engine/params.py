@@ -17,7 +17,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .kv_policy import DEFAULT_SINKS, KV_POLICIES, check_policy
+from .targets.kv_policy import DEFAULT_SINKS, KV_POLICIES, check_policy
 from .sampling import SamplingConfig
 
 NGRAM_STORAGES = ("basic", "onelevel")
@@ -358,7 +358,7 @@ class EngineOptions:
             return self.cache
         if self.compile:
             return "static"
-        from .lm import default_cache_kind  # lm loads transformers; validation alone does not need it
+        from .targets.lm import default_cache_kind  # lm loads transformers; validation alone does not need it
 
         return default_cache_kind(device)
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafters import Drafter
-from .lm import CachedLM
+from .drafters.base import Drafter
+from .targets.lm import CachedLM
 from .sampling import SamplingConfig
 from .tokens import cut_at_eos
 from .trace import DraftDecision, StopNote, TreeRecord

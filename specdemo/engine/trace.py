@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .memory import MEMORY_STATS
+from .targets.memory import MEMORY_STATS
 
 # Where a generated token came from.
 ACCEPTED = "accepted"  # a draft the target kept

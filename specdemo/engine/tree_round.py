@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .drafters import top_ids
+from .drafters.base import top_ids
 from .rounds import Decoding, RoundOutcome, cut_verdict_at_eos
 from .sampling import SamplingConfig, probabilities
 from .trace import DraftDecision, TreeRecord

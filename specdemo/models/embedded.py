@@ -208,7 +208,7 @@ def load_embedded_draft(target=None, kind: str = "embedded", device=None, dtype=
                                  "--install`.")
         if target is None:
             raise ModelLoadError("the embedded draft head reads the target's states: load it with its target")
-        from ..engine.feature_head import FeatureHead
+        from ..engine.drafters.feature_head import FeatureHead
 
         return FeatureHead.load(HEAD_DIR, dtype=dtype, device=device).bind(target)
     from transformers import AutoModelForCausalLM

@@ -1,5 +1,6 @@
-"""The one error the model layer raises for anything that cannot be loaded."""
+"""The one error the model layer raises for anything that cannot be loaded (defined beside the engine,
+whose runtimes raise it too)."""
 
+from ..engine.errors import ModelLoadError
 
-class ModelLoadError(ValueError):
-    """A model or tokenizer could not be loaded; the message says why in plain words."""
+__all__ = ["ModelLoadError"]

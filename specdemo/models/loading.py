@@ -25,11 +25,11 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
 )
 
-from ..engine.feature_head import FeatureHead, is_feature_head
-from ..engine.few_rows import use_few_row_products
+from ..engine.drafters.feature_head import FeatureHead, is_feature_head
+from ..engine.targets.few_rows import use_few_row_products
 from .embedded import DEFAULT_DRAFT, EMBEDDED_HEAD, EMBEDDED_LM, load_embedded_draft, load_embedded_target
 from .errors import ModelLoadError
-from .onnx_export import ONNX, TORCH, check_runtime, onnx_target
+from ..engine.runtimes.onnx_export import ONNX, TORCH, check_runtime, onnx_target
 from .precision import (Precision, attention_of, make_verification_row_exact, quantize, resolve_precision, self_draft,
                         self_draft_precision, verification_exactness)
 from .tokens import check_token_ids, collect_eos_ids, default_device, encode_chat, resolve_dtype
@@ -213,7 +213,7 @@ def load_pair(
     `target_dtype` and `draft_dtype` (float32, bfloat16, float16, int8, int4, ...: see
     `specdemo.models.precision`) set each model's precision; `dtype` sets both where they are not given.
     `runtime` runs the target's forwards: "torch" (the default and the reference) or "onnx"
-    (ONNX Runtime on the CPU at float32, int8 or int4: see `specdemo.models.onnx_export`; the embedded
+    (ONNX Runtime on the CPU at float32, int8 or int4: see `specdemo.engine.runtimes.onnx_export`; the embedded
     target or a local transformers folder, exported on first use).
     """
     if not isinstance(target, str) or not target.strip():
@@ -274,7 +274,7 @@ def _onnx_target(target: str, target_model, tokenizer, precision: Precision):
     """The target exported for ONNX Runtime from its transformers folder (the embedded target's
     converted cache, else a copy written next to the exports)."""
     from .embedded import _cache_is_complete, cache_dir
-    from .onnx_export import export_root
+    from ..engine.runtimes.onnx_export import export_root
 
     if target == EMBEDDED:
         source = cache_dir()
@@ -296,7 +296,7 @@ def _onnx_draft(draft: str | None, draft_model, tokenizer, precision: Precision)
     runtime's target; None where it stays on torch: a feature head, another precision, a Hub draft, or a
     model the runtime cannot run (`check_exportable`)."""
     from .embedded import DRAFT_DIR
-    from .onnx_export import export_root
+    from ..engine.runtimes.onnx_export import export_root
 
     embedded_lm = draft == EMBEDDED_LM or (draft == EMBEDDED and DEFAULT_DRAFT == EMBEDDED_LM)
     if draft_model is None or isinstance(draft_model, FeatureHead) or precision.name != "float32" \

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
-from ..engine.few_rows import one_row_at_a_time, use_one_row_products
-from ..engine.memory import weight_bytes  # noqa: F401  (re-exported: a model's bytes at its precision)
-from ..engine.row_attention import ROW_LIMIT, attend_row_by_row
+from ..engine.targets.few_rows import one_row_at_a_time, use_one_row_products
+from ..engine.targets.memory import weight_bytes  # noqa: F401  (re-exported: a model's bytes at its precision)
+from ..engine.targets.row_attention import ROW_LIMIT, attend_row_by_row
 from .errors import ModelLoadError
 
 FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specdemo.engine.feature_head import FeatureHead
+from specdemo.engine.drafters.feature_head import FeatureHead
 from specdemo.models.tokens import cpu_name
 
 from .corpus import Corpus, default_dir
@@ -48,7 +48,7 @@ def lm_draft_point(pair_lm, answers, gamma: int) -> dict:
 
 def lm_draft_cost(pair_lm, calls: int = 60, context: int = 96) -> float:
     from specdemo.engine.clock import interleaved_medians
-    from specdemo.engine.lm import CachedLM
+    from specdemo.engine.targets.lm import CachedLM
 
     ids = torch.randint(0, pair_lm.target.config.vocab_size, (context,)).tolist()
     target, draft = CachedLM(pair_lm.target), CachedLM(pair_lm.draft)

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdemo.engine.feature_head import FeatureHead, HeadConfig, filled_subset
-from specdemo.engine.head_loss import chained_predictions, collate, head_losses, round_predictions
+from specdemo.engine.drafters.feature_head import FeatureHead, HeadConfig, filled_subset
+from specdemo.engine.drafters.head_loss import chained_predictions, collate, head_losses, round_predictions
 
 from .corpus import Corpus, default_dir, parse_layers
 from .layers import stored_layers

@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from specdemo.engine.clock import interleaved_medians
-from specdemo.engine.context_copy import CopyFirstDrafter
-from specdemo.engine.drafters import NgramTable
-from specdemo.engine.feature_drafter import FeatureDrafter
-from specdemo.engine.feature_head import FeatureHead
-from specdemo.engine.policies import FixedGamma
+from specdemo.engine.drafters.context_copy import CopyFirstDrafter
+from specdemo.engine.drafters.ngram import NgramTable
+from specdemo.engine.drafters.feature_drafter import FeatureDrafter
+from specdemo.engine.drafters.feature_head import FeatureHead
+from specdemo.engine.drafters.policies import FixedGamma
 from specdemo.engine.sampling import SamplingConfig
 from specdemo.engine.trace import COPIED
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..engine.feature_head import FeatureHead
-from ..engine.online import forget_online, online_head
+from ..engine.drafters.feature_head import FeatureHead
+from ..engine.drafters.online import forget_online, online_head
 from ..engine.params import PARAMS
 from ..bench.suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..engine.acceptance_head import DEFAULT_HEAD, FEATURES, AcceptanceHead, round_features
+from ..engine.drafters.acceptance_head import DEFAULT_HEAD, FEATURES, AcceptanceHead, round_features
 from ..models.tokens import encode_messages
 from .prompts import build_prompts
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..engine.acceptance_head import FEATURES
+from ..engine.drafters.acceptance_head import FEATURES
 
 
 def _row(name: str, values: dict) -> str:

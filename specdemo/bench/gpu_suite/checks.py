@@ -12,7 +12,7 @@ import inspect
 
 import torch
 
-from ..roofline import bandwidth_for
+from ..measure.roofline import bandwidth_for
 from .forced import ForcedAcceptance
 from .stages import StageContext
 

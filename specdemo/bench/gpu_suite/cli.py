@@ -166,7 +166,7 @@ def selected(names: str) -> list[Stage]:
 
 def redraw_reports(folder: Path) -> list[Path]:
     """Each benchmark of a results folder (its rows CSV has a .meta.json beside it) as an HTML report."""
-    from ..report import load_result, write_outputs
+    from ..measure.report import load_result, write_outputs
 
     written = []
     for meta in sorted(folder.glob("*.meta.json")):

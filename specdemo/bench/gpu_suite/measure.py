@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Sequence
 
 from ...engine.params import DecodeParams
-from ..benchmark import BenchResult, run_benchmark
+from ..measure.benchmark import BenchResult, run_benchmark
 from ..overhead import measure_round_overhead
-from ..report import write_outputs
-from ..roofline import add_roofline
-from ..runners import HF_METHODS, HFRunner, run_ours
+from ..measure.report import write_outputs
+from ..measure.roofline import add_roofline
+from ..measure.runners import HF_METHODS, HFRunner, run_ours
 from ..suite import ALL, SuitePrompt, conversation, encode_prompt
 from .stages import Mode, OutOfTime, StageContext
 

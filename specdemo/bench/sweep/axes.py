@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from ...engine.kv_policy import KV_POLICIES
+from ...engine.targets.kv_policy import KV_POLICIES
 from ...models.precision import resolve_precision
 from .summary import SweepResult
 from .verdict import outcome, paired_ratio, prompt_speedups

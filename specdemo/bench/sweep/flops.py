@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ...engine.feature_head import FeatureHead
+from ...engine.drafters.feature_head import FeatureHead
 
 
 def matmul_parameters(model: torch.nn.Module) -> tuple[int, int]:

@@ -36,7 +36,7 @@ from typing import Sequence
 import pandas as pd
 
 from ...engine.methods import is_lossless, matches_reference
-from ..statistics import leviathan_speedup
+from ..measure.statistics import leviathan_speedup
 
 ROW_COLUMNS = [
     "method", "gamma", "gamma_max", "ema", "ngram_n", "prompt_id", "repeat", "tokens_per_s", "speedup_vs_ar",

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ...engine.methods import METHODS
-from ...engine.online import online_head
+from ...engine.drafters.online import online_head
 from ...engine.params import DecodeParams
-from ..schedule import interleaved, turn_seed
-from ..runners import run_ours
-from ..tables import tokens_frame
+from ..measure.schedule import interleaved, turn_seed
+from ..measure.runners import run_ours
+from ..measure.tables import tokens_frame
 from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, select_prompts
 from .flops import FedCounter
 from .grid import AR, Setting

@@ -18,9 +18,9 @@ import torch
 
 from ...engine.params import DecodeParams
 from ...engine.methods import METHODS
-from ..acceptance import describe_auc, entropy_auc
-from ..acceptance_charts import why_figures
-from ..statistics import _geomean, break_even, distinct_values
+from ..measure.acceptance import describe_auc, entropy_auc
+from ..measure.acceptance_charts import why_figures
+from ..measure.statistics import _geomean, break_even, distinct_values
 from .charts import sweep_figures
 from .flops import matmul_parameters
 from .grid import AR, SETTING_COLUMNS, Setting, copy_phrase, fmt

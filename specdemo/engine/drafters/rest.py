@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .drafters import Drafter, Proposal
+from .base import Drafter, Proposal
 
 MIN_MATCH, MAX_MATCH = 2, 16
 MAX_OCCURRENCES = 64

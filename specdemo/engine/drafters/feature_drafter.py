@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from .drafters import Drafter, Proposal, draft_round
+from .base import Drafter, Proposal, draft_round
 from .feature_head import FeatureHead, HeadCache
-from .sampling import SamplingConfig, probabilities
+from ..sampling import SamplingConfig, probabilities
 
 
 class FeatureDrafter(Drafter):

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .feature_drafter import FeatureDrafter
-from .feature_head import FeatureHead
+from ..drafters.feature_drafter import FeatureDrafter
+from ..drafters.feature_head import FeatureHead
 
 HEAD_STEP_FILE = "head_step.onnx"
 
@@ -148,7 +148,7 @@ class OnnxFeatureDrafter(FeatureDrafter):
         return rows
 
     def _probs(self, predicted: torch.Tensor, sampling):
-        from .sampling import probabilities
+        from ..sampling import probabilities
 
         last = self._last
         if last is not None and predicted.shape == last[0].shape and predicted.data_ptr() == last[0].data_ptr():

@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterable, Sequence
 import pandas as pd
 import torch
 
-from ..engine.methods import is_lossless, matches_reference
-from ..engine.params import DecodeParams, EngineOptions
+from ...engine.methods import is_lossless, matches_reference
+from ...engine.params import DecodeParams, EngineOptions
 from .runners import (HF_METHODS, RUNTIME_PEERS, TORCH_AR, HFRunner, Run, bench_methods, on_torch, parse_bench_methods,
                       result_for_perplexity, run_ours)
 from .quality import QUALITY_COLUMNS, reference_scores
@@ -26,10 +26,10 @@ from .runtime_peers import RuntimeRunner
 from .schedule import interleaved, turn_seed
 from .statistics import summarize
 from .threads import ThreadPlan
-from .suite import DEFAULT_SUITE, SuitePrompt, conversation, encode_prompt, load_suite, select_prompts
+from ..suite import DEFAULT_SUITE, SuitePrompt, conversation, encode_prompt, load_suite, select_prompts
 from . import tables
 from .tables import target_perplexity
-from .vs_float32 import AGREEMENT_COLUMNS, Float32Reference, agreement, runs_below_float32, target_is_float32
+from ..vs_float32 import AGREEMENT_COLUMNS, Float32Reference, agreement, runs_below_float32, target_is_float32
 
 ROW_COLUMNS = [
     "repeat", "prompt_index", "prompt_id", "turn", "category", "method", "label", "drafter", "order", "seed", "threads", "prompt_tokens",

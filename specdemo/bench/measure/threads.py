@@ -17,7 +17,7 @@ from typing import Iterator
 
 import torch
 
-from ..engine.methods import METHODS
+from ...engine.methods import METHODS
 from .runners import ONE_TOKEN_BASELINES
 
 AUTO = "auto"

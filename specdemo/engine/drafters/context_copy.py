@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from .drafters import Drafter, NgramTable, Proposal, WrappedDrafter
-from .trace import COPIED
+from .base import Drafter, Proposal, WrappedDrafter
+from .ngram import NgramTable
+from ..trace import COPIED
 
 
 class CopyFirstDrafter(WrappedDrafter):

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine.params import DecodeParams
-from ..engine.tokens import cut_at_eos
+from ...engine.params import DecodeParams
+from ...engine.tokens import cut_at_eos
 from .runners import ONNX_NGRAM, RUNTIME_PEERS, Run, quiet_gc
 
 # The runtime refuses an n-gram shorter than this.

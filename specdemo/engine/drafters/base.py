@@ -1,5 +1,6 @@
-"""Drafters: anything that answers "what are your candidates?" and "here is what the
-target kept, update yourself".
+"""The drafter base: anything that answers "what are your candidates?" and "here is what the
+target kept, update yourself", with its capabilities declared; AR's NoDrafter, the wrapper base and
+the one drafting loop every model-like drafter shares (`draft_round`).
 
 `ModelDrafter` runs a small LM with its own KV cache across rounds (a causal LM, or an
 encoder-decoder model that encodes the source once, in `read_source`).
@@ -13,14 +14,12 @@ target's verified outputs; it has no q, so verification treats it as a point mas
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from .seq2seq import cached_lm
-from .sampling import SamplingConfig, normalized_entropy, pick, probabilities
-from .trace import DRAFTED
+from ..sampling import SamplingConfig, normalized_entropy, pick
+from ..trace import DRAFTED
 
 
 @dataclass
@@ -213,176 +212,6 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
     return proposal, fed
 
 
-class ModelDrafter(Drafter):
-    """A small LM that drafts, with its own KV cache kept across rounds."""
-
-    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None, cache: str = "dynamic",
-                 max_length: int | None = None, lm_factory=None):
-        """lm_factory(model, vocab_size, cache=, max_length=, compile=, buckets=): what runs the draft's
-        forwards (torch's `cached_lm` by default; a runtime's beside a runtime target)."""
-        self.lm_factory = lm_factory or cached_lm
-        self.lm = self.lm_factory(model, vocab_size, cache=cache, max_length=max_length)
-        self.source: list[int] | None = None
-        self._fed = 0  # drafts of the last proposal fed back into the cache
-
-    def use_cache(self, cache: str, max_length: int | None, compile: bool = False,
-                  buckets: tuple[int, ...] = (1,)) -> None:
-        """Switch to a fresh cache of this kind (before `start`)."""
-        self.lm.close()
-        self.lm = self.lm_factory(self.lm.model, self.lm.vocab_size, cache=cache, max_length=max_length,
-                                  compile=compile, buckets=buckets)
-        if self.source is not None:
-            self.lm.set_source(self.source)
-
-    def read_source(self, source_ids: list[int]) -> None:
-        """The encoder's input, for an encoder-decoder draft (encoded once, at `start`)."""
-        self.source = list(source_ids)
-        self.lm.set_source(self.source)
-
-    @property
-    def forwards(self) -> int:
-        return self.lm.forwards
-
-    @property
-    def draft_lm(self):
-        return self.lm
-
-    def warm_up(self) -> float:
-        return self.lm.warm_up()
-
-    def close(self) -> None:
-        self.lm.close()
-
-    def start(self, prompt_ids: list[int], features=None) -> None:
-        self.lm.prefill(prompt_ids[:-1])
-
-    def propose(self, context, policy, limit, sampling, generator) -> Proposal:
-        probs = probabilities(self.lm.logits(context, 1)[0], sampling)
-        proposal, self._fed = draft_round(
-            probs, policy, limit, sampling, generator,
-            advance=lambda token: probabilities(self.lm.feed(token.view(1), 1)[0], sampling),
-        )
-        return proposal
-
-    def observe(self, sequence, verified_from, target_logits, target_features=None, target_top=None) -> None:
-        # The cache holds the context, then the drafts fed back, whose ids the host has only
-        # now. Those the target accepted are the cache's to keep; the next proposal rolls back
-        # the rest and catches up with `sequence`.
-        accepted = target_logits.shape[0] - 1
-        self.lm.note_fed(sequence[verified_from : verified_from + min(self._fed, accepted)])
-        self._fed = 0  # a round this drafter sits out (another drafted it) fed nothing
-
-
 def top_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
     """[n, k]: the ids of the k best tokens at each position of logits [n, V], best first."""
     return torch.topk(logits, min(k, logits.shape[-1]), dim=-1).indices
-
-
-class NgramTable:
-    """Counts of next tokens after contexts of length n−1 down to 1 (`basic`) or of
-    length n−1 only (`onelevel`). Ties go to the continuation that reached the count
-    first: in a passage the output quotes, following the first occurrence of a context
-    keeps a drafted chain on one span instead of hopping between occurrences."""
-
-    def __init__(self, n: int, storage: str = "basic"):
-        self.n = n
-        self.context_lengths = list(range(n - 1, 0, -1)) if storage == "basic" else [n - 1]
-        self._counts: dict[tuple[int, ...], dict[int, int]] = {}
-        self._best: dict[tuple[int, ...], int] = {}
-
-    def __len__(self) -> int:
-        return len(self._counts)
-
-    def add(self, context: Sequence[int], next_token: int, weight: int = 1) -> None:
-        for length in self.context_lengths:
-            if len(context) < length:
-                continue
-            key = tuple(context[len(context) - length :])
-            counts = self._counts.setdefault(key, {})
-            counts[next_token] = counts.get(next_token, 0) + weight
-            best = self._best.get(key)
-            if best is None or counts[next_token] > counts[best]:
-                self._best[key] = next_token
-
-    def add_sequence(self, ids: Sequence[int], start: int = 1) -> None:
-        """Add the n-grams that end at positions start.. of ids."""
-        window = self.n - 1
-        for j in range(max(start, 1), len(ids)):
-            self.add(ids[max(0, j - window) : j], ids[j])
-
-    def continuations(self, context: Sequence[int]) -> dict[int, int]:
-        """Every next token seen after the longest matching context, with its count ({} if none)."""
-        for length in self.context_lengths:
-            if len(context) >= length:
-                counts = self._counts.get(tuple(context[len(context) - length :]))
-                if counts:
-                    return counts
-        return {}
-
-    def continuation(self, context: Sequence[int]) -> int | None:
-        """Most frequent next token after the longest matching context, if any."""
-        for length in self.context_lengths:
-            if len(context) >= length:
-                token = self._best.get(tuple(context[len(context) - length :]))
-                if token is not None:
-                    return token
-        return None
-
-    def draft(self, context: Sequence[int], max_tokens: int, fallback: "NgramTable | None" = None) -> list[int]:
-        """Follow the continuations from `context`; where this table knows none, `fallback`'s
-        (a table of the same n, e.g. one filled from a corpus) is asked before drafting stops."""
-        window = list(context[-(self.n - 1) :]) if self.n > 1 else []
-        drafted: list[int] = []
-        while len(drafted) < max_tokens:
-            token = self.continuation(window)
-            if token is None and fallback is not None:
-                token = fallback.continuation(window)
-            if token is None:
-                break
-            drafted.append(token)
-            window = (window + [token])[-(self.n - 1) :]
-        return drafted
-
-
-class NgramDrafter(Drafter):
-    """NASD's drafter: an n-gram table grown from the prompt and every verification.
-
-    The table lives on the host; the drafts go to `device` for the target to verify."""
-
-    def __init__(self, n: int, storage: str = "basic", top_k_filler: int = 3,
-                 device: torch.device | str = "cpu"):
-        self.table = NgramTable(n, storage)
-        self.storage = storage
-        self.top_k_filler = top_k_filler
-        self.target_top_k = top_k_filler
-        self.device = torch.device(device)
-
-    def describe(self, model_name: str | None) -> str:
-        return f"n-gram table (n={self.table.n}, {self.storage})"
-
-    def start(self, prompt_ids: list[int], features=None) -> None:
-        self.table.add_sequence(prompt_ids)
-
-    def read_source(self, source_ids: list[int]) -> None:
-        self.table.add_sequence(source_ids)
-
-    def propose(self, context, policy, limit, sampling, generator) -> Proposal:
-        gamma = policy.round_gamma(None)
-        tokens = self.table.draft(context, min(gamma, limit))
-        return Proposal(gamma, torch.tensor(tokens, dtype=torch.long, device=self.device), None, None, None)
-
-    def observe(self, sequence, verified_from, target_logits, target_features=None,
-                target_top: list[list[int]] | None = None) -> None:
-        """target_top: the target's best `target_top_k` ids at each verified position, best
-        first, when the decode loop has read them back already; else taken from target_logits."""
-        self.table.add_sequence(sequence, start=verified_from)
-        if self.top_k_filler <= 0:
-            return
-        predictions = target_top if target_top is not None else top_ids(target_logits, self.top_k_filler).tolist()
-        window = self.table.n - 1
-        for i, tokens in enumerate(predictions):
-            end = verified_from + i
-            context = sequence[max(0, end - window) : end]
-            # Best first, so that among equal counts the target's top-1 was seen first.
-            for token in tokens:
-                self.table.add(context, token)

@@ -31,14 +31,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .drafters import Drafter, ModelDrafter, NgramDrafter, WrappedDrafter
+from .base import Drafter, WrappedDrafter
+from .model import ModelDrafter
+from .ngram import NgramDrafter
 from .feature_drafter import FeatureDrafter
 from .policies import _Policy, gamma_from_entropy
 from .rest import RestDrafter, follow, next_counts
-from .sampling import SamplingConfig, normalized_entropy, probabilities
-from .trace import DRAFTED, StopNote
-from .tree import ROOT, DraftTree
-from .tree_verify import draw_children
+from ..sampling import SamplingConfig, normalized_entropy, probabilities
+from ..trace import DRAFTED, StopNote
+from ..tree import ROOT, DraftTree
+from ..tree_verify import draw_children
 
 
 # -- policies --------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 from .feature_drafter import FeatureDrafter
 from .feature_head import FeatureHead
 from .head_loss import collate, head_losses
-from .lm import forward_with_features
+from ..targets.lm import forward_with_features
 
 STREAM_WINDOW = 5  # requests at each end of the stream that a lesson's note compares
 

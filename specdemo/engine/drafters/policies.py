@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .trace import StopNote
+from ..trace import StopNote
 
 
 class _Policy:

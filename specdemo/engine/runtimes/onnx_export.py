@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 RUNTIMES = ("torch", "onnx")
 TORCH, ONNX = RUNTIMES
@@ -130,6 +130,6 @@ def export(source: Path, precision_name: str) -> Path:
 
 def onnx_target(source: Path, precision_name: str):
     """An `OnnxTarget` for the transformers folder `source`, exported first if needed."""
-    from ..engine.onnx_lm import OnnxTarget
+    from .onnx_lm import OnnxTarget
 
     return OnnxTarget(export(source, precision_name), ONNX_PRECISIONS[precision_name])

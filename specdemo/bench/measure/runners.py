@@ -18,12 +18,12 @@ from typing import Any, Sequence
 
 import torch
 
-from ..engine.decoding import generate
-from ..engine.seq2seq import decoder_start
-from ..engine.methods import METHODS
-from ..engine.params import DecodeParams
-from ..engine.tokens import cut_at_eos
-from ..engine.trace import GenerationResult, TokenRecord
+from ...engine.decoding import generate
+from ...engine.targets.seq2seq import decoder_start
+from ...engine.methods import METHODS
+from ...engine.params import DecodeParams
+from ...engine.tokens import cut_at_eos
+from ...engine.trace import GenerationResult, TokenRecord
 
 HF_METHODS: dict[str, tuple[str, str]] = {
     "hf-generate": ("HF generate", "transformers' model.generate (greedy or the same sampling settings)"),

@@ -11,14 +11,14 @@ from typing import Iterable, Sequence
 import pandas as pd
 import torch
 
-from ..engine.seq2seq import decoder_start
-from ..engine.methods import METHODS, is_lossless, matches_reference
-from ..engine.sampling import probabilities
-from ..engine.kv_policy import lossless_under
-from ..engine.memory import MEMORY_STATS
-from ..engine.trace import GenerationResult, StopNote
+from ...engine.targets.seq2seq import decoder_start
+from ...engine.methods import METHODS, is_lossless, matches_reference
+from ...engine.sampling import probabilities
+from ...engine.targets.kv_policy import lossless_under
+from ...engine.targets.memory import MEMORY_STATS
+from ...engine.trace import GenerationResult, StopNote
 from .acceptance import entropy_auc
-from .vs_float32 import VS_FLOAT32_COLUMNS, vs_float32
+from ..vs_float32 import VS_FLOAT32_COLUMNS, vs_float32
 
 SUMMARY_COLUMNS = [
     "method", "label", "drafter", "new_tokens", "seconds", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
@@ -190,7 +190,7 @@ def target_perplexity(pair, result: GenerationResult) -> float:
     if pair.vocab_size is not None:
         logits = logits[..., : pair.vocab_size]
     params = result.params
-    from ..engine.sampling import SamplingConfig
+    from ...engine.sampling import SamplingConfig
 
     config = SamplingConfig(params.get("temperature", 0.0), params.get("top_k", 0), params.get("top_p", 1.0))
     if config.greedy:

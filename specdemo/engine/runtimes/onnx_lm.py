@@ -1,6 +1,6 @@
 """The target on ONNX Runtime (onnxruntime-genai) instead of torch: the same cached-LM interface.
 
-`OnnxTarget` holds an exported model folder (`specdemo.models.onnx_export` writes it) and one
+`OnnxTarget` holds an exported model folder (`specdemo.engine.runtimes.onnx_export` writes it) and one
 runtime session per thread count; `OnnxTarget.cached_lm` gives the decode loop a writer that
 answers exactly what `CachedLM` answers, so every chain method runs on it unchanged:
 
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .kv_policy import KVPolicy
-from .lm import CachedLM
+from ..targets.kv_policy import KVPolicy
+from ..targets.lm import CachedLM
 
 RUNTIME_NAME = "onnx"
 TREES_REFUSED = ("trees need a verification over a list of positions with an attention mask; the onnx runtime "
@@ -109,7 +109,7 @@ class OnnxTarget:
     def feature_drafter(self, head):
         """The drafter for a feature head beside this target: its steps on the runtime too (one session
         per head, opened on first use), or torch's where the runtime cannot run them."""
-        from .feature_drafter import FeatureDrafter
+        from ..drafters.feature_drafter import FeatureDrafter
         from .onnx_head import OnnxFeatureDrafter, open_head_step, runs_on_the_runtime
 
         if not runs_on_the_runtime(head):
@@ -126,7 +126,7 @@ class OnnxTarget:
         """A draft LM's writer on this runtime (a `ModelDrafter`'s lm_factory). Until the decode loop names
         the cache's length, the torch copy's cache stands in: the runtime sizes its cache once, up front."""
         if max_length is None:
-            from .seq2seq import cached_lm
+            from ..targets.seq2seq import cached_lm
 
             return cached_lm(torch_model, vocab_size, cache=cache)
         return self.cached_lm(torch_model, vocab_size, max_length, cache, compile)
