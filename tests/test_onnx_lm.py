@@ -189,7 +189,7 @@ def test_a_tree_is_refused_with_the_reason(head_pair, method):
 
 @pytest.mark.parametrize("method", ["beam", "ar-nocache"])
 def test_torchs_own_loops_are_refused_on_the_runtime(lm_pair, method):
-    with pytest.raises(ValueError, match="runs on onnx"):
+    with pytest.raises(ValueError, match="runs torch's own loop over the target .*, not the onnx runtime's"):
         greedy(lm_pair, PROMPTS[0], method)
 
 
@@ -388,7 +388,7 @@ def test_the_page_offers_the_runtime_where_it_runs_and_hides_it_elsewhere(page_p
     assert ui.page_runtimes("cpu", "onnx") == ("onnx", "torch") and ui.page_runtimes("cpu") == ("torch", "onnx")
     assert runtime_dropdown(ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx",
                                           runtime="onnx")).value == "onnx"
-    with pytest.raises(ValueError, match="onnx runs the target on the CPU"):
+    with pytest.raises(ValueError, match="onnx runtime runs the target on the CPU"):
         ui.page_runtimes("cuda", "onnx")
     monkeypatch.setattr(onnx_export, "onnx_runtime_missing", lambda: "onnxruntime-genai is not installed")
     assert not runtime_dropdown(ui.build_demo(pair_loader=float32_loader, presets=page_presets,
@@ -558,7 +558,8 @@ def test_the_sweep_tab_runs_on_the_runtime_and_its_rows_name_it(page_presets, tm
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"methods": ["sd-tree"], "node_budget": "3"}, "sd-tree: draft a tree, and the onnx runtime verifies a chain only"),
+    ({"methods": ["sd-tree"], "node_budget": "3"},
+     "sd-tree: the method drafts a tree, and the onnx runtime verifies a chain only"),
     ({"target_dtype_axis": "bfloat16"}, "target_dtype=bfloat16: the onnx runtime runs the target at float32, int8"),
 ])
 def test_what_the_runtime_refuses_stops_the_sweep_tab_before_it_loads_a_pair(page_presets, tmp_path, changes,

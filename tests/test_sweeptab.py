@@ -108,13 +108,17 @@ def test_the_runtime_comes_from_the_form_or_the_pages_default_and_is_checked_aga
 
 @pytest.mark.parametrize("changes, message", [
     ({"methods": ["sd", "sd-tree", "beam", "ar-nocache"], "node_budget": "3"},
-     "sd-tree: draft a tree, and the onnx runtime verifies a chain only: choose the torch target runtime; "
-     "beam, ar-nocache: run torch's own loop over the target"),
+     "sd-tree: the method drafts a tree, and the onnx runtime verifies a chain only: choose a chain method (sd, egag, "
+     "nasd, rest, the adaptive stops), or choose the torch target runtime (runtime=torch); beam: the method runs "
+     "torch's own loop over the target (beam search), not the onnx runtime's: choose the torch target runtime "
+     "(runtime=torch); ar-nocache: the method runs torch's own loop over the target (no KV cache)"),
     ({"target_kv_axis": "full,streaming", "kv_budget_axis": "64"},
-     "target_kv=streaming: the onnx runtime keeps its own full cache: use full, or choose the torch target runtime"),
+     "target_kv=streaming: the onnx runtime keeps its own full cache, so target_kv=streaming cannot compress it: use "
+     "full, or choose the torch target runtime (runtime=torch)"),
     ({"target_kv": "head", "kv_budget": 64}, "target_kv=head: the onnx runtime keeps its own full cache"),
     ({"target_dtype_axis": "int8,bfloat16"},
-     "target_dtype=bfloat16: the onnx runtime runs the target at float32, int8, int4: choose one of those"),
+     "target_dtype=bfloat16: the onnx runtime runs the target at float32, int8, int4, not bfloat16: choose one of "
+     "those"),
 ])
 def test_what_the_runtime_refuses_reads_as_its_reason_before_loading(runtime_presets, changes, message):
     with pytest.raises(ValueError) as caught:

@@ -21,7 +21,7 @@ from .. import bench
 from ..bench.measure.runners import ONNX_GENERATE
 from ..engine.params import PARAMS
 from ..models.loading import Preset
-from ..engine.runtimes.onnx_export import TORCH
+from ..engine.runtimes import TORCH
 from . import handlers
 from .forms import param_control
 from .limits import Limits

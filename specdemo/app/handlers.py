@@ -33,7 +33,7 @@ from ..engine.methods import available_methods, parse_methods
 from ..engine.params import PARAMS, DecodeParams, EngineOptions
 from ..engine.trace import GenerationResult
 from ..models.loading import ModelPair, Preset, draft_kind_of
-from ..engine.runtimes.onnx_export import ONNX, TORCH
+from ..engine.runtimes import ONNX, TORCH
 from ..models.precision import PRECISIONS, exactness_sentence, is_exact
 from .engine_controls import engine_options, first_round_status
 from .limits import Limits

@@ -22,7 +22,7 @@ from . import forms, handlers, viz
 from ..bench.measure.tables import summary_frame
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..models.loading import ModelPair, Preset, onnx_can_export
-from ..engine.runtimes.onnx_export import TORCH
+from ..engine.runtimes import TORCH
 from .engine_controls import ENGINE_NAMES, engine_controls
 from .examples import EXAMPLES, encoder_decoder_examples
 from .handlers import PRECISION_NAMES, RUNTIME, Request, RunUpdate, make_request

@@ -4,7 +4,6 @@ runtime, and the methods the runtime refuses, each with the reason the page give
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any, Sequence
 
 import gradio as gr
@@ -13,7 +12,7 @@ from .. import bench
 from ..bench.measure.runners import HF_METHODS, RUNTIME_PEERS
 from ..bench.measure.threads import ThreadPlan
 from ..engine.methods import METHODS
-from ..engine.runtimes.onnx_export import ONNX, TORCH
+from ..engine.runtimes import ONNX, TORCH, runtime_named
 from . import handlers
 from .page import TabContext
 from .playgroundtab import runtime_offered
@@ -50,14 +49,10 @@ def suite_threads(ctx: TabContext, runtime: str) -> ThreadPlan | None:
 # Why a method does not run beside the chosen runtime, as the page says it.
 BESIDE_RUNTIME = "run beside a target on another runtime: choose the onnx target runtime"
 NOT_OFFERED = "run beside a target on another runtime, which this page does not offer for this pair"
-ON_RUNTIME = {
-    "trees": "draft a tree, and the {runtime} runtime verifies a chain only: choose the torch target runtime",
-    "torch loops": "run torch's own loop over the target (beam search, no KV cache): choose the torch target runtime",
-    # transformers' peers call generate on the torch copy a runtime pair keeps: their speed is torch's, and
-    # the runtime's own decoders are the yardstick there, AR (torch target) the torch one.
-    "transformers": "run transformers on the torch copy of the target, not on {runtime} (AR (torch target) times "
-                    "that copy here): choose the torch target runtime",
-}
+# transformers' peers call generate on the torch copy a runtime pair keeps: their speed is torch's, and the
+# runtime's own decoders are the yardstick there, AR (torch target) the torch one.
+TRANSFORMERS_ON_RUNTIME = ("run transformers on the torch copy of the target, not on {runtime} (AR (torch target) "
+                           "times that copy here): choose the torch target runtime")
 # The registry's tree methods are named after their chain method with this suffix; the runtime refuses them
 # once their drafter is built, which the page cannot do before loading the pair.
 TREE_SUFFIX = "-tree"
@@ -71,15 +66,13 @@ def unavailable_methods(draft_kind: str | None, runtime: str = TORCH,
     if runtime == TORCH:
         reason = BESIDE_RUNTIME if ONNX in runtimes else NOT_OFFERED
         return {**missing, **{name: reason for name in RUNTIME_PEERS if name not in missing}}
-    as_loaded = dict(draft=object() if draft_kind else None, draft_kind=draft_kind)
-    on_runtime, on_torch = SimpleNamespace(**as_loaded, runtime=runtime), SimpleNamespace(**as_loaded, runtime=TORCH)
+    rules = runtime_named(runtime)
     for name, method in METHODS.items():
-        if name.endswith(TREE_SUFFIX):
-            missing.setdefault(name, ON_RUNTIME["trees"].format(runtime=runtime))
-        elif method.unavailable(on_runtime) and not method.unavailable(on_torch):
-            missing.setdefault(name, ON_RUNTIME["torch loops"])
+        refused = rules.refusal(trees=name.endswith(TREE_SUFFIX), torch_loop=method.torch_loop)
+        if refused:
+            missing.setdefault(name, refused)
     for name in HF_METHODS:
-        missing.setdefault(name, ON_RUNTIME["transformers"].format(runtime=runtime))
+        missing.setdefault(name, TRANSFORMERS_ON_RUNTIME.format(runtime=runtime))
     return missing
 
 

@@ -33,7 +33,7 @@ from ..bench.sweep.grid import RULE_AXES
 from ..bench.suite import DEFAULT_SUITE, SUITE_CATEGORIES, SuitePrompt, load_suite, select_prompts
 from ..engine.params import PARAMS, DecodeParams
 from ..models.loading import ModelPair, Preset
-from ..engine.runtimes.onnx_export import ONNX, ONNX_PRECISIONS, TORCH
+from ..engine.runtimes import TORCH, runtime_named
 from ..models.precision import resolve_precision
 from .limits import Limits
 from .page import TabContext, session_id, wire_stop
@@ -169,18 +169,15 @@ def make_sweep_request(form: Mapping[str, Any], presets: Mapping[str, Preset], l
 
 def refuse_on_runtime(runtime: str, planned: Sequence[tuple[dict[str, Any], DecodeParams]]) -> None:
     """ValueError naming the first setting of the axes or the shared parameters that the target's runtime
-    cannot run: a compressing target cache (the runtime keeps its own full cache) or a target precision it
-    has no export for. The draft runs at any precision beside it."""
-    if runtime == TORCH:
-        return
+    refuses (`Runtime.refusal`): a compressing target cache or a target precision it has no export for. The
+    draft runs at any precision beside it."""
+    rules = runtime_named(runtime)
     for combination, params in planned:
-        if params.target_kv != "full":
-            raise ValueError(f"target_kv={params.target_kv}: the {runtime} runtime keeps its own full cache: use full, "
-                             "or choose the torch target runtime")
         precision = resolve_precision(combination.get("target_dtype"), "cpu").name
-        if runtime == ONNX and precision not in ONNX_PRECISIONS:
-            raise ValueError(f"target_dtype={precision}: the {runtime} runtime runs the target at "
-                             f"{', '.join(ONNX_PRECISIONS)}: choose one of those, or the torch target runtime")
+        for setting, refused in ((f"target_kv={params.target_kv}", rules.refusal(target_kv=params.target_kv)),
+                                 (f"target_dtype={precision}", rules.refusal(precision=precision))):
+            if refused:
+                raise ValueError(f"{setting}: {refused}")
 
 
 def axis_combinations(form: Mapping[str, Any], params: DecodeParams) -> list[tuple[dict[str, Any], DecodeParams]]:

@@ -33,7 +33,8 @@ from .page import (  # noqa: F401  (what the tabs share, re-exported for callers
 )
 from ..models.loading import PRESETS, Preset, load_pair
 from ..models.precision import served_precisions
-from ..engine.runtimes.onnx_export import TORCH, onnx_runtime_missing, served_runtimes
+from ..engine.runtimes import TORCH, runtime_named
+from ..engine.runtimes.onnx_export import onnx_runtime_missing, served_runtimes
 from ..models.tokens import default_device
 from ..engine.methods import DEFAULT_METHODS
 from ..engine.params import DecodeParams
@@ -130,8 +131,8 @@ def page_runtimes(device, runtime: str | None = None) -> tuple[str, ...]:
     None, else torch) where it is served here (ValueError otherwise)."""
     served, runtime = served_runtimes(str(device)), runtime or os.environ.get("SPECDEMO_RUNTIME") or TORCH
     if runtime not in served:
-        raise ValueError(f"runtime {runtime!r} is not served here (runtimes: {', '.join(served)}); "
-                         + (onnx_runtime_missing() or "onnx runs the target on the CPU"))
+        why = runtime_named(runtime).refusal(device=str(device)) or onnx_runtime_missing()
+        raise ValueError(f"runtime {runtime!r} is not served here (runtimes: {', '.join(served)}): {why}")
     return (runtime, *(r for r in served if r != runtime))
 
 

@@ -48,7 +48,7 @@ import torch
 from specdemo.engine.decoding import generate
 from specdemo.models.loading import PRESETS, load_pair
 preset = PRESETS[sys.argv[2]]
-pair = load_pair(preset.target, preset.draft)
+pair = load_pair(preset.target, preset.draft, runtime=sys.argv[3])
 import specdemo
 print(json.dumps({"ready": specdemo.__file__}), flush=True)
 for line in sys.stdin:
@@ -67,8 +67,8 @@ class Worker:
     process: subprocess.Popen
 
     @classmethod
-    def start(cls, side: str, tree: Path, preset: str) -> "Worker":
-        process = subprocess.Popen([sys.executable, "-c", WORKER, str(tree), preset], cwd=tree, text=True,
+    def start(cls, side: str, tree: Path, preset: str, runtime: str = "torch") -> "Worker":
+        process = subprocess.Popen([sys.executable, "-c", WORKER, str(tree), preset, runtime], cwd=tree, text=True,
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         ready = json.loads(process.stdout.readline() or "{}")
         if not str(ready.get("ready", "")).startswith(str(tree)):
@@ -211,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="each in new worker processes (default 3; one repeat gives no verdict)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--preset", default="embedded")
+    parser.add_argument("--runtime", default="torch", help="what runs the target on both sides: torch or onnx")
     parser.add_argument("--one-process", action="store_true",
                         help="keep one worker per side for every repeat (default: new workers each repeat)")
     parser.add_argument("--csv", default=None, help="write every run here")
@@ -227,14 +228,15 @@ def main(argv: list[str] | None = None) -> int:
         base = export_revision(args.base, Path(folder))
 
         def start() -> dict[str, Worker]:
-            return {"base": Worker.start("base", base, args.preset), "change": Worker.start("change", ROOT, args.preset)}
+            return {side: Worker.start(side, tree, args.preset, args.runtime)
+                    for side, tree in (("base", base), ("change", ROOT))}
 
         rows = measure(start, prompts, methods, [int(t) for t in args.threads.split(",")], args.repeats,
                        args.max_new_tokens, fresh=not args.one_process)
     if args.csv:
         rows.to_csv(args.csv, index=False)
     print(f"\nbase {args.base} against this tree; {len(prompts)} prompts × {args.repeats}, "
-          f"{args.max_new_tokens} new tokens, greedy")
+          f"{args.max_new_tokens} new tokens, greedy, the target on {args.runtime}")
     print(markdown(summarize(rows), digits=3))
     print(f"\nthis tree ÷ base on the same prompt and repeat, geometric mean, 95 % bootstrap interval over repeats "
           "and prompts:")

@@ -11,7 +11,7 @@ from typing import Sequence
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..engine.params import ENGINE_SCHEMA, SCHEMA, DecodeParams, EngineOptions, Param
 from ..models.loading import EMBEDDED, PRESETS, load_pair
-from ..engine.runtimes.onnx_export import RUNTIMES
+from ..engine.runtimes import RUNTIMES
 from ..models.precision import CONFIGURATIONS, PRECISIONS
 
 # What the command line says instead of the schema's default, where its default differs.

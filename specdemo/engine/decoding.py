@@ -12,7 +12,7 @@ cached LMs (`engine/targets/lm.py`) keep that difference to themselves.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -23,7 +23,9 @@ from .targets.kv_policy import prepare_caches
 from .targets.lm import CACHE_KINDS, CachedLM, buckets_up_to
 from .methods import Method, get_method
 from .targets.nocache import recomputing_lm
-from .runtimes.onnx_lm import TREES_REFUSED, torch_threads
+from .runtimes import runtime_named
+from .runtimes.onnx_lm import torch_threads
+from .pair import Pair
 from .params import DecodeParams, EngineOptions
 from .rounds import Decoding, RoundOutcome
 from .targets.seq2seq import cached_lm, decoder_start, is_encoder_decoder
@@ -31,12 +33,9 @@ from .tokens import token_text
 from .trace import GenerationResult, Round, TokenRecord
 from .tree_round import tree_round
 
-if TYPE_CHECKING:  # the engine never imports the model layer at run time
-    from ..models.loading import ModelPair
-
 
 def iter_generate(
-    pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None,
+    pair: Pair, prompt: str | Sequence[int], method: str = "sd", limits=None,
     decode: DecodeParams | None = None, *, cache: str | None = None, compile: bool = False, **params
 ) -> Iterator[GenerationResult]:
     """Validate everything, then return an iterator that yields the result after each round.
@@ -66,9 +65,11 @@ def iter_generate(
     if spec.run is not None:  # a method not made of the loop's rounds (beam search)
         return spec.run(pair, decode_params, seed, result)
     drafter, policy = spec.build(pair, decode_params)
-    if drafter is not None and drafter.drafts_trees and getattr(pair, "target_runtime", None) is not None:
-        raise ValueError(f"method {method!r}: {TREES_REFUSED}")
-    if drafter is not None and drafter.drafts_trees and is_encoder_decoder(pair.target):
+    drafts_trees = drafter is not None and drafter.drafts_trees
+    refused = runtime_named(pair.runtime).refusal(trees=drafts_trees)
+    if refused:
+        raise ValueError(f"method {method!r}: {refused}")
+    if drafts_trees and is_encoder_decoder(pair.target):
         raise ValueError(f"method {method!r} drafts a tree, which runs on decoder-only pairs only; "
                          "this pair is encoder-decoder: pick sd, egag, nasd or rest (without nasd_tree or rest_tree)")
     return _rounds(pair, drafter, policy, decode_params, seed, result, cache=cache, compile=compile,
@@ -76,7 +77,7 @@ def iter_generate(
 
 
 def generate(
-    pair: ModelPair, prompt: str | Sequence[int], method: str = "sd", limits=None,
+    pair: Pair, prompt: str | Sequence[int], method: str = "sd", limits=None,
     decode: DecodeParams | None = None, *, cache: str | None = None, compile: bool = False, **params
 ) -> GenerationResult:
     """Decode to the end and return the full trace."""
@@ -87,7 +88,7 @@ def generate(
     return result
 
 
-def _check_engine(pair: ModelPair, cache: str | None, compile: bool) -> str:
+def _check_engine(pair: Pair, cache: str | None, compile: bool) -> str:
     """The concrete cache kind for these options on the pair's device (ValueError if invalid)."""
     cache = EngineOptions.from_values(cache=cache, compile=compile).cache_for(pair.device)
     assert cache in CACHE_KINDS
@@ -97,7 +98,7 @@ def _check_engine(pair: ModelPair, cache: str | None, compile: bool) -> str:
     return cache
 
 
-def _rounds(pair: ModelPair, drafter: Drafter | None, policy, params: DecodeParams, seed: int,
+def _rounds(pair: Pair, drafter: Drafter | None, policy, params: DecodeParams, seed: int,
             result: GenerationResult, cache: str = "dynamic", compile: bool = False,
             method: Method | None = None) -> Iterator[GenerationResult]:
     run, sequence = _start(pair, drafter or NoDrafter(pair.device), policy, params, seed, result, cache, compile,
@@ -106,7 +107,7 @@ def _rounds(pair: ModelPair, drafter: Drafter | None, policy, params: DecodePara
     prefill_forwards = run.writer.forwards
     # A target on another runtime keeps the thread count for its own pool, and has torch's work between
     # its forwards run on the count it names (onnx_lm.TORCH_THREADS_BETWEEN_FORWARDS).
-    between_forwards = getattr(run.writer, "torch_threads", None)
+    between_forwards = run.writer.torch_threads
     try:
         while not result.done:
             # Inference mode is thread-local and a generator may be resumed on another thread (a page
@@ -130,7 +131,7 @@ def _rounds(pair: ModelPair, drafter: Drafter | None, policy, params: DecodePara
         run.drafter.close()
 
 
-def _start(pair: ModelPair, drafter: Drafter, policy, params: DecodeParams, seed: int, result: GenerationResult,
+def _start(pair: Pair, drafter: Drafter, policy, params: DecodeParams, seed: int, result: GenerationResult,
            cache: str, compile: bool, method: Method | None) -> tuple[Decoding, list[int]]:
     """The writer and the drafter with their caches, the prompt prefilled (timed) and, with compile,
     the steps captured (outside the timed phases); returns the decoding and the sequence to grow."""
@@ -155,10 +156,9 @@ def _start(pair: ModelPair, drafter: Drafter, policy, params: DecodeParams, seed
     run = Decoding(writer, drafter, policy, params.sampling, generator, phase_clock(pair.device), pair.eos_ids)
     result.cache, result.drafter = writer.kind, drafter.describe(pair.drafter_name)
     if writer.model is pair.target:
-        result.exactness = getattr(pair, "exactness", "")
-    runtime = getattr(pair, "target_runtime", None)
-    if runtime is not None and writer.model is pair.target:
-        result.runtime = f"{pair.runtime} {runtime.precision}"
+        result.exactness = pair.exactness
+    if pair.target_runtime is not None and writer.model is pair.target:
+        result.runtime = f"{pair.runtime} {pair.target_runtime.precision}"
     with torch.inference_mode():
         run.clock.start()
         states = writer.prefill(sequence[:-1], hidden=drafter.reads_target_features)
@@ -169,15 +169,14 @@ def _start(pair: ModelPair, drafter: Drafter, policy, params: DecodeParams, seed
     return run, sequence
 
 
-def _writer(pair: ModelPair, drafter: Drafter, longest_chain: int, max_length: int, cache: str, compile: bool,
+def _writer(pair: Pair, drafter: Drafter, longest_chain: int, max_length: int, cache: str, compile: bool,
             method: Method | None) -> CachedLM:
     """The model whose tokens come out (the target, or the draft alone for `draft`), cached or not."""
     model = pair.draft if method is not None and method.decoder == "draft" else pair.target
     if method is not None and not method.cached:
         return recomputing_lm(model, pair.vocab_size)
-    runtime = getattr(pair, "target_runtime", None)
-    if runtime is not None and model is pair.target:
-        return runtime.cached_lm(model, pair.vocab_size, max_length, kind=cache, compile=compile)
+    if pair.target_runtime is not None and model is pair.target:
+        return pair.target_runtime.cached_lm(model, pair.vocab_size, max_length, kind=cache, compile=compile)
     # AR verifies one token a round; drafting methods up to γ + 1 (padded to a bucket).
     buckets = buckets_up_to(longest_chain) if drafter.drafts_tokens else (1,)
     return cached_lm(model, pair.vocab_size, cache=cache, max_length=max_length, compile=compile, buckets=buckets)
@@ -191,7 +190,7 @@ def _count_forwards(result: GenerationResult, run: Decoding, prefill_forwards: i
         result.target_forwards, result.draft_forwards = writer_forwards, run.drafter.forwards
 
 
-def _learn(result: GenerationResult, drafter: Drafter, pair: ModelPair, sequence: list[int]) -> None:
+def _learn(result: GenerationResult, drafter: Drafter, pair: Pair, sequence: list[int]) -> None:
     """A finished request taught to a drafter that adapts between requests (OSD), after the last
     round was yielded and its time recorded: the lesson is reported, never timed as decoding."""
     if not drafter.learns_online:
@@ -203,7 +202,7 @@ def _learn(result: GenerationResult, drafter: Drafter, pair: ModelPair, sequence
         result.note = " ".join(filter(None, (result.note, result.lesson.describe())))
 
 
-def _check_stop(result: GenerationResult, max_new_tokens: int, pair: ModelPair) -> None:
+def _check_stop(result: GenerationResult, max_new_tokens: int, pair: Pair) -> None:
     last = result.rounds[-1].new_tokens
     if last and last[-1] in pair.eos_ids:
         result.stop_reason = "eos"
@@ -214,7 +213,7 @@ def _check_stop(result: GenerationResult, max_new_tokens: int, pair: ModelPair) 
         result.text = pair.tokenizer.decode(result.token_ids, skip_special_tokens=True)
 
 
-def _record(result: GenerationResult, outcome: RoundOutcome, phases: list[float], pair: ModelPair,
+def _record(result: GenerationResult, outcome: RoundOutcome, phases: list[float], pair: Pair,
             sequence: list[int]) -> None:
     """The round into the trace: its `Round` (with the round's note on where drafting stopped
     early, if it did), and a `TokenRecord` per new token."""

@@ -22,6 +22,7 @@ from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.feature_drafter import FeatureDrafter
 from .drafters.feature_head import FeatureHead
+from .runtimes import TORCH, runtime_named
 from .params import DecodeParams
 from .params import parse_shape
 from .drafters.acceptance_head import cached_acceptance_head, round_features
@@ -63,11 +64,15 @@ class Method:
             return (f"method {self.name!r} runs the pair's draft model alone, and this pair drafts with a feature "
                     "head, which cannot write without the target's hidden states; load a pair with a draft model "
                     "(e.g. the embedded-lm preset)")
-        runtime = getattr(pair, "runtime", "torch")
-        if runtime != "torch" and self.decoder == "target" and (self.run is not None or not self.cached):
-            return (f"method {self.name!r} runs torch's own loop over the target ({'beam search' if self.run else 'no KV cache'}); "
-                    f"this pair's target runs on {runtime}: pick a chain method, or load the pair with runtime=torch")
-        return None
+        refused = runtime_named(getattr(pair, "runtime", TORCH)).refusal(torch_loop=self.torch_loop)
+        return f"method {self.name!r}: {refused}" if refused else None
+
+    @property
+    def torch_loop(self) -> str | None:
+        """The torch loop over the target this method runs instead of the decode loop's rounds, or None."""
+        if self.decoder != "target":
+            return None
+        return "beam search" if self.run is not None else None if self.cached else "no KV cache"
 
     def fit(self, params: DecodeParams) -> tuple[DecodeParams, str]:
         """The parameters this method runs with, and a note for the user when they differ from those asked."""

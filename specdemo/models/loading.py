@@ -49,18 +49,6 @@ class Preset:
         return draft_kind_of(self.draft)
 
 
-def draft_kind_of(draft: str | None) -> str | None:
-    """"feature-head", "model" or None for a draft reference, without loading it: the embedded
-    default and head, and a folder holding a feature head, are feature heads."""
-    if draft is None:
-        return None
-    if draft == EMBEDDED:
-        draft = DEFAULT_DRAFT
-    if self_draft_precision(draft) is not None:
-        return "model"
-    return "feature-head" if draft == EMBEDDED_HEAD or is_feature_head(draft) else "model"
-
-
 EMBEDDED = "embedded"
 
 PRESETS: dict[str, Preset] = {

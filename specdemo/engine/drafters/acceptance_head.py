@@ -20,7 +20,7 @@ from torch import nn
 
 FEATURES = ("entropy", "top_prob", "log_top_prob", "position", "last_q", "min_top_prob")
 # The folder is read as files, not imported: the engine knows no model pair.
-DEFAULT_HEAD = Path(__file__).resolve().parent.parent / "models" / "assets" / "specdecpp-head"
+DEFAULT_HEAD = Path(__file__).resolve().parents[2] / "models" / "assets" / "specdecpp-head"
 CONFIG, WEIGHTS = "head.json", "head.pt"
 
 

@@ -24,11 +24,10 @@ import tempfile
 from pathlib import Path
 
 from ..errors import ModelLoadError
+from . import ONNX, RUNTIMES, TORCH, runtime_named
 
-RUNTIMES = ("torch", "onnx")
-TORCH, ONNX = RUNTIMES
-# The runtime's weight precisions, by the names the rest of specdemo uses for a target's precision.
-ONNX_PRECISIONS = {"float32": "fp32", "int8": "int8", "int4": "int4"}
+# The builder's names for the runtime's weight precisions, by the names the rest of specdemo uses.
+ONNX_PRECISIONS = dict(zip(runtime_named(ONNX).precisions, ("fp32", "int8", "int4")))
 _MARKER = ".specdemo-onnx"
 _EXPORT_VERSION = "1"
 
@@ -49,13 +48,10 @@ def served_runtimes(device: str) -> tuple[str, ...]:
 
 
 def check_runtime(runtime: str, device: str, precision_name: str) -> None:
-    if runtime not in RUNTIMES:
-        raise ValueError(f"runtime: {runtime!r} is not one of {', '.join(RUNTIMES)}")
-    if runtime == ONNX:
-        if not str(device).startswith("cpu"):
-            raise ValueError(f"runtime onnx runs the target on the CPU; device is {device!r}: use runtime=torch there")
-        if precision_name not in ONNX_PRECISIONS:
-            raise ValueError(f"runtime onnx runs the target at {', '.join(ONNX_PRECISIONS)}, not {precision_name}")
+    """ValueError where `runtime` is unknown, or cannot run a target at `precision_name` on `device`."""
+    refused = runtime_named(runtime).refusal(device=device, precision=precision_name)
+    if refused:
+        raise ValueError(refused)
 
 
 def export_root() -> Path:

@@ -27,12 +27,9 @@ import torch
 
 from ..targets.kv_policy import KVPolicy
 from ..targets.lm import CachedLM
+from . import ONNX, runtime_named
 
-RUNTIME_NAME = "onnx"
-TREES_REFUSED = ("trees need a verification over a list of positions with an attention mask; the onnx runtime "
-                 "verifies a chain only: use a chain method (ar, sd, egag, nasd, rest, adaptive stops) or "
-                 "runtime=torch")
-
+RUNTIME_NAME = ONNX
 # ONNX Runtime's pool threads spin while they wait for work. Inside one forward that is what keeps a
 # forward fast: a forward is a few hundred parallel sections, and waking sleeping threads for each one
 # cost AR 15 % at 2 threads (46.7 against 55 tok/s, docs/runtime.md). After a forward, though, torch runs
@@ -215,4 +212,4 @@ class OnnxCachedLM(CachedLM):
         return logits
 
     def tree_logits(self, *args, **kwargs):
-        raise ValueError(TREES_REFUSED)
+        raise ValueError(runtime_named(RUNTIME_NAME).refusal(trees=True))

@@ -123,6 +123,10 @@ class CachedLM:
     positions the generation can ever hold (prompt + new tokens + padding slack).
     """
 
+    # torch's thread count while a round runs between this writer's forwards; None: as it is. A target on
+    # another runtime names one, since that runtime's own pool holds the cores during its forwards.
+    torch_threads: int | None = None
+
     def __init__(self, model: torch.nn.Module, vocab_size: int | None = None, cache: str = "dynamic",
                  max_length: int | None = None, compile: bool = False, buckets: tuple[int, ...] = (1,)):
         if cache not in CACHE_KINDS:

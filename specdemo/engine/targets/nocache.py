@@ -23,6 +23,7 @@ KIND = "none"  # what a trace records as its cache kind
 
 class RecomputingLM:
     kind = KIND
+    torch_threads: int | None = None  # as `CachedLM.torch_threads`: torch's count between forwards (as it is)
 
     def __init__(self, model: torch.nn.Module, vocab_size: int | None = None):
         self.model = model
