@@ -10,9 +10,10 @@ from typing import Sequence
 
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..engine.params import ENGINE_SCHEMA, SCHEMA, DecodeParams, EngineOptions, Param
-from ..models.loading import EMBEDDED, PRESETS, load_pair
+from ..models.loading import EMBEDDED, PRESETS
 from ..models.onnx_export import RUNTIMES
 from ..models.precision import CONFIGURATIONS, PRECISIONS
+from ..models.spec import PairSpec
 
 # What the command line says instead of the schema's default, where its default differs.
 _CLI_DEFAULT_NOTE = {"chat": "on for the embedded pairs, off otherwise", "seed": "random"}
@@ -115,14 +116,19 @@ def configured(args: argparse.Namespace, name: str):
     return value
 
 
-def pair_from_args(args: argparse.Namespace):
-    precisions = dict(dtype=args.dtype, target_dtype=configured(args, "target_dtype"),
-                      draft_dtype=configured(args, "draft_dtype"), runtime=getattr(args, "runtime", None) or "torch")
+def pair_spec_from_args(args: argparse.Namespace) -> PairSpec:
+    """What the command line's pair is, unloaded: a cluster's workers each load their own."""
+    options = dict(device=args.device, dtype=args.dtype, target_dtype=configured(args, "target_dtype"),
+                   draft_dtype=configured(args, "draft_dtype"), runtime=getattr(args, "runtime", None) or "torch")
     if args.target:
-        return load_pair(args.target, args.draft, device=args.device, **precisions)
+        return PairSpec(args.target, args.draft, **options)
     if args.draft:  # a preset's target with another draft (e.g. --pair embedded --draft self:int8)
-        return load_pair(PRESETS[args.pair or EMBEDDED].target, args.draft, device=args.device, **precisions)
-    return load_pair(args.pair or EMBEDDED, device=args.device, **precisions)
+        return PairSpec.for_preset_draft(args.pair, args.draft, **options)
+    return PairSpec(args.pair or EMBEDDED, **options)
+
+
+def pair_from_args(args: argparse.Namespace):
+    return pair_spec_from_args(args).load()
 
 
 def add_suite_arguments(parser: argparse.ArgumentParser, repeats: int, what: str, threads: bool = True) -> None:
