@@ -100,10 +100,10 @@ def connect(cluster: Cluster) -> dict[str, float]:
         import ray
     except ImportError:
         raise ImportError("a cluster run needs Ray: pip install 'specdemo[cluster]'") from None
-    if not ray.is_initialized():
-        named = cluster.address if cluster.address != "ray" else os.environ.get("RAY_ADDRESS", "")
-        if named and named not in ("auto", "local"):
-            _check_reachable(named)
+    named = cluster.address if cluster.address != "ray" else os.environ.get("RAY_ADDRESS", "")
+    if named and named not in ("auto", "local"):
+        _check_reachable(named)
+    if not ray.is_initialized():  # a driver that called ray.init itself keeps its session
         try:
             ray.init(address=cluster.address if cluster.address != "ray" else None,
                      runtime_env=cluster.runtime_env, log_to_driver=False)
