@@ -10,9 +10,11 @@ fails before any model loads.
 from __future__ import annotations
 
 import math
+import types
 
 import pandas as pd
 import pytest
+import torch
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'specdemo[cluster]')")
 
@@ -157,17 +159,31 @@ def test_a_bad_address_fails_clearly_before_any_model_loads(ray_session, spec, m
         run_benchmark(spec, SUITE, "ar", cluster="yarn", **DECODE)
 
 
-def test_a_worker_loads_its_pair_once_and_a_failed_load_fails_every_task(spec):
+def test_a_worker_loads_its_pair_once_and_a_failed_load_fails_every_task(ray_session):
+    loads = []
+
+    class Counted(PairSpec):
+        def load(self):
+            loads.append(self.device)
+            return types.SimpleNamespace(device=torch.device("cpu"))
+
     class Echo:
+        label = "echo"
+
         def run(self, pair, kept):
             kept["runs"] = kept.get("runs", 0) + 1
-            return id(pair), kept["runs"]
+            return kept["runs"]
 
-    worker = PairWorker(PairSpec("/no/such/model"))
-    for _ in range(2):
-        with pytest.raises(Exception, match="/no/such/model"):
-            worker.run(Echo())
-    assert isinstance(worker.load_error, Exception) and worker.pair is None
+    worker = PairWorker(Counted("some-model"))
+    ran = [worker.run(Echo()) for _ in range(3)]
+    assert [value for value, _ in ran] == [1, 2, 3] and loads == ["cpu"]  # no GPU given: the CPU
+    assert ran[0][1]["device"].startswith("CPU") and ran[0][1]["node"]
+    broken = PairWorker(PairSpec("/no/such/model"))
+    with pytest.raises(Exception, match="/no/such/model") as first:
+        broken.run(Echo())
+    with pytest.raises(Exception) as second:
+        broken.run(Echo())
+    assert second.value is first.value  # not loaded again
 
 
 def test_a_cluster_benchmark_leaves_the_local_rows_and_summary_timings_aside(ray_session, tiny_pair, spec):
