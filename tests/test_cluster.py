@@ -201,3 +201,38 @@ def test_a_cluster_benchmark_leaves_the_local_rows_and_summary_timings_aside(ray
                                   check_dtype=False)
     assert result.rows.device.str.startswith("CPU").all() and result.meta["cluster"]["tasks"] == 2
     assert not math.isnan(result.summary.tokens_per_s_mean.iloc[0])
+
+
+def _model_args(pair) -> list[str]:
+    return ["--target", pair.target_ref, "--draft", pair.draft_ref, "--dtype", "float64"]
+
+
+def test_the_sweep_command_writes_the_local_files_from_a_cluster(ray_session, tiny_pair, tmp_path, capsys):
+    from specdemo import cli
+    from specdemo.bench import sweep
+
+    csv, report = tmp_path / "sweep.csv", tmp_path / "sweep.html"
+    code = cli.main(["sweep", *_model_args(tiny_pair), "--gamma", "1,3", "--gamma-max", "4", "--ema", "0,0.9",
+                     "--max-new-tokens", "6", "--repeats", "1", "--limit", "1", "--no-warmup", "--cluster", "ray",
+                     "--workers", "1", "--csv", str(csv), "--report", str(report), "--plotlyjs", "cdn", "--quiet"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rows, summary = pd.read_csv(csv), pd.read_csv(tmp_path / "sweep.summary.csv")
+    assert list(rows.columns) == sweep.ROW_COLUMNS and list(summary.columns) == sweep.SUMMARY_COLUMNS
+    assert len(summary) == 5 and rows.device.str.startswith("CPU").all() and rows.node.notna().all()
+    assert "EGAG (γ_max 4" in out and "Speculative decoding sweep" in report.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--cluster", "yarn"], "cluster must be ray or ray://HOST:PORT, got 'yarn'"),
+    (["--cluster", "ray://127.0.0.1:1"], "no Ray cluster answers at ray://127.0.0.1:1"),
+    (["--workers", "2"], "--workers applies to --cluster runs only"),
+    (["--cluster", "ray", "--retries", "-1"], "cluster retries must be an integer ≥ 0, got -1"),
+    (["--cluster", "ray", "--tree-cost", "4"], "--tree-cost measure(s) the pair loaded on this machine"),
+])
+def test_bad_cluster_flags_fail_before_any_model_loads(tiny_pair, flags, message, monkeypatch, capsys):
+    from specdemo import cli
+
+    monkeypatch.setattr(PairSpec, "load", lambda self: pytest.fail("a model loaded"))
+    assert cli.main(["bench", *_model_args(tiny_pair), "--no-warmup", *flags]) == 2
+    assert message in capsys.readouterr().err
