@@ -91,22 +91,18 @@ def run_benchmark(
     the target is float32, else a run of vs_float32 after the prompt's methods, timed in no row
     (its total in `meta["fp32_reference_seconds"]`).
     progress(done, total, message) is called after each run; raising from it aborts.
-    prompt_indices: each prompt's place in a larger run these prompts are a part of (a cluster's task),
-    which sets its seed, its order and its rows' prompt_index.
-    cluster ("ray", "ray://HOST:PORT" or a `bench.cluster.Cluster`): the prompts are split into tasks a
-    pool of Ray workers runs, each with its own copy of the pair on one device and every method
-    interleaved on it as here; pair is then a `PairSpec` or a preset or target name, progress counts
-    tasks, and vs_float32 is set on each worker. The result is the one this run would leave, each row
-    naming its node and device; a task that failed leaves rows with its reason in `error`.
+    prompt_indices: these prompts' places in a larger run (a cluster task's): their seeds, order, prompt_index.
+    cluster ("ray", "ray://HOST:PORT" or a `bench.cluster.Cluster`): the prompts as tasks on Ray workers, each
+    with its own pair (then a `PairSpec` or a name) on one device; the same result, each row naming its node
+    and device, a failed task's rows with its reason in `error`; progress counts tasks (docs/cluster.md).
     """
     decode = DecodeParams.resolve(decode, **params)
     engine = EngineOptions.from_values(cache=cache, compile=compile)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
     if cluster is not None:
-        part = BenchPart((), (), methods, repeats, warmup, decode, engine.cache, engine.compile, threads,
-                         vs_float32 is not None)
-        return _run_on_cluster(pair, _prompts(suite, categories, limit), part, cluster, progress)
+        return _run_on_cluster(pair, _prompts(suite, categories, limit), cluster, progress, BenchPart(
+            (), (), methods, repeats, warmup, decode, engine.cache, engine.compile, threads, vs_float32 is not None))
     names = parse_bench_methods(methods, pair)
     prompts = _prompts(suite, categories, limit)
     encoded = [_first_turn_ids(pair, item, decode) for item in prompts]
@@ -114,22 +110,12 @@ def run_benchmark(
     session = _Session(pair, decode, engine, names, repeats, total, progress,
                        HFRunner(pair, decode) if any(n in HF_METHODS for n in names) else None, threads,
                        RuntimeRunner(pair, decode) if any(n in RUNTIME_PEERS and n != TORCH_AR for n in names) else None,
-                       vs_float32 if vs_float32 is not None and runs_below_float32(pair) else None)
+                       vs_float32 if vs_float32 is not None and runs_below_float32(pair) else None,
+                       measured_on(pair.device))
     base_seed = decode.seed if decode.seed is not None else 1234
     warmup_compile = session.warm_up(encoded[0], base_seed) if warmup else {}
-    session.where = measured_on(pair.device)
-    for repeat, index, (item, first_ids), order in interleaved(list(zip(prompts, encoded)), names, repeats,
-                                                               prompt_indices):
-        seed = turn_seed(base_seed, repeat, index)
-        # A question of several turns: each method answers turn 1, then turn 2 after its own answer.
-        answers: dict[str, list[str]] = {method: [] for method in names}
-        for turn in range(1, item.turn_count + 1):
-            where = dict(repeat=repeat, prompt_index=index, item=item, turn=turn, seed=seed)
-            group = {method: session.answer(method, position, first_ids, answers[method], **where)
-                     for position, method in enumerate(order)}
-            session.record(group, repeat, index, item, turn)
-    meta = _meta(pair, decode, names, prompts, repeats, warmup)
-    meta.update(_run_meta(session, threads, names))
+    session.play(interleaved(list(zip(prompts, encoded)), names, repeats, prompt_indices), base_seed)
+    meta = {**_meta(pair, decode, names, prompts, repeats, warmup), **_run_meta(session, threads, names)}
     meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, warmup_compile_seconds=warmup_compile)
     return session.result(meta)
 
@@ -206,6 +192,18 @@ class _Session:
         self.done += 1
         if self.progress:
             self.progress(self.done, self.total, message)
+
+    def play(self, turns, base_seed: int) -> None:
+        """Every (repeat, prompt) of the interleaving, each method in its turn's order."""
+        for repeat, index, (item, first_ids), order in turns:
+            seed = turn_seed(base_seed, repeat, index)
+            # A question of several turns: each method answers turn 1, then turn 2 after its own answer.
+            answers: dict[str, list[str]] = {method: [] for method in self.names}
+            for turn in range(1, item.turn_count + 1):
+                where = dict(repeat=repeat, prompt_index=index, item=item, turn=turn, seed=seed)
+                group = {method: self.answer(method, position, first_ids, answers[method], **where)
+                         for position, method in enumerate(order)}
+                self.record(group, repeat, index, item, turn)
 
     def warm_up(self, ids: list[int], seed: int) -> dict[str, float]:
         """One short run each: allocator pools, lazy imports, kernel choices and compiled graphs settle first."""
@@ -387,7 +385,7 @@ class BenchPart:
         return {"rows": result.rows, "rounds": result.rounds, "tokens": result.tokens, "meta": result.meta}
 
 
-def _run_on_cluster(pair, prompts: list[SuitePrompt], part: BenchPart, cluster, progress) -> BenchResult:
+def _run_on_cluster(pair, prompts: list[SuitePrompt], cluster, progress, part: BenchPart) -> BenchResult:
     """run_benchmark's prompts as tasks on a pool of Ray workers, merged into one BenchResult."""
     from dataclasses import replace
 
