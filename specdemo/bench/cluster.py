@@ -23,7 +23,7 @@ import math
 import os
 import socket
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from ..models.spec import PairSpec
@@ -145,9 +145,11 @@ class PairWorker:
 
             if self.threads:
                 torch.set_num_threads(self.threads)
+            # The GPU Ray gave this worker is its only visible one, cuda; without one, the device asked
+            # for (a CPU, or a GPU that is not there: loading says so), else the CPU.
             gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
             try:
-                self.pair = self.spec.on("cuda" if gpu else "cpu").load()
+                self.pair = replace(self.spec, device="cuda" if gpu else self.spec.device or "cpu").load()
             except Exception as error:
                 self.load_error = error
                 raise
@@ -184,7 +186,8 @@ class WorkerPool:
     """Connected to a cluster, with the plan of its workers; `run` starts them for a list of tasks."""
 
     def __init__(self, spec: PairSpec, cluster: Cluster | str, threads: int | None = None):
-        self.spec, self.cluster, self.threads = spec, Cluster.of(cluster), threads
+        self.spec, self.cluster = spec, Cluster.of(cluster)
+        self.threads = threads or self.cluster.cpus_per_worker  # torch's threads on each worker
         self.size, self.options = worker_plan(connect(self.cluster), spec, self.cluster)
         self.name = f"specdemo-worker-{uuid.uuid4().hex[:8]}"
         self._made = 0

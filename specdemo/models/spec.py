@@ -4,7 +4,7 @@ to load the same pair (a worker of a cluster loads its own copy, once).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .loading import EMBEDDED, PRESETS, ModelPair, load_pair
 
@@ -41,10 +41,6 @@ class PairSpec:
     def for_preset_draft(cls, preset: str | None, draft: str, **options) -> "PairSpec":
         """A preset's target with another draft (e.g. the embedded target drafted by self:int8)."""
         return cls(PRESETS[preset or EMBEDDED].target, draft, **options)
-
-    def on(self, device: str) -> "PairSpec":
-        """The same pair on `device` (where none was asked for)."""
-        return self if self.device is not None else replace(self, device=device)
 
     def load(self) -> ModelPair:
         return load_pair(self.target, self.draft, device=self.device, dtype=self.dtype,
