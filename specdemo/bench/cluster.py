@@ -210,17 +210,21 @@ class WorkerPool:
         idle = [self._new_worker() for _ in range(min(self.size, len(tasks)))]
         busy = list(idle)
         running: dict = {}
+        def feed() -> None:  # every idle worker takes the next task
+            while queue and idle:
+                index, worker = queue.popleft(), idle.pop()
+                running[worker.run.remote(tasks[index])] = (index, worker)
+
         try:
             while queue or running:
-                while queue and idle:
-                    index, worker = queue.popleft(), idle.pop()
-                    running[worker.run.remote(tasks[index])] = (index, worker)
+                feed()
                 [ref], _ = ray.wait(list(running), num_returns=1)
                 index, worker = running.pop(ref)
                 attempts[index] += 1
                 message = self._collect(ref, index, worker, tasks, attempts[index], outcome, idle, queue, busy)
                 if message is None:  # back in the queue
                     continue
+                feed()  # before the bar moves, so that a worker is never idle while progress runs
                 if progress is not None:
                     progress(len(outcome.results) + len(outcome.failures), len(tasks), message)
                 if should_stop is not None and should_stop() and (queue or running):
