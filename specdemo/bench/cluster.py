@@ -166,7 +166,6 @@ class TaskFailure:
     index: int  # the task's place in the list given
     label: str
     attempts: int
-    node: str
     reason: str
 
 
@@ -208,8 +207,9 @@ class WorkerPool:
         queue = collections.deque(range(len(tasks)))
         attempts: collections.Counter = collections.Counter()
         idle = [self._new_worker() for _ in range(min(self.size, len(tasks)))]
-        busy = list(idle)
+        started = list(idle)  # every worker this run made, killed at its end (a GPU each, freed)
         running: dict = {}
+
         def feed() -> None:  # every idle worker takes the next task
             while queue and idle:
                 index, worker = queue.popleft(), idle.pop()
@@ -221,7 +221,7 @@ class WorkerPool:
                 [ref], _ = ray.wait(list(running), num_returns=1)
                 index, worker = running.pop(ref)
                 attempts[index] += 1
-                message = self._collect(ref, index, worker, tasks, attempts[index], outcome, idle, queue, busy)
+                message = self._collect(ref, index, worker, tasks, attempts[index], outcome, idle, queue, started)
                 if message is None:  # back in the queue
                     continue
                 feed()  # before the bar moves, so that a worker is never idle while progress runs
@@ -233,11 +233,11 @@ class WorkerPool:
         except KeyboardInterrupt:  # the driver was interrupted: keep what finished
             outcome.stopped = True
         finally:
-            for worker in busy:
+            for worker in started:
                 ray.kill(worker)
         return outcome
 
-    def _collect(self, ref, index, worker, tasks, attempt, outcome, idle, queue, busy) -> str | None:
+    def _collect(self, ref, index, worker, tasks, attempt, outcome, idle, queue, started) -> str | None:
         """One ended task into the outcome; None where it went back to the queue."""
         import ray
         from ray.exceptions import RayError, RayTaskError
@@ -247,20 +247,21 @@ class WorkerPool:
             value, where = ray.get(ref)
         except RayTaskError as error:  # the task raised: the same prompts would raise again
             cause = error.cause if error.cause is not None else error
-            outcome.failures.append(TaskFailure(index, label, attempt, "", f"{type(cause).__name__}: {cause}"))
+            outcome.failures.append(TaskFailure(index, label, attempt, f"{type(cause).__name__}: {cause}"))
             idle.append(worker)
             return f"{label} failed"
         except RayError as error:  # the worker died or its node went away: a new worker, the task again
             ray.kill(worker)
-            replacement = self._new_worker()
-            busy.append(replacement)
-            idle.append(replacement)
-            outcome.replaced += 1
-            if attempt <= self.cluster.retries:
+            again = attempt <= self.cluster.retries
+            if again or queue:  # a new worker where there is work left for it
+                started.append(self._new_worker())
+                idle.append(started[-1])
+                outcome.replaced += 1
+            if again:
                 queue.appendleft(index)
                 return None
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            outcome.failures.append(TaskFailure(index, label, attempt, "",
+            outcome.failures.append(TaskFailure(index, label, attempt,
                                                 f"its worker died {attempt} time(s): {type(error).__name__}: {reason}"))
             return f"{label} failed"
         outcome.results[index] = value
