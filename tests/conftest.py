@@ -36,6 +36,7 @@ SLOWEST_UNITS_SECONDS = {
     "test_lossless_sampling": 439, "test_gpu_suite": 387, "test_fused_head": 384, "test_encoder_decoder": 245,
     "test_embedded": 214, SERIAL_UNIT: 210, "test_feature_drafter": 134, "test_install": 95, "test_decoding": 76,
     "test_layout": 74, "test_tree_decoding": 67, "test_overhead": 64, "test_precision": 63,
+    "test_cluster": 295,  # Ray's workers each import torch and load the tiny pair
 }
 
 

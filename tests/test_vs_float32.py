@@ -10,7 +10,7 @@ import pytest
 import specdemo
 from specdemo.bench.measure.compare import run_comparison
 from specdemo.bench.measure.tables import SUMMARY_COLUMNS
-from specdemo.bench.vs_float32 import (VS_FLOAT32_COLUMNS, Float32Reference, load_float32_target, prefix_match,
+from specdemo.bench.measure.vs_float32 import (VS_FLOAT32_COLUMNS, Float32Reference, load_float32_target, prefix_match,
                                        runs_below_float32, token_match)
 from specdemo.engine.decoding import generate
 

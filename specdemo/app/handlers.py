@@ -26,7 +26,7 @@ import torch
 
 from . import charts, viz
 from ..bench.measure.compare import run_comparison, tabulate
-from ..bench.vs_float32 import Float32Reference, reference_for, runs_below_float32
+from ..bench.measure.vs_float32 import Float32Reference, reference_for, runs_below_float32
 from ..bench.measure.runners import quiet_gc
 from ..engine.decoding import iter_generate
 from ..engine.methods import available_methods, parse_methods

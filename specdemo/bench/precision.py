@@ -32,7 +32,7 @@ from ..models.loading import EMBEDDED, load_pair
 from ..models.precision import weight_bytes
 from .suite import DEFAULT_SUITE, encode_prompt, load_suite, select_prompts
 from .measure.tables import target_perplexity
-from .vs_float32 import AGREEMENT_COLUMNS, FLOAT32, agreement, token_match
+from .measure.vs_float32 import AGREEMENT_COLUMNS, FLOAT32, agreement, token_match
 
 
 def suite_prompts(pair, per_category: int, categories: str | None) -> list[list[int]]:

@@ -40,6 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, ModelLoadError, FileNotFoundError) as error:
+    except (ValueError, ModelLoadError, FileNotFoundError, ConnectionError) as error:  # ConnectionError: --cluster
         print(f"error: {error}", file=sys.stderr)
         return 2

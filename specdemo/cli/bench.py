@@ -17,12 +17,11 @@ from ..bench.measure.roofline import add_roofline, parse_bandwidth
 from ..bench.measure.runners import DEFAULT_BENCH_METHODS, bench_methods, parse_bench_methods
 from ..bench.suite import ALL, encode_prompt, select_prompts
 from ..bench.measure.threads import ThreadPlan
-from ..bench.vs_float32 import Float32Reference
+from ..bench.measure.vs_float32 import Float32Reference
 from ..models.precision import exactness_sentence
-from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, add_thread_plan_argument,
-                     decode_params, default_chat,
-                     engine_options, pair_from_args, progress_bar, read_suite,
-                     suite_needs_tokenizer)
+from .common import (add_cluster_arguments, add_decoding_arguments, add_model_arguments, add_suite_arguments,
+                     add_thread_plan_argument, cluster_from_args, decode_params, default_chat, engine_options,
+                     pair_from_args, pair_spec_from_args, progress_bar, read_suite, suite_needs_tokenizer)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
                      help="embed plotly.js in the report (offline) or link it from a CDN (default: inline)")
     out.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_cluster_arguments(parser, "suite's prompts")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--overhead-only skips the method comparison, so {', '.join(skipped)} "
                              "would have nothing to show; drop them or drop --overhead-only")
     methods = parse_bench_methods(args.methods)
+    args.cluster_run = _cluster(args)
     # Prompts cut in the target's tokens are read once the pair is loaded; every other suite now.
     suite = None if suite_needs_tokenizer(args) else select_prompts(read_suite(args), args.categories, args.limit)
     threads = torch.get_num_threads()
@@ -102,7 +103,25 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)
 
 
+def _cluster(args):
+    """--cluster's run, refused (before anything loads) with what needs the pair on this machine."""
+    plan = args.thread_plan
+    cluster = cluster_from_args(args, plan.count if plan is not None else None)
+    if cluster is None:
+        return None
+    here = [flag for flag, value in (("--round-overhead", args.round_overhead), ("--tree-cost", args.tree_cost is not None),
+                                     ("--roofline", args.roofline or args.bandwidth is not None),
+                                     ("--prompt-tokens", args.prompt_tokens)) if value]
+    if here:
+        raise ValueError(f"{', '.join(here)} measure(s) the pair loaded on this machine, which --cluster never "
+                         "loads; run them without --cluster")
+    return cluster
+
+
 def _bench_with(args, params, engine, methods, suite) -> int:
+    if args.cluster_run is not None:  # the workers load the pair, each its own
+        _compare_methods(args, params, engine, methods, suite, pair_spec_from_args(args))
+        return 0
     pair = pair_from_args(args)
     if suite is None:
         suite = select_prompts(read_suite(args, pair.tokenizer), args.categories, args.limit)
@@ -120,15 +139,18 @@ def _bench_with(args, params, engine, methods, suite) -> int:
 
 
 def _compare_methods(args, params, engine, methods, suite, pair) -> None:
-    with progress_bar(args.quiet) as progress:
+    with progress_bar(args.quiet, "task" if args.cluster_run else "run") as progress:
         result = run_benchmark(pair, suite, methods, repeats=args.repeats, warmup=args.warmup,
                                progress=progress, decode=params, threads=args.thread_plan,
-                               vs_float32=Float32Reference() if args.vs_fp32 else None, **engine.as_kwargs())
+                               vs_float32=Float32Reference() if args.vs_fp32 else None, cluster=args.cluster_run,
+                               **engine.as_kwargs())
     roofline_lines = add_roofline(result, pair, args.bandwidth) if args.roofline or args.bandwidth else []
     summary_csv = args.summary_csv
     if args.csv and not summary_csv:
         summary_csv = str(Path(args.csv).with_suffix("")) + ".summary.csv"
     _print_summary(result)
+    if result.meta.get("stopped"):
+        print("stopped early: the summary holds the runs that finished")
     for line in roofline_lines:
         print(line)
     for path in write_outputs(result, args.csv, summary_csv, args.report, args.plotlyjs,

@@ -8,11 +8,13 @@ import argparse
 import contextlib
 from typing import Sequence
 
+from ..bench.measure.cluster import DEFAULT_RETRIES, Cluster
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..engine.params import ENGINE_SCHEMA, SCHEMA, DecodeParams, EngineOptions, Param
-from ..models.loading import EMBEDDED, PRESETS, load_pair
+from ..models.loading import EMBEDDED, PRESETS
 from ..engine.runtimes import RUNTIMES
 from ..models.precision import CONFIGURATIONS, PRECISIONS
+from ..models.spec import PairSpec
 
 # What the command line says instead of the schema's default, where its default differs.
 _CLI_DEFAULT_NOTE = {"chat": "on for the embedded pairs, off otherwise", "seed": "random"}
@@ -115,14 +117,47 @@ def configured(args: argparse.Namespace, name: str):
     return value
 
 
-def pair_from_args(args: argparse.Namespace):
-    precisions = dict(dtype=args.dtype, target_dtype=configured(args, "target_dtype"),
-                      draft_dtype=configured(args, "draft_dtype"), runtime=getattr(args, "runtime", None) or "torch")
+def pair_spec_from_args(args: argparse.Namespace) -> PairSpec:
+    """What the command line's pair is, unloaded: a cluster's workers each load their own."""
+    options = dict(device=args.device, dtype=args.dtype, target_dtype=configured(args, "target_dtype"),
+                   draft_dtype=configured(args, "draft_dtype"), runtime=getattr(args, "runtime", None) or "torch")
     if args.target:
-        return load_pair(args.target, args.draft, device=args.device, **precisions)
+        return PairSpec(args.target, args.draft, **options)
     if args.draft:  # a preset's target with another draft (e.g. --pair embedded --draft self:int8)
-        return load_pair(PRESETS[args.pair or EMBEDDED].target, args.draft, device=args.device, **precisions)
-    return load_pair(args.pair or EMBEDDED, device=args.device, **precisions)
+        return PairSpec.for_preset_draft(args.pair, args.draft, **options)
+    return PairSpec(args.pair or EMBEDDED, **options)
+
+
+def pair_from_args(args: argparse.Namespace):
+    return pair_spec_from_args(args).load()
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """--cluster and how its workers take the run: --workers, --retries, --prompts-per-task."""
+    group = parser.add_argument_group("cluster (Ray: pip install 'specdemo[cluster]'; docs/cluster.md)")
+    group.add_argument("--cluster", default=None, metavar="ray|ray://HOST:PORT",
+                       help=f"fan the {what} out over a Ray cluster: ray (the cluster RAY_ADDRESS names, else a Ray "
+                            "started on this machine) or ray://HOST:PORT; each worker loads the pair once on one "
+                            "device (a GPU each where the cluster has GPUs), every method of a task's prompts "
+                            "interleaved on it (default: one process, here)")
+    group.add_argument("--workers", type=int, default=None,
+                       help="workers of --cluster (default: one per GPU, else one per --threads CPUs)")
+    group.add_argument("--retries", type=int, default=DEFAULT_RETRIES,
+                       help=f"times the task of a worker that died goes back to the queue (default: {DEFAULT_RETRIES})")
+    group.add_argument("--prompts-per-task", type=int, default=None, metavar="N",
+                       help="prompts of one --cluster task (default: about four tasks per worker)")
+
+
+def cluster_from_args(args: argparse.Namespace, threads: int | None = None) -> Cluster | None:
+    """The validated cluster of a command line, None without --cluster; threads: each worker's CPUs."""
+    given = [flag for flag, value in (("--workers", args.workers), ("--prompts-per-task", args.prompts_per_task))
+             if value is not None]
+    if args.cluster is None:
+        if given:
+            raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --cluster runs only")
+        return None
+    return Cluster(args.cluster, workers=args.workers, retries=args.retries, prompts_per_task=args.prompts_per_task,
+                   cpus_per_worker=threads or 1)
 
 
 def add_suite_arguments(parser: argparse.ArgumentParser, repeats: int, what: str, threads: bool = True) -> None:
@@ -168,14 +203,15 @@ def add_thread_plan_argument(parser: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def progress_bar(quiet: bool):
-    """A tqdm bar fed by the runners' progress(done, total, message) callback (None when quiet)."""
+def progress_bar(quiet: bool, unit: str = "run"):
+    """A tqdm bar fed by the runners' progress(done, total, message) callback (None when quiet); a
+    cluster run's counts tasks, each message the node of the task that finished last."""
     if quiet:
         yield None
         return
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=1, unit="run", dynamic_ncols=True)
+    bar = tqdm(total=1, unit=unit, dynamic_ncols=True)
 
     def progress(done: int, total: int, message: str) -> None:
         bar.total = total

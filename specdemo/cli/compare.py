@@ -9,7 +9,7 @@ import pandas as pd
 from ..bench.measure.acceptance import comparison_break_evens, describe_auc
 from ..bench.measure.compare import run_comparison
 from ..bench.measure.tables import nodes_frame
-from ..bench.vs_float32 import VS_FLOAT32_COLUMNS, Float32Reference, runs_below_float32
+from ..bench.measure.vs_float32 import VS_FLOAT32_COLUMNS, Float32Reference, runs_below_float32
 from ..engine.methods import parse_methods
 from ..models.precision import exactness_sentence, is_exact, mismatch_reading
 from .common import (add_decoding_arguments, add_model_arguments, decode_params, default_chat, engine_options,

@@ -17,9 +17,9 @@ from ..bench.sweep import (
 )
 from ..bench.sweep.axes import CACHE_AXES, OUTER_AXES, PRECISION_AXES, axes_table, combinations, label, parse_axis, stacked
 from ..engine.params import PARAMS, DecodeParams
-from .common import (add_decoding_arguments, add_model_arguments, add_suite_arguments, configured, decode_params,
-                     default_chat, pair_from_args, progress_bar, read_suite,
-                     suite_needs_tokenizer)
+from .common import (add_cluster_arguments, add_decoding_arguments, add_model_arguments, add_suite_arguments,
+                     cluster_from_args, configured, decode_params, default_chat, pair_from_args, pair_spec_from_args,
+                     progress_bar, read_suite, suite_needs_tokenizer)
 
 GRID_PARAMS = ("gamma", "gamma_max", "ema", "ngram_n", "copy_n", "node_budget", "adaedl_lambda", "entropy_stop",
                "specdecpp_threshold")  # lists here, single values elsewhere
@@ -83,6 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="embed plotly.js in the report (offline) or link it from a CDN (default: inline)")
     out.add_argument("--chart-png", help="save the speedup-against-γ chart as a PNG (needs Playwright and Chromium)")
     out.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_cluster_arguments(parser, "grid's prompts")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,8 +96,12 @@ def run(args: argparse.Namespace) -> int:
     settings = expand_grid(args.gamma, args.gamma_max, args.ema, args.ngram_n, args.methods, args.copy_n, args.node_budget,
                            args.adaedl_lambda, args.entropy_stop, args.specdecpp_threshold,
                            gamma_min=params.gamma_min, nasd_gamma=args.nasd_gamma, stop_cap=args.stop_cap)
+    args.cluster_run = cluster_from_args(args, args.threads)
     # Prompts cut in the target's tokens are read once the pair is loaded; every other suite now.
     long_lengths = _long_lengths(args)
+    if args.cluster_run is not None and (long_lengths or suite_needs_tokenizer(args)):
+        raise ValueError("--long and --prompt-tokens cut prompts with the pair's tokenizer, which a --cluster "
+                         "driver never loads; give a suite of prompts instead")
     suite = None if long_lengths or suite_needs_tokenizer(args) else select_prompts(read_suite(args), args.categories,
                                                                                     args.limit)
     if args.chart_png:
@@ -116,12 +121,12 @@ def _sweep_with(args, params, settings, suite) -> int:
     for combination, combined in planned:
         if len(planned) > 1:
             print(f"\n== {label(combination)}", flush=True)
-        pair = pair_from_args(_with_precisions(args, combination))
+        pair = _pair_or_spec(_with_precisions(args, combination))  # a cluster's workers load their own
         if suite is None:
             suite = select_prompts(_read_suite_with(args, pair.tokenizer), args.categories, args.limit)
-        with progress_bar(args.quiet) as progress:
+        with progress_bar(args.quiet, "task" if args.cluster_run else "run") as progress:
             result = run_sweep(pair, suite, settings, repeats=args.repeats, warmup=args.warmup, progress=progress,
-                               **combined.as_dict())
+                               cluster=args.cluster_run, **combined.as_dict())
         del pair  # one pair in memory at a time
         print_summary(result)
         runs.append((combination, result))
@@ -135,6 +140,11 @@ def _sweep_with(args, params, settings, suite) -> int:
         print("\n" + table.to_string(index=False))
     _write_stacked(args, runs, table)
     return 0
+
+
+def _pair_or_spec(args):
+    """The pair, loaded here; under --cluster what identifies it, each worker loading its own."""
+    return pair_spec_from_args(args) if args.cluster_run is not None else pair_from_args(args)
 
 
 def _long_lengths(args) -> tuple[int, ...]:
@@ -242,3 +252,7 @@ def print_summary(result: SweepResult) -> None:
             print(policies.to_string(index=False))
     print()
     print(result.verdict)
+    for error in (result.errors.itertuples() if result.errors is not None else ()):
+        print(f"warning: task {error.task} failed after {error.attempts} attempt(s), its rows left out: {error.reason}")
+    if result.stopped:
+        print("stopped early: the summary holds the runs that finished")

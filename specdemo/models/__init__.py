@@ -7,5 +7,6 @@ the benchmark, training or the command line.
 """
 
 from .loading import EMBEDDED, PRESETS, ModelLoadError, ModelPair, Preset, load_pair
+from .spec import PairSpec
 
-__all__ = ["EMBEDDED", "PRESETS", "ModelLoadError", "ModelPair", "Preset", "load_pair"]
+__all__ = ["EMBEDDED", "PRESETS", "ModelLoadError", "ModelPair", "PairSpec", "Preset", "load_pair"]

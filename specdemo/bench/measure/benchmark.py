@@ -19,8 +19,8 @@ import torch
 
 from ...engine.methods import is_lossless, matches_reference
 from ...engine.params import DecodeParams, EngineOptions
-from .runners import (HF_METHODS, RUNTIME_PEERS, TORCH_AR, HFRunner, Run, bench_methods, on_torch, parse_bench_methods,
-                      result_for_perplexity, run_ours)
+from .runners import (HF_METHODS, RUNTIME_PEERS, TORCH_AR, HFRunner, Run, bench_methods, measured_on, on_torch,
+                      parse_bench_methods, result_for_perplexity, run_ours)
 from .quality import QUALITY_COLUMNS, reference_scores
 from .runtime_peers import RuntimeRunner
 from .schedule import interleaved, turn_seed
@@ -29,7 +29,7 @@ from .threads import ThreadPlan
 from ..suite import DEFAULT_SUITE, SuitePrompt, conversation, encode_prompt, load_suite, select_prompts
 from . import tables
 from .tables import target_perplexity
-from ..vs_float32 import AGREEMENT_COLUMNS, Float32Reference, agreement, runs_below_float32, target_is_float32
+from .vs_float32 import AGREEMENT_COLUMNS, Float32Reference, agreement, runs_below_float32, target_is_float32
 
 ROW_COLUMNS = [
     "repeat", "prompt_index", "prompt_id", "turn", "category", "method", "label", "drafter", "order", "seed", "threads", "prompt_tokens",
@@ -37,7 +37,7 @@ ROW_COLUMNS = [
     "accepted", "rejected_rounds", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards",
     "draft_forwards", "target_forwards_per_token", "mean_gamma", "mean_drafted", "mean_entropy",
     "draft_seconds", "verify_seconds", "matches_ar", "perplexity", *QUALITY_COLUMNS, "stop_reason", "cache", "runtime",
-    "exactness", "compile_seconds", "error", "note", "output_ids", "text",
+    "exactness", "compile_seconds", "error", "note", "node", "device", "output_ids", "text",
     # Against float32 AR of the same target weights on the same prompt and repeat, where a model runs below
     # float32 (bench.vs_float32): that run's seconds and tokens (for speedup_vs_fp32_ar) and the agreement.
     "fp32_ar_seconds", "fp32_ar_new_tokens", *AGREEMENT_COLUMNS,
@@ -73,6 +73,8 @@ def run_benchmark(
     compile: bool = False,
     threads: ThreadPlan | None = None,
     vs_float32: Float32Reference | None = None,
+    prompt_indices: Sequence[int] | None = None,
+    cluster: "Cluster | str | None" = None,
     **params: Any,
 ) -> BenchResult:
     """Run every method on every selected prompt, `repeats` times, and summarise.
@@ -89,11 +91,18 @@ def run_benchmark(
     the target is float32, else a run of vs_float32 after the prompt's methods, timed in no row
     (its total in `meta["fp32_reference_seconds"]`).
     progress(done, total, message) is called after each run; raising from it aborts.
+    prompt_indices: these prompts' places in a larger run (a cluster task's): their seeds, order, prompt_index.
+    cluster ("ray", "ray://HOST:PORT" or a `bench.measure.cluster.Cluster`): the prompts as tasks on Ray workers, each
+    with its own pair (then a `PairSpec` or a name) on one device; the same result, each row naming its node
+    and device, a failed task's rows with its reason in `error`; progress counts tasks (docs/cluster.md).
     """
     decode = DecodeParams.resolve(decode, **params)
     engine = EngineOptions.from_values(cache=cache, compile=compile)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
+    if cluster is not None:
+        return _run_on_cluster(pair, _prompts(suite, categories, limit), cluster, progress, BenchPart(
+            (), (), methods, repeats, warmup, decode, engine.cache, engine.compile, threads, vs_float32 is not None))
     names = parse_bench_methods(methods, pair)
     prompts = _prompts(suite, categories, limit)
     encoded = [_first_turn_ids(pair, item, decode) for item in prompts]
@@ -101,20 +110,12 @@ def run_benchmark(
     session = _Session(pair, decode, engine, names, repeats, total, progress,
                        HFRunner(pair, decode) if any(n in HF_METHODS for n in names) else None, threads,
                        RuntimeRunner(pair, decode) if any(n in RUNTIME_PEERS and n != TORCH_AR for n in names) else None,
-                       vs_float32 if vs_float32 is not None and runs_below_float32(pair) else None)
+                       vs_float32 if vs_float32 is not None and runs_below_float32(pair) else None,
+                       measured_on(pair.device))
     base_seed = decode.seed if decode.seed is not None else 1234
     warmup_compile = session.warm_up(encoded[0], base_seed) if warmup else {}
-    for repeat, index, (item, first_ids), order in interleaved(list(zip(prompts, encoded)), names, repeats):
-        seed = turn_seed(base_seed, repeat, index)
-        # A question of several turns: each method answers turn 1, then turn 2 after its own answer.
-        answers: dict[str, list[str]] = {method: [] for method in names}
-        for turn in range(1, item.turn_count + 1):
-            where = dict(repeat=repeat, prompt_index=index, item=item, turn=turn, seed=seed)
-            group = {method: session.answer(method, position, first_ids, answers[method], **where)
-                     for position, method in enumerate(order)}
-            session.record(group, repeat, index, item, turn)
-    meta = _meta(pair, decode, names, prompts, repeats, warmup)
-    meta.update(_run_meta(session, threads, names))
+    session.play(interleaved(list(zip(prompts, encoded)), names, repeats, prompt_indices), base_seed)
+    meta = {**_meta(pair, decode, names, prompts, repeats, warmup), **_run_meta(session, threads, names)}
     meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, warmup_compile_seconds=warmup_compile)
     return session.result(meta)
 
@@ -162,6 +163,7 @@ class _Session:
     threads: ThreadPlan | None = None
     runtime: RuntimeRunner | None = None  # the target runtime's own decoders
     float32: Float32Reference | None = None  # where a model runs below float32
+    where: dict[str, str] = field(default_factory=dict)  # the node and device every row names
     done: int = 0
     rows: list[dict] = field(default_factory=list)
     round_counts: dict[tuple[str, str, int, int], int] = field(default_factory=dict)
@@ -191,6 +193,18 @@ class _Session:
         if self.progress:
             self.progress(self.done, self.total, message)
 
+    def play(self, turns, base_seed: int) -> None:
+        """Every (repeat, prompt) of the interleaving, each method in its turn's order."""
+        for repeat, index, (item, first_ids), order in turns:
+            seed = turn_seed(base_seed, repeat, index)
+            # A question of several turns: each method answers turn 1, then turn 2 after its own answer.
+            answers: dict[str, list[str]] = {method: [] for method in self.names}
+            for turn in range(1, item.turn_count + 1):
+                where = dict(repeat=repeat, prompt_index=index, item=item, turn=turn, seed=seed)
+                group = {method: self.answer(method, position, first_ids, answers[method], **where)
+                         for position, method in enumerate(order)}
+                self.record(group, repeat, index, item, turn)
+
     def warm_up(self, ids: list[int], seed: int) -> dict[str, float]:
         """One short run each: allocator pools, lazy imports, kernel choices and compiled graphs settle first."""
         compiled = {}
@@ -205,7 +219,7 @@ class _Session:
         """One method's answer to one turn: its row so far, its run (None if it failed) and the prompt ids."""
         row = {"repeat": repeat, "prompt_index": prompt_index, "prompt_id": item.id, "turn": turn,
                "category": item.category, "method": method, "label": bench_methods()[method],
-               "order": position, "seed": seed, "threads": self.threads_of(method), "error": ""}
+               "order": position, "seed": seed, "threads": self.threads_of(method), "error": "", **self.where}
         ids: list[int] = []
         try:
             ids = first_ids if turn == 1 else _turn_ids(self.pair, item, turn, answers, self.decode)
@@ -336,3 +350,74 @@ def _meta(pair, decode: DecodeParams, names, prompts, repeats, warmup) -> dict[s
         "repeats": repeats, "warmup": warmup, "params": decode.as_dict(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+
+
+@dataclass(frozen=True)
+class BenchPart:
+    """A task of a cluster run: some of the benchmark's prompts, with their places in the whole, every
+    method interleaved on one worker's pair as run_benchmark does."""
+
+    prompts: tuple[SuitePrompt, ...]
+    indices: tuple[int, ...]
+    methods: str | Sequence[str] | None
+    repeats: int
+    warmup: bool
+    decode: DecodeParams
+    cache: str | None
+    compile: bool
+    threads: ThreadPlan | None
+    vs_float32: bool
+
+    @property
+    def label(self) -> str:
+        ids = [item.id for item in self.prompts]
+        return ids[0] if len(ids) == 1 else f"{ids[0]}…{ids[-1]} ({len(ids)} prompts)"
+
+    def run(self, pair, kept: dict) -> dict:
+        """The part's rows, rounds and drafted tokens, and its meta; a worker warms up and loads its
+        float32 copy once."""
+        reference = kept.setdefault("float32", Float32Reference()) if self.vs_float32 else None
+        result = run_benchmark(pair, self.prompts, self.methods, repeats=self.repeats,
+                               warmup=self.warmup and not kept.get("warm"), decode=self.decode, cache=self.cache,
+                               compile=self.compile, threads=self.threads, vs_float32=reference,
+                               prompt_indices=self.indices)
+        kept["warm"] = True
+        return {"rows": result.rows, "rounds": result.rounds, "tokens": result.tokens, "meta": result.meta}
+
+
+def _run_on_cluster(pair, prompts: list[SuitePrompt], cluster, progress, part: BenchPart) -> BenchResult:
+    """run_benchmark's prompts as tasks on a pool of Ray workers, merged into one BenchResult."""
+    from dataclasses import replace
+
+    from ...models.spec import PairSpec
+    from .cluster import WorkerPool, cluster_meta, parts
+
+    pool = WorkerPool(PairSpec.of(pair), cluster)
+    tasks = [replace(part, prompts=tuple(prompts[i] for i in chunk), indices=tuple(chunk))
+             for chunk in parts(len(prompts), pool.cluster.prompts_for(len(prompts), pool.size))]
+    outcome = pool.run(tasks, progress)
+    done = [outcome.results[n] for n in sorted(outcome.results)]
+    names = done[0]["meta"]["methods"] if done else parse_bench_methods(part.methods)
+    records = [row for d in done for row in d["rows"].to_dict("records")]
+    records += [row for f in outcome.failures for row in _failed_rows(tasks[f.index], names, f.reason)]
+    records.sort(key=lambda row: (row["repeat"], row["prompt_index"]))  # stable: the run's order within
+    rows = pd.DataFrame(records, columns=ROW_COLUMNS)
+    counted = [d["rounds"] for d in done if not d["rounds"].empty]
+    rounds = (pd.concat(counted).groupby(ROUND_COLUMNS[:-1], sort=False, as_index=False)["count"].sum()
+              if counted else pd.DataFrame(columns=ROUND_COLUMNS))
+    drafted = [d["tokens"] for d in done if not d["tokens"].empty]
+    tokens = (pd.concat(drafted).sort_values(["repeat", "prompt_index"], kind="stable", ignore_index=True)
+              if drafted else pd.DataFrame(columns=TOKEN_COLUMNS))
+    meta = dict(done[0]["meta"]) if done else {"methods": part.methods, "repeats": part.repeats}
+    meta.update(prompts=len(prompts), categories=list(dict.fromkeys(p.category for p in prompts)),
+                stopped=outcome.stopped, cluster=cluster_meta(pool, outcome, len(tasks)),
+                errors=[{"task": f.label, "attempts": f.attempts, "reason": f.reason} for f in outcome.failures])
+    return BenchResult(rows, summarize(rows, part.decode.gamma, tokens), rounds, meta, tokens)
+
+
+def _failed_rows(part: BenchPart, names: list[str], reason: str) -> list[dict]:
+    """The rows a failed part would have written, each with the reason in `error`."""
+    return [{"repeat": repeat, "prompt_index": index, "prompt_id": item.id, "turn": turn, "category": item.category,
+             "method": method, "label": bench_methods().get(method, method), "error": reason}
+            for repeat in range(part.repeats) for index, item in zip(part.indices, part.prompts)
+            for turn in range(1, item.turn_count + 1) for method in names]

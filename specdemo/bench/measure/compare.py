@@ -13,7 +13,7 @@ from ...engine.params import DecodeParams
 from .runners import quiet_gc
 from .tables import rounds_frame, summary_frame, target_perplexity, tokens_frame
 from ...engine.trace import GenerationResult
-from ..vs_float32 import Float32Reference, reference_for
+from .vs_float32 import Float32Reference, reference_for
 
 
 @dataclass

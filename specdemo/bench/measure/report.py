@@ -17,7 +17,7 @@ from . import acceptance_charts, statistics
 from ...models.precision import exactness_sentence
 from .benchmark import ROUND_COLUMNS, TOKEN_COLUMNS, BenchResult
 from .quality import QUALITY_COLUMNS
-from ..vs_float32 import VS_FLOAT32_COLUMNS
+from .vs_float32 import VS_FLOAT32_COLUMNS
 from .roofline import ROOFLINE_COLUMNS
 from .runners import bench_methods
 from .statistics import summarize

@@ -12,6 +12,8 @@ import copy
 import dataclasses
 import gc
 import math
+import os
+import platform
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -24,6 +26,7 @@ from ...engine.methods import METHODS
 from ...engine.params import DecodeParams
 from ...engine.tokens import cut_at_eos
 from ...engine.trace import GenerationResult, TokenRecord
+from ...models.tokens import device_name
 
 HF_METHODS: dict[str, tuple[str, str]] = {
     "hf-generate": ("HF generate", "transformers' model.generate (greedy or the same sampling settings)"),
@@ -135,6 +138,18 @@ def quiet_gc():
 def on_torch(pair):
     """The same pair with its target's forwards on torch (the copy a runtime pair keeps)."""
     return dataclasses.replace(pair, runtime="torch", target_runtime=None)
+
+
+def measured_on(device: torch.device) -> dict[str, str]:
+    """Which machine and device a run's rows were measured on: the host's name, and the device with
+    its model. A GPU is named by its index as the machine counts them (CUDA_VISIBLE_DEVICES maps a
+    worker's cuda:0 to the GPU a scheduler gave it), so two GPUs of one node stay apart."""
+    if device.type != "cuda":
+        return {"node": platform.node(), "device": device_name(device)}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    physical = visible[index] if index < len(visible) else str(index)
+    return {"node": platform.node(), "device": f"cuda:{physical} ({device_name(device)})"}
 
 
 def run_ours(pair, method: str, prompt_ids: list[int], params: dict, seed: int, cache: str | None = None,

@@ -11,10 +11,16 @@ T = TypeVar("T")
 P = TypeVar("P")
 
 
-def interleaved(prompts: Sequence[P], contenders: Sequence[T], repeats: int) -> Iterator[tuple[int, int, P, list[T]]]:
-    """(repeat, prompt index, prompt, contenders in this turn's order) for every turn."""
+def interleaved(prompts: Sequence[P], contenders: Sequence[T], repeats: int,
+                indices: Sequence[int] | None = None) -> Iterator[tuple[int, int, P, list[T]]]:
+    """(repeat, prompt index, prompt, contenders in this turn's order) for every turn. indices: each
+    prompt's place in the whole run, where these prompts are a part of it (one task of a cluster run),
+    so that a part's turns keep the order and seed the whole run gives them."""
+    places = list(indices) if indices is not None else list(range(len(prompts)))
+    if len(places) != len(prompts):
+        raise ValueError(f"interleaved: {len(places)} indices for {len(prompts)} prompts")
     for repeat in range(repeats):
-        for index, prompt in enumerate(prompts):
+        for index, prompt in zip(places, prompts):
             shift = (repeat + index) % len(contenders)
             yield repeat, index, prompt, list(contenders[shift:]) + list(contenders[:shift])
 

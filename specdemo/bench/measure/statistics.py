@@ -72,7 +72,7 @@ from .acceptance import BreakEven, entropy_auc
 from .quality import QUALITY_COLUMNS
 from .runners import bench_methods
 from ..suite import ALL
-from ..vs_float32 import AGREEMENT_COLUMNS, VS_FLOAT32_COLUMNS
+from .vs_float32 import AGREEMENT_COLUMNS, VS_FLOAT32_COLUMNS
 
 # Methods whose γ is fixed, so Leviathan's formula applies to them.
 _PREDICTABLE = ("sd", "nasd", "hf-assisted")

@@ -18,7 +18,7 @@ from ...engine.targets.kv_policy import lossless_under
 from ...engine.targets.memory import MEMORY_STATS
 from ...engine.trace import GenerationResult, StopNote
 from .acceptance import entropy_auc
-from ..vs_float32 import VS_FLOAT32_COLUMNS, vs_float32
+from .vs_float32 import VS_FLOAT32_COLUMNS, vs_float32
 
 SUMMARY_COLUMNS = [
     "method", "label", "drafter", "new_tokens", "seconds", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",

@@ -45,6 +45,10 @@ def report_html(result: SweepResult, path: str | Path | None = None, plotlyjs: s
         f"{meta.get('transformers')}; {meta.get('prompts')} prompts × {meta.get('repeats')} repeats; {params}; "
         f"{meta.get('time')}" + ("; STOPPED EARLY" if result.stopped else ""))
     definitions = html.escape(rows.__doc__.split("Definitions of the row columns")[1])
+    errors = result.errors if result.errors is not None else None
+    errors_html = ("<h2>Failed tasks (their rows are left out)</h2>\n"
+                   + html.escape(errors.to_string(index=False)).join(("<pre>", "</pre>"))
+                   if errors is not None and not errors.empty else "")
     policies = result.policy_table
     policy_html = ("<h2>Adaptive draft length against the best fixed γ (95% bootstrap interval over prompts)</h2>\n"
                    + policies.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="", border=0,
@@ -63,6 +67,7 @@ pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px
 <p class="verdict">{html.escape(result.verdict)}</p>
 <h2>Summary (mean over repeats; *_std: std over repeats)</h2>
 {table}
+{errors_html}
 {policy_html}
 {''.join(parts)}
 <h2>Definitions</h2>
@@ -79,11 +84,14 @@ def write_outputs(result: SweepResult, csv: str | Path | None = None, summary_cs
                   report: str | Path | None = None, plotlyjs: str = "inline",
                   tokens_csv: str | Path | None = None) -> list[Path]:
     """The rows CSV, the summary CSV, the per-token CSV (one row per drafted token) and the
-    HTML report, each only if its path is given. Settings that do not apply to a method are
-    empty cells."""
+    HTML report, each only if its path is given; beside the rows, *.errors.csv where tasks of a
+    cluster run failed. Settings that do not apply to a method are empty cells."""
     written = []
     tokens = result.tokens if tokens_csv and result.tokens is not None else None
-    for target, frame in ((csv, result.rows), (summary_csv, result.summary), (tokens_csv, tokens)):
+    failed = result.errors if csv and result.errors is not None and not result.errors.empty else None
+    errors_csv = str(Path(csv).with_suffix("")) + ".errors.csv" if failed is not None else None
+    for target, frame in ((csv, result.rows), (summary_csv, result.summary), (tokens_csv, tokens),
+                          (errors_csv, failed)):
         if frame is None:
             continue
         if target:

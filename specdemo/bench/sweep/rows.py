@@ -24,6 +24,8 @@ Definitions of the row columns (one row per method, setting, prompt and repeat):
   target_kv_bytes_peak, draft_kv_bytes_peak  the most bytes that model's KV cache held during the
                       run (0 where no draft model drafts), as the engine's memory columns record it.
   runtime             what ran the target's forwards: "torch", or the runtime and its weights ("onnx fp32").
+  node, device        the machine (host name) and the device (a GPU by its index on that machine, and its
+                      model) that measured the run; a cluster run spreads its tasks over several.
   matches_ar          greedy runs of lossless methods only: the same tokens as AR on the same
                       prompt (empty for the baselines beam and draft, which are not meant to).
 """
@@ -46,7 +48,7 @@ ROW_COLUMNS = [
     "copy_n", "setting", "label", "category", "prompt_index", "order", "seed", "prompt_tokens", "new_tokens", "seconds",
     "rounds", "copied_rounds", "drafted", "accepted", "rejected_rounds", "alpha", "cost_ratio", "draft_seconds",
     "verify_seconds", "stop_reason", "node_budget", "nodes_per_round", "adaedl_lambda", "entropy_stop",
-    "specdecpp_threshold", "target_kv_bytes_peak", "draft_kv_bytes_peak", "runtime",
+    "specdecpp_threshold", "target_kv_bytes_peak", "draft_kv_bytes_peak", "runtime", "node", "device",
 ]
 # Methods that stop drafting as they go: Leviathan's prediction reads their mean drafts per drafting round.
 _VARYING_GAMMA = ("adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic")

@@ -8,6 +8,7 @@ speedup is a ratio to AR on the same prompt in the same repeat. `iter_sweep` yie
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -16,13 +17,13 @@ from ...engine.methods import METHODS
 from ...engine.drafters.online import online_head
 from ...engine.params import DecodeParams
 from ..measure.schedule import interleaved, turn_seed
-from ..measure.runners import run_ours
+from ..measure.runners import measured_on, run_ours
 from ..measure.tables import tokens_frame
 from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, select_prompts
 from .flops import FedCounter
 from .grid import AR, Setting
-from .rows import group_rows
-from .summary import SweepResult, sweep_result
+from .rows import group_rows, rows_frame
+from .summary import SweepResult, merged_result, sweep_meta, sweep_result
 
 Progress = Callable[[int, int, str], None]
 
@@ -68,6 +69,7 @@ def iter_sweep(
     limit: int | None = None,
     warmup: bool = True,
     should_stop: Callable[[], bool] | None = None,
+    prompt_indices: Sequence[int] | None = None,
     **params: Any,
 ) -> Iterator[SweepEvent]:
     """Run AR and every setting on every prompt, `repeats` times; yield a SweepEvent after
@@ -76,6 +78,8 @@ def iter_sweep(
     finished runs of the current prompt are kept. params are the shared decode
     parameters (max_new_tokens, temperature, top_k, top_p, seed, chat, ...); each setting
     overrides its own. Closing the iterator stops after the run in progress.
+    prompt_indices: each prompt's place in a larger sweep these prompts are a part of (a task of a
+    cluster run), which sets its seed, its order and its rows' prompt_index.
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
@@ -99,10 +103,11 @@ def iter_sweep(
         except ValueError as error:
             raise ValueError(f"prompt {item.id!r} ({item.category}): {error}") from None
         encoded.append(ids)
-    return _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base)
+    return _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base, prompt_indices)
 
 
-def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: DecodeParams) -> Iterator[SweepEvent]:
+def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: DecodeParams,
+           indices=None) -> Iterator[SweepEvent]:
     shared = {k: v for k, v in base.as_dict().items() if k != "seed"}
     base_seed = base.seed if base.seed is not None else 1234
     greedy = base.sampling.greedy
@@ -113,6 +118,7 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
     done = 0
     target = FedCounter(pair.target)
     draft = FedCounter(pair.draft if pair.draft is not pair.target else None)
+    where = measured_on(pair.device)  # each row names the node and device that measured it
     try:
         for setting in warm:
             run_ours(pair, setting.method, encoded[0], {**shared, **setting.params(),
@@ -122,7 +128,7 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
             if should_stop and should_stop():
                 yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True, tokens=tokens)
                 return
-        for repeat, index, (item, ids), order in interleaved(list(zip(items, encoded)), runs, repeats):
+        for repeat, index, (item, ids), order in interleaved(list(zip(items, encoded)), runs, repeats, indices):
             seed = turn_seed(base_seed, repeat, index)
             group = []
             stop = False
@@ -140,6 +146,8 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
                 last = position == len(order) - 1 or stop
                 ranked = sorted(group, key=lambda g: runs.index(g[0]))  # rows in grid order
                 new = group_rows(item, index, repeat, seed, ids, ranked, greedy) if last else []
+                for row in new:
+                    row.update(where)
                 rows.extend(new)
                 if last:
                     tokens.extend(_token_rows(ranked, item, repeat))
@@ -181,10 +189,20 @@ def run_sweep(
     warmup: bool = True,
     progress: Progress | None = None,
     should_stop: Callable[[], bool] | None = None,
+    cluster: "Cluster | str | None" = None,
     **params: Any,
 ) -> SweepResult:
-    """iter_sweep to the end; progress(done, total, message) after each run."""
+    """iter_sweep to the end; progress(done, total, message) after each run.
+
+    cluster ("ray", "ray://HOST:PORT" or a `bench.measure.cluster.Cluster`): the prompts are split into tasks
+    that a pool of Ray workers runs, each worker with its own copy of the pair on one device, every
+    task's prompts with AR and every setting interleaved as here; pair is then a `PairSpec` or a preset
+    or target name, and progress counts tasks. The result is the one this run would leave, each row
+    naming its node and device; tasks that failed are in `errors`."""
     runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != "ar"]
+    if cluster is not None:
+        return _run_on_cluster(pair, prompts, runs, cluster, repeats=repeats, categories=categories, limit=limit,
+                               warmup=warmup, progress=progress, should_stop=should_stop, params=params)
     events = iter_sweep(pair, prompts, runs, repeats=repeats, categories=categories, limit=limit, warmup=warmup,
                         should_stop=should_stop, **params)
     event = None
@@ -194,3 +212,51 @@ def run_sweep(
     assert event is not None
     return sweep_result(pair, event.rows, runs, repeats=repeats, warmup=warmup, stopped=event.stopped,
                         tokens=event.tokens, **params)
+
+
+@dataclass(frozen=True)
+class SweepPart:
+    """A task of a cluster run: some of the sweep's prompts, with their places in the whole, run with
+    AR and every setting interleaved on one worker's pair."""
+
+    prompts: tuple[SuitePrompt, ...]
+    indices: tuple[int, ...]
+    settings: tuple[Setting, ...]
+    repeats: int
+    warmup: bool
+    params: dict
+
+    @property
+    def label(self) -> str:
+        ids = [item.id for item in self.prompts]
+        return ids[0] if len(ids) == 1 else f"{ids[0]}…{ids[-1]} ({len(ids)} prompts)"
+
+    def run(self, pair, kept: dict) -> dict:
+        """The part's rows, drafted tokens and the meta of the worker's pair; a worker warms up once."""
+        events = iter_sweep(pair, self.prompts, self.settings, repeats=self.repeats,
+                            warmup=self.warmup and not kept.get("warm"), prompt_indices=self.indices, **self.params)
+        last = collections.deque(events, maxlen=1)[0]
+        kept["warm"] = True
+        meta = sweep_meta(pair, DecodeParams.from_values(**self.params), list(self.settings), rows_frame(last.rows),
+                          self.repeats, self.warmup)
+        return {"rows": last.rows, "tokens": last.tokens, "meta": meta}
+
+
+def _run_on_cluster(pair, prompts, runs, cluster, *, repeats, categories, limit, warmup, progress, should_stop,
+                    params) -> SweepResult:
+    """run_sweep's prompts as tasks on a pool of Ray workers, merged into one SweepResult."""
+    from ...models.spec import PairSpec
+    from ..measure.cluster import WorkerPool, cluster_meta, parts
+
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
+    DecodeParams.from_values(**params)  # bad values fail before the cluster is reached
+    spec, items = PairSpec.of(pair), _prompts(prompts, categories, limit)
+    pool = WorkerPool(spec, cluster)
+    tasks = [SweepPart(tuple(items[i] for i in part), tuple(part), tuple(runs), repeats, warmup, dict(params))
+             for part in parts(len(items), pool.cluster.prompts_for(len(items), pool.size))]
+    outcome = pool.run(tasks, progress, should_stop)
+    failures = [(f.index, f.label, f.attempts, f.reason) for f in outcome.failures]
+    return merged_result([([item.id for item in task.prompts], outcome.results.get(n)) for n, task in enumerate(tasks)],
+                         failures, runs, repeats=repeats, stopped=outcome.stopped,
+                         extra={"cluster": cluster_meta(pool, outcome, len(tasks))})

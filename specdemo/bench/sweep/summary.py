@@ -37,7 +37,7 @@ _SUMMARY_METRICS = {
     "target_kv_bytes_peak": "max", "draft_kv_bytes_peak": "max",
 }
 
-SUMMARY_COLUMNS = (["method", "label", "setting", *SETTING_COLUMNS, "prompts", "repeats", "runs"]
+SUMMARY_COLUMNS = (["method", "label", "setting", *SETTING_COLUMNS, "prompts", "repeats", "runs", "errors"]
                    + [c for m in _SUMMARY_METRICS for c in (m, f"{m}_std")] + ["exact_match_pct", "runtime"])
 
 
@@ -48,12 +48,14 @@ class SweepResult:
     meta: dict[str, Any] = field(default_factory=dict)
     stopped: bool = False
     tokens: pd.DataFrame | None = None  # one row per drafted token (runner.TOKEN_COLUMNS); None if not kept
+    # Parts of a cluster run that failed (ERROR_COLUMNS): their rows are missing, the others kept.
+    errors: pd.DataFrame | None = None
     _summary: pd.DataFrame | None = field(default=None, repr=False)
 
     @property
     def summary(self) -> pd.DataFrame:
         if self._summary is None:
-            self._summary = summarize_sweep(self.rows)
+            self._summary = summarize_sweep(self.rows, self.errors)
         return self._summary
 
     @property
@@ -106,6 +108,30 @@ def sweep_meta(pair, decode: DecodeParams, runs, frame, repeats, warmup) -> dict
     }
 
 
+# A failed part of a cluster run: the prompts it held, the runs of each setting it took with it, the reason.
+ERROR_COLUMNS = ["task", "prompt_ids", "runs", "attempts", "reason"]
+
+
+def merged_result(parts: Sequence[tuple[Sequence[str], dict | None]], failures: Sequence[tuple[int, str, int, str]],
+                  settings: Sequence[Setting], *, repeats: int, stopped: bool, extra: dict[str, Any]) -> SweepResult:
+    """One SweepResult from the parts of a sweep run apart (a cluster's tasks), as the one run of every
+    prompt would have left it: rows and drafted tokens in its order (repeat, then prompt), the meta of
+    the parts' pair. parts: each part's prompt ids and its result ({"rows", "tokens", "meta"}, None if it
+    failed); failures: (part, task label, attempts, reason)."""
+    done = [result for _, result in parts if result is not None]
+    place = {prompt_id: n for n, prompt_id in enumerate(p for ids, _ in parts for p in ids)}
+    rows = sorted((row for result in done for row in result["rows"]), key=lambda r: (r["repeat"], r["prompt_index"]))
+    tokens = sorted((t for result in done for t in result["tokens"]), key=lambda t: (t["repeat"], place[t["prompt_id"]]))
+    frame = rows_frame(rows)
+    errors = pd.DataFrame([{"task": label, "prompt_ids": ",".join(parts[index][0]),
+                            "runs": len(parts[index][0]) * repeats, "attempts": attempts, "reason": reason}
+                           for index, label, attempts, reason in failures], columns=ERROR_COLUMNS)
+    meta = dict(done[0]["meta"]) if done else {"settings": [s.key for s in settings], "repeats": repeats}
+    meta.update(prompts=int(frame.prompt_id.nunique()), runtime=distinct_values(frame, "runtime"),
+                device=distinct_values(frame, "device"), nodes=distinct_values(frame, "node"), **extra)
+    return SweepResult(frame, list(settings), meta, stopped, pd.DataFrame(tokens), errors)
+
+
 def _per_repeat(part: pd.DataFrame, metric: str, how: str) -> float:
     if how == "geomean":
         return _geomean(part[metric].dropna().tolist())
@@ -129,16 +155,19 @@ def _per_repeat(part: pd.DataFrame, metric: str, how: str) -> float:
     return float(values.mean()) if len(values) else math.nan
 
 
-def summarize_sweep(rows: pd.DataFrame | Sequence[dict]) -> pd.DataFrame:
-    """One row per (method, setting), in the order they first appear: mean ± std over repeats."""
+def summarize_sweep(rows: pd.DataFrame | Sequence[dict], errors: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (method, setting), in the order they first appear: mean ± std over repeats.
+    errors (a cluster run's failed parts, ERROR_COLUMNS): each setting's runs they took with them."""
     rows = rows if isinstance(rows, pd.DataFrame) else rows_frame(rows)
+    failed = int(errors.runs.sum()) if errors is not None and not errors.empty else 0
     out = []
     for key in dict.fromkeys(rows.setting):
         mine = rows[rows.setting == key]
         first = mine.iloc[0]
         row = {"method": first.method, "label": first.label, "setting": key,
                **{c: first[c] for c in SETTING_COLUMNS},
-               "prompts": mine.prompt_id.nunique(), "repeats": mine.repeat.nunique(), "runs": len(mine)}
+               "prompts": mine.prompt_id.nunique(), "repeats": mine.repeat.nunique(), "runs": len(mine),
+               "errors": failed}
         for metric, how in _SUMMARY_METRICS.items():
             values = pd.Series([_per_repeat(part, metric, how) for _, part in mine.groupby("repeat")]).dropna()
             row[metric] = float(values.mean()) if len(values) else math.nan

@@ -31,12 +31,12 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..engine.decoding import generate
-from ..engine.params import DecodeParams
-from ..engine.trace import GenerationResult
-from ..models.loading import EMBEDDED, ModelPair, load_model
-from ..models.precision import resolve_precision
-from .measure.runners import quiet_gc
+from ...engine.decoding import generate
+from ...engine.params import DecodeParams
+from ...engine.trace import GenerationResult
+from ...models.loading import EMBEDDED, ModelPair, load_model
+from ...models.precision import resolve_precision
+from .runners import quiet_gc
 
 FLOAT32 = "float32"
 VS_FLOAT32_COLUMNS = ["speedup_vs_fp32_ar", "token_match_vs_fp32", "prefix_match_vs_fp32", "chrf_vs_fp32",
