@@ -251,9 +251,7 @@ def load_pair(
     draft_model = vocab_size = None
     if draft is not None:
         draft_model = _load_draft(draft, target, target_model, tokenizer, device, draft_precision, trust_remote_code)
-        if runtime == ONNX and isinstance(draft_model, PublishedHead):
-            raise ValueError(f"runtime onnx: the {draft_model.name} {draft!r} drafts beside a torch target only; "
-                             "use runtime=torch")
+        _check_head_runtime(draft_model, draft, runtime)
         if not isinstance(draft_model, HEADS):  # a head predicts over the target's own vocabulary
             vocab_size = shared_vocab_size(target_model, draft_model, tokenizer, target, draft)
     target_runtime = _onnx_target(target, target_model, tokenizer, target_precision) if runtime == ONNX else None
@@ -268,6 +266,12 @@ def load_pair(
                      vocab_size=vocab_size, target_precision=target_precision,
                      draft_precision=draft_precision if draft is not None else None,
                      runtime=runtime, target_runtime=target_runtime, draft_runtime=draft_runtime)
+
+
+def _check_head_runtime(draft_model, draft: str, runtime: str) -> None:
+    if runtime == ONNX and isinstance(draft_model, PublishedHead):
+        raise ValueError(f"runtime onnx: the {draft_model.name} {draft!r} drafts beside a torch target only; "
+                         "use runtime=torch")
 
 
 def _use_few_row_products(models) -> None:
