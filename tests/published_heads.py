@@ -52,7 +52,7 @@ def _target(target_dir: Path) -> LlamaForCausalLM:
 def write_eagle(folder: Path, target_dir: Path, seed: int = 0) -> Path:
     """EAGLE-1/2 as the authors publish it: pytorch_model.bin with fc (and its bias), layers.0.* without an
     input norm, embed_tokens; a one-layer Llama config with `bias`."""
-    target, d = _target(target_dir), None
+    target = _target(target_dir)
     torch.manual_seed(seed)
     d = target.config.hidden_size
     fc = torch.cat((0.02 * torch.randn(d, d, dtype=torch.float64), torch.eye(d, dtype=torch.float64)), dim=1)
@@ -81,7 +81,8 @@ def _eagle3_state(target, draft_size: int, prefix: str) -> dict[str, torch.Tenso
             **_layer_weights(target, prefix, 2 * d),
             "norm.weight": _noisy(target.model.norm.weight, 0.05),
             "lm_head.weight": _noisy(target.lm_head.weight[ids]),
-            "d2t": ids - torch.arange(draft_size), "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill_(0, ids, True)}
+            "d2t": ids - torch.arange(draft_size),
+            "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill_(0, ids, True)}
 
 
 def write_eagle3(folder: Path, target_dir: Path, draft_size: int, seed: int = 0) -> Path:
@@ -111,7 +112,8 @@ def write_speculators_eagle3(folder: Path, target_dir: Path, draft_size: int, la
               "eagle_aux_hidden_state_layer_ids": layer_ids, "transformer_layer_config": layer,
               "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
                                      "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                                     "verifier": {"name_or_path": str(target_dir), "architectures": ["LlamaForCausalLM"]}}}
+                                     "verifier": {"name_or_path": str(target_dir),
+                                                  "architectures": ["LlamaForCausalLM"]}}}
     (folder / "config.json").write_text(json.dumps(config))
     state = {k: v.contiguous() for k, v in _eagle3_state(target, draft_size, "layers.0.").items()}
     save_file(state, str(folder / "model.safetensors"))

@@ -203,7 +203,8 @@ def _medusa(config, state, target_model, ref, target_ref, layout) -> MedusaHead:
     return head
 
 
-def save_eagle(folder: Path, config: dict, state: dict[str, torch.Tensor], file_name: str = "pytorch_model.bin") -> None:
+def save_eagle(folder: Path, config: dict, state: dict[str, torch.Tensor],
+               file_name: str = "pytorch_model.bin") -> None:
     """Write a head in a published layout: config.json and its weights (.bin as the EAGLE authors
     publish theirs, or a .safetensors name)."""
     folder = Path(folder)

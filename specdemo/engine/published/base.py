@@ -49,12 +49,15 @@ class LayerShape:
     head_dim: int
     intermediate_size: int
     rms_norm_eps: float = 1e-6
-    attention_bias: bool = False
+    attention_bias: bool = False  # q, k and v have biases (Qwen2's layers)
+    output_bias: bool = False  # o_proj has one
     rope: dict = field(default_factory=dict)  # rope_theta, rope_scaling / rope_parameters, max_position_embeddings
     feature_layers: tuple[int, ...] = ()  # indices into the target's hidden_states read beside its final state
 
     @classmethod
-    def from_config(cls, config: dict, feature_layers: tuple[int, ...] = ()) -> "LayerShape":
+    def from_config(cls, config: dict, feature_layers: tuple[int, ...] = (), names=()) -> "LayerShape":
+        """From a Llama config's fields; `names`, the checkpoint's keys, say which projections carry biases
+        (a Qwen2 head's q, k and v do without a config field saying so)."""
         heads = config["num_attention_heads"]
         rope = {k: config[k] for k in ("rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings")
                 if config.get(k) is not None}
@@ -62,7 +65,8 @@ class LayerShape:
                    num_kv_heads=config.get("num_key_value_heads") or heads,
                    head_dim=config.get("head_dim") or config["hidden_size"] // heads,
                    intermediate_size=config["intermediate_size"], rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-                   attention_bias=bool(config.get("attention_bias", False)), rope=rope,
+                   attention_bias=bool(config.get("attention_bias")) or any(k.endswith("q_proj.bias") for k in names),
+                   output_bias=any(k.endswith("o_proj.bias") for k in names), rope=rope,
                    feature_layers=tuple(feature_layers))
 
 
@@ -88,7 +92,7 @@ class DecoderLayer(nn.Module):
         self.self_attn.q_proj = nn.Linear(attention_width, heads * hd, bias=bias)
         self.self_attn.k_proj = nn.Linear(attention_width, kv * hd, bias=bias)
         self.self_attn.v_proj = nn.Linear(attention_width, kv * hd, bias=bias)
-        self.self_attn.o_proj = nn.Linear(heads * hd, d, bias=False)
+        self.self_attn.o_proj = nn.Linear(heads * hd, d, bias=shape.output_bias)
         self.mlp = nn.Module()
         self.mlp.gate_proj = nn.Linear(d, shape.intermediate_size, bias=False)
         self.mlp.up_proj = nn.Linear(d, shape.intermediate_size, bias=False)

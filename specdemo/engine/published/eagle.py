@@ -58,7 +58,7 @@ class EagleHead(PublishedHead):
             raise ValueError(f"EAGLE head: {layers} decoder layers in its config; the published heads have one, "
                              "and only one is read here")
         d2t = state.get("d2t")
-        head = cls(LayerShape.from_config(config), config["vocab_size"], fc_bias="fc.bias" in state,
+        head = cls(LayerShape.from_config(config, names=state), config["vocab_size"], fc_bias="fc.bias" in state,
                    input_norm=f"{LAYER}input_layernorm.weight" in state, final_norm="norm.weight" in state,
                    draft_vocab_size=None if d2t is None else d2t.shape[0], own_embedding="embed_tokens.weight" in state)
         head.load_state_dict(state, strict=True)
@@ -108,7 +108,8 @@ def eagle_layout(head: FeatureHead, target_config) -> tuple[dict, dict[str, torc
                          "its input mixes several of the target's layers")
     c = head.config
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "bias": False, "num_hidden_layers": 1,
-              "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
+              "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+              "num_attention_heads": c.num_heads,
               "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps,
               "rope_theta": c.rope_theta, "vocab_size": c.vocab_size, "hidden_act": "silu",
               "max_position_embeddings": getattr(target_config, "max_position_embeddings", 2048)}

@@ -62,9 +62,10 @@ class Eagle3Head(PublishedHead):
             raise ValueError(f"EAGLE-3 head: {layers} decoder layers in its config; only one-layer heads are read here")
         state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in state.items()}
         vocab = config["vocab_size"]
-        head = cls(LayerShape.from_config(config, feature_layers), vocab, config.get("draft_vocab_size") or vocab,
-                   target_hidden_size, bool(config.get("norm_before_residual", False)),
-                   own_embedding="embed_tokens.weight" in state, layout=layout)
+        shape = LayerShape.from_config(config, feature_layers, names=state)
+        head = cls(shape, vocab, config.get("draft_vocab_size") or vocab, target_hidden_size,
+                   bool(config.get("norm_before_residual", False)), own_embedding="embed_tokens.weight" in state,
+                   layout=layout)
         missing, unexpected = head.load_state_dict(state, strict=False)
         # A head drafting over the whole vocabulary may come without its (identity) map.
         missing = [k for k in missing if k not in ("d2t", "t2d")]

@@ -43,7 +43,8 @@ class MedusaHead(PublishedHead):
         super().__init__()
         self.hidden_size, self.vocab_size, self.num_heads = hidden_size, vocab_size, num_heads
         self.medusa_head = nn.ModuleList(
-            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)], nn.Linear(hidden_size, vocab_size, bias=False))
+            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)],
+                          nn.Linear(hidden_size, vocab_size, bias=False))
             for _ in range(num_heads))
 
     @classmethod
