@@ -33,7 +33,8 @@ SERIAL_UNIT = "served-timed-or-browser"
 # worker starts a long one when the rest of the suite is nearly done; the other modules (under
 # 50 s each) follow, those with the most tests first.
 SLOWEST_UNITS_SECONDS = {
-    "test_published_drafters": 480, "test_lossless_sampling": 439, "test_gpu_suite": 387, "test_fused_head": 384, "test_encoder_decoder": 245,
+    "test_published_drafters": 480, "test_lossless_sampling": 439, "test_gpu_suite": 387, "test_fused_head": 384,
+    "test_encoder_decoder": 245,
     "test_embedded": 214, SERIAL_UNIT: 210, "test_feature_drafter": 134, "test_install": 95, "test_decoding": 76,
     "test_layout": 74, "test_tree_decoding": 67, "test_overhead": 64, "test_precision": 63,
 }
