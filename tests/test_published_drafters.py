@@ -219,3 +219,19 @@ def test_a_head_shipping_another_tokenizer_is_refused(tmp_path, folders):
     write_tokenizer(head, vocab=48)
     with pytest.raises(ValueError, match="tokenizer differs"):
         load_pair(str(target), str(head), device="cpu", dtype="float64")
+
+
+def test_the_kind_comes_from_the_config_alone_before_a_hub_download(folders):
+    from specdemo.models.published import kind_of, published_kind
+
+    _, heads = folders
+    configs = {name: json.loads((folder / "config.json").read_text()) for name, folder in heads.items()}
+    assert kind_of(configs["eagle3"]) == ("eagle3", "")
+    assert kind_of(configs["speculators"]) == ("eagle3", "speculators")
+    assert kind_of(configs["medusa"]) == ("medusa", "")
+    assert kind_of(configs["eagle"]) == ("eagle", "")  # one decoder layer: its weight names are checked later
+    assert kind_of({**configs["eagle"], "num_hidden_layers": 2}) is None  # a draft LM
+    assert kind_of(configs["eagle"], weight_names={"model.embed_tokens.weight"}) is None
+    with pytest.raises(ValueError, match="speculators checkpoint of type 'mlp_speculator'"):
+        kind_of({"speculators_model_type": "mlp_speculator"})
+    assert published_kind("nobody/no-such-head") is None  # offline: a draft model, whose loading explains

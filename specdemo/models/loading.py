@@ -400,6 +400,8 @@ def draft_kind_of(draft: str | None) -> str | None:
         return "model"
     if is_feature_head(draft):
         return "feature-head"
+    if any(draft == preset.draft for preset in PRESETS.values()):  # the presets' drafts are LMs: no Hub lookup
+        return "model"
     return published_kind(draft) or "model"
 
 

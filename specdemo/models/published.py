@@ -6,7 +6,7 @@ the weight names):
   speculators_config / speculators_model_type "eagle3"   EAGLE-3, speculators' layout
   medusa_num_heads                                        Medusa
   draft_vocab_size, or an architecture naming Eagle3      EAGLE-3, the authors' layout
-  weights fc.weight + layers.0.self_attn.* (or a one-layer config with `bias`)   EAGLE-1/2
+  weights fc.weight + layers.0.self_attn.* (a Hub id: a one-layer config)   EAGLE-1/2
 A head whose hidden size, vocabulary or layers do not fit the target is refused with a ValueError
 (`ModelLoadError`) that names both sides, before anything runs. The torch modules live in
 `specdemo.engine.published`; this module reads files and checks.
@@ -67,7 +67,9 @@ def kind_of(config: dict | None, weight_names: set[str] | None = None) -> tuple[
         return "eagle3", ""
     if weight_names is not None:
         return ("eagle", "") if all(k in weight_names for k in EAGLE_KEYS) else None
-    return ("eagle", "") if "bias" in config and config.get("num_hidden_layers") == 1 else None
+    # A Hub id before its weights are fetched: a one-layer decoder is taken for an EAGLE head, and
+    # `load_published` checks its weight names once they are here.
+    return ("eagle", "") if config.get("num_hidden_layers") == 1 else None
 
 
 def published_kind(ref: str | None) -> str | None:
