@@ -235,3 +235,17 @@ def test_the_kind_comes_from_the_config_alone_before_a_hub_download(folders):
     with pytest.raises(ValueError, match="speculators checkpoint of type 'mlp_speculator'"):
         kind_of({"speculators_model_type": "mlp_speculator"})
     assert published_kind("nobody/no-such-head") is None  # offline: a draft model, whose loading explains
+
+
+@pytest.mark.parametrize("name", ["eagle3", "medusa"])
+def test_a_sweep_counts_what_a_published_head_and_its_target_are_fed(pairs, name):
+    import pandas as pd
+
+    from specdemo.bench.sweep import expand_grid, run_sweep
+
+    result = run_sweep(pairs[name], ["w5 w6 w7 w8 w9"], expand_grid(gamma=[2], gamma_max=[3], ema=[0]), repeats=1,
+                       max_new_tokens=10, chat=False, warmup=False)
+    rows = result.rows if hasattr(result.rows, "iterrows") else pd.DataFrame(result.rows)
+    sd = rows[rows.method == "sd"].iloc[0]
+    assert sd.matches_ar and sd.draft_forwards_per_token > 0
+    assert 0 < sd.draft_flops_per_token < sd.target_flops_per_token

@@ -38,6 +38,17 @@ class PublishedHead(nn.Module):
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    @property
+    def step_module(self) -> nn.Module:
+        """The module one draft step calls (what a sweep's counters hook)."""
+        return self
+
+    def matmul_parameters(self) -> tuple[int, int]:
+        """(own, borrowed) parameters that multiply activations in a step: its weights less an embedding
+        (a lookup), and the target's LM-head rows it reads (none: a head with its own)."""
+        embedding = getattr(self, "embed_tokens", None)
+        return self.parameter_count() - (embedding.weight.numel() if embedding is not None else 0), 0
+
 
 @dataclass
 class LayerShape:

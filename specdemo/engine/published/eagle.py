@@ -79,6 +79,10 @@ class EagleHead(PublishedHead):
         self.head_rows = rows.to(self.fc.weight.dtype)
         return self
 
+    def matmul_parameters(self) -> tuple[int, int]:
+        own, _ = super().matmul_parameters()
+        return own, 0 if self.head_rows is None else self.head_rows.numel()
+
     def forward(self, features: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
                 cache: HeadCache | None = None) -> torch.Tensor:
         """features [1, T, d] (f_j), next_ids [1, T] (x_{j+1}), positions [T] -> the predicted f_{j+1} [1, T, d]."""

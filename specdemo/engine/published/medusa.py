@@ -60,6 +60,10 @@ class MedusaHead(PublishedHead):
         head.load_state_dict(state, strict=True)
         return head
 
+    @property
+    def step_module(self) -> nn.Module:
+        return self.medusa_head[0]  # every head runs once a step; the first is hooked
+
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
         """feature [d] (the target's final state at a verified position) -> [K, V], head k's logits."""
         x = feature.to(self.medusa_head[0][-1].weight.dtype)
