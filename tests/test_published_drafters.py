@@ -249,3 +249,9 @@ def test_a_sweep_counts_what_a_published_head_and_its_target_are_fed(pairs, name
     sd = rows[rows.method == "sd"].iloc[0]
     assert sd.matches_ar and sd.draft_forwards_per_token > 0
     assert 0 < sd.draft_flops_per_token < sd.target_flops_per_token
+
+
+def test_a_published_head_runs_in_a_float_dtype(folders):
+    target, heads = folders
+    with pytest.raises(ValueError, match="int8: the EAGLE-3 head .* runs in a float dtype"):
+        load_pair(str(target), str(heads["eagle3"]), device="cpu", dtype="float64", draft_dtype="int8")

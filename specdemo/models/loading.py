@@ -27,7 +27,7 @@ from transformers.models.auto.modeling_auto import (
 
 from ..engine.feature_head import FeatureHead, is_feature_head
 from ..engine.few_rows import use_few_row_products
-from ..engine.published import PublishedHead
+from ..engine.published import KIND_NAMES, PublishedHead
 from .embedded import DEFAULT_DRAFT, EMBEDDED_HEAD, EMBEDDED_LM, load_embedded_draft, load_embedded_target
 from .errors import ModelLoadError
 from .onnx_export import ONNX, TORCH, check_runtime, onnx_target
@@ -359,7 +359,8 @@ def _load_draft(draft: str, target: str, target_model, tokenizer, device, precis
             "e.g. a smaller model of the same family"
         )
     if precision.quantized and kind != "model":
-        raise ValueError(f"draft_dtype {precision.name}: the {kind} draft {draft!r} runs in a float dtype "
+        what = "feature head" if kind == "feature-head" else KIND_NAMES[kind]
+        raise ValueError(f"draft_dtype {precision.name}: the {what} {draft!r} runs in a float dtype "
                          "(float32, bfloat16 or float16); int8 and int4 quantize draft LMs and self-drafts")
     dtype = precision.float_dtype
     if embedded:
