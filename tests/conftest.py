@@ -23,7 +23,7 @@ from tests.tiny import build_tiny_pair
 # after another and no two servers or browsers compete for the same two cores.
 SERIAL_MODULES = frozenset({
     "test_browser", "test_tree_browser", "test_ui", "test_ui_load", "test_sweeptab", "test_benchtab",
-    "test_streams", "test_quiet", "test_sweep_cli", "test_page_bench", "test_clock",
+    "test_streams", "test_quiet", "test_sweep_cli", "test_page_bench", "test_clock", "test_published_browser",
 })
 SERIAL_UNIT = "served-timed-or-browser"
 
@@ -33,7 +33,8 @@ SERIAL_UNIT = "served-timed-or-browser"
 # worker starts a long one when the rest of the suite is nearly done; the other modules (under
 # 50 s each) follow, those with the most tests first.
 SLOWEST_UNITS_SECONDS = {
-    "test_lossless_sampling": 439, "test_gpu_suite": 387, "test_fused_head": 384, "test_encoder_decoder": 245,
+    "test_published_drafters": 480, "test_lossless_sampling": 439, "test_gpu_suite": 387, "test_fused_head": 384,
+    "test_encoder_decoder": 245,
     "test_embedded": 214, SERIAL_UNIT: 210, "test_feature_drafter": 134, "test_install": 95, "test_decoding": 76,
     "test_layout": 74, "test_tree_decoding": 67, "test_overhead": 64, "test_precision": 63,
     "test_cluster": 295,  # Ray's workers each import torch and load the tiny pair

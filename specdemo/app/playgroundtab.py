@@ -191,10 +191,12 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> Inputs:
     # A public demo serves its presets only (typed ids and paths are also refused server-side).
     with gr.Accordion("Custom models", open=False, visible=not ctx.limits.public):
         gr.Markdown("A target overrides the pair above: a Hub id, a local folder or a .gguf file. "
-                    "The draft must share the target's tokenizer (leave it empty to run AR and NASD only).")
+                    "The draft must share the target's tokenizer (leave it empty to run AR and NASD only); it may "
+                    "also be a published draft head for the target, an EAGLE, EAGLE-3 or Medusa checkpoint "
+                    "(a folder or a Hub id, recognised from its config).")
         with gr.Row():
             target = gr.Textbox("", label="Target model", placeholder="e.g. HuggingFaceTB/SmolLM2-360M-Instruct")
-            draft = gr.Textbox("", label="Draft model", placeholder="e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
+            draft = gr.Textbox("", label="Draft model", placeholder="e.g. HuggingFaceTB/SmolLM2-135M-Instruct, or an EAGLE-3 head's id")
     with gr.Accordion("Advanced settings", open=False):
         controls.update(forms.param_controls(forms.ADVANCED_PARAMS, initial, row_width=forms.ROW_WIDTH))
         with gr.Row():

@@ -29,6 +29,7 @@ from ..engine.clock import interleaved_medians
 from ..engine.decoding import generate
 from ..engine.drafters.feature_drafter import FeatureDrafter
 from ..engine.drafters.feature_head import FeatureHead
+from ..engine.drafters.published import PublishedHead
 from ..engine.targets.lm import CachedLM, buckets_up_to
 from ..engine.params import EngineOptions
 from ..engine.drafters.policies import FixedGamma
@@ -172,6 +173,9 @@ def isolated_costs(pair, context: list[int], gamma: int, cache: str = "dynamic",
     `context`, each alone, interleaved so that both see the same machine.
 
     cache is the concrete kind ("static" or "dynamic"), as the decode loop got it."""
+    if isinstance(pair.draft, PublishedHead):
+        raise ValueError(f"the round overhead times a draft LM's or our feature head's step; this pair drafts with "
+                         f"a {pair.draft.name}, whose step it does not time yet")
     device = pair.device
     reads_features = isinstance(pair.draft, FeatureHead)
     max_length = len(context) + 2 * (gamma + 1)

@@ -25,8 +25,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--pair", default=None, choices=sorted(PRESETS),
                        help="a model-pair preset (default: embedded, unless --target is given)")
     group.add_argument("--target", default=None, help="target: hub id, local folder or .gguf file")
-    group.add_argument("--draft", default=None, help="draft for sd/egag: hub id, local folder, .gguf file, or "
-                                                     "self:PRECISION (the target's own weights, e.g. self:int8)")
+    group.add_argument("--draft", default=None, help="draft for sd/egag: hub id, local folder, .gguf file, a "
+                                                     "published EAGLE, EAGLE-3 or Medusa head for the target "
+                                                     "(hub id or folder), or self:PRECISION (the target's own "
+                                                     "weights, e.g. self:int8)")
     group.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: cuda if available)")
     group.add_argument("--dtype", default=None,
                        help=f"both models' precision, one of {', '.join(PRECISIONS)} "

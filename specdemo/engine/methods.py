@@ -24,6 +24,7 @@ from .drafters.feature_drafter import FeatureDrafter
 from .drafters.feature_head import FeatureHead
 from .runtimes import TORCH, runtime_named
 from .params import DecodeParams
+from .drafters.published import PUBLISHED_KINDS, PublishedHead
 from .params import parse_shape
 from .drafters.acceptance_head import cached_acceptance_head, round_features
 from .drafters.policies import (AdaEDLStop, ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma, PredictedRejectionStop,
@@ -36,6 +37,8 @@ from .drafters.tree_drafting import DynamicTree, EntropyTree, StaticTree, StopRu
 # Recomputing the whole prefix every step is quadratic; longer runs are cut to this many tokens.
 NOCACHE_MAX_NEW_TOKENS = 128
 FEATURE_HEAD = "feature-head"
+# Drafts that read the target's states (ours and the published heads): none can write by itself.
+HEAD_KINDS = (FEATURE_HEAD, *PUBLISHED_KINDS)
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class Method:
         if self.needs_feature_head and getattr(pair, "draft_kind", None) != FEATURE_HEAD:
             return (f"method {self.name!r} adapts the pair's feature head while serving, and this pair drafts with "
                     "a draft model; load a pair with a feature head (e.g. the embedded preset)")
-        if self.decoder == "draft" and getattr(pair, "draft_kind", None) == FEATURE_HEAD:
+        if self.decoder == "draft" and getattr(pair, "draft_kind", None) in HEAD_KINDS:
             return (f"method {self.name!r} runs the pair's draft model alone, and this pair drafts with a feature "
                     "head, which cannot write without the target's hidden states; load a pair with a draft model "
                     "(e.g. the embedded-lm preset)")
@@ -95,6 +98,8 @@ def _model_drafter(pair, params: DecodeParams) -> Drafter:
 def _plain_drafter(pair, draft_on_runtime: bool = True) -> Drafter:
     """The pair's draft without context copying (a tree's drafts come from one q per node); beside a
     runtime target, its steps on that runtime too where `draft_on_runtime` and the runtime runs it."""
+    if isinstance(pair.draft, PublishedHead):
+        return pair.draft.drafter()
     if isinstance(pair.draft, FeatureHead):
         runtime = getattr(pair, "target_runtime", None)
         return runtime.feature_drafter(pair.draft) if runtime is not None else FeatureDrafter(pair.draft)

@@ -26,13 +26,19 @@ from transformers.models.auto.modeling_auto import (
 )
 
 from ..engine.drafters.feature_head import FeatureHead, is_feature_head
+from ..engine.drafters.published import KIND_NAMES, PublishedHead
 from ..engine.targets.few_rows import use_few_row_products
 from .embedded import DEFAULT_DRAFT, EMBEDDED_HEAD, EMBEDDED_LM, load_embedded_draft, load_embedded_target
 from .errors import ModelLoadError
 from ..engine.runtimes.onnx_export import ONNX, TORCH, check_runtime, onnx_target
+from .published import load_published, local_folder, published_kind
 from .precision import (Precision, attention_of, make_verification_row_exact, quantize, resolve_precision, self_draft,
                         self_draft_precision, verification_exactness)
 from .tokens import check_token_ids, collect_eos_ids, default_device, encode_chat, resolve_dtype
+
+
+# Drafts that read the target's states instead of running by themselves: ours, and the published heads.
+HEADS = (FeatureHead, PublishedHead)
 
 
 @dataclass(frozen=True)
@@ -121,9 +127,12 @@ class ModelPair:
 
     @property
     def draft_kind(self) -> str | None:
-        """"feature-head" (reads the target's states), "model" (a draft LM) or None."""
+        """"feature-head" (ours: reads the target's states), a published head's kind ("eagle", "eagle3",
+        "medusa"), "model" (a draft LM) or None."""
         if self.draft is None:
             return None
+        if isinstance(self.draft, PublishedHead):
+            return self.draft.kind
         return "feature-head" if isinstance(self.draft, FeatureHead) else "model"
 
     @property
@@ -131,6 +140,8 @@ class ModelPair:
         """What drafts for SD and EGAG, as the page and the benchmark name it."""
         if self.draft is None:
             return None
+        if isinstance(self.draft, PublishedHead):
+            return f"{self.draft.name} ({self.draft_ref})"
         if isinstance(self.draft, FeatureHead):
             return f"feature head ({self.draft_ref})"
         return f"draft model ({self.draft_ref})"
@@ -138,7 +149,7 @@ class ModelPair:
     @property
     def context_length(self) -> int:
         # A feature head has no context of its own: it reads the target's positions.
-        limits = [_context_length(m) for m in (self.target, self.draft) if m is not None and not isinstance(m, FeatureHead)]
+        limits = [_context_length(m) for m in (self.target, self.draft) if m is not None and not isinstance(m, HEADS)]
         return min(limits)
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
@@ -228,7 +239,8 @@ def load_pair(
     draft_model = vocab_size = None
     if draft is not None:
         draft_model = _load_draft(draft, target, target_model, tokenizer, device, draft_precision, trust_remote_code)
-        if not isinstance(draft_model, FeatureHead):  # a head predicts over the target's own vocabulary
+        _check_head_runtime(draft_model, draft, runtime)
+        if not isinstance(draft_model, HEADS):  # a head predicts over the target's own vocabulary
             vocab_size = shared_vocab_size(target_model, draft_model, tokenizer, target, draft)
     target_runtime = _onnx_target(target, target_model, tokenizer, target_precision) if runtime == ONNX else None
     draft_runtime = _onnx_draft(draft, draft_model, tokenizer, draft_precision) if target_runtime else None
@@ -244,11 +256,17 @@ def load_pair(
                      runtime=runtime, target_runtime=target_runtime, draft_runtime=draft_runtime)
 
 
+def _check_head_runtime(draft_model, draft: str, runtime: str) -> None:
+    if runtime == ONNX and isinstance(draft_model, PublishedHead):
+        raise ValueError(f"runtime onnx: the {draft_model.name} {draft!r} drafts beside a torch target only; "
+                         "use runtime=torch")
+
+
 def _use_few_row_products(models) -> None:
     """The CPU's few-row products for each float model of (model, precision) pairs; a quantized
     model's linear layers run their library's kernels, not float products."""
     for model, precision in models:
-        if model is not None and not (precision.quantized and not isinstance(model, FeatureHead)):
+        if model is not None and not (precision.quantized and not isinstance(model, HEADS)):
             use_few_row_products(model)
 
 
@@ -287,7 +305,7 @@ def _onnx_draft(draft: str | None, draft_model, tokenizer, precision: Precision)
     from ..engine.runtimes.onnx_export import export_root
 
     embedded_lm = draft == EMBEDDED_LM or (draft == EMBEDDED and DEFAULT_DRAFT == EMBEDDED_LM)
-    if draft_model is None or isinstance(draft_model, FeatureHead) or precision.name != "float32" \
+    if draft_model is None or isinstance(draft_model, HEADS) or precision.name != "float32" \
             or self_draft_precision(draft) is not None or not (embedded_lm or Path(draft).is_dir()):
         return None
     source = DRAFT_DIR if embedded_lm else Path(draft)
@@ -321,39 +339,59 @@ def _load_draft(draft: str, target: str, target_model, tokenizer, device, precis
     if self_draft_precision(draft) is not None:
         return self_draft(target_model, precision)
     embedded = draft in (EMBEDDED, EMBEDDED_LM, EMBEDDED_HEAD)
-    if is_encoder_decoder_model(target_model) and (embedded or is_feature_head(draft)):
+    kind = draft_kind_of(draft)
+    if is_encoder_decoder_model(target_model) and (embedded or kind not in ("model", None)):
         raise ModelLoadError(
             f"{draft!r} drafts for a decoder-only target; {target!r} is an encoder-decoder model "
             f"({architecture(target_model.config)}): give it an encoder-decoder draft with its tokenizer, "
             "e.g. a smaller model of the same family"
         )
-    if precision.quantized and draft_kind_of(draft) == "feature-head":
-        raise ValueError(f"draft_dtype {precision.name}: the feature head {draft!r} runs in a float dtype "
+    if precision.quantized and kind != "model":
+        what = "feature head" if kind == "feature-head" else KIND_NAMES[kind]
+        raise ValueError(f"draft_dtype {precision.name}: the {what} {draft!r} runs in a float dtype "
                          "(float32, bfloat16 or float16); int8 and int4 quantize draft LMs and self-drafts")
     dtype = precision.float_dtype
     if embedded:
         draft_model = load_embedded_draft(target_model, kind=draft, device=device, dtype=dtype)
     elif is_feature_head(draft):
         return load_feature_head(draft, target_model, device, dtype)
+    elif kind != "model":
+        _check_head_tokenizer(draft, tokenizer, target, trust_remote_code)
+        return load_published(draft, target_model, target, device, dtype)
     else:
         draft_tokenizer = _optional_tokenizer(draft, trust_remote_code)
         if draft_tokenizer is not None:
             check_same_tokenizer(tokenizer, draft_tokenizer, target, draft)
         draft_model = load_model(draft, device, dtype, trust_remote_code)
         check_same_kind(target_model, draft_model, target, draft)
-    return draft_model if isinstance(draft_model, FeatureHead) else quantize(draft_model, precision)
+    return draft_model if isinstance(draft_model, HEADS) else quantize(draft_model, precision)
+
+
+def _check_head_tokenizer(draft: str, tokenizer, target: str, trust_remote_code: bool) -> None:
+    """A published head that ships a tokenizer must ship the target's (most ship none)."""
+    folder = local_folder(draft)
+    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
+        return
+    head_tokenizer = _optional_tokenizer(str(folder), trust_remote_code)
+    if head_tokenizer is not None:
+        check_same_tokenizer(tokenizer, head_tokenizer, target, draft)
 
 
 def draft_kind_of(draft: str | None) -> str | None:
-    """What a draft reference will load as, without loading it: "feature-head", "model" or None
-    (as `ModelPair.draft_kind` says of a loaded pair)."""
+    """What a draft reference will load as, without loading it: "feature-head", a published head's kind
+    ("eagle", "eagle3", "medusa", from its config), "model" or None (as `ModelPair.draft_kind` says of a
+    loaded pair)."""
     if not draft:
         return None
     if draft in (EMBEDDED, EMBEDDED_HEAD, EMBEDDED_LM):
         return "feature-head" if (DEFAULT_DRAFT if draft == EMBEDDED else draft) == EMBEDDED_HEAD else "model"
     if self_draft_precision(draft) is not None:
         return "model"
-    return "feature-head" if is_feature_head(draft) else "model"
+    if is_feature_head(draft):
+        return "feature-head"
+    if any(draft == preset.draft for preset in PRESETS.values()):  # the presets' drafts are LMs: no Hub lookup
+        return "model"
+    return published_kind(draft) or "model"
 
 
 def load_feature_head(folder: str, target_model, device, dtype) -> FeatureHead:

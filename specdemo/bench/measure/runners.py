@@ -22,7 +22,7 @@ import torch
 
 from ...engine.decoding import generate
 from ...engine.targets.seq2seq import decoder_start
-from ...engine.methods import METHODS
+from ...engine.methods import HEAD_KINDS, METHODS
 from ...engine.params import DecodeParams
 from ...engine.tokens import cut_at_eos
 from ...engine.trace import GenerationResult, TokenRecord
@@ -62,7 +62,7 @@ def unavailable_bench_methods(draft_kind: str | None) -> dict[str, str]:
     if draft_kind is None:
         return {n: "needs a draft, and this pair has none" for n in bench_methods()
                 if (n in METHODS and METHODS[n].needs_draft) or n.startswith("hf-assisted")}
-    if draft_kind == "feature-head":
+    if draft_kind in HEAD_KINDS:
         # transformers' assisted generation runs a whole draft LM; a head that reads the target is not one.
         return {n: "runs a draft language model, and this pair drafts with a feature head (the embedded-lm "
                    "pair has one)" for n in HF_METHODS if n.startswith("hf-assisted")}
@@ -96,7 +96,7 @@ def parse_bench_methods(value: str | Sequence[str] | None, pair=None) -> list[st
             refused = METHODS[name].unavailable(pair) if name in METHODS else None
             if refused:
                 raise ValueError(refused)
-    if pair is not None and getattr(pair, "draft_kind", None) == "feature-head":
+    if pair is not None and getattr(pair, "draft_kind", None) in HEAD_KINDS:
         # transformers' assisted generation runs a whole draft LM; a head that reads the target is not one.
         assisted = [n for n in names if n.startswith("hf-assisted")]
         if assisted and value is None:

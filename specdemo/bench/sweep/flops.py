@@ -11,12 +11,15 @@ from __future__ import annotations
 import torch
 
 from ...engine.drafters.feature_head import FeatureHead
+from ...engine.drafters.published import PublishedHead
 
 
 def matmul_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(body, head) parameter counts that multiply activations: every weight once, less
     the input embedding (a lookup) unless it is tied to the output head. A quantized layer's
     packed weight (torch.ao's dynamic int8 Linear keeps it outside `parameters()`) counts too."""
+    if isinstance(model, PublishedHead):
+        return model.matmul_parameters()
     if isinstance(model, FeatureHead):  # its own layer, then the target's LM-head rows of its subset
         return sum(p.numel() for p in model.parameters()), model.config.subset_size * model.config.hidden_size
     params = {p.data_ptr(): p.numel() for p in model.parameters()}
@@ -54,8 +57,8 @@ class FedCounter:
         self._followed: set[int] = set()
         if model is None:
             return
-        if isinstance(model, FeatureHead):
-            self.follow(model)
+        if isinstance(model, (FeatureHead, PublishedHead)):
+            self.follow(model.step_module if isinstance(model, PublishedHead) else model)
             return
         self._handles.append(model.get_decoder().register_forward_pre_hook(self._body_hook, with_kwargs=True))
         output = model.get_output_embeddings()
@@ -82,7 +85,8 @@ class FedCounter:
     def _head_hook(self, module, args, kwargs):
         features = kwargs.get("features", args[0] if args else None)
         if features is not None and torch.is_inference_mode_enabled():
-            self.calls.append([int(features.shape[-2]), 1])  # one position's subset logits a step
+            # one position's subset logits a step; a Medusa step reads one state [d]
+            self.calls.append([int(features.shape[-2]) if features.dim() >= 2 else 1, 1])
 
     def decoding(self, prefill_calls: int) -> tuple[int, int, float]:
         """(forwards, tokens fed, FLOPs) after the first prefill_calls calls."""

@@ -50,6 +50,7 @@ class Drafter:
       target_top_k > 0       `observe` gets the ids of the target's best tokens at those positions;
       drafts_tokens          False for AR's drafter, which proposes nothing (one token verified a round);
       drafts_trees           `propose_tree` instead of `propose`;
+      tree_stepper           the class that grows its trees (`tree_drafting`), where the drafter brings its own;
       learns_online          `learn` after each finished request, off the clock (OSD);
     and `use_cache` / `warm_up` / `close` for a drafter that keeps a model's KV cache.
     Proposals stay on the device: the loop reads a round's drafts back with the target's verdict.
@@ -60,6 +61,7 @@ class Drafter:
     target_top_k = 0
     drafts_tokens = True
     drafts_trees = False
+    tree_stepper = None
     learns_online = False
 
     @property

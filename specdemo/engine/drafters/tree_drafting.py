@@ -306,7 +306,7 @@ class TreeDrafter(WrappedDrafter):
 
     def __init__(self, inner: Drafter):
         super().__init__(inner)
-        self.stepper = next((s for kind, s in _STEPPERS if isinstance(inner, kind)), None)
+        self.stepper = inner.tree_stepper or next((s for kind, s in _STEPPERS if isinstance(inner, kind)), None)
         if self.stepper is None:
             raise ValueError(f"trees: no tree drafting for {type(inner).__name__}")
 
