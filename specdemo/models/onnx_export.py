@@ -21,12 +21,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModelLoadError
 
 RUNTIMES = ("torch", "onnx")
 TORCH, ONNX = RUNTIMES
+# The default everywhere: onnx where it runs the target (`resolve_runtime`), torch otherwise.
+AUTO = "auto"
+RUNTIME_CHOICES = (AUTO, *RUNTIMES)
 # The runtime's weight precisions, by the names the rest of specdemo uses for a target's precision.
 ONNX_PRECISIONS = {"float32": "fp32", "int8": "int8", "int4": "int4"}
 _MARKER = ".specdemo-onnx"
@@ -38,7 +42,7 @@ def onnx_runtime_missing() -> str | None:
     for module, package in (("onnxruntime_genai", "onnxruntime-genai"), ("onnx_ir", "onnx-ir"), ("onnx", "onnx")):
         if importlib.util.find_spec(module) is None:
             return (f"runtime onnx needs the {package} package, which is not installed: "
-                    "pip install onnxruntime-genai onnx onnx-ir")
+                    "pip install onnxruntime-genai onnx onnx-ir onnxscript")
     return None
 
 
@@ -49,13 +53,63 @@ def served_runtimes(device: str) -> tuple[str, ...]:
 
 
 def check_runtime(runtime: str, device: str, precision_name: str) -> None:
-    if runtime not in RUNTIMES:
-        raise ValueError(f"runtime: {runtime!r} is not one of {', '.join(RUNTIMES)}")
+    if runtime not in RUNTIME_CHOICES:
+        raise ValueError(f"runtime: {runtime!r} is not one of {', '.join(RUNTIME_CHOICES)}")
     if runtime == ONNX:
         if not str(device).startswith("cpu"):
             raise ValueError(f"runtime onnx runs the target on the CPU; device is {device!r}: use runtime=torch there")
         if precision_name not in ONNX_PRECISIONS:
             raise ValueError(f"runtime onnx runs the target at {', '.join(ONNX_PRECISIONS)}, not {precision_name}")
+
+
+@dataclass(frozen=True)
+class RuntimeChoice:
+    """The runtime a target runs on, and the one line the page's status and the trace say about it."""
+
+    runtime: str  # torch or onnx, never auto
+    reason: str
+
+
+# Where the target's transformers folder has not been looked at yet (before loading it): only the device,
+# the packages and the precision decide.
+UNCHECKED = None
+
+
+def resolve_runtime(requested: str, device: str, precision_name: str, source: Path | str | None = UNCHECKED
+                    ) -> RuntimeChoice:
+    """The runtime for a target: `requested` torch or onnx as it is (onnx checked against the device and
+    the precision), and auto as onnx where onnxruntime-genai and the export's packages are installed, the
+    device is the CPU, the precision is one the runtime runs and the target can be exported, torch
+    otherwise, with the reason. source: the transformers folder the target would be exported from (its
+    config.json is read), a sentence saying why there is none (a .gguf file), or UNCHECKED.
+    The one place "auto" is decided; `load_pair`, the page and the CLI all come here."""
+    check_runtime(requested, device, precision_name)
+    if requested != AUTO:
+        return RuntimeChoice(requested, f"the target on {requested}, as asked")
+    why_not = onnx_refusal(device, precision_name, source)
+    if why_not:
+        return RuntimeChoice(TORCH, f"the target on torch (auto): {why_not}")
+    return RuntimeChoice(ONNX, "the target on onnx (auto): ONNX Runtime is installed, the device is the CPU and "
+                               "the target exports")
+
+
+def onnx_refusal(device: str, precision_name: str, source: Path | str | None = UNCHECKED) -> str | None:
+    """Why the onnx runtime cannot run this target (a clause for `resolve_runtime`), or None."""
+    if not str(device).startswith("cpu"):
+        return f"the device is {device}, and ONNX Runtime runs the target on the CPU here"
+    missing = onnx_runtime_missing()
+    if missing:
+        return missing
+    if precision_name not in ONNX_PRECISIONS:
+        return f"the target's precision is {precision_name}; ONNX Runtime runs {', '.join(ONNX_PRECISIONS)}"
+    if isinstance(source, str):
+        return source
+    if source is not None:
+        try:
+            check_exportable(Path(source))
+        except ModelLoadError as error:
+            return str(error)
+    return None
 
 
 def export_root() -> Path:
@@ -67,7 +121,10 @@ def export_folder(source: Path, precision_name: str) -> Path:
     """Where the export of the transformers folder `source` at this precision lives (a name per source path)."""
     source = Path(source).resolve()
     digest = hashlib.sha1(str(source).encode()).hexdigest()[:10]
-    return export_root() / f"{source.name}-{digest}-{ONNX_PRECISIONS[precision_name]}"
+    name = source.name
+    if source.parent.name == "snapshots":  # a Hub snapshot: models--org--name/snapshots/<commit>
+        name = source.parent.parent.name.removeprefix("models--") + "-" + source.name[:8]
+    return export_root() / f"{name}-{digest}-{ONNX_PRECISIONS[precision_name]}"
 
 
 def is_exported(folder: Path) -> bool:
@@ -84,6 +141,9 @@ def check_exportable(source: Path) -> None:
     if not config_file.is_file():
         raise ModelLoadError(f"runtime onnx exports a transformers folder; {source} has no config.json")
     config = json.loads(config_file.read_text())
+    if config.get("is_encoder_decoder"):
+        raise ModelLoadError(f"{source}: an encoder-decoder model; onnx runtime's builder exports decoder-only "
+                             "models: use runtime=torch")
     hidden, heads = config.get("hidden_size"), config.get("num_attention_heads") or 1
     head_dim = config.get("head_dim") or (hidden // heads if hidden else None)
     widths = {hidden, config.get("intermediate_size"), heads * head_dim if head_dim else None,
