@@ -1,6 +1,6 @@
 """Start the speculative-decoding playground:
 `python app.py [--host H] [--port P] [--share] [--public] [--threads N] [--compile auto|on|off]
-[--runtime torch|onnx]`."""
+[--runtime auto|torch|onnx]`."""
 
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "where CUDA serves a decoder-only pair (not on ZeroGPU), compiled at start before the "
                              "first Run; on = on any device; off = never by default (visitors may still tick it); "
                              "default: SPECDEMO_COMPILE, else auto")
-    parser.add_argument("--runtime", choices=("torch", "onnx"), default=None,
+    parser.add_argument("--runtime", choices=("auto", "torch", "onnx"), default=None,
                         help="the page's default target runtime, loaded and warmed at start (onnx: ONNX Runtime on "
-                             "the CPU, where onnxruntime-genai is installed); default: SPECDEMO_RUNTIME, else torch")
+                             "the CPU, where onnxruntime-genai is installed; auto: onnx where it runs the target, "
+                             "torch otherwise); default: SPECDEMO_RUNTIME, else auto")
     return parser
 
 

@@ -13,7 +13,7 @@ from .. import bench
 from ..bench.runners import HF_METHODS, RUNTIME_PEERS
 from ..bench.threads import ThreadPlan
 from ..engine.methods import METHODS
-from ..models.onnx_export import ONNX, TORCH
+from ..models.onnx_export import AUTO, ONNX, TORCH
 from . import handlers
 from .page import TabContext
 from .playgroundtab import runtime_offered
@@ -21,19 +21,28 @@ from .playgroundtab import runtime_offered
 
 def offer_runtime(ctx: TabContext, preset: gr.Dropdown, runtime: gr.Dropdown) -> None:
     """Another pair offers its runtimes (`runtime_offered`); a name the page does not know leaves the control."""
-    preset.change(lambda name: runtime_offered(ctx, name) if name in ctx.presets else gr.skip(), inputs=[preset],
+    preset.change(lambda name: runtime_offered(ctx, name, hidden=TORCH) if name in ctx.presets else gr.skip(), inputs=[preset],
                   outputs=[runtime], queue=False, api_visibility="private")
+
+
+def suite_runtimes(ctx: TabContext) -> tuple[str, ...]:
+    """The runtimes the suites' tabs offer, the page's default first: the page's, with auto as what it gives a
+    target here (`TabContext.auto_runtime`), since a suite's methods and peers depend on the runtime chosen."""
+    auto = getattr(ctx, "auto_runtime", TORCH)
+    return tuple(dict.fromkeys(auto if runtime == AUTO else runtime for runtime in ctx.runtimes))
 
 
 def pair_runtimes(ctx: TabContext, preset_name: str) -> tuple[str, ...]:
     """The runtimes a tab offers a preset's target: the page's where its dropdown shows, else torch alone."""
-    return tuple(ctx.runtimes) if runtime_offered(ctx, preset_name)["visible"] else (TORCH,)
+    return suite_runtimes(ctx) if runtime_offered(ctx, preset_name)["visible"] else (TORCH,)
 
 
 def chosen_runtime(ctx: TabContext, preset_name: str, value: Any) -> str:
-    """The target's runtime from the page or the API (empty: the first the tab offers the pair); ValueError
-    for one the page serves but not for this pair's target, or one it does not serve."""
+    """The target's runtime from the page or the API (empty or auto: the first the tab offers the pair);
+    ValueError for one the page serves but not for this pair's target, or one it does not serve."""
     offered = pair_runtimes(ctx, preset_name)
+    if isinstance(value, str) and value.strip() == AUTO:
+        value = None
     if isinstance(value, str) and value.strip() in ctx.runtimes and value.strip() not in offered:
         raise ValueError(f"runtime {value.strip()} cannot run the {preset_name} pair's target, which cannot be "
                          f"exported for it: choose {TORCH}")

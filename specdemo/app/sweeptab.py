@@ -39,7 +39,8 @@ from .limits import Limits
 from .page import TabContext, session_id, wire_stop
 from .playgroundtab import runtime_control
 from .streams import StatusThenDraw, wire_status_then_draw
-from .suite_runtime import (chosen_runtime, offer_runtime, pair_runtimes, refuse_unavailable, suite_threads,
+from .suite_runtime import (chosen_runtime, offer_runtime, pair_runtimes, refuse_unavailable, suite_runtimes,
+                            suite_threads,
                             unavailable_methods)
 
 GRID = tuple(sweep.SETTING_COLUMNS)  # gamma, gamma_max, ema, ngram_n, copy_n, node_budget: comma-separated lists here
@@ -385,7 +386,7 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
     with gr.Row():
         preset = gr.Dropdown(label="Model pair", value=ctx.default_preset, interactive=True,
                              choices=list(ctx.presets), elem_id="sweep-preset")
-        runtime = runtime_control(ctx, "sweep-runtime", RUNTIME_INFO)
+        runtime = runtime_control(ctx, "sweep-runtime", RUNTIME_INFO, suite_runtimes(ctx))
         methods = gr.CheckboxGroup(label="Methods (AR always runs)", value=initial["methods"],
                                    choices=[("SD (fixed γ)", "sd"), ("EGAG", "egag"), ("NASD", "nasd"),
                                             ("SD-tree (node budgets)", "sd-tree"), ("AdaEDL", "adaedl"),
@@ -469,7 +470,7 @@ def page_sweep(ctx: TabContext, values: Mapping[str, Any], progress: Callable) -
     limits, its runtimes) before loading, then swept on the runtime's thread plan, each update as `page_values`
     gives it; a ValueError reads as the page's error."""
     try:
-        req = make_sweep_request(values, ctx.presets, ctx.limits, runtimes=ctx.runtimes)
+        req = make_sweep_request(values, ctx.presets, ctx.limits, runtimes=suite_runtimes(ctx))
     except ValueError as error:
         raise gr.Error(str(error), print_exception=False) from None
     try:
@@ -512,7 +513,7 @@ def _wire_api(ctx: TabContext, form: SweepForm, initial: Mapping[str, Any]) -> N
     def sweep_api(values: dict, request: gr.Request):
         """Run a sweep to the end; returns the summary table, the rows CSV and the verdict."""
         try:
-            req = make_sweep_request(values, ctx.presets, ctx.limits, runtimes=ctx.runtimes)
+            req = make_sweep_request(values, ctx.presets, ctx.limits, runtimes=suite_runtimes(ctx))
             last = sweep_outcome(req, ctx.load, ctx.export, ctx.gpu, threads=sweep_threads(ctx, req.runtime))
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None

@@ -33,7 +33,7 @@ from .page import (  # noqa: F401  (what the tabs share, re-exported for callers
 )
 from ..models.loading import PRESETS, Preset, load_pair
 from ..models.precision import served_precisions
-from ..models.onnx_export import TORCH, onnx_runtime_missing, served_runtimes
+from ..models.onnx_export import AUTO, ONNX, TORCH, onnx_runtime_missing, resolve_runtime, served_runtimes
 from ..models.tokens import default_device
 from ..engine.methods import DEFAULT_METHODS
 from ..engine.params import DecodeParams
@@ -102,14 +102,19 @@ def build_demo(
         runs.watch(demo)
         default = default_preset if default_preset in served else next(iter(served))
         runtimes = page_runtimes(device or default_device(), runtime)
+        # What auto gives a target before it is loaded (the device, the packages, the precision).
+        auto = resolve_runtime(AUTO, str(device or default_device()), "float32")
         ready = preload_pair(cache, served[default], device=device, dtype=dtype, runtime=runtimes[0]) if preload else None
+        fast_start = (runtimes[0] == ONNX or (runtimes[0] == AUTO and auto.runtime == ONNX)) \
+            and not served[default].encoder_decoder
         ctx = TabContext(
             presets=served, default_preset=default,
             load=functools.partial(cache.get, device=device, dtype=dtype),
             limits=limits, gpu=gpu, export=export_dir, queue_id=GPU_QUEUE, follow=runs.follow, ready=ready,
             threads=threads, precisions=served_precisions(device or default_device()),
             runtimes=runtimes,
-            warming=warming_status(default, engine_defaults(served[default].encoder_decoder)),
+            warming=warming_status(default, engine_defaults(served[default].encoder_decoder), fast_start),
+            auto_runtime=auto.runtime,
             engine_defaults=engine_defaults,
         )
         gr.Markdown(INTRO, elem_id="sd-intro")
@@ -127,8 +132,10 @@ def build_demo(
 
 def page_runtimes(device, runtime: str | None = None) -> tuple[str, ...]:
     """The target runtimes the page offers on `device`, its default first: `runtime` (SPECDEMO_RUNTIME when
-    None, else torch) where it is served here (ValueError otherwise)."""
-    served, runtime = served_runtimes(str(device)), runtime or os.environ.get("SPECDEMO_RUNTIME") or TORCH
+    None, else auto: onnx where it runs the target, torch otherwise) where it is served here (ValueError
+    otherwise). auto and torch are served everywhere, onnx where `served_runtimes` says."""
+    served = (AUTO, *served_runtimes(str(device)))
+    runtime = runtime or os.environ.get("SPECDEMO_RUNTIME") or AUTO
     if runtime not in served:
         raise ValueError(f"runtime {runtime!r} is not served here (runtimes: {', '.join(served)}); "
                          + (onnx_runtime_missing() or "onnx runs the target on the CPU"))
