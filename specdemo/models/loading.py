@@ -199,15 +199,9 @@ class ModelPair:
 
 
 def load_pair(
-    target: str,
-    draft: str | None = None,
-    device: str | None = None,
-    dtype: str | torch.dtype | None = None,
-    trust_remote_code: bool = False,
-    *,
-    target_dtype: str | torch.dtype | None = None,
-    draft_dtype: str | torch.dtype | None = None,
-    runtime: str = AUTO,
+    target: str, draft: str | None = None, device: str | None = None, dtype: str | torch.dtype | None = None,
+    trust_remote_code: bool = False, *, target_dtype: str | torch.dtype | None = None,
+    draft_dtype: str | torch.dtype | None = None, runtime: str = AUTO,
 ) -> ModelPair:
     """Load a target and an optional draft (hub id, local folder, .gguf file, a preset name, or
     `self:PRECISION`: the target's own weights at that precision, e.g. `self:int8`).
@@ -216,10 +210,8 @@ def load_pair(
     `target_dtype` and `draft_dtype` (float32, bfloat16, float16, int8, int4, ...: see
     `specdemo.models.precision`) set each model's precision; `dtype` sets both where they are not given.
     `runtime` runs the target's forwards: "auto" (the default: onnx where it can, else torch, as
-    `onnx_export.resolve_runtime` decides; `ModelPair.runtime_reason` says which and why), "torch" (the
-    reference) or "onnx" (ONNX Runtime on the CPU at float32, int8 or int4: see
-    `specdemo.models.onnx_export`; the embedded target, a local transformers folder or a Hub model's
-    downloaded snapshot, exported on first use).
+    `onnx_export.resolve_runtime` decides and `ModelPair.runtime_reason` says), "torch" (the reference) or
+    "onnx" (ONNX Runtime on the CPU at float32, int8 or int4, exported on first use: `models.onnx_export`).
     """
     if not isinstance(target, str) or not target.strip():
         raise ValueError("target must be a model id, a local folder, a .gguf file or a preset name")
@@ -247,7 +239,7 @@ def load_pair(
         draft_model = _load_draft(draft, target, target_model, tokenizer, device, draft_precision, trust_remote_code)
         if not isinstance(draft_model, FeatureHead):  # a head predicts over the target's own vocabulary
             vocab_size = shared_vocab_size(target_model, draft_model, tokenizer, target, draft)
-    target_runtime = None
+    target_runtime = None  # the target exported for the runtime, where auto or onnx gives it one
     if choice.runtime == ONNX:
         choice, target_runtime = _runtime_target(runtime, target, target_model, tokenizer, device, target_precision)
     draft_runtime = _onnx_draft(draft, draft_model, tokenizer, draft_precision) if target_runtime else None
