@@ -289,6 +289,35 @@ def test_the_benchmark_times_the_torch_target_beside_the_runtimes(lm_pair):
     assert result.meta["target_dtype"] == "onnx fp32"
 
 
+def test_the_benchmark_adds_the_torch_copys_ar_for_a_method_that_runs_there_and_sets_it_against_that(lm_pair):
+    from specdemo import bench
+
+    suite = [{"prompt": "w5 w6 w7 w8 w9 w10 w5 w6 w7 w8", "category": "chat"}]
+    result = bench.run_benchmark(lm_pair, suite, ["ar", "sd", "sd-tree"], repeats=1, warmup=False,
+                                 max_new_tokens=12, temperature=0.0)
+    rows = result.rows.set_index("method")
+    assert list(rows.index) and set(rows.index) == {"ar", "sd", "sd-tree", "torch-ar"}
+    assert rows.loc["sd-tree", "runtime"] == "torch copy" and rows.loc["sd", "runtime"] == "onnx fp32"
+    assert rows.loc["sd-tree", "matches_ar"] and rows.loc["sd", "matches_ar"]
+    summary = result.summary.set_index(["category", "method"]).loc["all"]
+    per_token = rows["seconds"] / rows["new_tokens"]
+    assert summary.loc["sd-tree", "speedup_vs_ar"] == pytest.approx(per_token["torch-ar"] / per_token["sd-tree"])
+    assert summary.loc["sd", "speedup_vs_ar"] == pytest.approx(per_token["ar"] / per_token["sd"])
+
+
+def test_a_comparison_sets_a_torch_copy_method_against_the_torch_copys_ar(lm_pair):
+    from specdemo.bench.compare import run_comparison
+
+    comparison = run_comparison(lm_pair, PROMPTS[0], ["ar", "sd-tree"], max_new_tokens=16, temperature=0.0)
+    summary = comparison.summary.set_index("method")
+    assert list(summary.index) == ["ar", "torch-ar", "sd-tree"]
+    assert summary.loc["torch-ar", "label"] == "AR (torch copy)"
+    assert summary.loc["sd-tree", "label"] == "SD-tree (torch copy)" and summary.loc["sd-tree", "runtime"] == "torch copy"
+    speeds = summary["tokens_per_s"]
+    assert summary.loc["sd-tree", "speedup_vs_ar"] == pytest.approx(speeds["sd-tree"] / speeds["torch-ar"])
+    assert summary.loc["sd-tree", "matches_ar"]
+
+
 @pytest.mark.parametrize("peer", ["torch-ar", "onnx-generate", "onnx-ngram"])
 def test_the_peers_beside_a_runtime_are_refused_where_the_target_is_torchs_already(onnx_folders, peer):
     from specdemo.bench.runners import parse_bench_methods
