@@ -480,7 +480,9 @@ def test_the_page_offers_the_runtime_where_it_runs_and_hides_it_elsewhere(page_p
                                               default_preset="tiny-onnx")).visible
 
 
-def page_run(presets, methods: str, runtime: str = "onnx", preset: str = "tiny-head-onnx"):
+def page_run(presets, methods: str, runtime: str = "", preset: str = "tiny-head-onnx"):
+    """A Playground run through the handlers on a real pair cache, on the page's default runtime (auto) unless
+    `runtime` is given."""
     from specdemo.app import handlers
     from specdemo.app.page import PairCache
 
@@ -493,8 +495,9 @@ def page_run(presets, methods: str, runtime: str = "onnx", preset: str = "tiny-h
 
 
 def test_a_playground_run_on_the_runtime_gives_sd_the_runtimes_own_ar_tokens(page_presets):
-    updates = page_run(page_presets, "ar,sd,egag")
-    assert "exports the target for ONNX Runtime" in updates[0].status
+    updates = page_run(page_presets, "ar,sd,egag")  # the default path: auto
+    assert "preparing the fast target, first time only" in updates[0].status
+    assert "The target on onnx (auto)" in updates[-1].status
     ar, *drafting = updates[-1].results
     assert all(result.runtime == "onnx fp32" for result in (ar, *drafting))
     assert [result.token_ids for result in drafting] == [ar.token_ids] * 2
@@ -534,12 +537,12 @@ def test_the_served_page_runs_on_the_runtime_it_is_asked_for(onnx_folders, page_
 
     with serve(onnx_folders[0].parent, presets=page_presets, loader=float32_loader) as (url, _):
         client = gradio_client.Client(url, verbose=False)
-        for runtime in ("onnx", "torch"):
+        for runtime, ran_on in (("", "onnx fp32"), ("onnx", "onnx fp32"), ("torch", "torch")):  # "": the default
             summary, *_ = client.predict(prompt="w5 w6 w7 w8 w9 w10 w5 w6", preset="tiny-onnx", methods="ar,sd",
                                          max_new_tokens=12, temperature=0.0, chat=False, runtime=runtime,
                                          api_name="/compare")
             rows = [dict(zip(summary["headers"], row)) for row in summary["data"]]
-            assert [row["runtime"] for row in rows] == [f"{runtime} fp32" if runtime == "onnx" else "torch"] * 2
+            assert [row["runtime"] for row in rows] == [ran_on] * 2
             assert rows[1]["matches_ar"] in (True, "True", 1)
 
 

@@ -28,7 +28,7 @@ SUMMARY_COLUMNS = [
     "mean_accepted_tokens", "copied_rounds", "target_forwards", "draft_forwards", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "mean_entropy", "matches_ar", "perplexity", "stop_reason", "temperature", "seed",
     "cache", "compile_seconds", "threads", "alpha", "rounds", "draft_seconds", "verify_seconds", "entropy_auc",
-    "entropy_auc_n", "note", "target_kv", "draft_kv", "target_dtype", "draft_dtype", "exactness", "runtime", *MEMORY_STATS, *VS_FLOAT32_COLUMNS,
+    "entropy_auc_n", "note", "target_kv", "draft_kv", "target_dtype", "draft_dtype", "exactness", "runtime", "runtime_reason", *MEMORY_STATS, *VS_FLOAT32_COLUMNS,
 ]
 
 # The last four say where a policy stopped a round's drafting before γ: the rule, the value it read, the
