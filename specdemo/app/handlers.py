@@ -33,7 +33,8 @@ from ..engine.methods import available_methods, parse_methods
 from ..engine.params import PARAMS, DecodeParams, EngineOptions
 from ..engine.trace import GenerationResult
 from ..models.loading import ModelPair, Preset, draft_kind_of
-from ..models.onnx_export import AUTO as AUTO_RUNTIME, ONNX, TORCH
+from ..models.onnx_export import AUTO as AUTO_RUNTIME, ONNX, TORCH, resolve_runtime
+from ..models.tokens import default_device
 from ..models.precision import PRECISIONS, exactness_sentence, is_exact
 from .engine_controls import engine_options, first_round_status
 from .limits import Limits
@@ -256,7 +257,7 @@ def runtime_loading_note(runtime: str) -> str:
     if runtime == ONNX:
         return (" on the onnx runtime (its first use exports the target for ONNX Runtime, about 30 s for the "
                 "embedded one; afterwards it is read from disk)")
-    if runtime == AUTO_RUNTIME:
+    if runtime == AUTO_RUNTIME and resolve_runtime(AUTO_RUNTIME, str(default_device()), "float32").runtime == ONNX:
         return (" (on ONNX Runtime where it runs the target: preparing the fast target, first time only, about 30 s "
                 "for the embedded one, never counted in tokens/s)")
     return ""
