@@ -28,8 +28,7 @@ from .limits import Limits
 from .page import TabContext, session_id, wire_stop
 from .playgroundtab import runtime_control
 from .streams import StatusThenDraw, wire_status_then_draw
-from .suite_runtime import (chosen_runtime, offer_runtime, pair_runtimes, refuse_unavailable, suite_runtimes,
-                            suite_threads,
+from .suite_runtime import (chosen_runtime, offer_runtime, pair_runtimes, refuse_unavailable, suite_threads,
                             unavailable_methods)
 
 # The columns a reader compares first; the CSV download keeps all of them.
@@ -188,7 +187,7 @@ def _inputs(ctx: TabContext) -> list[Any]:
     with gr.Row():
         preset = gr.Dropdown(label="Model pair", value=ctx.default_preset, interactive=True,
                              choices=list(ctx.presets), elem_id="bench-preset")
-        runtime = runtime_control(ctx, "bench-runtime", RUNTIME_INFO, suite_runtimes(ctx))
+        runtime = runtime_control(ctx, "bench-runtime", RUNTIME_INFO, pair_runtimes(ctx, ctx.default_preset))
         # Custom values: an uploaded suite brings its own categories.
         category = gr.Dropdown(label="Category", value=bench.ALL, choices=[bench.ALL, *bench.SUITE_CATEGORIES],
                                elem_id="bench-category", allow_custom_value=True)

@@ -4,6 +4,7 @@ runtime, and the methods the runtime refuses, each with the reason the page give
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Sequence
 
@@ -13,7 +14,7 @@ from .. import bench
 from ..bench.runners import HF_METHODS, RUNTIME_PEERS
 from ..bench.threads import ThreadPlan
 from ..engine.methods import METHODS
-from ..models.onnx_export import AUTO, ONNX, TORCH
+from ..models.onnx_export import AUTO, ONNX, TORCH, resolve_runtime
 from . import handlers
 from .page import TabContext
 from .playgroundtab import runtime_offered
@@ -26,15 +27,28 @@ def offer_runtime(ctx: TabContext, preset: gr.Dropdown, runtime: gr.Dropdown) ->
 
 
 def suite_runtimes(ctx: TabContext) -> tuple[str, ...]:
-    """The runtimes the suites' tabs offer, the page's default first: the page's, with auto as what it gives a
-    target here (`TabContext.auto_runtime`), since a suite's methods and peers depend on the runtime chosen."""
+    """The runtimes the suites' tabs offer: the page's concrete ones (a suite's methods and peers depend on
+    the runtime, so a tab shows what auto gives a pair rather than auto)."""
+    return tuple(runtime for runtime in ctx.runtimes if runtime != AUTO)
+
+
+def auto_for(ctx: TabContext, preset_name: str) -> str:
+    """What auto gives a preset's target before it loads (`onnx_export.resolve_runtime`): the page's answer
+    for any target, checked against a local folder's config.json where the preset names one."""
     auto = getattr(ctx, "auto_runtime", TORCH)
-    return tuple(dict.fromkeys(auto if runtime == AUTO else runtime for runtime in ctx.runtimes))
+    preset = ctx.presets.get(preset_name)
+    if auto != ONNX or preset is None or not Path(preset.target).is_dir():
+        return auto
+    return resolve_runtime(AUTO, "cpu", "float32", Path(preset.target)).runtime
 
 
 def pair_runtimes(ctx: TabContext, preset_name: str) -> tuple[str, ...]:
-    """The runtimes a tab offers a preset's target: the page's where its dropdown shows, else torch alone."""
-    return suite_runtimes(ctx) if runtime_offered(ctx, preset_name)["visible"] else (TORCH,)
+    """The runtimes a tab offers a preset's target, its default first: what the page's default gives it (auto
+    resolved for it), then the others, where the dropdown shows; else torch alone."""
+    if not runtime_offered(ctx, preset_name)["visible"]:
+        return (TORCH,)
+    default = auto_for(ctx, preset_name) if ctx.runtimes[0] == AUTO else ctx.runtimes[0]
+    return (default, *(runtime for runtime in suite_runtimes(ctx) if runtime != default))
 
 
 def chosen_runtime(ctx: TabContext, preset_name: str, value: Any) -> str:
