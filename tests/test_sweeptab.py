@@ -81,8 +81,9 @@ def test_bad_forms_read_as_messages(changes, message):
 
 @pytest.fixture
 def runtime_presets(tmp_path):
-    """A pair whose target runtime onnx can export (a local folder) and one it cannot (a Hub id)."""
-    return {"local": Preset("local", str(tmp_path), "draft-folder"), "hub": Preset("hub", "someone/model", "draft-folder")}
+    """A pair whose target runtime onnx can export (a local folder) and one it cannot (a .gguf file)."""
+    return {"local": Preset("local", str(tmp_path), "draft-folder"),
+            "gguf": Preset("gguf", "/nowhere/model.gguf", "draft-folder")}
 
 
 def runtime_request(presets, runtimes=("torch", "onnx"), **changes):
@@ -94,8 +95,8 @@ def test_the_runtime_comes_from_the_form_or_the_pages_default_and_is_checked_aga
     assert runtime_request(runtime_presets).runtime == "torch"  # omitted: the page's default, its first
     assert runtime_request(runtime_presets, runtimes=("onnx", "torch")).runtime == "onnx"
     assert runtime_request(runtime_presets, runtime="onnx").runtime == "onnx"
-    with pytest.raises(ValueError, match="runtime onnx cannot run the hub pair's target, which cannot be exported"):
-        runtime_request(runtime_presets, runtime="onnx", preset="hub")
+    with pytest.raises(ValueError, match="runtime onnx cannot run the gguf pair's target, which cannot be exported"):
+        runtime_request(runtime_presets, runtime="onnx", preset="gguf")
     with pytest.raises(ValueError, match="runtime must be one of torch here, got 'onnx'"):
         runtime_request(runtime_presets, runtimes=("torch",), runtime="onnx")  # a page that serves torch alone
     # What the runtime refuses runs on torch, and the draft takes any precision beside a runtime target.
