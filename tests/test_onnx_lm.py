@@ -305,6 +305,14 @@ def test_the_benchmark_adds_the_torch_copys_ar_for_a_method_that_runs_there_and_
     assert summary.loc["sd", "speedup_vs_ar"] == pytest.approx(per_token["ar"] / per_token["sd"])
 
 
+def test_a_sweep_on_the_runtime_refuses_a_setting_that_would_run_on_the_torch_copy(lm_pair):
+    from specdemo.bench.sweep.grid import Setting
+    from specdemo.bench.sweep.runner import iter_sweep
+
+    with pytest.raises(ValueError, match="SD-tree.*tree attention mask.*sweep it with the target on torch"):
+        next(iter_sweep(lm_pair, ["w5 w6 w7"], [Setting("sd-tree", node_budget=3)], max_new_tokens=4))
+
+
 def test_a_comparison_sets_a_torch_copy_method_against_the_torch_copys_ar(lm_pair):
     from specdemo.bench.compare import run_comparison
 

@@ -17,6 +17,7 @@ from ...engine.online import online_head
 from ...engine.params import DecodeParams
 from ..schedule import interleaved, turn_seed
 from ..runners import run_ours
+from ...models.torch_copy import runtime_refusal
 from ..tables import tokens_frame
 from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, select_prompts
 from .flops import FedCounter
@@ -89,7 +90,12 @@ def iter_sweep(
         refused = METHODS[setting.method].unavailable(pair)
         if refused:
             raise ValueError(f"sweep: {refused}")
-        DecodeParams.from_values(**{**base.as_dict(), **setting.params()})
+        checked = DecodeParams.from_values(**{**base.as_dict(), **setting.params()})
+        # A sweep sets every setting against its AR on the pair's runtime; one the runtime cannot run would run
+        # on the torch copy (models.torch_copy), against the wrong AR.
+        on_copy = runtime_refusal(pair, setting.method, checked)
+        if on_copy:
+            raise ValueError(f"sweep: {setting.label}: {on_copy}; sweep it with the target on torch (runtime torch)")
     items = _prompts(prompts, categories, limit)
     encoded = []
     for item in items:
