@@ -43,7 +43,12 @@ def main(argv: list[str] | None = None) -> None:
         runtime = page_runtimes(default_device(), args.runtime)[0]
     except ValueError as error:
         build_parser().error(str(error))
-    print(f"decoding with {threads.describe()}, compile {compiling}, the target on {runtime}; loading and warming "
+    on = runtime
+    if runtime == "auto":  # what auto gives the default pair's target here, before it loads
+        from specdemo.models.onnx_export import resolve_runtime
+
+        on = f"auto ({resolve_runtime('auto', str(default_device()), 'float32').runtime} here)"
+    print(f"decoding with {threads.describe()}, compile {compiling}, the target on {on}; loading and warming "
           "the default pair …", flush=True)
     demo = build_demo(public=args.public, default_preset=default_preset(), preload=True, threads=threads,
                       compile=compiling, runtime=runtime)
