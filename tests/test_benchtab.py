@@ -153,12 +153,17 @@ def test_the_tab_checks_the_runtime_against_the_pair_before_loading_it():
 
     from specdemo.models.loading import EMBEDDED, Preset
 
-    presets = {"local": Preset("local", EMBEDDED, EMBEDDED), "hub": Preset("hub", "someone/model", None)}
+    presets = {"local": Preset("local", EMBEDDED, EMBEDDED), "hub": Preset("hub", "someone/model", None),
+               "gguf": Preset("gguf", "/nowhere/model.gguf", None)}
     ctx = SimpleNamespace(presets=presets, runtimes=("torch", "onnx"))
-    assert benchtab.pair_runtimes(ctx, "local") == ("torch", "onnx") and benchtab.pair_runtimes(ctx, "hub") == ("torch",)
+    assert benchtab.pair_runtimes(ctx, "local") == ("torch", "onnx") == benchtab.pair_runtimes(ctx, "hub")
+    assert benchtab.pair_runtimes(ctx, "gguf") == ("torch",)
     assert benchtab.chosen_runtime(ctx, "local", "") == "torch" and benchtab.chosen_runtime(ctx, "local", "onnx") == "onnx"
     with pytest.raises(ValueError, match="cannot be exported for it: choose torch"):
-        benchtab.chosen_runtime(ctx, "hub", "onnx")
+        benchtab.chosen_runtime(ctx, "gguf", "onnx")
+    # On a page whose default is auto, a tab's default is what auto gives the pair (onnx for the embedded one).
+    auto = SimpleNamespace(presets=presets, runtimes=("auto", "torch", "onnx"), auto_runtime="onnx")
+    assert benchtab.pair_runtimes(auto, "local") == ("onnx", "torch") and benchtab.chosen_runtime(auto, "local", "auto") == "onnx"
     with pytest.raises(ValueError, match="runtime must be one of torch, onnx here, got 'tensorrt'"):
         benchtab.chosen_runtime(ctx, "local", "tensorrt")
     with pytest.raises(ValueError, match="onnx-generate: run beside a target on another runtime: choose the onnx"):
@@ -185,7 +190,8 @@ def test_the_runtime_is_the_endpoints_last_parameter_and_the_runtimes_peers_need
 
 
 def test_the_server_refuses_assisted_generation_on_a_feature_head_pair_clearly(tiny_pair):
-    head_pair = type("HeadPair", (), {"draft": object(), "draft_kind": "feature-head"})()
+    head_pair = type("HeadPair", (), {"draft": object(), "draft_kind": "feature-head", "runtime": "torch",
+                                      "target_runtime": None})()
     with pytest.raises(ValueError, match="need a draft language model, and this pair drafts with a feature head"):
         bench.parse_bench_methods(["ar", "hf-assisted"], head_pair)
 

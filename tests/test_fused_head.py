@@ -224,7 +224,8 @@ def test_a_fused_head_on_the_embedded_pair_keeps_greedy_sd_and_egag_equal_to_ar(
     with torch.no_grad():
         head.fuse.weight.add_(0.02 * torch.randn_like(head.fuse.weight))
     head.save(tmp_path / "fused-head")
-    pair = specdemo.load_pair("embedded", str(tmp_path / "fused-head"), device="cpu", dtype="float32")
+    pair = specdemo.load_pair("embedded", str(tmp_path / "fused-head"), device="cpu", dtype="float32",
+                              runtime="torch")
     assert pair.draft.config.feature_layers == (2, 15)
     drafted = 0
     for prompt in heldout_prompts()[:2]:

@@ -380,7 +380,7 @@ import json, sys
 sys.path[:0] = sys.argv[1:3]
 from specdemo import generate, load_pair
 from specdemo.models.embedded import gguf_path
-pair = load_pair("embedded", device="cpu", dtype="float32")
+pair = load_pair("embedded", device="cpu", dtype="float32", runtime="torch")
 ids = generate(pair, "Name three colours.", "ar", max_new_tokens=16, temperature=0.0, chat=True).token_ids
 print(json.dumps({"gguf": str(gguf_path()), "ids": ids}))
 """
@@ -390,7 +390,7 @@ print(json.dumps({"gguf": str(gguf_path()), "ids": ids}))
 def test_the_packed_target_reproduces_the_embedded_pairs_greedy_output(tmp_path):
     from specdemo import load_pair
 
-    pair = load_pair("embedded", device="cpu", dtype="float32")
+    pair = load_pair("embedded", device="cpu", dtype="float32", runtime="torch")
     reference = generate(pair, "Name three colours.", "ar", max_new_tokens=16, temperature=0.0, chat=True).token_ids
     pair.close()
     packed = pack(tmp_path / "pack", root=ROOT)

@@ -62,7 +62,7 @@ def test_the_export_is_written_once_and_runs_the_target(onnx_folders, lm_pair):
     assert is_exported(export_folder(target, "float32"))
     result = greedy(lm_pair, PROMPTS[0], "ar")
     assert result.runtime == "onnx fp32" and result.stats["runtime"] == "onnx fp32"
-    torch_pair = specdemo.load_pair(str(target), device="cpu", dtype="float32")
+    torch_pair = specdemo.load_pair(str(target), device="cpu", dtype="float32", runtime="torch")
     assert greedy(torch_pair, PROMPTS[0], "ar").stats["runtime"] == "torch"
     # The same weights: at float32 the two runtimes agree on this peaked random model's tokens.
     assert result.token_ids == greedy(torch_pair, PROMPTS[0], "ar").token_ids
@@ -131,7 +131,7 @@ def test_the_draft_lm_drafts_on_the_runtime_beside_a_runtime_target_and_on_torch
     squeezed = greedy(lm_pair, PROMPTS[1], "sd", gamma=4, draft_kv="streaming", kv_budget=8, kv_sinks=2)
     assert squeezed.token_ids == greedy(lm_pair, PROMPTS[1], "ar").token_ids
     target, draft, _ = onnx_folders
-    on_torch = specdemo.load_pair(str(target), str(draft), device="cpu", dtype="float32")
+    on_torch = specdemo.load_pair(str(target), str(draft), device="cpu", dtype="float32", runtime="torch")
     assert on_torch.draft_runtime is None
     half_draft = specdemo.load_pair(str(target), str(draft), device="cpu", dtype="float32", draft_dtype="bfloat16",
                                     runtime="onnx")
@@ -182,26 +182,79 @@ def test_a_rollback_after_a_rejection_forgets_exactly_the_rejected_positions(lm_
 
 
 @pytest.mark.parametrize("method", ["sd-tree", "egag-tree"])
-def test_a_tree_is_refused_with_the_reason(head_pair, method):
+def test_the_decode_loop_itself_refuses_a_tree_on_the_runtime_with_the_reason(head_pair, method):
+    from specdemo.engine.decoding import generate
+
     with pytest.raises(ValueError, match="verifies a chain only"):
-        greedy(head_pair, PROMPTS[0], method)
+        generate(head_pair, PROMPTS[0], method, max_new_tokens=8, temperature=0.0)
 
 
 @pytest.mark.parametrize("method", ["beam", "ar-nocache"])
-def test_torchs_own_loops_are_refused_on_the_runtime(lm_pair, method):
+def test_the_decode_loop_itself_refuses_torchs_own_loops_on_the_runtime(lm_pair, method):
+    from specdemo.engine.decoding import generate
+
     with pytest.raises(ValueError, match="runs torch's own loop over the target .*, not the onnx runtime's"):
-        greedy(lm_pair, PROMPTS[0], method)
+        generate(lm_pair, PROMPTS[0], method, max_new_tokens=8, temperature=0.0)
 
 
-def test_graph_capture_is_refused_on_the_runtime(lm_pair):
-    with pytest.raises(ValueError, match="graph capture is torch's"):
-        specdemo.generate(lm_pair, PROMPTS[0], method="ar", max_new_tokens=4, cache="static", compile=True)
+def torch_copy_ar(pair, prompt, **params):
+    from specdemo.models.torch_copy import on_torch
+
+    result = greedy(on_torch(pair), prompt, "ar", **params)
+    assert result.runtime == "torch"
+    return result
 
 
-def test_a_compressing_target_cache_is_refused_on_the_runtime(lm_pair):
-    with pytest.raises(ValueError, match="onnx runtime keeps its own full cache"):
-        specdemo.generate(lm_pair, PROMPTS[0], method="ar", max_new_tokens=4, target_kv="streaming",
-                          kv_budget=16)
+@pytest.mark.parametrize("method, params, why", [
+    ("sd-tree", {}, "tree attention mask"),
+    ("egag-tree", {}, "tree attention mask"),
+    ("adaedl-tree", {}, "tree attention mask"),
+    ("nasd", {"nasd_tree": True}, "tree attention mask"),
+    ("rest", {"rest_tree": True}, "tree attention mask"),
+    ("ar-nocache", {}, "torch's own loop over the target (no KV cache)"),
+    ("ar", {"target_kv": "streaming", "kv_budget": 16}, "target_kv=streaming"),
+])
+@pytest.mark.parametrize("pair_name", ["lm_pair", "head_pair"])
+def test_what_the_runtime_cannot_run_runs_on_the_torch_copy_and_returns_its_ar_tokens(request, pair_name, method,
+                                                                                      params, why):
+    pair = request.getfixturevalue(pair_name)
+    for prompt in PROMPTS:
+        result = greedy(pair, prompt, method, **params)
+        assert result.runtime == "torch copy" and result.stats["runtime"] == "torch copy"
+        assert result.runtime_reason.startswith("on the torch copy of the target: ") and why in result.runtime_reason
+        reference = torch_copy_ar(pair, prompt)
+        limit = result.params["max_new_tokens"]  # AR without a cache stops early
+        if params.get("target_kv") is None:
+            assert result.token_ids == reference.token_ids[:limit]
+    # A method the runtime runs stays on it, and says why the target is there.
+    chain = greedy(pair, PROMPTS[0], "sd")
+    assert chain.runtime == "onnx fp32" and chain.runtime_reason == pair.runtime_reason == "the target on onnx, as asked"
+
+
+def test_beam_search_and_graph_capture_run_on_the_torch_copy(lm_pair):
+    beam = greedy(lm_pair, PROMPTS[0], "beam", num_beams=2)
+    assert beam.runtime == "torch copy" and "beam search" in beam.runtime_reason
+    from specdemo.engine.params import DecodeParams
+    from specdemo.models.torch_copy import runtime_refusal
+
+    assert "graph capture is torch's" in runtime_refusal(lm_pair, "ar", DecodeParams(), compile=True)
+    assert runtime_refusal(lm_pair, "sd", DecodeParams()) is None
+
+
+def test_verifies_a_tree_says_what_building_each_method_says(lm_pair):
+    """The torch copy's rule for trees is decided before any drafter is built; it must agree with the drafters."""
+    from specdemo.engine.methods import METHODS
+    from specdemo.engine.params import DecodeParams
+    from specdemo.models.torch_copy import on_torch, verifies_a_tree
+
+    torch_pair = on_torch(lm_pair)
+    for name, method in METHODS.items():
+        if method.run is not None or method.decoder == "draft" or method.unavailable(torch_pair):
+            continue
+        for switches in ({}, {"nasd_tree": True, "rest_tree": True}):
+            params = DecodeParams.from_values(**switches)
+            drafter, _ = method.build(torch_pair, params)
+            assert verifies_a_tree(name, params) == bool(drafter is not None and drafter.drafts_trees), name
 
 
 def test_a_vocabulary_as_wide_as_a_projection_is_refused(tmp_path):
@@ -219,7 +272,7 @@ def test_a_head_size_the_runtimes_attention_cannot_run_is_refused(tmp_path):
 def test_the_runtime_refuses_a_gpu_and_a_precision_it_does_not_run():
     with pytest.raises(ValueError, match="on the CPU"):
         specdemo.load_pair("embedded", device="cuda", runtime="onnx")
-    with pytest.raises(ValueError, match="not one of torch, onnx"):
+    with pytest.raises(ValueError, match="not one of auto, torch, onnx"):
         specdemo.load_pair("embedded", runtime="tensorrt")
 
 
@@ -236,12 +289,49 @@ def test_the_benchmark_times_the_torch_target_beside_the_runtimes(lm_pair):
     assert result.meta["target_dtype"] == "onnx fp32"
 
 
+def test_the_benchmark_adds_the_torch_copys_ar_for_a_method_that_runs_there_and_sets_it_against_that(lm_pair):
+    from specdemo import bench
+
+    suite = [{"prompt": "w5 w6 w7 w8 w9 w10 w5 w6 w7 w8", "category": "chat"}]
+    result = bench.run_benchmark(lm_pair, suite, ["ar", "sd", "sd-tree"], repeats=1, warmup=False,
+                                 max_new_tokens=12, temperature=0.0)
+    rows = result.rows.set_index("method")
+    assert list(rows.index) and set(rows.index) == {"ar", "sd", "sd-tree", "torch-ar"}
+    assert rows.loc["sd-tree", "runtime"] == "torch copy" and rows.loc["sd", "runtime"] == "onnx fp32"
+    assert rows.loc["sd-tree", "matches_ar"] and rows.loc["sd", "matches_ar"]
+    summary = result.summary.set_index(["category", "method"]).loc["all"]
+    per_token = rows["seconds"] / rows["new_tokens"]
+    assert summary.loc["sd-tree", "speedup_vs_ar"] == pytest.approx(per_token["torch-ar"] / per_token["sd-tree"])
+    assert summary.loc["sd", "speedup_vs_ar"] == pytest.approx(per_token["ar"] / per_token["sd"])
+
+
+def test_a_sweep_on_the_runtime_refuses_a_setting_that_would_run_on_the_torch_copy(lm_pair):
+    from specdemo.bench.sweep.grid import Setting
+    from specdemo.bench.sweep.runner import iter_sweep
+
+    with pytest.raises(ValueError, match="SD-tree.*tree attention mask.*sweep it with the target on torch"):
+        next(iter_sweep(lm_pair, ["w5 w6 w7"], [Setting("sd-tree", node_budget=3)], max_new_tokens=4))
+
+
+def test_a_comparison_sets_a_torch_copy_method_against_the_torch_copys_ar(lm_pair):
+    from specdemo.bench.measure.compare import run_comparison
+
+    comparison = run_comparison(lm_pair, PROMPTS[0], ["ar", "sd-tree"], max_new_tokens=16, temperature=0.0)
+    summary = comparison.summary.set_index("method")
+    assert list(summary.index) == ["ar", "torch-ar", "sd-tree"]
+    assert summary.loc["torch-ar", "label"] == "AR (torch copy)"
+    assert summary.loc["sd-tree", "label"] == "SD-tree (torch copy)" and summary.loc["sd-tree", "runtime"] == "torch copy"
+    speeds = summary["tokens_per_s"]
+    assert summary.loc["sd-tree", "speedup_vs_ar"] == pytest.approx(speeds["sd-tree"] / speeds["torch-ar"])
+    assert summary.loc["sd-tree", "matches_ar"]
+
+
 @pytest.mark.parametrize("peer", ["torch-ar", "onnx-generate", "onnx-ngram"])
 def test_the_peers_beside_a_runtime_are_refused_where_the_target_is_torchs_already(onnx_folders, peer):
     from specdemo.bench.measure.runners import parse_bench_methods
 
     target, _, _ = onnx_folders
-    torch_pair = specdemo.load_pair(str(target), device="cpu", dtype="float32")
+    torch_pair = specdemo.load_pair(str(target), device="cpu", dtype="float32", runtime="torch")
     with pytest.raises(ValueError, match="runs on torch already"):
         parse_bench_methods(f"ar,{peer}", torch_pair)
 
@@ -357,7 +447,8 @@ def page_presets(onnx_folders):
     target, draft, head = onnx_folders
     return {"tiny-onnx": Preset("tiny-onnx", str(target), str(draft)),
             "tiny-head-onnx": Preset("tiny-head-onnx", str(target), str(head)),
-            "hub": Preset("hub", "someone/some-model", None)}
+            "hub": Preset("hub", "someone/some-model", None),
+            "gguf": Preset("gguf", "/nowhere/some-model.gguf", None)}
 
 
 def float32_loader(target, draft=None, device=None, dtype=None, **chosen):
@@ -379,13 +470,15 @@ def test_the_page_offers_the_runtime_where_it_runs_and_hides_it_elsewhere(page_p
     assert onnx_export.served_runtimes("cuda:0") == ("torch",)
     demo = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
     dropdown = runtime_dropdown(demo)
-    assert dropdown.visible and [value for _, value in dropdown.choices] == ["torch", "onnx"]
-    # A Hub target cannot be exported as it is: choosing its pair hides the control and goes back to torch.
-    ctx = SimpleNamespace(presets=page_presets, runtimes=("torch", "onnx"))
-    assert runtime_offered(ctx, "hub") == {"__type__": "update", "visible": False, "value": "torch"}
-    assert runtime_offered(ctx, "tiny-head-onnx")["visible"]
+    assert dropdown.visible and [value for _, value in dropdown.choices] == ["auto", "torch", "onnx"]
+    assert dropdown.value == "auto"
+    # A .gguf target cannot be exported as it is: choosing its pair hides the control, on auto (torch there).
+    ctx = SimpleNamespace(presets=page_presets, runtimes=("auto", "torch", "onnx"))
+    assert runtime_offered(ctx, "gguf") == {"__type__": "update", "visible": False, "value": "auto"}
+    assert runtime_offered(ctx, "tiny-head-onnx")["visible"] and runtime_offered(ctx, "hub")["visible"]
     # `python app.py --runtime onnx`: the page's default, which its preloaded pair runs on.
-    assert ui.page_runtimes("cpu", "onnx") == ("onnx", "torch") and ui.page_runtimes("cpu") == ("torch", "onnx")
+    assert ui.page_runtimes("cpu", "onnx") == ("onnx", "auto", "torch")
+    assert ui.page_runtimes("cpu") == ("auto", "torch", "onnx") and ui.page_runtimes("cuda") == ("auto", "torch")
     assert runtime_dropdown(ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx",
                                           runtime="onnx")).value == "onnx"
     with pytest.raises(ValueError, match="onnx runtime runs the target on the CPU"):
@@ -395,39 +488,53 @@ def test_the_page_offers_the_runtime_where_it_runs_and_hides_it_elsewhere(page_p
                                               default_preset="tiny-onnx")).visible
 
 
-def page_run(presets, methods: str, runtime: str = "onnx", preset: str = "tiny-head-onnx"):
+def page_run(presets, methods: str, runtime: str = "", preset: str = "tiny-head-onnx"):
+    """A Playground run through the handlers on a real pair cache, on the page's default runtime (auto) unless
+    `runtime` is given."""
     from specdemo.app import handlers
     from specdemo.app.page import PairCache
 
     cache = PairCache(float32_loader, warm_up=False)
     request = handlers.make_request("w5 w6 w7 w8 w9 w10 w5 w6 w7 w8", preset, "", "",
                                     {"temperature": 0.0, "max_new_tokens": 24, "chat": False, "runtime": runtime},
-                                    presets, methods=methods, runtimes=("torch", "onnx"))
+                                    presets, methods=methods, runtimes=("auto", "torch", "onnx"))
     load = lambda r: cache.get(r.target, r.draft, target_dtype=r.target_dtype, runtime=r.runtime)  # noqa: E731
     return list(handlers.stream_run(request, load))
 
 
 def test_a_playground_run_on_the_runtime_gives_sd_the_runtimes_own_ar_tokens(page_presets):
-    updates = page_run(page_presets, "ar,sd,egag")
-    assert "exports the target for ONNX Runtime" in updates[0].status
+    updates = page_run(page_presets, "ar,sd,egag")  # the default path: auto
+    assert "preparing the fast target, first time only" in updates[0].status
+    assert "The target on onnx (auto)" in updates[-1].status
     ar, *drafting = updates[-1].results
     assert all(result.runtime == "onnx fp32" for result in (ar, *drafting))
     assert [result.token_ids for result in drafting] == [ar.token_ids] * 2
     assert sum(result.stats["accepted"] for result in drafting) > 0
 
 
-def test_a_method_the_runtime_refuses_reads_as_its_reason_on_the_page_and_the_others_run(page_presets):
-    last = page_run(page_presets, "ar,sd-tree")[-1]
-    assert [result.method for result in last.results] == ["ar"]
-    assert "verifies a chain only" in last.status and "verifies a chain only" in last.panels[1]
+def test_a_method_the_runtime_cannot_run_runs_on_the_torch_copy_and_its_speedup_is_over_the_copys_ar(page_presets):
+    last = page_run(page_presets, "ar,sd,sd-tree")[-1]
+    ar, sd, tree, reference = last.results
+    assert [r.method for r in last.results] == ["ar", "sd", "sd-tree", "torch-ar"]
+    assert (ar.runtime, sd.runtime, tree.runtime, reference.runtime) == ("onnx fp32", "onnx fp32", "torch copy",
+                                                                         "torch copy")
+    assert tree.token_ids == reference.token_ids and sd.token_ids == ar.token_ids
+    assert "SD-tree on the torch copy of the target" in last.status and "the AR (torch copy) row" in last.status
+    table = last.table.set_index("method")
+    assert list(table.index) == ["AR", "AR (torch copy)", "SD", "SD-tree (torch copy)"]
+    assert table.loc["SD-tree (torch copy)", "speedup vs AR"].endswith("over AR (torch copy)")
+    assert table.loc["SD-tree (torch copy)", "quality"] == "identical to AR (torch copy)"
+    expected = tree.stats["tokens_per_s"] / reference.stats["tokens_per_s"]
+    assert table.loc["SD-tree (torch copy)", "speedup vs AR"].startswith(f"{expected:.2f}×")
+    assert "⚠️" not in last.status  # no method was refused
 
 
 def test_a_runtime_the_page_does_not_offer_is_refused_by_name(page_presets):
     from specdemo.app import handlers
 
-    with pytest.raises(ValueError, match="runtime must be one of torch, onnx here, got 'tensorrt'"):
+    with pytest.raises(ValueError, match="runtime must be one of auto, torch, onnx here, got 'tensorrt'"):
         handlers.make_request("w5", "tiny-onnx", "", "", {"runtime": "tensorrt"}, page_presets,
-                              runtimes=("torch", "onnx"))
+                              runtimes=("auto", "torch", "onnx"))
 
 
 @pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")  # Gradio's own pandas deprecations
@@ -438,12 +545,12 @@ def test_the_served_page_runs_on_the_runtime_it_is_asked_for(onnx_folders, page_
 
     with serve(onnx_folders[0].parent, presets=page_presets, loader=float32_loader) as (url, _):
         client = gradio_client.Client(url, verbose=False)
-        for runtime in ("onnx", "torch"):
+        for runtime, ran_on in (("", "onnx fp32"), ("onnx", "onnx fp32"), ("torch", "torch")):  # "": the default
             summary, *_ = client.predict(prompt="w5 w6 w7 w8 w9 w10 w5 w6", preset="tiny-onnx", methods="ar,sd",
                                          max_new_tokens=12, temperature=0.0, chat=False, runtime=runtime,
                                          api_name="/compare")
             rows = [dict(zip(summary["headers"], row)) for row in summary["data"]]
-            assert [row["runtime"] for row in rows] == [f"{runtime} fp32" if runtime == "onnx" else "torch"] * 2
+            assert [row["runtime"] for row in rows] == [ran_on] * 2
             assert rows[1]["matches_ar"] in (True, "True", 1)
 
 
@@ -455,16 +562,18 @@ def test_the_benchmark_tab_offers_the_runtime_where_the_playground_does(page_pre
 
     demo = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
     playground, tab = runtime_dropdown(demo), runtime_dropdown(demo, "bench-runtime")
-    assert tab.visible and tab.choices == playground.choices and tab.value == playground.value == "torch"
-    hub = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="hub")
-    assert not runtime_dropdown(hub, "bench-runtime").visible and runtime_dropdown(hub, "bench-runtime").value == "torch"
+    # A suite's methods depend on the runtime: the tab offers what auto gives here (onnx) and torch.
+    assert tab.visible and [value for _, value in tab.choices] == ["onnx", "torch"] and tab.value == "onnx"
+    assert playground.value == "auto"
+    gguf = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="gguf")
+    assert not runtime_dropdown(gguf, "bench-runtime").visible and runtime_dropdown(gguf, "bench-runtime").value == "torch"
     onnx_first = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx", runtime="onnx")
     assert runtime_dropdown(onnx_first, "bench-runtime").value == "onnx"
     # Choosing onnx offers the methods it runs; a pair it cannot take goes back to torch, and so do its methods.
     offer = benchtab.offer_methods(SimpleNamespace(presets=page_presets, runtimes=("torch", "onnx")))
     checked, note = offer("tiny-onnx", ["ar", "sd", "hf-generate", "onnx-ngram"], "onnx")
     assert checked == ["ar", "sd", "onnx-ngram"] and "torch copy of the target" in note
-    checked, note = offer("hub", ["ar", "onnx-ngram"], "onnx")
+    checked, note = offer("gguf", ["ar", "onnx-ngram"], "onnx")
     assert checked == ["ar"] and "which this page does not offer for this pair" in note
     monkeypatch.setattr(onnx_export, "onnx_runtime_missing", lambda: "onnxruntime-genai is not installed")
     torch_only = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
@@ -512,13 +621,13 @@ def test_the_sweep_tab_offers_the_runtime_where_the_playground_does(page_presets
 
     demo = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
     playground, tab = runtime_dropdown(demo), runtime_dropdown(demo, "sweep-runtime")
-    assert tab.visible and tab.choices == playground.choices and tab.value == playground.value == "torch"
+    assert tab.visible and [value for _, value in tab.choices] == ["onnx", "torch"] and tab.value == "onnx"
     # Another pair offers its runtimes: the tab's Model pair drives its control.
     preset = runtime_dropdown(demo, "sweep-preset")
     assert any((preset._id, "change") in [(target[0], target[1]) for target in fn.targets]
                and tab in fn.outputs for fn in demo.fns.values())
-    hub = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="hub")
-    assert not runtime_dropdown(hub, "sweep-runtime").visible and runtime_dropdown(hub, "sweep-runtime").value == "torch"
+    gguf = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="gguf")
+    assert not runtime_dropdown(gguf, "sweep-runtime").visible and runtime_dropdown(gguf, "sweep-runtime").value == "torch"
     onnx_first = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx", runtime="onnx")
     assert runtime_dropdown(onnx_first, "sweep-runtime").value == "onnx"
     monkeypatch.setattr(onnx_export, "onnx_runtime_missing", lambda: "onnxruntime-genai is not installed")

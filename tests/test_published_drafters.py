@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import specdemo
+from specdemo.engine.runtimes.onnx_export import onnx_runtime_missing
 from specdemo.engine.drafters.feature_head import FeatureHead, HeadConfig
 from specdemo.engine.methods import available_methods
 from specdemo.engine.drafters.published.eagle import eagle_layout
@@ -255,3 +256,13 @@ def test_a_published_head_runs_in_a_float_dtype(folders):
     target, heads = folders
     with pytest.raises(ValueError, match="int8: the EAGLE-3 head .* runs in a float dtype"):
         load_pair(str(target), str(heads["eagle3"]), device="cpu", dtype="float64", draft_dtype="int8")
+
+
+@pytest.mark.skipif(onnx_runtime_missing() is not None, reason="the onnx runtime is not installed")
+def test_auto_keeps_a_published_heads_target_on_torch_and_onnx_refuses_it(folders):
+    target, heads = folders
+    pair = load_pair(str(target), str(heads["eagle"]), device="cpu", dtype="float32")
+    assert pair.runtime == "torch" and pair.target_runtime is None
+    assert "drafts beside a torch target only" in pair.runtime_reason
+    with pytest.raises(ValueError, match="runtime onnx: the .* drafts beside a torch target only; use runtime=torch"):
+        load_pair(str(target), str(heads["medusa"]), device="cpu", dtype="float32", runtime="onnx")

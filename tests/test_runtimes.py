@@ -4,7 +4,7 @@ the API, the CLI and every tab ask, so each reason reads the same wherever it is
 import pytest
 
 from specdemo.engine.methods import METHODS
-from specdemo.engine.runtimes import ONNX, REMEDY, RUNTIMES, TORCH, runtime_named
+from specdemo.engine.runtimes import AUTO, ONNX, REMEDY, RUNTIME_CHOICES, RUNTIMES, TORCH, runtime_named
 from specdemo.engine.runtimes.onnx_export import ONNX_PRECISIONS, check_runtime
 
 
@@ -18,6 +18,8 @@ def test_torch_is_the_reference_and_refuses_nothing():
     ({"device": "cuda:0"}, "runs the target on the CPU, and the device is 'cuda:0'"),
     ({"precision": "bfloat16"}, "runs the target at float32, int8, int4, not bfloat16"),
     ({"trees": True}, "verifies a chain only"),
+    ({"compile": True}, "graph capture is torch's"),
+    ({"inner_layers": True}, "returns the last state only"),
     ({"torch_loop": "no KV cache"}, "torch's own loop over the target (no KV cache)"),
     ({"target_kv": "streaming"}, "keeps its own full cache, so target_kv=streaming cannot compress it"),
 ])
@@ -31,9 +33,9 @@ def test_what_the_onnx_runtime_runs_is_refused_nothing():
 
 
 def test_an_unknown_runtime_names_the_ones_there_are():
-    with pytest.raises(ValueError, match="runtime: 'tensorrt' is not one of torch, onnx"):
+    with pytest.raises(ValueError, match="runtime: 'tensorrt' is not one of auto, torch, onnx"):
         runtime_named("tensorrt")
-    assert RUNTIMES == (TORCH, ONNX)
+    assert RUNTIMES == (TORCH, ONNX) and RUNTIME_CHOICES == (AUTO, TORCH, ONNX)
 
 
 def test_loading_checks_through_the_same_rule():

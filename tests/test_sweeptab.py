@@ -81,8 +81,9 @@ def test_bad_forms_read_as_messages(changes, message):
 
 @pytest.fixture
 def runtime_presets(tmp_path):
-    """A pair whose target runtime onnx can export (a local folder) and one it cannot (a Hub id)."""
-    return {"local": Preset("local", str(tmp_path), "draft-folder"), "hub": Preset("hub", "someone/model", "draft-folder")}
+    """A pair whose target runtime onnx can export (a local folder) and one it cannot (a .gguf file)."""
+    return {"local": Preset("local", str(tmp_path), "draft-folder"),
+            "gguf": Preset("gguf", "/nowhere/model.gguf", "draft-folder")}
 
 
 def runtime_request(presets, runtimes=("torch", "onnx"), **changes):
@@ -94,8 +95,8 @@ def test_the_runtime_comes_from_the_form_or_the_pages_default_and_is_checked_aga
     assert runtime_request(runtime_presets).runtime == "torch"  # omitted: the page's default, its first
     assert runtime_request(runtime_presets, runtimes=("onnx", "torch")).runtime == "onnx"
     assert runtime_request(runtime_presets, runtime="onnx").runtime == "onnx"
-    with pytest.raises(ValueError, match="runtime onnx cannot run the hub pair's target, which cannot be exported"):
-        runtime_request(runtime_presets, runtime="onnx", preset="hub")
+    with pytest.raises(ValueError, match="runtime onnx cannot run the gguf pair's target, which cannot be exported"):
+        runtime_request(runtime_presets, runtime="onnx", preset="gguf")
     with pytest.raises(ValueError, match="runtime must be one of torch here, got 'onnx'"):
         runtime_request(runtime_presets, runtimes=("torch",), runtime="onnx")  # a page that serves torch alone
     # What the runtime refuses runs on torch, and the draft takes any precision beside a runtime target.
@@ -108,10 +109,10 @@ def test_the_runtime_comes_from_the_form_or_the_pages_default_and_is_checked_aga
 
 @pytest.mark.parametrize("changes, message", [
     ({"methods": ["sd", "sd-tree", "beam", "ar-nocache"], "node_budget": "3"},
-     "sd-tree: the method drafts a tree, and the onnx runtime verifies a chain only: choose a chain method (sd, egag, "
-     "nasd, rest, the adaptive stops), or choose the torch target runtime (runtime=torch); beam: the method runs "
-     "torch's own loop over the target (beam search), not the onnx runtime's: choose the torch target runtime "
-     "(runtime=torch); ar-nocache: the method runs torch's own loop over the target (no KV cache)"),
+     "sd-tree: the method drafts a tree, and the onnx runtime verifies a chain only (no tree attention mask): choose a "
+     "chain method (sd, egag, nasd, rest, the adaptive stops), or choose the torch target runtime (runtime=torch); "
+     "beam: the method runs torch's own loop over the target (beam search), not the onnx runtime's: choose the torch "
+     "target runtime (runtime=torch); ar-nocache: the method runs torch's own loop over the target (no KV cache)"),
     ({"target_kv_axis": "full,streaming", "kv_budget_axis": "64"},
      "target_kv=streaming: the onnx runtime keeps its own full cache, so target_kv=streaming cannot compress it: use "
      "full, or choose the torch target runtime (runtime=torch)"),

@@ -187,7 +187,7 @@ def _inputs(ctx: TabContext) -> list[Any]:
     with gr.Row():
         preset = gr.Dropdown(label="Model pair", value=ctx.default_preset, interactive=True,
                              choices=list(ctx.presets), elem_id="bench-preset")
-        runtime = runtime_control(ctx, "bench-runtime", RUNTIME_INFO)
+        runtime = runtime_control(ctx, "bench-runtime", RUNTIME_INFO, pair_runtimes(ctx, ctx.default_preset))
         # Custom values: an uploaded suite brings its own categories.
         category = gr.Dropdown(label="Category", value=bench.ALL, choices=[bench.ALL, *bench.SUITE_CATEGORIES],
                                elem_id="bench-category", allow_custom_value=True)

@@ -87,8 +87,12 @@ def page_engine_defaults(device: torch.device | str, encoder_decoder: bool, sett
     return EngineOptions()
 
 
-def warming_status(pair_name: str, options: EngineOptions) -> str:
-    """The page's status line while a pair loads and warms up before the first timed Run."""
+def warming_status(pair_name: str, options: EngineOptions, fast_target: bool = False) -> str:
+    """The page's status line while a pair loads and warms up before the first timed Run (fast_target: its
+    target goes on ONNX Runtime, exported on the first start)."""
     doing = (f"compiling the decode steps for **{pair_name}** (first time only)" if options.compile
              else f"loading **{pair_name}** and warming it up")
+    if fast_target:
+        doing = (f"preparing the fast target, first time only (**{pair_name}**'s target exported for ONNX Runtime, "
+                 "about 30 s; the export is never counted in tokens/s), then warming it up")
     return f"⏳ {doing}, so that the first Run is timed like the next ones; a Run pressed now waits for it …"

@@ -13,11 +13,9 @@ May import engine, models, bench and the page's own viz/limits/page; never gradi
 from __future__ import annotations
 
 import logging
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
@@ -28,12 +26,14 @@ from . import charts, viz
 from ..bench.measure.compare import run_comparison, tabulate
 from ..bench.measure.vs_float32 import Float32Reference, reference_for, runs_below_float32
 from ..bench.measure.runners import quiet_gc
-from ..engine.decoding import iter_generate
+from ..models.torch_copy import TORCH_COPY, TORCH_COPY_AR, iter_generate, needs_torch_copy_ar, runtime_refusal, torch_copy_ar
 from ..engine.methods import available_methods, parse_methods
 from ..engine.params import PARAMS, DecodeParams, EngineOptions
 from ..engine.trace import GenerationResult
 from ..models.loading import ModelPair, Preset, draft_kind_of
-from ..engine.runtimes import ONNX, TORCH
+from ..engine.runtimes import AUTO as AUTO_RUNTIME, ONNX, TORCH
+from ..engine.runtimes.onnx_export import resolve_runtime
+from ..models.tokens import default_device
 from ..models.precision import PRECISIONS, exactness_sentence, is_exact
 from .engine_controls import engine_options, first_round_status
 from .limits import Limits
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 STATUS_INTERVAL_S = 1.0
 PARAM_NAMES = tuple(PARAMS)  # the decoding parameters every decoding endpoint takes, in the schema's order
 PRECISION_NAMES = ("target_dtype", "draft_dtype")  # the models' precisions the Playground and its endpoints take
-RUNTIME = "runtime"  # what runs the target's forwards (torch, or onnx where the page offers it)
+RUNTIME = "runtime"  # what runs the target's forwards (auto, torch, or onnx where the page offers it)
 
 
 def write_csvs(summary: pd.DataFrame, rounds: pd.DataFrame, tokens: pd.DataFrame) -> tuple[str, str, str]:
@@ -76,7 +76,7 @@ class Request:
     engine: EngineOptions = field(default_factory=EngineOptions)  # how tokens are computed, never which
     target_dtype: str = AUTO  # each model's precision, as offered (AUTO: the loader's default for the device)
     draft_dtype: str = AUTO
-    runtime: str = TORCH  # what runs the target's forwards: torch, or onnx where the page offers it
+    runtime: str = AUTO_RUNTIME  # what runs the target's forwards: auto, torch, or onnx where the page offers it
 
 
 def resolve_models(preset: str | None, target: str | None, draft: str | None,
@@ -120,13 +120,13 @@ def chosen_runtime(value: Any, offered: Sequence[str]) -> str:
 
 def make_request(prompt, preset, target, draft, values: Mapping[str, Any], presets: Mapping[str, Preset],
                  limits: Limits | None = None, methods: Any = None, precisions: Sequence[str] = PRECISIONS,
-                 runtimes: Sequence[str] = (TORCH,)) -> Request:
+                 runtimes: Sequence[str] = (AUTO_RUNTIME, TORCH)) -> Request:
     """Validate everything that can be checked before loading a model; ValueError otherwise.
 
     values: the decoding parameters by schema name (missing ones take the schema's default), and
     target_dtype and draft_dtype (AUTO when missing); methods: a comma-separated string or a list
     (None: the default methods); precisions: the ones the page offers besides AUTO; runtimes: the
-    target runtimes it offers (`values["runtime"]`, torch when missing).
+    target runtimes it offers (`values["runtime"]`, the first when missing).
     """
     if methods is not None and not isinstance(methods, (str, list, tuple)):
         raise ValueError("methods must be a comma-separated string or a list of names")
@@ -252,10 +252,13 @@ def loading_note(request: Request) -> str:
 
 def runtime_loading_note(runtime: str) -> str:
     """The status line's words for a pair loaded with its target on `runtime` ("" on torch): the Playground's
-    and the Benchmark tab's first load on onnx exports the target."""
+    and the Benchmark tab's first load on onnx (and on auto, where it gives onnx) exports the target."""
     if runtime == ONNX:
         return (" on the onnx runtime (its first use exports the target for ONNX Runtime, about 30 s for the "
                 "embedded one; afterwards it is read from disk)")
+    if runtime == AUTO_RUNTIME and resolve_runtime(AUTO_RUNTIME, str(default_device()), "float32").runtime == ONNX:
+        return (" (on ONNX Runtime where it runs the target: preparing the fast target, first time only, about 30 s "
+                "for the embedded one, never counted in tokens/s)")
     return ""
 
 
@@ -268,11 +271,14 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
     names = viz.method_order(request.methods)
     progress = RunProgress(names, request.params.max_new_tokens)
     started = time.perf_counter()
+    plan = threads
     threads = threads.for_runtime(getattr(pair, "runtime", TORCH)) if threads is not None else None
     for k, name in enumerate(names):
         if request.engine.first_round_note:
             yield RunUpdate(status=progress.line(k, first_round_status(request.engine)))
-        count = threads.for_method(name) if threads is not None else None
+        # A method the runtime cannot run runs on the torch copy, on torch's thread plan.
+        on_copy = runtime_refusal(pair, name, request.params, request.engine.compile) is not None
+        count = (plan.for_runtime(TORCH) if on_copy else threads).for_method(name) if threads is not None else None
         try:
             result = yield from decode_one(pair, request, limits, k, progress, status_interval_s, count)
         except _MethodFailed as failure:
@@ -280,13 +286,29 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
             continue
         if result is not None:
             progress.finished(k, result)
+    if needs_torch_copy_ar(list(progress.results.values())):
+        yield RunUpdate(status=progress.line(len(names) - 1, "timing AR on the torch copy of the target, the "
+                                                             "reference of the methods that ran there …"))
+        count = plan.for_runtime(TORCH).for_method("ar") if plan is not None else None
+        progress.reference = reference_run(pair, request, limits, count)
     yield final_update(pair, request, progress, time.perf_counter() - started)
+
+
+def reference_run(pair: ModelPair, request: Request, limits: Limits | None, threads: int | None) -> GenerationResult:
+    """AR on the torch copy of the target (`torch_copy.TORCH_COPY_AR`), timed on the decoding thread as a
+    method is: the speed the rows that ran on the torch copy are set against."""
+    def run() -> GenerationResult:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        with quiet_gc():
+            return torch_copy_ar(pair, request.prompt, request.params, limits, cache=request.engine.cache)
+    return decoding_thread().submit(run).result()
 
 
 def final_update(pair: ModelPair, request: Request, progress: "RunProgress", elapsed: float) -> RunUpdate:
     """Everything the page draws, in one update once every method has ended: the panels, the charts,
     the table, the explanation and the CSVs."""
-    results = list(progress.results.values())
+    results = list(progress.results.values()) + ([progress.reference] if progress.reference is not None else [])
     panels = {k: viz.render_panel(name, progress.results[k], pair.tokenizer) if k in progress.results
               else progress.failed_panels.get(k, "") for k, name in enumerate(progress.names)}
     if not results:
@@ -337,6 +359,8 @@ class RunProgress:
     results: dict[int, GenerationResult] = field(default_factory=dict)  # slot → finished method
     errors: list[str] = field(default_factory=list)
     failed_panels: dict[int, str] = field(default_factory=dict)  # slot → the failed method's panel
+    # AR on the torch copy (TORCH_COPY_AR), where a method ran there: a row of the table, no panel of its own.
+    reference: GenerationResult | None = None
     _done: list[str] = field(default_factory=list)
 
     def label(self, k: int) -> str:
@@ -370,12 +394,26 @@ def done_status(request: Request, results: list[GenerationResult], errors: list[
     if inexact:
         sentence = exactness_sentence(inexact)
         done += f" ℹ️ {sentence[0].upper()}{sentence[1:]}."
+    done += runtime_sentence(results)
     notes = [r.note for r in results if r.note]  # e.g. AR without a cache stopped early
     if notes:
         done += " ℹ️ " + "; ".join(notes) + "."
     if errors:
         done += " ⚠️ " + "; ".join(errors)
     return done
+
+
+def runtime_sentence(results: list[GenerationResult]) -> str:
+    """The status line's words on what ran the target and why (`GenerationResult.runtime_reason`): the pair's
+    runtime once, then each method that ran on the torch copy of a runtime target."""
+    pair_reason = next((r.runtime_reason for r in results if r.runtime_reason and r.runtime != TORCH_COPY), "")
+    copied = [f"{viz.method_label(r.method)} {r.runtime_reason}" for r in results
+              if r.runtime == TORCH_COPY and r.method != TORCH_COPY_AR]
+    sentence = f" ⚙️ {pair_reason[0].upper()}{pair_reason[1:]}." if pair_reason else ""
+    if copied:
+        sentence += (" ⚙️ " + "; ".join(copied) + "; their speedups are over AR on the same torch copy "
+                     "(the AR (torch copy) row).")
+    return sentence
 
 
 class _MethodFailed(Exception):

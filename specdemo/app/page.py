@@ -59,7 +59,8 @@ def no_engine_defaults(encoder_decoder: bool) -> EngineOptions:
 
 
 class PairCache:
-    """Pairs keyed by (target, draft, device, dtype, target_dtype, draft_dtype, runtime); beyond `limit`, the least recently
+    """Pairs keyed by (target, draft, device, dtype, target_dtype, draft_dtype, the runtime they run on); beyond
+    `limit`, the least recently
     used pair is closed so a new one can take its memory. With `warm_up` (a cache that serves
     visitors) each new pair is warmed, and what is alive then is frozen out of the collector's way
     (`_freeze_what_stays`) until a pair is closed."""
@@ -73,6 +74,7 @@ class PairCache:
         self.warm_up = warm_up
         self.engine_defaults = engine_defaults  # what a Run on the pair starts from, so the warm-up's too
         self._pairs: OrderedDict[tuple, ModelPair] = OrderedDict()
+        self._auto: dict[tuple, str] = {}  # the settings' key without the runtime → the runtime auto gave them
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -81,15 +83,17 @@ class PairCache:
     def get(self, target: str, draft: str | None, device: str | None = None, dtype: str | None = None,
             target_dtype: str | None = None, draft_dtype: str | None = None, runtime: str | None = None) -> ModelPair:
         """The pair, loaded on first use. Each model's precision ("auto" or None: `dtype`, else the
-        loader's default for the device) and the target's runtime (None: torch) are part of the key,
-        so another precision or runtime loads another pair."""
+        loader's default for the device) and the target's runtime (None or "auto": the loader's default, auto)
+        are part of the key, so another precision or runtime loads another pair."""
         precisions = {name: value for name, value in (("target_dtype", target_dtype), ("draft_dtype", draft_dtype))
                       if value not in (None, "", AUTO)}
-        if runtime not in (None, "", "torch"):
+        if runtime not in (None, "", AUTO):
             precisions["runtime"] = runtime
-        key = (target, draft, device, dtype, precisions.get("target_dtype"), precisions.get("draft_dtype"),
-               precisions.get("runtime"))
+        base = (target, draft, device, dtype, precisions.get("target_dtype"), precisions.get("draft_dtype"))
         with self._lock:
+            # A pair is kept under the runtime it runs on: auto, once resolved for these settings, finds the pair
+            # an explicit onnx (or torch) loaded, and the other way round.
+            key = (*base, precisions.get("runtime") or self._auto.get(base, AUTO))
             if key in self._pairs:
                 self._pairs.move_to_end(key)
                 return self._pairs[key]
@@ -100,7 +104,10 @@ class PairCache:
                 old.close()
             # Only a precision or a runtime that was chosen reaches the loader, so the default loads as it always has.
             pair = self.loader(target, draft, device=device, dtype=dtype, **precisions)
-            self._pairs[key] = pair
+            resolved = getattr(pair, "runtime", "torch")
+            if "runtime" not in precisions:
+                self._auto[base] = resolved
+            self._pairs[(*base, resolved)] = pair
             if self.warm_up:  # a cache that serves visitors
                 _warm_up(pair, self.engine_defaults(bool(getattr(pair, "is_encoder_decoder", False))))
                 _freeze_what_stays()
@@ -233,6 +240,7 @@ class TabContext:
     threads: ThreadPlan | None = None  # torch's threads per method (None: as the process has them)
     precisions: tuple[str, ...] = PRECISIONS  # the models' precisions the device serves, besides AUTO
     runtimes: tuple[str, ...] = ("torch",)  # the target runtimes this install and device serve, the page's default first
+    auto_runtime: str = "torch"  # what "auto" gives a target here before it is loaded (`onnx_export.resolve_runtime`)
 
 
 def session_id(request: gr.Request | None) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import gradio as gr
 from gradio.context import Context
@@ -22,7 +22,7 @@ from . import forms, handlers, viz
 from ..bench.measure.tables import summary_frame
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..models.loading import ModelPair, Preset, onnx_can_export
-from ..engine.runtimes import TORCH
+from ..engine.runtimes import AUTO as AUTO_RUNTIME, ONNX, TORCH
 from .engine_controls import ENGINE_NAMES, engine_controls
 from .examples import EXAMPLES, encoder_decoder_examples
 from .handlers import PRECISION_NAMES, RUNTIME, Request, RunUpdate, make_request
@@ -243,27 +243,32 @@ def precision_controls(offered: tuple[str, ...]) -> dict[str, gr.Dropdown]:
             for name in PRECISION_NAMES}
 
 
-RUNTIME_INFO = ("onnx: the target on ONNX Runtime (the CPU), exported on first use (about 30 s). Greedy SD still "
-                "equals AR on the same runtime; trees, beam search, AR without a cache, target KV policies and "
-                "compile run on torch only")
+RUNTIME_INFO = ("auto: the target on ONNX Runtime where it runs it (the CPU), else torch; exported on first use "
+                "(about 30 s). Greedy SD still equals AR on the same runtime; trees, beam search, AR without a "
+                "cache, target KV policies and compile run on the torch copy of the target, and their rows say so")
 
 
-def runtime_control(ctx: TabContext, elem_id: str = "sd-runtime", info: str = RUNTIME_INFO) -> gr.Dropdown:
+def runtime_control(ctx: TabContext, elem_id: str = "sd-runtime", info: str = RUNTIME_INFO,
+                    runtimes: Sequence[str] | None = None) -> gr.Dropdown:
     """What runs the target's forwards. Like a precision it changes how the target is loaded, so in the
-    Playground it sits beside them (the Benchmark and Sweep tabs have their own, `elem_id`); shown only where
-    onnx runs here and the chosen pair's target can be exported for it."""
-    offered = runtime_offered(ctx, ctx.default_preset)
-    return gr.Dropdown(list(ctx.runtimes), value=offered.get("value", ctx.runtimes[0]), label="Target runtime",
+    Playground it sits beside them (the Benchmark and Sweep tabs have their own, `elem_id`, and their own
+    `runtimes`); shown only where onnx runs here and the chosen pair's target can be exported for it."""
+    runtimes = list(runtimes if runtimes is not None else ctx.runtimes)
+    offered = runtime_offered(ctx, ctx.default_preset, hidden=TORCH if TORCH == runtimes[0] or AUTO_RUNTIME not in runtimes else AUTO_RUNTIME)
+    return gr.Dropdown(runtimes, value=offered.get("value", runtimes[0]), label="Target runtime",
                        info=info, allow_custom_value=True, visible=offered["visible"], elem_id=elem_id)
 
 
-def runtime_offered(ctx: TabContext, preset_name: str) -> dict:
-    """The runtime control for a pair: shown where another runtime than torch serves its target, else hidden
-    and back on torch (a Hub target cannot be exported as it is)."""
+def runtime_offered(ctx: TabContext, preset_name: str, hidden: str | None = None) -> dict:
+    """The runtime control for a pair: shown where onnx serves its target, else hidden and set to `hidden`
+    (None: auto, which gives torch there with the reason, or torch where torch is the page's default): an
+    encoder-decoder target, a .gguf file, a GPU."""
     preset = ctx.presets.get(preset_name)
-    offered = len(ctx.runtimes) > 1 and preset is not None and not preset.encoder_decoder \
+    if hidden is None:
+        hidden = TORCH if ctx.runtimes[0] == TORCH else AUTO_RUNTIME
+    offered = ONNX in ctx.runtimes and preset is not None and not preset.encoder_decoder \
         and onnx_can_export(preset.target)
-    return gr.update(visible=offered) if offered else gr.update(visible=False, value=TORCH)
+    return gr.update(visible=offered) if offered else gr.update(visible=False, value=hidden)
 
 
 def method_choices(draft: str | None) -> list[tuple[str, str]]:

@@ -4,6 +4,7 @@ runtime, and the methods the runtime refuses, each with the reason the page give
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import gradio as gr
@@ -12,7 +13,8 @@ from .. import bench
 from ..bench.measure.runners import HF_METHODS, RUNTIME_PEERS
 from ..bench.measure.threads import ThreadPlan
 from ..engine.methods import METHODS
-from ..engine.runtimes import ONNX, TORCH, runtime_named
+from ..engine.runtimes import AUTO, ONNX, TORCH, runtime_named
+from ..engine.runtimes.onnx_export import resolve_runtime
 from . import handlers
 from .page import TabContext
 from .playgroundtab import runtime_offered
@@ -20,19 +22,41 @@ from .playgroundtab import runtime_offered
 
 def offer_runtime(ctx: TabContext, preset: gr.Dropdown, runtime: gr.Dropdown) -> None:
     """Another pair offers its runtimes (`runtime_offered`); a name the page does not know leaves the control."""
-    preset.change(lambda name: runtime_offered(ctx, name) if name in ctx.presets else gr.skip(), inputs=[preset],
+    preset.change(lambda name: runtime_offered(ctx, name, hidden=TORCH) if name in ctx.presets else gr.skip(), inputs=[preset],
                   outputs=[runtime], queue=False, api_visibility="private")
 
 
+def suite_runtimes(ctx: TabContext) -> tuple[str, ...]:
+    """The runtimes the suites' tabs offer: the page's concrete ones (a suite's methods and peers depend on
+    the runtime, so a tab shows what auto gives a pair rather than auto)."""
+    return tuple(runtime for runtime in ctx.runtimes if runtime != AUTO)
+
+
+def auto_for(ctx: TabContext, preset_name: str) -> str:
+    """What auto gives a preset's target before it loads (`onnx_export.resolve_runtime`): the page's answer
+    for any target, checked against a local folder's config.json where the preset names one."""
+    auto = getattr(ctx, "auto_runtime", TORCH)
+    preset = ctx.presets.get(preset_name)
+    if auto != ONNX or preset is None or not Path(preset.target).is_dir():
+        return auto
+    return resolve_runtime(AUTO, "cpu", "float32", Path(preset.target)).runtime
+
+
 def pair_runtimes(ctx: TabContext, preset_name: str) -> tuple[str, ...]:
-    """The runtimes a tab offers a preset's target: the page's where its dropdown shows, else torch alone."""
-    return tuple(ctx.runtimes) if runtime_offered(ctx, preset_name)["visible"] else (TORCH,)
+    """The runtimes a tab offers a preset's target, its default first: what the page's default gives it (auto
+    resolved for it), then the others, where the dropdown shows; else torch alone."""
+    if not runtime_offered(ctx, preset_name)["visible"]:
+        return (TORCH,)
+    default = auto_for(ctx, preset_name) if ctx.runtimes[0] == AUTO else ctx.runtimes[0]
+    return (default, *(runtime for runtime in suite_runtimes(ctx) if runtime != default))
 
 
 def chosen_runtime(ctx: TabContext, preset_name: str, value: Any) -> str:
-    """The target's runtime from the page or the API (empty: the first the tab offers the pair); ValueError
-    for one the page serves but not for this pair's target, or one it does not serve."""
+    """The target's runtime from the page or the API (empty or auto: the first the tab offers the pair);
+    ValueError for one the page serves but not for this pair's target, or one it does not serve."""
     offered = pair_runtimes(ctx, preset_name)
+    if isinstance(value, str) and value.strip() == AUTO:
+        value = None
     if isinstance(value, str) and value.strip() in ctx.runtimes and value.strip() not in offered:
         raise ValueError(f"runtime {value.strip()} cannot run the {preset_name} pair's target, which cannot be "
                          f"exported for it: choose {TORCH}")

@@ -132,10 +132,11 @@ def _grid_values(name: str, text: Any) -> list[float]:
 
 
 def make_sweep_request(form: Mapping[str, Any], presets: Mapping[str, Preset], limits: Limits,
-                       suite: Sequence[SuitePrompt] | None = None, runtimes: Sequence[str] = (TORCH,)) -> SweepRequest:
+                       suite: Sequence[SuitePrompt] | None = None, runtimes: Sequence[str] = (TORCH,),
+                       auto_runtime: str = TORCH) -> SweepRequest:
     """Validate a sweep form (FORM's and FORM_AFTER's names and the shared decoding parameters) before
     loading anything; ValueError names the field. runtimes: the target runtimes the page serves, its
-    default first (`TabContext.runtimes`)."""
+    default first (`TabContext.runtimes`); auto_runtime: what auto gives a target here."""
     limits.check_models(form.get("preset"), known=presets)
     methods = form.get("methods")
     methods = methods.split(",") if isinstance(methods, str) else list(methods or [])
@@ -160,7 +161,8 @@ def make_sweep_request(form: Mapping[str, Any], presets: Mapping[str, Preset], l
     limits.check_sweep((len(settings) - 1) * max(len(planned), 1), len(prompts), repeats)
     limits.check_new_tokens(params.max_new_tokens)
     chosen = presets[form["preset"]]
-    page = SimpleNamespace(presets=presets, runtimes=tuple(runtimes))  # what the runtime's offer reads of a page
+    # What the runtime's offer reads of a page.
+    page = SimpleNamespace(presets=presets, runtimes=tuple(runtimes), auto_runtime=auto_runtime)
     runtime = chosen_runtime(page, form["preset"], form.get("runtime"))
     refuse_unavailable(methods, unavailable_methods(chosen.draft_kind, runtime, pair_runtimes(page, form["preset"])))
     refuse_on_runtime(runtime, planned or [({}, params)])
@@ -382,7 +384,7 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
     with gr.Row():
         preset = gr.Dropdown(label="Model pair", value=ctx.default_preset, interactive=True,
                              choices=list(ctx.presets), elem_id="sweep-preset")
-        runtime = runtime_control(ctx, "sweep-runtime", RUNTIME_INFO)
+        runtime = runtime_control(ctx, "sweep-runtime", RUNTIME_INFO, pair_runtimes(ctx, ctx.default_preset))
         methods = gr.CheckboxGroup(label="Methods (AR always runs)", value=initial["methods"],
                                    choices=[("SD (fixed γ)", "sd"), ("EGAG", "egag"), ("NASD", "nasd"),
                                             ("SD-tree (node budgets)", "sd-tree"), ("AdaEDL", "adaedl"),
@@ -466,7 +468,7 @@ def page_sweep(ctx: TabContext, values: Mapping[str, Any], progress: Callable) -
     limits, its runtimes) before loading, then swept on the runtime's thread plan, each update as `page_values`
     gives it; a ValueError reads as the page's error."""
     try:
-        req = make_sweep_request(values, ctx.presets, ctx.limits, runtimes=ctx.runtimes)
+        req = make_sweep_request(values, ctx.presets, ctx.limits, runtimes=ctx.runtimes, auto_runtime=ctx.auto_runtime)
     except ValueError as error:
         raise gr.Error(str(error), print_exception=False) from None
     try:
@@ -509,7 +511,7 @@ def _wire_api(ctx: TabContext, form: SweepForm, initial: Mapping[str, Any]) -> N
     def sweep_api(values: dict, request: gr.Request):
         """Run a sweep to the end; returns the summary table, the rows CSV and the verdict."""
         try:
-            req = make_sweep_request(values, ctx.presets, ctx.limits, runtimes=ctx.runtimes)
+            req = make_sweep_request(values, ctx.presets, ctx.limits, runtimes=ctx.runtimes, auto_runtime=ctx.auto_runtime)
             last = sweep_outcome(req, ctx.load, ctx.export, ctx.gpu, threads=sweep_threads(ctx, req.runtime))
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None

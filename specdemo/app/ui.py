@@ -33,8 +33,8 @@ from .page import (  # noqa: F401  (what the tabs share, re-exported for callers
 )
 from ..models.loading import PRESETS, Preset, load_pair
 from ..models.precision import served_precisions
-from ..engine.runtimes import TORCH, runtime_named
-from ..engine.runtimes.onnx_export import onnx_runtime_missing, served_runtimes
+from ..engine.runtimes import AUTO, ONNX, runtime_named
+from ..engine.runtimes.onnx_export import onnx_runtime_missing, resolve_runtime, served_runtimes
 from ..models.tokens import default_device
 from ..engine.methods import DEFAULT_METHODS
 from ..engine.params import DecodeParams
@@ -81,10 +81,9 @@ def build_demo(
 ) -> gr.Blocks:
     """The page's Blocks, queued so GPU work runs one request at a time.
 
-    pair_loader: called as loader(target, draft, device=..., dtype=...) (default `load_pair`), plus
-    target_dtype, draft_dtype and runtime where a visitor chose other than auto (torch); tests pass presets
-    with a tiny local pair. public: turn public mode on (it is also on for a Space or with SPECDEMO_PUBLIC=1); limits: the deployment's limits, read from the
-    environment when not given. preload: load and warm the default pair in the background from
+    pair_loader: called as loader(target, draft, device=..., dtype=...) (default `load_pair`), plus target_dtype,
+    draft_dtype and runtime where a visitor chose other than auto; tests pass presets with a tiny local pair. public:
+    public mode (also on for a Space or with SPECDEMO_PUBLIC=1); limits: the deployment's, else from the environment. preload: load and warm the default pair in the background from
     the start, so that the first Run is timed like the second. threads: torch's threads per method
     (`serving_threads`; None leaves them as they are). defaults: initial values of the page's inputs by parameter name (prompt, methods,
     max_new_tokens, temperature, ...), e.g. a shorter run for a slow machine. compile: auto, on or off
@@ -103,14 +102,15 @@ def build_demo(
         runs.watch(demo)
         default = default_preset if default_preset in served else next(iter(served))
         runtimes = page_runtimes(device or default_device(), runtime)
+        auto = resolve_runtime(AUTO, str(device or default_device()), "float32")  # before any target is loaded
         ready = preload_pair(cache, served[default], device=device, dtype=dtype, runtime=runtimes[0]) if preload else None
         ctx = TabContext(
             presets=served, default_preset=default,
             load=functools.partial(cache.get, device=device, dtype=dtype),
             limits=limits, gpu=gpu, export=export_dir, queue_id=GPU_QUEUE, follow=runs.follow, ready=ready,
-            threads=threads, precisions=served_precisions(device or default_device()),
-            runtimes=runtimes,
-            warming=warming_status(default, engine_defaults(served[default].encoder_decoder)),
+            threads=threads, precisions=served_precisions(device or default_device()), runtimes=runtimes,
+            warming=warming_status(default, engine_defaults(served[default].encoder_decoder),
+                                   fast_start(runtimes[0], auto.runtime, served[default])), auto_runtime=auto.runtime,
             engine_defaults=engine_defaults,
         )
         gr.Markdown(INTRO, elem_id="sd-intro")
@@ -126,10 +126,17 @@ def build_demo(
     return demo
 
 
+def fast_start(runtime: str, auto: str, preset: Preset) -> bool:
+    """Whether the page's default pair starts by preparing the fast target (its export for ONNX Runtime)."""
+    return (runtime == ONNX or (runtime == AUTO and auto == ONNX)) and not preset.encoder_decoder
+
+
 def page_runtimes(device, runtime: str | None = None) -> tuple[str, ...]:
     """The target runtimes the page offers on `device`, its default first: `runtime` (SPECDEMO_RUNTIME when
-    None, else torch) where it is served here (ValueError otherwise)."""
-    served, runtime = served_runtimes(str(device)), runtime or os.environ.get("SPECDEMO_RUNTIME") or TORCH
+    None, else auto: onnx where it runs the target, torch otherwise) where it is served here (ValueError
+    otherwise). auto and torch are served everywhere, onnx where `served_runtimes` says."""
+    served = (AUTO, *served_runtimes(str(device)))
+    runtime = runtime or os.environ.get("SPECDEMO_RUNTIME") or AUTO
     if runtime not in served:
         why = runtime_named(runtime).refusal(device=str(device)) or onnx_runtime_missing()
         raise ValueError(f"runtime {runtime!r} is not served here (runtimes: {', '.join(served)}): {why}")

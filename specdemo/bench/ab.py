@@ -48,7 +48,10 @@ import torch
 from specdemo.engine.decoding import generate
 from specdemo.models.loading import PRESETS, load_pair
 preset = PRESETS[sys.argv[2]]
-pair = load_pair(preset.target, preset.draft, runtime=sys.argv[3])
+import inspect
+# The target on the runtime asked for on both sides (a side from before runtimes has no runtime argument).
+pair = load_pair(preset.target, preset.draft,
+                 **({"runtime": sys.argv[3]} if "runtime" in inspect.signature(load_pair).parameters else {}))
 import specdemo
 print(json.dumps({"ready": specdemo.__file__}), flush=True)
 for line in sys.stdin:

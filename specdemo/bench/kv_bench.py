@@ -39,7 +39,7 @@ def _settings(budgets: list[int]) -> list[tuple[str, str, str, int]]:
 
 def measure_policies(pair_name: str, lengths: list[int], budgets: list[int], max_new_tokens: int,
                      per_length: int = 1) -> pd.DataFrame:
-    pair = load_pair(pair_name, device="cpu")
+    pair = load_pair(pair_name, device="cpu", runtime="torch")
     prompts = [encode_prompt(pair, p, chat=True) for p in long_suite(pair.tokenizer, tuple(lengths), per_length)]
     rows = []
     for ids in prompts:
@@ -64,7 +64,7 @@ def measure_policies(pair_name: str, lengths: list[int], budgets: list[int], max
 
 def measure_growth(pair_name: str, budget: int, new_tokens: list[int]) -> pd.DataFrame:
     """AR's peak KV bytes after each length of output, full against streaming."""
-    pair = load_pair(pair_name, device="cpu")
+    pair = load_pair(pair_name, device="cpu", runtime="torch")
     pair = dataclasses.replace(pair, eos_ids=frozenset({-1}))  # write every token asked for
     ids = pair.encode("Tell me a long story about a lighthouse keeper.", chat=True)
     rows = []

@@ -95,7 +95,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def served_page(threads: int | None, port: int | None = None, runtime: str = "torch"
+def served_page(threads: int | None, port: int | None = None, runtime: str = "auto"
                 ) -> Iterator[tuple[str, psutil.Process]]:
     """`python app.py` on 127.0.0.1 (with `threads` torch threads, else its own choice; the target on
     `runtime`); yields its URL and process."""
@@ -546,7 +546,7 @@ class Measured:
 
 def measure(runs: int, threads: Sequence[int], served_threads: str | None, preset: str,
             bench_category: str | None = None, screenshot: Path | None = None, port: int | None = None,
-            bench_repeats: int = 1, runtime: str = "torch") -> Measured:
+            bench_repeats: int = 1, runtime: str = "auto") -> Measured:
     """`runs` page runs, each followed by one engine pass at every thread count (and the page after
     the last run saved as `screenshot`); then, when asked, `bench_repeats` times the Benchmark tab's
     default run on `bench_category` (one repeat), each followed by `run_benchmark` on the same
@@ -604,8 +604,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bench-repeats", type=int, default=3,
                         help="repeats of the Benchmark tab and of bench, one of each in turn, so that noise is "
                              "below the 10 %% compared (default 3)")
-    parser.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
-                        help="the target's runtime on the page (app.py --runtime) and in the engine (default torch)")
+    parser.add_argument("--runtime", choices=("auto", "torch", "onnx"), default="auto",
+                        help="the target's runtime on the page (app.py --runtime) and in the engine (default auto, "
+                             "the page's: onnx where it runs the target, else torch)")
     parser.add_argument("--screenshot", type=Path, default=None, help="save the page after the last run here (PNG)")
     parser.add_argument("--out", default=None,
                         help="a folder for methods.csv, paired.csv, costs.csv, runs.csv (and bench.csv)")

@@ -58,7 +58,7 @@ def measure_targets(target: str, dtypes: list[str], prompts_per_category: int, c
                     max_new_tokens: int, repeats: int) -> pd.DataFrame:
     """One row per target precision: AR tokens/s (mean over runs), its ratio to float32's, weight
     bytes, the roofline bound, and the greedy text's token match and perplexity under float32."""
-    pairs = {d: load_pair(target, target_dtype=d, device="cpu") for d in dict.fromkeys(["float32", *dtypes])}
+    pairs = {d: load_pair(target, target_dtype=d, device="cpu", runtime="torch") for d in dict.fromkeys(["float32", *dtypes])}
     prompts = suite_prompts(pairs["float32"], prompts_per_category, categories)
     seconds = {d: 0.0 for d in pairs}
     tokens = {d: 0 for d in pairs}
@@ -131,7 +131,7 @@ def measure_sweep(pair_name: str, targets: list[str], drafts: list[str], prompts
     is the float32 target's own AR run, so the reference costs no extra run. `pair_name` is a preset,
     or a target with `draft`."""
     targets = list(dict.fromkeys([FLOAT32, *targets]))
-    pairs = {(t, d): load_pair(pair_name, draft, device="cpu", target_dtype=t, draft_dtype=d) for t in targets for d in drafts}
+    pairs = {(t, d): load_pair(pair_name, draft, device="cpu", target_dtype=t, draft_dtype=d, runtime="torch") for t in targets for d in drafts}
     prompts = suite_prompts(next(iter(pairs.values())), prompts_per_category, categories)
     keys = [(t, None, "ar") for t in targets] + [(t, d, method) for t in targets for d in drafts]
     runs: dict[tuple, list] = {key: [] for key in keys}
@@ -167,9 +167,9 @@ def _seconds_per_token(results) -> float:
 def _draft_pair(target: str, spec: str):
     """The pair for a draft spec: "embedded-lm:int8" (a draft at a precision) or "self:int8"."""
     if spec.startswith("self:"):
-        return load_pair(target, spec, device="cpu")
+        return load_pair(target, spec, device="cpu", runtime="torch")
     ref, _, dtype = spec.partition(":")
-    return load_pair(target, ref, device="cpu", draft_dtype=dtype or None)
+    return load_pair(target, ref, device="cpu", draft_dtype=dtype or None, runtime="torch")
 
 
 def _add(total: dict, result, ar) -> None:

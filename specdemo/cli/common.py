@@ -12,7 +12,7 @@ from ..bench.measure.cluster import DEFAULT_RETRIES, Cluster
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..engine.params import ENGINE_SCHEMA, SCHEMA, DecodeParams, EngineOptions, Param
 from ..models.loading import EMBEDDED, PRESETS
-from ..engine.runtimes import RUNTIMES
+from ..engine.runtimes import AUTO, RUNTIME_CHOICES
 from ..models.precision import CONFIGURATIONS, PRECISIONS
 from ..models.spec import PairSpec
 
@@ -40,10 +40,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="a configuration of precisions and KV caches: short-text (full caches), long-text "
                             "(the draft's cache streams, 1024 tokens) or low-memory (int8 models, both caches "
                             "streaming, lossy); flags given explicitly win")
-    group.add_argument("--runtime", default="torch", choices=RUNTIMES,
-                       help="what runs the target's forwards: torch (the reference) or onnx (ONNX Runtime on the "
-                            "CPU at float32, int8 or int4, exported on first use; chain methods only: "
-                            "docs/runtime.md) (default: torch)")
+    group.add_argument("--runtime", default=AUTO, choices=RUNTIME_CHOICES,
+                       help="what runs the target's forwards: auto (onnx where it runs the target: the CPU, "
+                            "onnxruntime-genai installed, a target it exports; torch otherwise, and the run says "
+                            "why), torch (the reference) or onnx (ONNX Runtime on the CPU at float32, int8 or int4, "
+                            "exported on first use; a method it cannot run runs on the torch copy: "
+                            "docs/runtime.md) (default: auto)")
     group.add_argument("--draft-dtype", default=None, metavar="PRECISION",
                        help="the draft's precision (default: --dtype); --draft self:int8 drafts with the "
                             "target's own weights in int8")
@@ -122,7 +124,7 @@ def configured(args: argparse.Namespace, name: str):
 def pair_spec_from_args(args: argparse.Namespace) -> PairSpec:
     """What the command line's pair is, unloaded: a cluster's workers each load their own."""
     options = dict(device=args.device, dtype=args.dtype, target_dtype=configured(args, "target_dtype"),
-                   draft_dtype=configured(args, "draft_dtype"), runtime=getattr(args, "runtime", None) or "torch")
+                   draft_dtype=configured(args, "draft_dtype"), runtime=getattr(args, "runtime", None) or AUTO)
     if args.target:
         return PairSpec(args.target, args.draft, **options)
     if args.draft:  # a preset's target with another draft (e.g. --pair embedded --draft self:int8)

@@ -148,6 +148,9 @@ class GenerationResult:
     # What ran the target's forwards: "torch", or "onnx fp32" / "onnx int4" ... (the runtime and its weights'
     # precision, since an int4 target is a different model from the fp32 one)
     runtime: str = "torch"
+    # Which runtime ran the target and why, in one line ("the target on onnx (auto): …", "on the torch copy of
+    # the target: …"); set where the pair and the method are matched up, "" where nobody said.
+    runtime_reason: str = ""
     # What greedy decoding promises against AR on the target as loaded: "bit-exact" (each verified row
     # computes as AR's step), "exact at float32", or "up to near-ties at bfloat16" (…int4, …), where
     # a near-tie can round the other way and leave AR's text. "" where the pair did not say.
@@ -219,6 +222,7 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "stop_reason": result.stop_reason,
         "cache": result.cache,
         "runtime": result.runtime,
+        "runtime_reason": result.runtime_reason,
         "exactness": result.exactness,
         "drafter": result.drafter,
         "compile_seconds": result.compile_seconds,

@@ -30,7 +30,8 @@ from ..engine.drafters.published import KIND_NAMES, PublishedHead
 from ..engine.targets.few_rows import use_few_row_products
 from .embedded import DEFAULT_DRAFT, EMBEDDED_HEAD, EMBEDDED_LM, load_embedded_draft, load_embedded_target
 from .errors import ModelLoadError
-from ..engine.runtimes.onnx_export import ONNX, TORCH, check_runtime, onnx_target
+from ..engine.runtimes import AUTO, ONNX, TORCH
+from ..engine.runtimes.onnx_export import RuntimeChoice, onnx_target, resolve_runtime
 from .published import load_published, local_folder, published_kind
 from .precision import (Precision, attention_of, make_verification_row_exact, quantize, resolve_precision, self_draft,
                         self_draft_precision, verification_exactness)
@@ -102,6 +103,9 @@ class ModelPair:
     # Beside a runtime target, a draft LM exported for the same runtime (`engine.onnx_lm.OnnxTarget`), which
     # then drafts there; None where the draft runs on torch (a feature head has its own: `engine.onnx_head`).
     draft_runtime: Any = None
+    # Which runtime runs the target and why, in one line (`onnx_export.resolve_runtime`): the page's status
+    # line and each result's trace (`runtime_reason`) say it.
+    runtime_reason: str = ""
 
     def __post_init__(self) -> None:
         if not self.eos_ids:
@@ -195,15 +199,9 @@ class ModelPair:
 
 
 def load_pair(
-    target: str,
-    draft: str | None = None,
-    device: str | None = None,
-    dtype: str | torch.dtype | None = None,
-    trust_remote_code: bool = False,
-    *,
-    target_dtype: str | torch.dtype | None = None,
-    draft_dtype: str | torch.dtype | None = None,
-    runtime: str = TORCH,
+    target: str, draft: str | None = None, device: str | None = None, dtype: str | torch.dtype | None = None,
+    trust_remote_code: bool = False, *, target_dtype: str | torch.dtype | None = None,
+    draft_dtype: str | torch.dtype | None = None, runtime: str = AUTO,
 ) -> ModelPair:
     """Load a target and an optional draft (hub id, local folder, .gguf file, a preset name, or
     `self:PRECISION`: the target's own weights at that precision, e.g. `self:int8`).
@@ -211,9 +209,9 @@ def load_pair(
     `load_pair("embedded")` is the offline default; `load_pair("qwen2.5-1.5b")` any preset.
     `target_dtype` and `draft_dtype` (float32, bfloat16, float16, int8, int4, ...: see
     `specdemo.models.precision`) set each model's precision; `dtype` sets both where they are not given.
-    `runtime` runs the target's forwards: "torch" (the default and the reference) or "onnx"
-    (ONNX Runtime on the CPU at float32, int8 or int4: see `specdemo.engine.runtimes.onnx_export`; the embedded
-    target or a local transformers folder, exported on first use).
+    `runtime` runs the target's forwards: "auto" (the default: onnx where it can, else torch, as
+    `onnx_export.resolve_runtime` decides and `ModelPair.runtime_reason` says), "torch" (the reference) or
+    "onnx" (ONNX Runtime on the CPU at float32, int8 or int4, exported on first use: `engine.runtimes.onnx_export`).
     """
     if not isinstance(target, str) or not target.strip():
         raise ValueError("target must be a model id, a local folder, a .gguf file or a preset name")
@@ -226,8 +224,8 @@ def load_pair(
     device = device or str(default_device())
     target_precision, draft_precision = _pair_precisions(device, dtype, target_dtype, draft_dtype, draft)
     torch_dtype = target_precision.float_dtype
-    check_runtime(runtime, device, target_precision.name)
-    if runtime == ONNX:  # the torch copy stays float: a feature head reads its weights
+    choice = resolve_runtime(runtime, device, target_precision.name)  # the device, the packages, the precision
+    if choice.runtime == ONNX:  # the torch copy stays float: a feature head reads its weights
         torch_dtype = torch.float32
 
     if target == EMBEDDED:
@@ -239,10 +237,12 @@ def load_pair(
     draft_model = vocab_size = None
     if draft is not None:
         draft_model = _load_draft(draft, target, target_model, tokenizer, device, draft_precision, trust_remote_code)
-        _check_head_runtime(draft_model, draft, runtime)
+        choice = _head_runtime(choice, draft_model, draft, runtime)
         if not isinstance(draft_model, HEADS):  # a head predicts over the target's own vocabulary
             vocab_size = shared_vocab_size(target_model, draft_model, tokenizer, target, draft)
-    target_runtime = _onnx_target(target, target_model, tokenizer, target_precision) if runtime == ONNX else None
+    target_runtime = None  # the target exported for the runtime, where auto or onnx gives it one
+    if choice.runtime == ONNX:
+        choice, target_runtime = _runtime_target(runtime, target, target_model, tokenizer, device, target_precision)
     draft_runtime = _onnx_draft(draft, draft_model, tokenizer, draft_precision) if target_runtime else None
     # Last, so that a feature head and a self-draft read the target's float weights.
     if target_runtime is None:
@@ -253,13 +253,19 @@ def load_pair(
     return ModelPair(target_model, tokenizer, draft_model, name=name, target_ref=target, draft_ref=draft,
                      vocab_size=vocab_size, target_precision=target_precision,
                      draft_precision=draft_precision if draft is not None else None,
-                     runtime=runtime, target_runtime=target_runtime, draft_runtime=draft_runtime)
+                     runtime=choice.runtime, target_runtime=target_runtime, draft_runtime=draft_runtime,
+                     runtime_reason=choice.reason)
 
 
-def _check_head_runtime(draft_model, draft: str, runtime: str) -> None:
-    if runtime == ONNX and isinstance(draft_model, PublishedHead):
-        raise ValueError(f"runtime onnx: the {draft_model.name} {draft!r} drafts beside a torch target only; "
-                         "use runtime=torch")
+def _head_runtime(choice: RuntimeChoice, draft_model, draft: str, runtime: str) -> RuntimeChoice:
+    """A published head drafts beside a torch target only: auto keeps its target on torch, saying why, and an
+    explicit onnx is refused."""
+    if choice.runtime != ONNX or not isinstance(draft_model, PublishedHead):
+        return choice
+    why = f"the {draft_model.name} {draft!r} drafts beside a torch target only"
+    if runtime == ONNX:
+        raise ValueError(f"runtime onnx: {why}; use runtime=torch")
+    return RuntimeChoice(TORCH, f"the target on torch (auto): {why}")
 
 
 def _use_few_row_products(models) -> None:
@@ -271,14 +277,33 @@ def _use_few_row_products(models) -> None:
 
 
 def onnx_can_export(target: str) -> bool:
-    """Whether runtime onnx can load this target reference (the embedded target or a local transformers
-    folder; a Hub id or a .gguf file cannot be exported as it is)."""
-    return target == EMBEDDED or Path(target).is_dir()
+    """Whether runtime onnx can load this target reference before it is loaded: the embedded target, a local
+    folder or a Hub id (exported from its downloaded snapshot); a .gguf file cannot be exported as it is."""
+    return target == EMBEDDED or Path(target).is_dir() or not target.endswith(".gguf")
 
 
-def _onnx_target(target: str, target_model, tokenizer, precision: Precision):
-    """The target exported for ONNX Runtime from its transformers folder (the embedded target's
-    converted cache, else a copy written next to the exports)."""
+def _runtime_target(requested: str, target: str, target_model, tokenizer, device, precision: Precision):
+    """(the runtime choice, the target exported for ONNX Runtime or None) once the target's folder is known:
+    under auto, a target whose folder the builder cannot export, or whose export fails, stays on torch
+    with the reason; asked for onnx, either is a ModelLoadError."""
+    source = _export_source(target, target_model, tokenizer)
+    choice = resolve_runtime(requested, device, precision.name, source)
+    if choice.runtime != ONNX:
+        return choice, None
+    if isinstance(source, str):
+        raise ModelLoadError(f"runtime onnx: {source}; use runtime=torch or auto")
+    try:
+        return choice, onnx_target(source, precision.name)
+    except ModelLoadError as error:
+        if requested != AUTO:
+            raise
+        return RuntimeChoice(TORCH, f"the target on torch (auto): its export for ONNX Runtime failed: {error}"), None
+
+
+def _export_source(target: str, target_model, tokenizer) -> Path | str:
+    """The transformers folder the target is exported from (the embedded target's converted cache, else a
+    copy written next to the exports; a local folder; a Hub model's snapshot in the Hub cache), or a
+    sentence saying why there is none."""
     from .embedded import _cache_is_complete, cache_dir
     from ..engine.runtimes.onnx_export import export_root
 
@@ -289,12 +314,28 @@ def _onnx_target(target: str, target_model, tokenizer, precision: Precision):
             if not (source / "config.json").is_file():
                 target_model.save_pretrained(source)
                 tokenizer.save_pretrained(source)
-    elif onnx_can_export(target):
-        source = Path(target)
-    else:
-        raise ModelLoadError(f"runtime onnx exports the embedded target or a local transformers folder; {target!r} is "
-                             "neither: download it to a folder first, or use runtime=torch")
-    return onnx_target(source, precision.name)
+        return source
+    if Path(target).is_dir():
+        return Path(target)
+    if target.endswith(".gguf"):
+        return f"{target!r} is a .gguf file, and ONNX Runtime's builder exports a transformers folder"
+    return hub_snapshot(target)
+
+
+def hub_snapshot(repo_id: str) -> Path | str:
+    """The folder of a Hub model's downloaded snapshot (models--org--name/snapshots/<commit> in the Hub
+    cache, the commit refs/main names), where loading it put its config, weights and tokenizer; fetched
+    (those files only) if it is not there. A sentence saying why not where it cannot be had."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # not in the cache under refs/main: fetch what the builder reads
+        pass
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+    except Exception as error:
+        return f"the snapshot of {repo_id!r} cannot be found in the Hub cache or fetched ({type(error).__name__})"
 
 
 def _onnx_draft(draft: str | None, draft_model, tokenizer, precision: Precision):

@@ -292,7 +292,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    pair = load_pair("embedded", draft="embedded-lm")
+    pair = load_pair("embedded", draft="embedded-lm", runtime="torch")
     for p in pair.target.parameters():
         p.requires_grad_(False)
     answers = heldout_answers(pair, args.out, args.max_new_tokens)

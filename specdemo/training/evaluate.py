@@ -364,7 +364,7 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    pair = load_pair("embedded", draft=None)
+    pair = load_pair("embedded", draft=None, runtime="torch")
     answers, groups = answers_to_measure(args, pair)
     if args.corpus_table:
         report = corpus_table_report(args, answers)

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     import specdemo
 
-    pair = specdemo.load_pair(args.pair, device="cpu")
+    pair = specdemo.load_pair(args.pair, device="cpu", runtime="torch")
     prompts = stream_prompts(args.prompts, args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

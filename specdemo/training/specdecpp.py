@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     import specdemo
 
-    pair = specdemo.load_pair(args.pair, device="cpu")
+    pair = specdemo.load_pair(args.pair, device="cpu", runtime="torch")
     traces = gather(pair, args.prompts, args.gamma, args.max_new_tokens, Path(args.traces), Path(args.answers),
                     args.seed, args.trace)
     train, heldout = split(traces)

@@ -94,7 +94,7 @@ def suite_acceptance(ctx: StageContext, heads: dict[str, Path]) -> dict[str, flo
     """Greedy SD's acceptance with each head on the benchmark's hand-written suite, whose requests
     no training template wrote (held out by construction); one target serves every head."""
     s = ctx.settings
-    base = load_pair("embedded", draft=None, device=s.device, dtype=s.dtype)
+    base = load_pair("embedded", draft=None, device=s.device, dtype=s.dtype, runtime="torch")
     prompts = [ids for _, ids in prompt_ids(base, suite_prompts(1 if s.tiny else 12), chat=True)]
     scores, dtype = {}, next(base.target.parameters()).dtype
     for name, folder in heads.items():

@@ -86,7 +86,7 @@ def run_lossless(ctx: StageContext) -> None:
     for index, mode in enumerate(MODES[:1] if s.tiny else MODES):  # a rehearsal checks one mode
         for pair_name in ("embedded",) if s.tiny else ("embedded", "embedded-lm"):
             ctx.check_time(f"{pair_name} {mode.name}")
-            pair = load_pair(pair_name, device=s.device, dtype=s.dtype)
+            pair = load_pair(pair_name, device=s.device, dtype=s.dtype, runtime="torch")
             try:
                 # transformers' peers ignore our mode: they run in the first one only.
                 methods = lossless_methods(pair, pair_name, with_peers=index == 0, tiny=s.tiny)

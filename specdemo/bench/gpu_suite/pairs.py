@@ -73,7 +73,7 @@ def run_synthetic_unit(ctx: StageContext, shape: tuple[str, str, str], mode: Mod
                  f"{s.rate:.0%} of positions (seed {s.seed}), so SD's rounds accept as a trained draft's would.")
     label = shape[0]
     target, draft = _random_weights(ctx, *shape)
-    pair = load_pair(str(target), str(draft), device=s.device, dtype=s.dtype)
+    pair = load_pair(str(target), str(draft), device=s.device, dtype=s.dtype, runtime="torch")
     try:
         _synthetic_pair(ctx, pair, label, mode)
     finally:
@@ -122,7 +122,7 @@ def run_embedded_unit(ctx: StageContext, pair_name: str, methods: list[str], mod
     s = ctx.settings
     prompts = suite_prompts(s.prompts)
     decode = decode_params(ctx, chat=True, max_new_tokens=unit_tokens(s, mode))
-    pair = load_pair(pair_name, device=s.device, dtype=s.dtype)
+    pair = load_pair(pair_name, device=s.device, dtype=s.dtype, runtime="torch")
     try:
         # The rehearsal's 135 M pair on a CPU: a warm-up would add a call of every method for nothing compiled.
         result = bench(ctx, pair, prompts, unit_methods(methods, mode), mode, decode, f"{pair_name}-{mode.name}",

@@ -20,9 +20,10 @@ import torch
 from ...engine.methods import is_lossless, matches_reference
 from ...engine.params import DecodeParams, EngineOptions
 from .runners import (HF_METHODS, RUNTIME_PEERS, TORCH_AR, HFRunner, Run, bench_methods, measured_on, on_torch,
-                      parse_bench_methods, result_for_perplexity, run_ours)
+                      parse_bench_methods, result_for_perplexity, run_ours, with_torch_copy_reference)
 from .quality import QUALITY_COLUMNS, reference_scores
 from .runtime_peers import RuntimeRunner
+from ...models.torch_copy import TORCH_COPY
 from .schedule import interleaved, turn_seed
 from .statistics import summarize
 from .threads import ThreadPlan
@@ -103,7 +104,7 @@ def run_benchmark(
     if cluster is not None:
         return _run_on_cluster(pair, _prompts(suite, categories, limit), cluster, progress, BenchPart(
             (), (), methods, repeats, warmup, decode, engine.cache, engine.compile, threads, vs_float32 is not None))
-    names = parse_bench_methods(methods, pair)
+    names = with_torch_copy_reference(parse_bench_methods(methods, pair), pair, decode, engine.compile)
     prompts = _prompts(suite, categories, limit)
     encoded = [_first_turn_ids(pair, item, decode) for item in prompts]
     total = sum(p.turn_count for p in prompts) * len(names) * repeats + (len(names) if warmup else 0)
@@ -236,11 +237,15 @@ class _Session:
     def record(self, group: dict, repeat: int, index: int, item: SuitePrompt, turn: int) -> None:
         """One turn's rows, in the methods' order, each compared with AR's answer on the same turn."""
         reference = group.get("ar", (None, None, None))[1]
+        torch_copy_ar = group.get(TORCH_AR, (None, None, None))[1]
         float32_ar = self.float32_ar(group, reference, turn)
         for method in self.names:
             row, result, ids = group[method]
             if result is not None:
-                _fill_row(row, result, self.pair, self.decode, ids, reference, self.decode.sampling.greedy)
+                # A method that ran on the torch copy owes the torch copy's AR its tokens, not the runtime's.
+                on_copy = result.stats.get("runtime") == TORCH_COPY and method != TORCH_AR
+                _fill_row(row, result, self.pair, self.decode, ids, torch_copy_ar if on_copy else reference,
+                          self.decode.sampling.greedy)
                 row.update(reference_scores(row["text"], item.references_for(turn)))
                 if float32_ar is not None:
                     row.update(fp32_ar_seconds=float32_ar.seconds, fp32_ar_new_tokens=len(float32_ar.token_ids),

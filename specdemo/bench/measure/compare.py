@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import pandas as pd
 import torch
 
-from ...engine.decoding import generate
+from ...models.torch_copy import generate, needs_torch_copy_ar, torch_copy_ar
 from ...engine.params import DecodeParams
 from .runners import quiet_gc
 from .tables import rounds_frame, summary_frame, target_perplexity, tokens_frame
@@ -40,7 +40,8 @@ def run_comparison(pair, prompt, methods: Sequence[str], limits=None, decode: De
                    cache: str | None = None, compile: bool = False,
                    threads_for: Callable[[str], int] | None = None,
                    vs_float32: Float32Reference | None = None, **params) -> Comparison:
-    """Each method in turn on the same prompt; decode (a DecodeParams), params and the engine
+    """Each method in turn on the same prompt (a method the target's runtime cannot run on its torch copy,
+    with AR on that copy timed after them as their reference: `models.torch_copy`); decode (a DecodeParams), params and the engine
     options (cache, compile) as for `generate`; threads_for(method), when given, sets torch's
     threads for each method's decode. With `vs_float32`, where either model runs below float32,
     every row is also set against float32 AR on the same prompt (`bench.vs_float32`): the run's own
@@ -54,6 +55,11 @@ def run_comparison(pair, prompt, methods: Sequence[str], limits=None, decode: De
             with quiet_gc():
                 results.append(generate(pair, prompt, method=method, limits=limits, decode=decode, cache=cache,
                                         compile=compile))
+        if needs_torch_copy_ar(results):  # the reference of the methods that ran on the torch copy
+            if threads_for is not None:
+                torch.set_num_threads(threads_for("ar"))
+            with quiet_gc():
+                results.append(torch_copy_ar(pair, prompt, decode, limits, cache=cache))
     finally:
         torch.set_num_threads(before)
     float32_ar = reference_for(pair, results, decode, vs_float32, cache=cache) if vs_float32 is not None else None

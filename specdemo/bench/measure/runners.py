@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import gc
 import math
 import os
@@ -20,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ...engine.decoding import generate
+from ...models.torch_copy import generate, on_torch, runtime_refusal
 from ...engine.targets.seq2seq import decoder_start
 from ...engine.methods import HEAD_KINDS, METHODS
 from ...engine.params import DecodeParams
@@ -92,8 +91,8 @@ def parse_bench_methods(value: str | Sequence[str] | None, pair=None) -> list[st
                          "the runtime's own decoders); this pair's target runs on torch already: load it with "
                          "--runtime onnx or drop them")
     if pair is not None:
-        for name in names:
-            refused = METHODS[name].unavailable(pair) if name in METHODS else None
+        for name in names:  # a method the target's runtime cannot run runs on the torch copy (models.torch_copy)
+            refused = METHODS[name].unavailable(on_torch(pair)) if name in METHODS else None
             if refused:
                 raise ValueError(refused)
     if pair is not None and getattr(pair, "draft_kind", None) in HEAD_KINDS:
@@ -135,9 +134,11 @@ def quiet_gc():
             gc.enable()
 
 
-def on_torch(pair):
-    """The same pair with its target's forwards on torch (the copy a runtime pair keeps)."""
-    return dataclasses.replace(pair, runtime="torch", target_runtime=None)
+def with_torch_copy_reference(names: Sequence[str], pair, decode: DecodeParams, compile: bool = False) -> list[str]:
+    """`names`, with the torch copy's AR (TORCH_AR) added where one of them runs on the torch copy of a runtime
+    target: the reference those rows' speedups are over, never the runtime's AR."""
+    on_copy = [n for n in names if n in METHODS and runtime_refusal(pair, n, decode, compile)]
+    return [*names, TORCH_AR] if on_copy and TORCH_AR not in names else list(names)
 
 
 def measured_on(device: torch.device) -> dict[str, str]:

@@ -70,7 +70,8 @@ import pandas as pd
 
 from .acceptance import BreakEven, entropy_auc
 from .quality import QUALITY_COLUMNS
-from .runners import bench_methods
+from .runners import TORCH_AR, bench_methods
+from ...models.torch_copy import TORCH_COPY
 from ..suite import ALL
 from .vs_float32 import AGREEMENT_COLUMNS, VS_FLOAT32_COLUMNS
 
@@ -190,7 +191,9 @@ def _measured(sub: pd.DataFrame, mine: pd.DataFrame, everything: pd.DataFrame, m
     """What one method's runs in one category measured: speed, its ratios, acceptance and quality."""
     per_repeat = mine.groupby("repeat")[["new_tokens", "seconds"]].sum()
     tps = per_repeat.new_tokens / per_repeat.seconds
-    speed_ar, speed_ar_std = _speedup(sub, method, "ar")
+    # A method that ran on the torch copy of a runtime target is set against the torch copy's AR.
+    on_copy = method != TORCH_AR and not mine.empty and "runtime" in mine and (mine.runtime == TORCH_COPY).all()
+    speed_ar, speed_ar_std = _speedup(sub, method, TORCH_AR if on_copy else "ar")
     speed_hf, speed_hf_std = _speedup(sub, method, "hf-generate")
     speed_hfs, speed_hfs_std = _speedup(sub, method, "hf-generate-static")
     drafted, accepted = mine.drafted.sum(), mine.accepted.sum()

@@ -19,13 +19,16 @@ from ...engine.targets.memory import MEMORY_STATS
 from ...engine.trace import GenerationResult, StopNote
 from .acceptance import entropy_auc
 from .vs_float32 import VS_FLOAT32_COLUMNS, vs_float32
+from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR
+
+TORCH_COPY_AR_LABEL = f"AR ({TORCH_COPY})"
 
 SUMMARY_COLUMNS = [
     "method", "label", "drafter", "new_tokens", "seconds", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
     "mean_accepted_tokens", "copied_rounds", "target_forwards", "draft_forwards", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "mean_entropy", "matches_ar", "perplexity", "stop_reason", "temperature", "seed",
     "cache", "compile_seconds", "threads", "alpha", "rounds", "draft_seconds", "verify_seconds", "entropy_auc",
-    "entropy_auc_n", "note", "target_kv", "draft_kv", "target_dtype", "draft_dtype", "exactness", "runtime", *MEMORY_STATS, *VS_FLOAT32_COLUMNS,
+    "entropy_auc_n", "note", "target_kv", "draft_kv", "target_dtype", "draft_dtype", "exactness", "runtime", "runtime_reason", *MEMORY_STATS, *VS_FLOAT32_COLUMNS,
 ]
 
 # The last four say where a policy stopped a round's drafting before γ: the rule, the value it read, the
@@ -49,25 +52,37 @@ TOKEN_COLUMNS = [
 ]
 
 
+def row_label(result: GenerationResult) -> str:
+    """A row's method as tables name it; one that ran on the torch copy of a runtime target says so."""
+    if result.method == TORCH_COPY_AR:
+        return TORCH_COPY_AR_LABEL
+    label = METHODS[result.method].label if result.method in METHODS else result.method
+    return f"{label} ({TORCH_COPY})" if result.runtime == TORCH_COPY else label
+
+
 def summary_frame(
     results: Sequence[GenerationResult], perplexities: dict[str, float] | None = None, pair=None,
     float32_ar: GenerationResult | None = None,
 ) -> pd.DataFrame:
-    """One row per method, AR first; speed as a ratio to AR, quality as exact match (greedy,
+    """One row per method, AR first; speed as a ratio to AR (for a method that ran on the torch copy of a
+    runtime target, to the torch copy's AR, TORCH_COPY_AR), quality as exact match (greedy,
     lossless methods; empty for the others) or the target's perplexity of the output (sampled,
     when given); each model's precision as the pair was loaded (when given; empty for no draft);
     with `float32_ar` (AR on the target's weights at float32, same prompt), each row's speed and
     output against it (VS_FLOAT32_COLUMNS, see `bench.vs_float32`; empty without it)."""
     target_dtype, draft_dtype = (getattr(getattr(pair, side, None), "name", None)
                                  for side in ("target_precision", "draft_precision"))
-    ordered = sorted(results, key=lambda r: (r.method != "ar",))
-    reference = next((r for r in ordered if r.method == "ar"), None)
+    ordered = sorted(results, key=lambda r: (r.method != "ar", r.method != TORCH_COPY_AR))
+    references = {name: next((r for r in ordered if r.method == name), None) for name in ("ar", TORCH_COPY_AR)}
     rows = []
     for result in ordered:
         stats = result.stats
         greedy = result.params.get("temperature", 0.0) == 0.0
         row = {name: stats.get(name) for name in SUMMARY_COLUMNS if name in stats}
-        row["label"] = METHODS[result.method].label if result.method in METHODS else result.method
+        row["label"] = row_label(result)
+        # A method that ran on the torch copy of a runtime target is set against the torch copy's AR.
+        on_copy = result.runtime == TORCH_COPY and result.method != TORCH_COPY_AR
+        reference = references[TORCH_COPY_AR if on_copy else "ar"]
         row["speedup_vs_ar"] = (
             stats["tokens_per_s"] / reference.stats["tokens_per_s"] if reference is not None else math.nan
         )

@@ -99,7 +99,7 @@ def load_float32_target(pair: ModelPair) -> ModelPair:
     """The pair's target alone, its weights loaded again at float32 (no draft): float32 AR's model."""
     device = str(pair.device)
     if pair.target_ref == EMBEDDED:
-        from ..models.embedded import load_embedded_target
+        from ...models.embedded import load_embedded_target
 
         model, tokenizer = load_embedded_target(device=device, dtype=torch.float32)
     else:

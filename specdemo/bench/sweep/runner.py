@@ -18,6 +18,7 @@ from ...engine.drafters.online import online_head
 from ...engine.params import DecodeParams
 from ..measure.schedule import interleaved, turn_seed
 from ..measure.runners import measured_on, run_ours
+from ...models.torch_copy import runtime_refusal
 from ..measure.tables import tokens_frame
 from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, select_prompts
 from .flops import FedCounter
@@ -93,7 +94,12 @@ def iter_sweep(
         refused = METHODS[setting.method].unavailable(pair)
         if refused:
             raise ValueError(f"sweep: {refused}")
-        DecodeParams.from_values(**{**base.as_dict(), **setting.params()})
+        checked = DecodeParams.from_values(**{**base.as_dict(), **setting.params()})
+        # A sweep sets every setting against its AR on the pair's runtime; one the runtime cannot run would run
+        # on the torch copy (models.torch_copy), against the wrong AR.
+        on_copy = runtime_refusal(pair, setting.method, checked)
+        if on_copy:
+            raise ValueError(f"sweep: {setting.label}: {on_copy}; sweep it with the target on torch (runtime torch)")
     items = _prompts(prompts, categories, limit)
     encoded = []
     for item in items:

@@ -21,10 +21,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelLoadError
-from . import ONNX, RUNTIMES, TORCH, runtime_named
+from . import AUTO, ONNX, RUNTIMES, TORCH, runtime_named
 
 # The builder's names for the runtime's weight precisions, by the names the rest of specdemo uses.
 ONNX_PRECISIONS = dict(zip(runtime_named(ONNX).precisions, ("fp32", "int8", "int4")))
@@ -37,7 +38,7 @@ def onnx_runtime_missing() -> str | None:
     for module, package in (("onnxruntime_genai", "onnxruntime-genai"), ("onnx_ir", "onnx-ir"), ("onnx", "onnx")):
         if importlib.util.find_spec(module) is None:
             return (f"runtime onnx needs the {package} package, which is not installed: "
-                    "pip install onnxruntime-genai onnx onnx-ir")
+                    "pip install onnxruntime-genai onnx onnx-ir onnxscript")
     return None
 
 
@@ -48,10 +49,59 @@ def served_runtimes(device: str) -> tuple[str, ...]:
 
 
 def check_runtime(runtime: str, device: str, precision_name: str) -> None:
-    """ValueError where `runtime` is unknown, or cannot run a target at `precision_name` on `device`."""
+    """ValueError where `runtime` is none of auto, torch, onnx, or (not auto) cannot run a target at
+    `precision_name` on `device`."""
+    if runtime == AUTO:
+        return
     refused = runtime_named(runtime).refusal(device=device, precision=precision_name)
     if refused:
         raise ValueError(refused)
+
+
+@dataclass(frozen=True)
+class RuntimeChoice:
+    """The runtime a target runs on, and the one line the page's status and the trace say about it."""
+
+    runtime: str  # torch or onnx, never auto
+    reason: str
+
+
+# Where the target's transformers folder has not been looked at yet (before loading it): only the device,
+# the packages and the precision decide.
+UNCHECKED = None
+
+
+def resolve_runtime(requested: str, device: str, precision_name: str, source: Path | str | None = UNCHECKED
+                    ) -> RuntimeChoice:
+    """The runtime for a target: `requested` torch or onnx as it is (onnx checked against the device and
+    the precision), and auto as onnx where onnxruntime-genai and the export's packages are installed, the
+    device is the CPU, the precision is one the runtime runs and the target can be exported, torch
+    otherwise, with the reason. source: the transformers folder the target would be exported from (its
+    config.json is read), a sentence saying why there is none (a .gguf file), or UNCHECKED.
+    The one place "auto" is decided; `load_pair`, the page and the CLI all come here."""
+    check_runtime(requested, device, precision_name)
+    if requested != AUTO:
+        return RuntimeChoice(requested, f"the target on {requested}, as asked")
+    why_not = onnx_refusal(device, precision_name, source)
+    if why_not:
+        return RuntimeChoice(TORCH, f"the target on torch (auto): {why_not}")
+    return RuntimeChoice(ONNX, "the target on onnx (auto): ONNX Runtime is installed, the device is the CPU and "
+                               "the target exports")
+
+
+def onnx_refusal(device: str, precision_name: str, source: Path | str | None = UNCHECKED) -> str | None:
+    """Why the onnx runtime cannot run this target (a clause for `resolve_runtime`), or None."""
+    why = runtime_named(ONNX).reason(device=device, precision=precision_name) or onnx_runtime_missing()
+    if why:
+        return why
+    if isinstance(source, str):
+        return source
+    if source is not None:
+        try:
+            check_exportable(Path(source))
+        except ModelLoadError as error:
+            return str(error)
+    return None
 
 
 def export_root() -> Path:
@@ -63,7 +113,10 @@ def export_folder(source: Path, precision_name: str) -> Path:
     """Where the export of the transformers folder `source` at this precision lives (a name per source path)."""
     source = Path(source).resolve()
     digest = hashlib.sha1(str(source).encode()).hexdigest()[:10]
-    return export_root() / f"{source.name}-{digest}-{ONNX_PRECISIONS[precision_name]}"
+    name = source.name
+    if source.parent.name == "snapshots":  # a Hub snapshot: models--org--name/snapshots/<commit>
+        name = source.parent.parent.name.removeprefix("models--") + "-" + source.name[:8]
+    return export_root() / f"{name}-{digest}-{ONNX_PRECISIONS[precision_name]}"
 
 
 def is_exported(folder: Path) -> bool:
@@ -80,6 +133,9 @@ def check_exportable(source: Path) -> None:
     if not config_file.is_file():
         raise ModelLoadError(f"runtime onnx exports a transformers folder; {source} has no config.json")
     config = json.loads(config_file.read_text())
+    if config.get("is_encoder_decoder"):
+        raise ModelLoadError(f"{source}: an encoder-decoder model; onnx runtime's builder exports decoder-only "
+                             "models: use runtime=torch")
     hidden, heads = config.get("hidden_size"), config.get("num_attention_heads") or 1
     head_dim = config.get("head_dim") or (hidden // heads if hidden else None)
     widths = {hidden, config.get("intermediate_size"), heads * head_dim if head_dim else None,
