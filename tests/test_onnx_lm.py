@@ -117,6 +117,21 @@ def test_the_heads_steps_run_on_the_runtime_and_draft_what_torchs_head_drafts(he
                           atol=1e-5)
 
 
+def test_the_heads_step_reads_its_cache_in_place_without_copying_it(head_pair, tmp_path):
+    """The step's graph attends over the cached keys and values as they come in: they feed products only,
+    never repeated per query head or appended to (a copy of the whole cache every step, which made a step
+    slower the longer the context)."""
+    import onnx
+
+    from specdemo.engine.runtimes.onnx_head import export_head_step
+
+    graph = onnx.load(str(export_head_step(head_pair.draft, tmp_path))).graph
+    readers = {name: [node.op_type for node in graph.node if name in node.input] for name in ("past_k", "past_v")}
+    assert readers["past_k"] and readers["past_v"], readers
+    assert set(readers["past_k"] + readers["past_v"]) <= {"MatMul", "Transpose", "Shape"}, readers
+    assert not [node.op_type for node in graph.node if node.op_type == "Expand"]
+
+
 def test_the_draft_lm_drafts_on_the_runtime_beside_a_runtime_target_and_on_torch_elsewhere(lm_pair, onnx_folders):
     from specdemo.engine.methods import _plain_drafter
     from specdemo.engine.runtimes.onnx_lm import OnnxCachedLM
