@@ -117,6 +117,34 @@ def test_the_heads_steps_run_on_the_runtime_and_draft_what_torchs_head_drafts(he
                           atol=1e-5)
 
 
+def test_the_heads_step_reads_its_cache_in_place_without_copying_it(head_pair, tmp_path):
+    """The step's graph attends over the cached keys and values as they come in: they feed products only,
+    never repeated per query head or appended to (a copy of the whole cache every step, which made a step
+    slower the longer the context)."""
+    import onnx
+
+    from specdemo.engine.runtimes.onnx_head import export_head_step
+
+    graph = onnx.load(str(export_head_step(head_pair.draft, tmp_path))).graph
+    readers = {name: [node.op_type for node in graph.node if name in node.input] for name in ("past_k", "past_v")}
+    assert readers["past_k"] and readers["past_v"], readers
+    assert set(readers["past_k"] + readers["past_v"]) <= {"MatMul", "Transpose", "Shape"}, readers
+    assert not [node.op_type for node in graph.node if node.op_type == "Expand"]
+
+
+def test_a_rounds_profile_times_each_part_at_the_context_asked_for(head_pair, lm_pair):
+    """bench.runtime_round times the target's step and verification, bare and through the writer, and the
+    head's step, each rolled back after it; a pair without a head has no head step, a torch target is refused."""
+    from specdemo.bench.runtime_round import profile_context
+
+    parts = profile_context(head_pair, PROMPTS[1], gamma=2, repeats=2)
+    assert set(parts) == {"step", "verify", "bare step", "bare verify", "head step"}
+    assert all(ms > 0 for ms in parts.values()), parts
+    assert "head step" not in profile_context(lm_pair, PROMPTS[0], gamma=2, repeats=1)
+    with pytest.raises(ValueError, match="torch"):
+        profile_context(dataclasses.replace(lm_pair, target_runtime=None), PROMPTS[0])
+
+
 def test_the_draft_lm_drafts_on_the_runtime_beside_a_runtime_target_and_on_torch_elsewhere(lm_pair, onnx_folders):
     from specdemo.engine.methods import _plain_drafter
     from specdemo.engine.runtimes.onnx_lm import OnnxCachedLM

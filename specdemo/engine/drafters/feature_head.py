@@ -213,8 +213,12 @@ class FeatureHead(nn.Module):
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
+        return self.after_attention(residual, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+    def after_attention(self, residual: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The rest of the layer after its attention output attended [B, heads, T, head_dim]: the output
+        projection, the MLP, the norm."""
         b, t = residual.shape[:2]
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         x = residual + self.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
         h = self.post_norm(x)
         x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))

@@ -36,7 +36,13 @@ HEAD_STEP_FILE = "head_step.onnx"
 
 
 class _HeadStep(nn.Module):
-    """One head forward over T positions after P cached ones, as a graph without state."""
+    """One head forward over T positions after P cached ones, as a graph without state.
+
+    Its attention reads the cached keys and values where they lie: the query heads of one KV head are
+    stacked as rows against that KV head's keys, and the past and the new positions are scored apart and
+    share one softmax. torch's own attention (FeatureHead.finish) repeats every cached key and value for
+    each query head and appends the new ones, which in the graph copied the whole cache a few times a
+    step: at 2,000 cached positions that was most of a step's time (docs/runtime.md)."""
 
     def __init__(self, head: FeatureHead):
         super().__init__()
@@ -44,15 +50,30 @@ class _HeadStep(nn.Module):
 
     def forward(self, embedded, features, positions, past_k, past_v):
         residual, q, k, v = self.head.project(features, None, positions, embedded=embedded)
-        past, new = past_k.shape[2], q.shape[2]
-        mask = torch.arange(past + new)[None, :] <= (torch.arange(new) + past)[:, None]
-        predicted = self.head.finish(residual, q, torch.cat((past_k, k), 2), torch.cat((past_v, v), 2), mask)
-        return predicted, self.head.subset_logits(predicted), k, v
+        return (*self.predict(residual, q, k, v, past_k, past_v), k, v)
+
+    def predict(self, residual, q, k, v, past_k, past_v):
+        c = self.head.config
+        kv_heads, groups, t = c.num_kv_heads, c.num_heads // c.num_kv_heads, q.shape[2]
+        rows = q.reshape(1, kv_heads, groups * t, c.head_dim) * c.head_dim ** -0.5  # row g·t + i: query i of head g
+        on_past = rows @ past_k.transpose(2, 3)  # [1, kv_heads, groups·t, P]: every past position is seen
+        on_new = (rows @ k.transpose(2, 3)).view(1, kv_heads, groups, t, t)  # causal among the new positions
+        later = torch.arange(t)[None, :] > torch.arange(t)[:, None]
+        on_new = on_new.masked_fill(later, float("-inf")).view(1, kv_heads, groups * t, t)
+        weights = torch.softmax(torch.cat((on_past, on_new), -1), -1)
+        past = past_k.shape[2]
+        attended = weights[..., :past] @ past_v + weights[..., past:] @ v
+        predicted = self.head.after_attention(residual, attended.reshape(1, c.num_heads, t, c.head_dim))
+        return predicted, self.head.subset_logits(predicted)
+
+
+# The step graph's layout; part of the export's folder name, so a changed graph is exported afresh.
+HEAD_STEP_VERSION = "2"
 
 
 def head_digest(head: FeatureHead) -> str:
     """A name for the head's export: its weights and the target's rows it was bound to."""
-    digest = hashlib.sha1()
+    digest = hashlib.sha1(HEAD_STEP_VERSION.encode())
     for tensor in (*head.state_dict().values(), head.head_columns):
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
