@@ -112,7 +112,7 @@ def test_benchmark_keeps_each_drafted_token_and_its_report_draws_why(tiny_pair, 
     result = bench.run_benchmark(tiny_pair, suite, ["ar", "sd", "nasd"], repeats=1, warmup=False, max_new_tokens=12,
                                  gamma=3, copy_n=0)
     tokens = result.tokens
-    assert list(tokens.columns) == bench.benchmark.TOKEN_COLUMNS
+    assert list(tokens.columns) == bench.measure.benchmark.TOKEN_COLUMNS
     assert set(tokens.method) == {"sd", "nasd"} and (tokens.category == "chat").all()
     for method in ("sd", "nasd"):
         row = result.rows[result.rows.method == method].iloc[0]
