@@ -64,6 +64,12 @@ class SuitePrompt:
         return self.references[turn - 1] if turn - 1 < len(self.references) else ()
 
 
+def prompts_label(prompts: Sequence[SuitePrompt]) -> str:
+    """A run of prompts as a progress line names it: the one id, or the first and last and how many."""
+    ids = [item.id for item in prompts]
+    return ids[0] if len(ids) == 1 else f"{ids[0]}…{ids[-1]} ({len(ids)} prompts)"
+
+
 def conversation(item: SuitePrompt, turn: int, answers: Sequence[str]) -> SuitePrompt:
     """The request of `turn` (1-based) of a question run turn by turn: its user turns so far,
     each earlier one followed by the method's own answer to it (answers[k] for turn k + 1)."""

@@ -27,7 +27,7 @@ from ...models.torch_copy import TORCH_COPY
 from .schedule import interleaved, turn_seed
 from .statistics import summarize
 from .threads import ThreadPlan
-from ..suite import DEFAULT_SUITE, SuitePrompt, conversation, encode_prompt, load_suite, select_prompts
+from ..suite import DEFAULT_SUITE, SuitePrompt, conversation, encode_prompt, load_suite, prompts_label, select_prompts
 from . import tables
 from .tables import target_perplexity
 from .vs_float32 import AGREEMENT_COLUMNS, Float32Reference, agreement, runs_below_float32, target_is_float32
@@ -375,8 +375,7 @@ class BenchPart:
 
     @property
     def label(self) -> str:
-        ids = [item.id for item in self.prompts]
-        return ids[0] if len(ids) == 1 else f"{ids[0]}…{ids[-1]} ({len(ids)} prompts)"
+        return prompts_label(self.prompts)
 
     def run(self, pair, kept: dict) -> dict:
         """The part's rows, rounds and drafted tokens, and its meta; a worker warms up and loads its

@@ -20,7 +20,7 @@ from ..measure.schedule import interleaved, turn_seed
 from ..measure.runners import measured_on, run_ours
 from ...models.torch_copy import runtime_refusal
 from ..measure.tables import tokens_frame
-from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, select_prompts
+from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, prompts_label, select_prompts
 from .flops import FedCounter
 from .grid import AR, Setting
 from .rows import group_rows, rows_frame
@@ -234,8 +234,7 @@ class SweepPart:
 
     @property
     def label(self) -> str:
-        ids = [item.id for item in self.prompts]
-        return ids[0] if len(ids) == 1 else f"{ids[0]}…{ids[-1]} ({len(ids)} prompts)"
+        return prompts_label(self.prompts)
 
     def run(self, pair, kept: dict) -> dict:
         """The part's rows, drafted tokens and the meta of the worker's pair; a worker warms up once."""
