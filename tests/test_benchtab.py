@@ -148,6 +148,22 @@ def test_the_methods_box_offers_the_runtimes_own_decoders_beside_a_runtime_targe
     assert "drafts with a feature head" in head["hf-assisted"]
 
 
+def test_the_tab_runs_what_the_runtime_cannot_on_the_torch_copy_as_the_benchmark_does_and_a_sweep_refuses_it():
+    from specdemo.bench.measure.runners import HF_METHODS
+    from specdemo.models.loading import EMBEDDED, EMBEDDED_LM, Preset
+
+    lm_pair, both = Preset(EMBEDDED_LM, EMBEDDED, EMBEDDED_LM), ("torch", "onnx")
+    on_copy = benchtab.unavailable_methods(lm_pair.draft_kind, "onnx", both, torch_copy=True)
+    assert not {"sd-tree", "egag-tree", "beam", "ar-nocache"} & set(on_copy)
+    assert set(HF_METHODS) <= set(on_copy)  # transformers' peers stay on the torch target's page
+    value, note = benchtab.method_choices(lm_pair, ["ar", "sd-tree", "beam"], runtime="onnx", runtimes=both)
+    assert value == ["ar", "sd-tree", "beam"] and 'input[name="sd-tree"]' not in note
+    benchtab.refuse_unavailable(["ar", "sd-tree", "beam"], on_copy)  # nothing to refuse
+    refused = benchtab.unavailable_methods(lm_pair.draft_kind, "onnx", both)  # a sweep's: one AR for every setting
+    with pytest.raises(ValueError, match="sd-tree"):
+        benchtab.refuse_unavailable(["ar", "sd-tree"], refused)
+
+
 def test_the_tab_checks_the_runtime_against_the_pair_before_loading_it():
     from types import SimpleNamespace
 

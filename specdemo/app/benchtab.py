@@ -242,7 +242,7 @@ def method_choices(preset: Preset, checked: list[str] | None = None, runtime: st
 
     Every method stays a choice, so the /benchmark endpoint accepts any pair's methods; the
     server refuses one the pair cannot run with its reason (`refuse_unavailable`)."""
-    missing = unavailable_methods(preset.draft_kind, runtime, runtimes)
+    missing = unavailable_methods(preset.draft_kind, runtime, runtimes, torch_copy=True)
     wanted = checked if checked is not None else default_methods(runtime)
     return [n for n in wanted if n not in missing], methods_note(missing)
 
@@ -327,7 +327,8 @@ def benchmark(ctx: TabContext, form: BenchForm, progress: Callable) -> Iterator[
         suite = read_suite(form)
         chosen = ctx.presets[form.preset]
         runtime = chosen_runtime(ctx, form.preset, form.runtime)
-        refuse_unavailable(names, unavailable_methods(chosen.draft_kind, runtime, pair_runtimes(ctx, form.preset)))
+        refuse_unavailable(names, unavailable_methods(chosen.draft_kind, runtime, pair_runtimes(ctx, form.preset),
+                                                       torch_copy=True))
         yield f"Loading the model pair{handlers.runtime_loading_note(runtime)} …"
         pair = ctx.load(chosen.target, chosen.draft, runtime=runtime)
         result = None

@@ -183,8 +183,10 @@ class _Session:
         values = {k: v for k, v in self.decode.as_dict().items() if k != "seed"}
         if max_new_tokens is not None:
             values["max_new_tokens"] = max_new_tokens
-        if method == TORCH_AR:
-            return run_ours(on_torch(self.pair), "ar", ids, values, seed, **self.engine.as_kwargs())
+        if method == TORCH_AR:  # labelled as the Playground labels its reference row
+            run = run_ours(on_torch(self.pair), "ar", ids, values, seed, **self.engine.as_kwargs())
+            run.stats["runtime"] = TORCH_COPY
+            return run
         if method in RUNTIME_PEERS:
             return self.runtime.run(method, ids, seed, max_new_tokens)
         return run_ours(self.pair, method, ids, values, seed, **self.engine.as_kwargs())

@@ -40,7 +40,7 @@ HF_METHODS: dict[str, tuple[str, str]] = {
 # same exported target (`bench.runtime_peers`), the yardstick for ours on it.
 TORCH_AR, ONNX_GENERATE, ONNX_NGRAM = "torch-ar", "onnx-generate", "onnx-ngram"
 RUNTIME_PEERS: dict[str, tuple[str, str]] = {
-    TORCH_AR: ("AR (torch target)", "AR on the torch copy of the target, beside a target on another runtime"),
+    TORCH_AR: ("AR (torch copy)", "AR on the torch copy of the target, beside a target on another runtime"),
     ONNX_GENERATE: ("Runtime generate", "onnxruntime-genai's own decode loop on the same exported target"),
     ONNX_NGRAM: ("Runtime n-gram", "onnxruntime-genai's own n-gram speculative decoding: γ tokens a round, "
                                    "matched on the last n−1 tokens (at least 2)"),
