@@ -133,7 +133,7 @@ def test_the_benchmark_runs_a_feature_head_pair_against_transformers(head_pair):
     rows = result.rows
     assert set(rows.method) == {"ar", "sd", "egag", "hf-generate"}
     assert rows.matches_ar.dropna().all()
-    assert set(rows.loc[rows.method == "sd", "drafter"]) == {f"{head_pair.drafter_name} + context copy (n=3)"}
+    assert set(rows.loc[rows.method == "sd", "drafter"]) == {f"{head_pair.drafter_name} + context copy (n=4)"}
 
 
 def test_a_sweep_counts_what_a_head_and_its_target_are_fed(head_pair):

@@ -149,9 +149,7 @@ SCHEMA: tuple[Param, ...] = (
           choices=NGRAM_STORAGES),
     Param("top_k_filler", int, 3, "target top-k predictions added to the table per verified position",
           "NASD: top-k filler from the target", methods=("nasd",), low=0, high=64),
-    # 3: the last two tokens, as prompt lookup matches by default (the runtime's own n-gram drafting and
-    # transformers'); on the default path it drafted RAG answers faster than 4 did (docs/runtime.md).
-    Param("copy_n", int, 3, "copy from the context when its last n−1 tokens occurred before (0 = off)",
+    Param("copy_n", int, 4, "copy from the context when its last n−1 tokens occurred before (0 = off)",
           "SD / EGAG: copy from the context (n; 0 = off)", methods=_COPYING, low=0, high=16,
           allowed="0 (off) or an integer from 2 to 16"),
     Param("rest_datastore", str, "", "REST: a datastore file (python -m specdemo.bench.rest build CORPUS OUT); "
