@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     # A method the target's runtime cannot run runs on the pair's torch copy (models.torch_copy).
-    "generate": "models.torch_copy", "iter_generate": "models.torch_copy",
+    "generate": "models.torch_copy", "iter_generate": "models.torch_copy", "generate_batch": "models.torch_copy",
     "DEFAULT_METHODS": "engine.methods", "METHODS": "engine.methods", "get_method": "engine.methods",
     "parse_methods": "engine.methods",
     "DecodeParams": "engine.params",
@@ -34,7 +34,7 @@ __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .models.torch_copy import generate, iter_generate
+    from .models.torch_copy import generate, generate_batch, iter_generate
     from .engine.methods import DEFAULT_METHODS, METHODS, get_method, parse_methods
     from .engine.params import DecodeParams
     from .engine.trace import GenerationResult, Round, TokenRecord

@@ -7,6 +7,7 @@ gradio, pandas or plotly, nor any other specdemo subpackage (model pairs are duc
 anything with ``target``, ``draft``, ``tokenizer``, ``encode`` and ``eos_ids``).
 """
 
+from .batch import generate_batch
 from .decoding import generate, iter_generate
 from .methods import DEFAULT_METHODS, METHODS, get_method, parse_methods
 from .params import DecodeParams
@@ -14,5 +15,5 @@ from .trace import GenerationResult, Round, TokenRecord
 
 __all__ = [
     "DEFAULT_METHODS", "METHODS", "DecodeParams", "GenerationResult", "Round", "TokenRecord",
-    "generate", "get_method", "iter_generate", "parse_methods",
+    "generate", "generate_batch", "get_method", "iter_generate", "parse_methods",
 ]

@@ -8,7 +8,9 @@ probability of every draft travel back with the verdict.
 
 from __future__ import annotations
 
-from .drafters.base import top_ids
+import torch
+
+from .drafters.base import Proposal, top_ids
 from .rounds import Decoding, RoundOutcome, cut_verdict_at_eos, read_together
 from .sampling import decision_values, probabilities, verify_on_device
 from .trace import DraftDecision
@@ -16,12 +18,20 @@ from .trace import DraftDecision
 
 def chain_round(run: Decoding, sequence: list[int], limit: int) -> RoundOutcome:
     """limit: the most drafts the output has room for (the writer's own token comes on top)."""
-    drafter, writer, sampling = run.drafter, run.writer, run.sampling
-    proposal = drafter.propose(sequence, run.policy, limit, sampling, run.generator)
+    proposal = run.drafter.propose(sequence, run.policy, limit, run.sampling, run.generator)
     run.clock.lap()
     n_verified = len(proposal.tokens) + 1
-    logits = writer.logits(sequence, n_verified, n_verified if drafter.reads_target_features else 0,
-                           then=proposal.tokens)
+    logits = run.writer.logits(sequence, n_verified, n_verified if run.drafter.reads_target_features else 0,
+                               then=proposal.tokens)
+    return settle_chain(run, proposal, logits, run.writer.hidden)
+
+
+def settle_chain(run: Decoding, proposal: Proposal, logits: torch.Tensor,
+                 hidden: torch.Tensor | None) -> RoundOutcome:
+    """A proposal's verdict from the writer's logits [k + 1, V] after the context and each of its k
+    drafts (and their hidden states, for a drafter that reads them): everything a round does after
+    its one verification forward, whichever forward that was (one request's, or a batch's row)."""
+    drafter, writer, sampling = run.drafter, run.writer, run.sampling
     scores = logits if sampling.greedy else probabilities(logits, sampling)
     verdict = verify_on_device(scores, proposal.tokens, proposal.draft_probs, sampling, run.generator)
     values, next_p = decision_values(scores, proposal.tokens, proposal.q_of_drafts, verdict, sampling)
@@ -35,7 +45,7 @@ def chain_round(run: Decoding, sequence: list[int], limit: int) -> RoundOutcome:
         drafts=drafts, accepted=accepted, next_token=next_token, entropies=entropies[: len(drafts)],
         decisions=draft_decisions(drafts, accepted, next_token, values, next_p, proposal.q_of_drafts is None),
         next_p=next_p if next_token is not None else None, verified_logits=logits,
-        verified_hidden=writer.hidden if drafter.reads_target_features else None, target_top=top or None,
+        verified_hidden=hidden if drafter.reads_target_features else None, target_top=top or None,
         early_stop=run.policy.early_stop(),
     )
 

@@ -165,6 +165,10 @@ class GenerationResult:
     memory: dict[str, int] = field(default_factory=dict)
     # What an online drafter learnt from this request once it finished (OSD's `online.Lesson`), off the clock.
     lesson: Any | None = None
+    # Requests decoded together through one target forward a round (`engine.batch`), and this one's place
+    # among them; a batch's rows count their times from the batch's start, so `seconds` is the latency.
+    batch_size: int = 1
+    batch_row: int = 0
 
     @property
     def output_context(self) -> list[int]:
@@ -227,6 +231,7 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "drafter": result.drafter,
         "compile_seconds": result.compile_seconds,
         "threads": result.threads,
+        "batch": result.batch_size,
         "note": result.note,
         **{name: result.memory.get(name, 0) for name in MEMORY_STATS},
     }

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterator, Sequence
 
+from ..engine.batch import generate_batch as engine_generate_batch
 from ..engine.decoding import iter_generate as engine_iter_generate
 from ..engine.drafters.feature_head import FeatureHead
 from ..engine.methods import get_method
@@ -47,7 +48,7 @@ def verifies_a_tree(method: str, params: DecodeParams) -> bool:
     return method.endswith("-tree") or (method == "nasd" and params.nasd_tree) or (method == "rest" and params.rest_tree)
 
 
-def runtime_refusal(pair, method: str, params: DecodeParams, compile: bool = False) -> str | None:
+def runtime_refusal(pair, method: str, params: DecodeParams, compile: bool = False, batch: bool = False) -> str | None:
     """Why the pair's target runtime cannot run `method` with these settings (its rule's clause,
     `Runtime.reason`), or None; None always for a pair whose target runs on torch."""
     if pair.target_runtime is None:
@@ -57,13 +58,13 @@ def runtime_refusal(pair, method: str, params: DecodeParams, compile: bool = Fal
     inner_layers = spec.needs_draft and isinstance(pair.draft, FeatureHead) and bool(pair.draft.config.feature_layers)
     return runtime_named(pair.runtime).reason(
         trees=verifies_a_tree(method, params), torch_loop=spec.torch_loop, compile=compile, inner_layers=inner_layers,
-        target_kv=params.target_kv if on_target else "full")
+        target_kv=params.target_kv if on_target else "full", batch=batch)
 
 
-def pair_for(pair, method: str, params: DecodeParams, compile: bool = False):
+def pair_for(pair, method: str, params: DecodeParams, compile: bool = False, batch: bool = False):
     """(the pair `method` runs on, why it is the torch copy or ""): the pair itself where its runtime runs
     the method, else `on_torch(pair)`."""
-    why = runtime_refusal(pair, method, params, compile)
+    why = runtime_refusal(pair, method, params, compile, batch)
     return (on_torch(pair), f"on the torch copy of the target: {why}") if why else (pair, "")
 
 
@@ -98,6 +99,24 @@ def generate(pair, prompt: str | Sequence[int], method: str = "sd", limits=None,
         pass
     assert result is not None
     return result
+
+
+def generate_batch(pair, prompts: Sequence[str | Sequence[int]], method: str = "sd", limits=None,
+                   decode: DecodeParams | None = None, **params) -> list[GenerationResult]:
+    """`engine.batch.generate_batch` on the pair the batch runs on: one prompt as `generate` runs it; several
+    on the torch copy where the target's runtime cannot decode them together (or cannot run the method), each
+    row labelled as `iter_generate` labels a result."""
+    decode_params = DecodeParams.resolve(decode, **params)
+    prompts = list(prompts)
+    if len(prompts) == 1:
+        return [generate(pair, prompts[0], method, limits, decode_params)]
+    runs_on, why = pair_for(pair, method, decode_params, batch=True)
+    results = engine_generate_batch(runs_on, prompts, method, limits, decode_params)
+    for result in results:
+        if why:
+            result.runtime = TORCH_COPY
+        result.runtime_reason = why or getattr(pair, "runtime_reason", "")
+    return results
 
 
 def torch_copy_ar(pair, prompt, decode: DecodeParams, limits=None, *, cache: str | None = None) -> GenerationResult:

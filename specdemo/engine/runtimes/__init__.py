@@ -31,6 +31,7 @@ class Runtime:
     compresses_target_cache: bool = True  # lets a KV policy drop rows of the target's cache
     captures_graphs: bool = True  # torch.compile's graph capture of the target's steps
     returns_inner_layers: bool = True  # hands a drafter the states of layers before the last
+    rewinds_rows: bool = True  # rolls back each row of a batch by its own count (a batch's rows accept apart)
 
     def reason(self, **asked) -> str | None:
         """Why this runtime cannot run what is `asked` (see `_why`), or None when it can."""
@@ -44,7 +45,7 @@ class Runtime:
 
     def _why(self, *, device: str | None = None, precision: str | None = None, trees: bool = False,
              torch_loop: str | None = None, target_kv: str = "full", compile: bool = False,
-             inner_layers: bool = False) -> tuple[str, str] | None:
+             inner_layers: bool = False, batch: bool = False) -> tuple[str, str] | None:
         """(why not, what to choose instead) for a target on `device` at `precision`, a method that drafts
         `trees`, runs torch's own `torch_loop` ("beam search", "no KV cache"), compresses the target's cache
         (`target_kv`), captures graphs, or drafts from the target's `inner_layers`; None when it runs them."""
@@ -65,6 +66,9 @@ class Runtime:
             return f"graph capture is torch's, and {name} runs its own graph", f"turn compile off, or {REMEDY}"
         if inner_layers and not self.returns_inner_layers:
             return f"the drafter reads the target's inner layers, and {name} returns the last state only", REMEDY
+        if batch and not self.rewinds_rows:
+            return (f"a batch's rows accept different numbers of drafts, and {name} rewinds every row of a batch "
+                    "together", f"give one prompt at a time, or {REMEDY}")
         return None
 
 
@@ -72,7 +76,7 @@ _BY_NAME = {
     TORCH: Runtime(TORCH),
     ONNX: Runtime(ONNX, cpu_only=True, precisions=("float32", "int8", "int4"), verifies_trees=False,
                   runs_torch_loops=False, compresses_target_cache=False, captures_graphs=False,
-                  returns_inner_layers=False),
+                  returns_inner_layers=False, rewinds_rows=False),
 }
 RUNTIMES = tuple(_BY_NAME)
 RUNTIME_CHOICES = (AUTO, *RUNTIMES)

@@ -62,12 +62,14 @@ _POOL_LOCK = threading.Lock()
 POOLED_LENGTH_STEP = 256
 
 
-def forward_with_features(model: torch.nn.Module, layers: tuple[int, ...] = (), **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_with_features(model: torch.nn.Module, layers: tuple[int, ...] = (), with_logits: bool = True,
+                          **kwargs) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Logits and the states a feature-level drafter reads, [1, n, (len(layers) + 1) · d], from one pass.
 
     The states are the chosen `layers` (indices into transformers' `hidden_states`: 0 is the
     embedding, i the output of layer i) followed by the final, normed state the LM head reads.
-    With no layers only the final state comes back and no intermediate state is kept.
+    With no layers only the final state comes back and no intermediate state is kept. Without
+    `with_logits` the LM head is skipped and None comes back in the logits' place (a prefill).
     """
     decoder = model.get_decoder()
     if layers:
@@ -76,7 +78,8 @@ def forward_with_features(model: torch.nn.Module, layers: tuple[int, ...] = (), 
     else:
         out = decoder(**kwargs)
         features = out.last_hidden_state
-    return model.get_output_embeddings()(out.last_hidden_state), features
+    logits = model.get_output_embeddings()(out.last_hidden_state) if with_logits else None
+    return logits, features
 
 
 def _compiled_step(model: torch.nn.Module, layers: tuple[int, ...] = ()):

@@ -1,0 +1,207 @@
+"""A batch of requests through one target forward per round.
+
+Every row is a request of its own: its drafter (with its own cache, γ policy and random stream),
+its sequence, its trace and its stop. A round drafts for each row still running, verifies every
+row's drafts in one forward of the batched target (`targets.batched.BatchedLM`), then settles each
+row with the chain round's own verdict (`chain_round.settle_chain`), so a row accepts exactly what
+it would accept alone. A row that stops (EOS or its limit) leaves the batch at once.
+
+Timing: every row's clock starts with the batch, so a row's `seconds` is its latency (the prefill
+included) and its first round's `end_seconds` its time to first token. In a round, a row's
+`draft_seconds` is its own drafting, and `verify_seconds` the rest of the round's wall time (the
+shared forward, and the other rows' drafting and settling, which the row waits for).
+
+A batch of one is the single-request loop itself (`decoding.iter_generate`), unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .chain_round import settle_chain
+from .decoding import _check_stop, _learn, _record, generate
+from .drafters.base import Drafter, NoDrafter
+from .methods import get_method
+from .params import DecodeParams
+from .rounds import Decoding
+from .runtimes import runtime_named
+from .targets.batched import BatchedLM
+from .targets.kv_policy import prepare_caches
+from .targets.seq2seq import is_encoder_decoder
+from .trace import GenerationResult
+
+# What a batch row promises against AR on a target whose rows were bit-exact alone: its attention runs
+# over a masked slot axis, so its sums may differ from AR's step in their last bits.
+BATCHED_EXACTNESS = "exact in a batch of {}"
+
+
+def generate_batch(pair, prompts: Sequence[str | Sequence[int]], method: str = "sd", limits=None,
+                   decode: DecodeParams | None = None, **params) -> list[GenerationResult]:
+    """Decode every prompt to its end, a batch of len(prompts) rows through one target forward per
+    round; one `GenerationResult` per prompt, in order. Row i samples with the seed + i.
+
+    Chain methods run in a batch (AR, SD, EGAG, NASD, REST, the adaptive stops); trees, beam search,
+    AR without a cache, the draft alone, KV policies and encoder-decoder pairs are refused with the
+    reason. Bad input raises a ValueError before anything is decoded.
+    """
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("prompts: give at least one prompt")
+    decode_params = DecodeParams.resolve(decode, **params)
+    if len(prompts) == 1:
+        return [generate(pair, prompts[0], method, limits, decode_params)]
+    spec = get_method(method)
+    _check_batchable(pair, spec, decode_params)
+    decode_params, note = spec.fit(decode_params)
+    encoded = [pair.encode(prompt, chat=decode_params.chat) for prompt in prompts]
+    for row, ids in enumerate(encoded):
+        try:
+            if limits is not None:
+                limits.check_request(ids, decode_params.max_new_tokens)
+            pair.check_fits(ids, decode_params.max_new_tokens)
+        except ValueError as error:
+            raise ValueError(f"prompt {row + 1} of {len(prompts)}: {error}") from error
+    seed = decode_params.seed if decode_params.seed is not None else random.randrange(2**31)
+    return _decode(pair, spec, decode_params, encoded, seed, note)
+
+
+def _check_batchable(pair, spec, params: DecodeParams) -> None:
+    refused = spec.unavailable(pair) or runtime_named(pair.runtime).refusal(batch=True)
+    if refused:
+        raise ValueError(refused)
+    if spec.run is not None or not spec.cached or spec.decoder != "target":
+        raise ValueError(f"method {spec.name!r} runs its own loop over one request; a batch runs the chain methods "
+                         "(ar, sd, egag, nasd, rest, the adaptive stops): pick one of those, or one prompt")
+    if is_encoder_decoder(pair.target):
+        raise ValueError("a batch runs decoder-only pairs; this pair is encoder-decoder: give one prompt at a time")
+    if params.target_kv != "full" or params.draft_kv != "full":
+        raise ValueError("target_kv/draft_kv: a batch keeps full caches: use full, or one prompt at a time")
+
+
+@dataclass
+class _Row:
+    """One request of the batch: its decoding (the row's view of the target as its writer), sequence and trace."""
+
+    run: Decoding
+    sequence: list[int]
+    result: GenerationResult
+    proposal: object = None
+    draft_seconds: float = 0.0
+
+
+class _RowWriter:
+    """What a round's settling asks of its writer, for one row of the batched target."""
+
+    def __init__(self, target: BatchedLM, row: int):
+        self.target, self.row = target, row
+        self.hidden: torch.Tensor | None = None
+
+    def note_fed(self, ids: list[int]) -> None:
+        self.target.note_fed(self.row, ids)
+
+
+def _decode(pair, spec, params: DecodeParams, encoded: list[list[int]], seed: int, note: str) -> list[GenerationResult]:
+    target = BatchedLM(pair.target, len(encoded), pair.vocab_size)
+    rows = [_start_row(pair, spec, params, ids, seed + i, target, i, note) for i, ids in enumerate(encoded)]
+    drafters = [row.run.drafter for row in rows]
+    if drafters[0].drafts_trees:
+        target.close()
+        raise ValueError(f"method {spec.name!r} drafts a tree; a batch runs chain methods: pick sd, egag, nasd or rest "
+                         "(without nasd_tree or rest_tree), or one prompt")
+    features = drafters[0].reads_target_features
+    if features:
+        target.read_features(drafters[0].feature_layers)
+    try:
+        with torch.inference_mode():
+            started = time.perf_counter()
+            states = target.prefill({i: row.sequence[:-1] for i, row in enumerate(rows)}, hidden=features)
+            for i, row in enumerate(rows):
+                row.run.drafter.start(row.sequence, states[i] if features else None)
+            _wait(pair.device)
+            prefill = time.perf_counter() - started
+        for i, row in enumerate(rows):
+            row.result.prefill_seconds = row.result.seconds = prefill
+            row.result.memory["target_kv_bytes_peak"] = target.kv_bytes_peak
+        running = dict(enumerate(rows))
+        while running:
+            _round(pair, params, target, running, started, features)
+        for row in rows:
+            _learn(row.result, row.run.drafter, pair, row.sequence)
+    finally:
+        target.close()
+        for drafter in drafters:
+            drafter.close()
+    return [row.result for row in rows]
+
+
+def _start_row(pair, spec, params: DecodeParams, ids: list[int], seed: int, target: BatchedLM, index: int,
+               note: str) -> _Row:
+    drafter, policy = spec.build(pair, params)
+    drafter = drafter or NoDrafter(pair.device)
+    generator = torch.Generator(device=pair.device)
+    generator.manual_seed(seed)
+    drafter.use_cache("dynamic", None, buckets=(1, 2))
+    writer = _RowWriter(target, index)
+    run = Decoding(writer, drafter, policy, params.sampling, generator, None, pair.eos_ids)
+    result = GenerationResult(spec.name, {**params.as_dict(), "seed": seed}, list(ids), note=note,
+                              threads=torch.get_num_threads())
+    result.memory = prepare_caches(params, pair, target, drafter)
+    result.cache, result.drafter = "dynamic", drafter.describe(pair.drafter_name)
+    result.exactness = _row_exactness(pair.exactness, target_rows=len(target.cached_ids))
+    _mark_row(result, index, len(target.cached_ids))
+    return _Row(run, list(ids), result)
+
+
+def _round(pair, params: DecodeParams, target: BatchedLM, running: dict[int, _Row], started: float,
+           features: bool) -> None:
+    """One round of every running row: their drafts, one forward over all of them, each row settled."""
+    with torch.inference_mode():
+        for row in running.values():
+            begun = time.perf_counter()
+            limit = params.max_new_tokens - len(row.result.tokens) - 1
+            row.proposal = row.run.drafter.propose(row.sequence, row.run.policy, limit, row.run.sampling,
+                                                   row.run.generator)
+            row.draft_seconds = time.perf_counter() - begun
+        n_out = {i: len(row.proposal.tokens) + 1 for i, row in running.items()}
+        logits, states = target.forward({i: (row.sequence, row.proposal.tokens) for i, row in running.items()},
+                                        n_out, hidden=features)
+        finished = []
+        for i, row in running.items():
+            row.run.writer.hidden = states[i]
+            outcome = settle_chain(row.run, row.proposal, logits[i], states[i])
+            verified_from = len(row.sequence)
+            row.sequence.extend(outcome.new_tokens)
+            row.run.drafter.observe(row.sequence, verified_from, **outcome.shown_to_drafter())
+            row.run.policy.update(len(outcome.drafts), outcome.accepted)
+            _wait(pair.device)
+            elapsed = time.perf_counter() - started
+            _record(row.result, outcome, [row.draft_seconds, elapsed - row.result.seconds - row.draft_seconds],
+                    pair, row.sequence)
+            row.result.target_forwards += 1
+            row.result.draft_forwards = row.run.drafter.forwards
+            row.result.memory["target_kv_bytes_peak"] = target.kv_bytes_peak
+            _check_stop(row.result, params.max_new_tokens, pair)
+            if row.result.done:
+                finished.append(i)
+    for i in finished:
+        target.drop(i)
+        running.pop(i).run.drafter.close()
+
+
+def _row_exactness(exactness: str, target_rows: int) -> str:
+    return BATCHED_EXACTNESS.format(target_rows) if exactness == "bit-exact" else exactness
+
+
+def _mark_row(result: GenerationResult, row: int, rows: int) -> GenerationResult:
+    result.batch_row, result.batch_size = row, rows
+    return result
+
+
+def _wait(device: torch.device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
