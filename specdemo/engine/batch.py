@@ -58,9 +58,11 @@ def generate_batch(pair, prompts: Sequence[str | Sequence[int]], method: str = "
     spec = get_method(method)
     _check_batchable(pair, spec, decode_params)
     decode_params, note = spec.fit(decode_params)
-    encoded = [pair.encode(prompt, chat=decode_params.chat) for prompt in prompts]
-    for row, ids in enumerate(encoded):
+    encoded = []
+    for row, prompt in enumerate(prompts):
         try:
+            ids = pair.encode(prompt, chat=decode_params.chat)
+            encoded.append(ids)
             if limits is not None:
                 limits.check_request(ids, decode_params.max_new_tokens)
             pair.check_fits(ids, decode_params.max_new_tokens)

@@ -27,8 +27,9 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .lm import forward_with_features
-from .kv_policy import kv_bytes
 
+# A layer's buffer grows to at least this many slots, and then by doubling.
+FIRST_CAPACITY = 64
 # Compact when the slot axis is longer than this many times the longest row (and by more than the
 # floor): holes then cost more attention than a gather of the live slots.
 COMPACT_RATIO = 2.0
@@ -50,6 +51,7 @@ class BatchedLM:
         if not all(type(layer) is DynamicLayer for layer in self.cache.layers):
             kinds = sorted({type(layer).__name__ for layer in self.cache.layers})
             raise ValueError(f"a batch keeps full-attention caches only, not {', '.join(kinds)}")
+        self.cache.layers = [GrowingLayer() for _ in self.cache.layers]
         self.feature_layers: tuple[int, ...] = ()
         self.cached_ids: list[list[int]] = [[] for _ in range(rows)]
         self.slots: list[list[int]] = [[] for _ in range(rows)]  # the slot of each cached position, per row
@@ -114,8 +116,7 @@ class BatchedLM:
         with torch.inference_mode():
             for layer in self.cache.layers:
                 gather = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-                layer.keys = layer.keys.gather(2, gather)
-                layer.values = layer.values.gather(2, gather)
+                layer.replace(layer.keys.gather(2, gather), layer.values.gather(2, gather))
         self.live = live
 
     def close(self) -> None:
@@ -157,7 +158,7 @@ class BatchedLM:
         logits, states = self._logits_and_states(kwargs, hidden, with_logits=any(n_out.values()))
         self.forwards += 1
         self.live = torch.cat([self.live, new_live], dim=1)
-        self.kv_bytes_peak = max(self.kv_bytes_peak, kv_bytes(self.cache))
+        self.kv_bytes_peak = max(self.kv_bytes_peak, sum(layer.allocated_bytes for layer in self.cache.layers))
         if self.vocab_size is not None and logits is not None:
             logits = logits[..., : self.vocab_size]
         out_logits, out_states = {}, {}
@@ -185,9 +186,8 @@ class BatchedLM:
     def _select(self, index: torch.Tensor) -> None:
         with torch.inference_mode():
             for layer in self.cache.layers:
-                if layer.keys is not None and layer.keys.numel():
-                    layer.keys = layer.keys.index_select(0, index)
-                    layer.values = layer.values.index_select(0, index)
+                if layer.is_initialized and layer.keys.numel():
+                    layer.replace(layer.keys.index_select(0, index), layer.values.index_select(0, index))
         self.live = self.live.index_select(0, index)
 
     def _as_mask(self, allowed: torch.Tensor) -> torch.Tensor:
@@ -196,6 +196,53 @@ class BatchedLM:
             return allowed
         dtype = next(self.model.parameters()).dtype
         return torch.where(allowed, torch.zeros((), dtype=dtype, device=self.device), torch.finfo(dtype).min)
+
+
+class GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys and values live in a buffer that doubles when full, so a forward writes its
+    new slots in place instead of copying the whole cache (`DynamicLayer` concatenates, which for a batch of
+    long rows costs as much as the forward's attention). `keys` and `values` are views of what is held."""
+
+    buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+    held = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        self._reserve(self.held + n, key_states)
+        keys, values = self.buffers
+        keys[:, :, self.held : self.held + n] = key_states
+        values[:, :, self.held : self.held + n] = value_states
+        self._hold(self.held + n)
+        return self.keys, self.values
+
+    def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold these keys and values [rows, kv_heads, slots, head_dim] instead (rows dropped, slots gathered)."""
+        self.buffers = None
+        self._reserve(keys.shape[2], keys)
+        self.buffers[0][:, :, : keys.shape[2]] = keys
+        self.buffers[1][:, :, : keys.shape[2]] = values
+        self._hold(keys.shape[2])
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers) if self.buffers else 0
+
+    def _reserve(self, slots: int, like: torch.Tensor) -> None:
+        if self.buffers is not None and self.buffers[0].shape[2] >= slots and self.buffers[0].shape[0] == like.shape[0]:
+            return
+        capacity = max(FIRST_CAPACITY, 2 * slots)
+        shape = (like.shape[0], like.shape[1], capacity, like.shape[3])
+        fresh = tuple(torch.empty(shape, dtype=like.dtype, device=like.device) for _ in range(2))
+        if self.buffers is not None and self.held:
+            for new, old in zip(fresh, self.buffers):
+                new[:, :, : self.held] = old[:, :, : self.held]
+        self.buffers = fresh
+
+    def _hold(self, slots: int) -> None:
+        self.held = slots
+        self.keys, self.values = (b[:, :, :slots] for b in self.buffers)
 
 
 def _common_prefix_length(a: list[int], b: list[int]) -> int:
