@@ -98,9 +98,10 @@ def write_eagle3(folder: Path, target_dir: Path, draft_size: int, seed: int = 0)
 
 
 def write_speculators_eagle3(folder: Path, target_dir: Path, draft_size: int, layer_ids: list[int],
-                             seed: int = 0) -> Path:
+                             seed: int = 0, norm_before_residual: bool | None = True) -> Path:
     """EAGLE-3 in vLLM's speculators layout: model.safetensors with layers.0.* for midlayer.*, a config that
-    nests the layer's Llama fields in transformer_layer_config beside speculators_config."""
+    nests the layer's Llama fields in transformer_layer_config beside speculators_config
+    (norm_before_residual None: the config leaves the field out)."""
     from safetensors.torch import save_file
 
     target = _target(target_dir)
@@ -114,6 +115,10 @@ def write_speculators_eagle3(folder: Path, target_dir: Path, draft_size: int, la
                                      "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
                                      "verifier": {"name_or_path": str(target_dir),
                                                   "architectures": ["LlamaForCausalLM"]}}}
+    if norm_before_residual is None:
+        del config["norm_before_residual"]
+    else:
+        config["norm_before_residual"] = norm_before_residual
     (folder / "config.json").write_text(json.dumps(config))
     state = {k: v.contiguous() for k, v in _eagle3_state(target, draft_size, "layers.0.").items()}
     save_file(state, str(folder / "model.safetensors"))

@@ -104,6 +104,19 @@ def test_medusa_drafts_a_tree_of_its_top_tokens_per_position(pairs):
     assert result.token_ids == specdemo.generate(pair, PROMPTS[1], method="ar", max_new_tokens=20).token_ids
 
 
+def test_a_speculators_config_without_norm_before_residual_means_true_as_vllm_reads_it(tmp_path, folders, pairs):
+    """speculators' configs may leave `norm_before_residual` out, and vLLM reads it as true there; the
+    authors' configs without it mean false (their code adds the state as it comes)."""
+    target, _ = folders
+    omitted = write_speculators_eagle3(tmp_path / "omitted", target, 40, [1, 3, 6], norm_before_residual=None)
+    assert "norm_before_residual" not in json.loads((omitted / "config.json").read_text())
+    assert load_pair(str(target), str(omitted), device="cpu", dtype="float64").draft.norm_before_residual is True
+    said_false = write_speculators_eagle3(tmp_path / "false", target, 40, [1, 3, 6], norm_before_residual=False)
+    assert load_pair(str(target), str(said_false), device="cpu", dtype="float64").draft.norm_before_residual is False
+    assert "norm_before_residual" not in json.loads((target.parent / "eagle3" / "config.json").read_text())
+    assert pairs["eagle3"].draft.norm_before_residual is False
+
+
 def test_eagle3_drafts_only_its_draft_vocabulary(pairs):
     allowed = set(draft_vocabulary(64, 40).tolist())
     result = specdemo.generate(pairs["eagle3"], PROMPTS[1], method="sd", max_new_tokens=30, gamma=4,

@@ -20,13 +20,13 @@ from pathlib import Path
 import torch
 
 from ..engine.drafters.published import Eagle3Head, EagleHead, MedusaHead, PublishedHead
-from ..engine.drafters.published.eagle3 import default_layers
+from ..engine.drafters.published.eagle3 import SPECULATORS_LAYOUT, default_layers
 from .errors import ModelLoadError
 
 CONFIG = "config.json"
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
 EAGLE_KEYS = ("fc.weight", "layers.0.self_attn.q_proj.weight")
-SPECULATORS = "speculators"
+SPECULATORS = SPECULATORS_LAYOUT
 
 
 def _read_json(path: Path) -> dict | None:

@@ -30,6 +30,17 @@ def default_layers(target_layers: int) -> tuple[int, ...]:
     return tuple(sorted({2, target_layers // 2, target_layers - 3}))
 
 
+# The layout whose configs may leave `norm_before_residual` out and mean true by it.
+SPECULATORS_LAYOUT = "speculators"
+
+
+def norm_before_residual_of(config: dict, layout: str = "") -> bool:
+    """Whether the head adds the normed state to the residual, as its config means it. The authors' code
+    adds the state as it comes, so their configs mean false where the field is absent; vLLM reads a
+    speculators config without the field as true, so a speculators config means true there."""
+    return bool(config.get("norm_before_residual", layout == SPECULATORS_LAYOUT))
+
+
 class Eagle3Head(PublishedHead):
     kind = "eagle3"
 
@@ -64,7 +75,7 @@ class Eagle3Head(PublishedHead):
         vocab = config["vocab_size"]
         shape = LayerShape.from_config(config, feature_layers, names=state)
         head = cls(shape, vocab, config.get("draft_vocab_size") or vocab, target_hidden_size,
-                   bool(config.get("norm_before_residual", False)), own_embedding="embed_tokens.weight" in state,
+                   norm_before_residual_of(config, layout), own_embedding="embed_tokens.weight" in state,
                    layout=layout)
         missing, unexpected = head.load_state_dict(state, strict=False)
         # A head drafting over the whole vocabulary may come without its (identity) map.
