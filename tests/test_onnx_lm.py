@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,7 +20,8 @@ from specdemo.engine.runtimes.onnx_export import check_exportable, export_folder
 from tests.chi2 import pooled_chisquare
 from tests.tiny import write_model, write_tiny_head, write_tokenizer
 
-pytestmark = pytest.mark.skipif(onnx_runtime_missing() is not None, reason=str(onnx_runtime_missing()))
+pytestmark = [pytest.mark.skipif(onnx_runtime_missing() is not None, reason=str(onnx_runtime_missing())),
+              pytest.mark.runtime]
 
 # Not 64, tiny.py's default: the builder takes the first layer as wide as the vocabulary for the
 # LM head, and with 64 a projection of this model is (export_folder's check refuses that case).
@@ -66,6 +68,52 @@ def test_the_export_is_written_once_and_runs_the_target(onnx_folders, lm_pair):
     assert greedy(torch_pair, PROMPTS[0], "ar").stats["runtime"] == "torch"
     # The same weights: at float32 the two runtimes agree on this peaked random model's tokens.
     assert result.token_ids == greedy(torch_pair, PROMPTS[0], "ar").token_ids
+
+
+def test_the_runtimes_cache_is_counted_as_the_buffer_it_holds(lm_pair):
+    """The export shares one key/value buffer of max_length positions between past and present, allocated
+    whole: the runtime holds layers × 2 × kv heads × head dim × max_length × 4 bytes (float32) from its first
+    forward on, and that is its peak, whatever the number of positions filled."""
+    config = lm_pair.target.config
+    per_position = config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * 4
+    lm = lm_pair.target_runtime.cached_lm(lm_pair.target, lm_pair.vocab_size, max_length=50)
+    lm.prefill(PROMPTS[0])
+    held = np.asarray(lm.generator.get_output("present.1.value"))  # the last layer's values, as the runtime holds them
+    assert held.shape == (1, config.num_key_value_heads, 50, config.head_dim) and held.dtype == np.float32
+    assert lm.kv_bytes_peak == per_position * 50
+    lm.logits(PROMPTS[0] + [3, 4, 5], 1)
+    assert lm.kv_bytes_peak == per_position * 50
+    lm.close()
+
+
+def test_the_runtimes_kv_bytes_reach_the_stats_as_torchs_static_cache_of_the_same_length(onnx_folders, lm_pair):
+    """target_kv_bytes_peak on the runtime is its whole buffer, the same bytes as torch's static cache sized
+    for the same run; a draft LM on the runtime beside it reports its own buffer as draft_kv_bytes_peak."""
+    target, _, _ = onnx_folders
+    torch_pair = specdemo.load_pair(str(target), device="cpu", dtype="float32", runtime="torch")
+    config = lm_pair.target.config
+    per_position = config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * 4
+    on_runtime = greedy(lm_pair, PROMPTS[0], "ar")
+    static = specdemo.generate(torch_pair, PROMPTS[0], method="ar", max_new_tokens=40, temperature=0.0, seed=0,
+                               cache="static")
+    peak = on_runtime.stats["target_kv_bytes_peak"]
+    assert peak == static.stats["target_kv_bytes_peak"]
+    assert peak % per_position == 0 and peak // per_position >= len(PROMPTS[0]) + 40
+    sd = greedy(lm_pair, PROMPTS[0], "sd", gamma=3)
+    assert lm_pair.draft_runtime is not None
+    draft = lm_pair.draft.config  # shaped as the target, so its buffer of the same length takes the same bytes
+    assert (draft.num_hidden_layers, draft.num_key_value_heads, draft.head_dim) == (
+        config.num_hidden_layers, config.num_key_value_heads, config.head_dim)
+    assert sd.stats["draft_kv_bytes_peak"] == sd.stats["target_kv_bytes_peak"] > 0
+
+
+def test_a_feature_head_on_the_runtime_reports_its_own_cache(head_pair):
+    """The head's keys and values stay in its own cache beside the runtime's step: 2 × its kv heads × the
+    positions allocated (the prompt and 64 more, doubled when a run needs more) × head dim × 4 bytes."""
+    head = head_pair.draft.config
+    result = greedy(head_pair, PROMPTS[0], "sd", gamma=3)
+    assert result.stats["target_kv_bytes_peak"] > 0
+    assert result.stats["draft_kv_bytes_peak"] == 2 * head.num_kv_heads * (len(PROMPTS[0]) + 64) * head.head_dim * 4
 
 
 def test_the_runtimes_threads_spin_within_a_forward_and_stop_when_it_ends(onnx_folders, lm_pair, monkeypatch, capfd):

@@ -480,7 +480,7 @@ def all_figures(results: Sequence[GenerationResult]) -> dict[str, go.Figure]:
 
 DISPLAY_COLUMNS = [
     "method", "drafter", "tokens", "tokens/s", "speedup vs AR", "TTFT (s)", "acceptance α", "tokens per round",
-    "target forwards / token", "mean γ", "nodes / round", "quality",
+    "target forwards / token", "mean γ", "nodes / round", "KV cache peak (target / draft)", "quality",
 ]
 
 
@@ -505,6 +505,23 @@ def _quality(row: pd.Series) -> str:
     if not is_lossless(row["method"]):
         return "its own text (not meant to match AR)"
     return "–"
+
+
+def byte_size(count) -> str:
+    """A byte count as people read it: 950 B, 73.7 kB, 12.3 MB, 1.40 GB (decimal units)."""
+    if count is None or _isnan(count):
+        return "–"
+    count = float(count)
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= size:
+            return f"{count / size:.3g} {unit}" if count < 100 * size else f"{count / size:.0f} {unit}"
+    return f"{count:.0f} B"
+
+
+def _kv_cell(row: pd.Series) -> str:
+    """The most bytes each model's KV cache held (the draft's only where it keeps one: a draft LM or a head)."""
+    draft = row.get("draft_kv_bytes_peak")
+    return byte_size(row.get("target_kv_bytes_peak")) + (f" / {byte_size(draft)}" if draft and not _isnan(draft) else "")
 
 
 def _on_torch_copy(row: pd.Series) -> bool:
@@ -545,6 +562,7 @@ def display_table(summary: pd.DataFrame) -> pd.DataFrame:
             "mean γ": _num(row["mean_gamma"], ".2f"),
             # Drafts a round offers the target: a tree's nodes, a chain's tokens.
             "nodes / round": _num(row["mean_drafted"], ".2f"),
+            "KV cache peak (target / draft)": _kv_cell(row),
             "quality": _quality(row),
             **(_vs_float32_cells(row) if against_float32 else {}),
         })

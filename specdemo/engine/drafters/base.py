@@ -78,6 +78,10 @@ class Drafter:
         """How the page and the benchmark name this drafter (model_name: the pair's name for its draft)."""
         return model_name or type(self).__name__
 
+    def report_kv_peak(self, record: dict, key: str) -> None:
+        """Keep record[key] at the most bytes a KV cache of the drafter's own held (one that is no cached
+        LM, as a feature head's); a drafter that keeps none has nothing to report."""
+
     def read_source(self, source_ids: list[int]) -> None:
         """An encoder-decoder pair's source (the encoder's input), before `start`."""
 
@@ -147,6 +151,9 @@ class WrappedDrafter(Drafter):
 
     def describe(self, model_name: str | None) -> str:
         return self.inner.describe(model_name)
+
+    def report_kv_peak(self, record: dict, key: str) -> None:
+        self.inner.report_kv_peak(record, key)
 
     def read_source(self, source_ids: list[int]) -> None:
         self.inner.read_source(source_ids)

@@ -32,6 +32,10 @@ class FeatureDrafter(Drafter):
         self.committed = 0
         self.pending: list[torch.Tensor] = []  # [n_i, d] true features for positions committed..
         self._forwards = 0
+        self.kv_peak_sink: tuple[dict, str] | None = None  # where the head's cache records its peak bytes
+
+    def report_kv_peak(self, record: dict, key: str) -> None:
+        self.kv_peak_sink = (record, key)
 
     @property
     def forwards(self) -> int:
@@ -40,7 +44,8 @@ class FeatureDrafter(Drafter):
     def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> None:
         """features [len(prompt_ids) - 1, d]: the target's states over the prefilled prompt."""
         param = self.head.fc.weight
-        self.cache = HeadCache(self.head.config, param.device, param.dtype, capacity=len(prompt_ids) + 64)
+        self.cache = HeadCache(self.head.config, param.device, param.dtype, capacity=len(prompt_ids) + 64,
+                               peak_sink=self.kv_peak_sink)
         self.committed = 0
         self.pending = [features]
 

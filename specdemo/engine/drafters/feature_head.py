@@ -83,12 +83,27 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class HeadCache:
-    """Keys and values by position for one sequence; `length` positions are valid."""
+    """Keys and values by position for one sequence; `length` positions are valid.
 
-    def __init__(self, config: HeadConfig, device, dtype, capacity: int = 256):
+    peak_sink: (a record, its key) kept at the most bytes the keys and values have held, as the cached LMs
+    keep theirs (`CachedLM.kv_peak_sink`): the whole allocation, grown rows included, since that is held."""
+
+    def __init__(self, config: HeadConfig, device, dtype, capacity: int = 256,
+                 peak_sink: tuple[dict, str] | None = None):
         self.k = torch.zeros(1, config.num_kv_heads, capacity, config.head_dim, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.length = 0
+        self.peak_sink = peak_sink
+        self._note_held()
+
+    @property
+    def held_bytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    def _note_held(self) -> None:
+        if self.peak_sink is not None:
+            record, key = self.peak_sink
+            record[key] = max(record.get(key, 0), self.held_bytes)
 
     def ensure(self, needed: int) -> None:
         capacity = self.k.shape[2]
@@ -97,6 +112,7 @@ class HeadCache:
         grown = max(needed, 2 * capacity)
         pad = (0, 0, 0, grown - capacity)
         self.k, self.v = F.pad(self.k, pad), F.pad(self.v, pad)
+        self._note_held()
 
     def rollback(self, length: int) -> None:
         self.length = min(self.length, length)

@@ -80,7 +80,15 @@ class OnnxTarget:
         # Where the runtime's own search stops (its decoders as peers): the pair's EOS ids, set by the
         # loader before a session opens; the export's own config names one id only.
         self.eos_ids: tuple[int, ...] = ()
-        self.vocab_size = int(json.loads((self.folder / "genai_config.json").read_text())["model"]["vocab_size"])
+        config = json.loads((self.folder / "genai_config.json").read_text())
+        self.vocab_size = int(config["model"]["vocab_size"])
+        # What the cache's bytes are counted from (`OnnxCachedLM._note_kv`): the decoder's layers, whether past
+        # and present share one buffer of max_length positions (the builder's choice on the CPU), and the name
+        # of the first layer's key buffer among the outputs.
+        decoder = config["model"]["decoder"]
+        self.cache_layout = (int(decoder["num_hidden_layers"]),
+                             bool(config.get("search", {}).get("past_present_share_buffer", False)),
+                             decoder.get("outputs", {}).get("present_key_names", "present.%d.key") % 0)
         self._models: dict[int, object] = {}
         # (id(head), threads) -> (head, its step's session); the head is kept alive, so its id stays its own.
         self._head_steps: dict[tuple[int, int], tuple] = {}
@@ -132,7 +140,8 @@ class OnnxTarget:
                   kind: str = "dynamic", compile: bool = False) -> "OnnxCachedLM":
         if compile:
             raise ValueError("compile: graph capture is torch's; the onnx runtime runs its own graph: turn compile off")
-        return OnnxCachedLM(self.model(torch.get_num_threads()), torch_model, vocab_size, max_length, kind)
+        return OnnxCachedLM(self.model(torch.get_num_threads()), torch_model, vocab_size, max_length,
+                            self.cache_layout, kind)
 
 
 class OnnxCachedLM(CachedLM):
@@ -140,13 +149,15 @@ class OnnxCachedLM(CachedLM):
     CachedLM's own (common prefix, rollback, one feed); only the forward and the rollback differ.
 
     torch_model: the same weights in torch, which the trace's weight count and a feature head read;
+    cache_layout: (the decoder's layers, whether past and present share one buffer, the first layer's key
+    buffer's name), `OnnxTarget.cache_layout`;
     kind: the cache kind the drafter's own torch cache takes (the writer's cache is the runtime's).
     """
 
     torch_threads = TORCH_THREADS_BETWEEN_FORWARDS  # torch's count while a round runs (`torch_threads`)
 
     def __init__(self, runtime_model, torch_model: torch.nn.Module, vocab_size: int | None, max_length: int,
-                 kind: str = "dynamic"):
+                 cache_layout: tuple[int, bool, str], kind: str = "dynamic"):
         import onnxruntime_genai as og
 
         params = og.GeneratorParams(runtime_model)
@@ -170,7 +181,21 @@ class OnnxCachedLM(CachedLM):
         self._compressed_at = 0
         self.kv_bytes_peak = 0
         self.kv_peak_sink = None
+        self._layers, self._shares_buffer, self._first_keys = cache_layout
         self.cache = self.generator
+
+    def _note_kv(self) -> None:
+        """The bytes the runtime's cache holds, read from its own first layer's key buffer (`present.0.key`,
+        [1, kv heads, positions, head dim] at its dtype) times 2 (keys and values) times the layers, every
+        layer of these decoders being alike. The export shares one buffer between past and present
+        (`past_present_share_buffer`), which the runtime allocates for max_length positions and never
+        resizes: what it holds is that whole buffer from the first forward on, however few positions are
+        filled, as torch's static cache is counted, so it is read once. Without a shared buffer the runtime
+        holds the positions so far, and the buffer is read after every forward."""
+        if self.kv_bytes_peak and self._shares_buffer:
+            return
+        layer = np.asarray(self.generator.get_output(self._first_keys))
+        self._note_held(2 * self._layers * layer.nbytes)
 
     def rollback(self, length: int) -> None:
         if length < self.length:
@@ -204,6 +229,7 @@ class OnnxCachedLM(CachedLM):
         self.generator.append_tokens(new_ids.to(torch.int32).numpy().reshape(1, n))
         self.forwards += 1
         self.length += n
+        self._note_kv()
         logits = torch.from_numpy(np.asarray(self.generator.get_output("logits"))[0, n - n_logits:])
         if n_hidden:
             self.hidden = torch.from_numpy(np.asarray(self.generator.get_output("hidden_states"))[0, n - n_hidden:])

@@ -311,4 +311,6 @@ def prepare_caches(params, pair, writer, drafter) -> dict[str, int]:
     if draft_lm is not None:
         draft_lm.set_kv_policy(draft_policy, "draft_kv")
         draft_lm.kv_peak_sink = (record, "draft_kv_bytes_peak")
+    elif not writes_draft:
+        drafter.report_kv_peak(record, "draft_kv_bytes_peak")  # a head's own cache, on torch or on the runtime
     return record

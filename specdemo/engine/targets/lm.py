@@ -231,7 +231,10 @@ class CachedLM:
     def _note_kv(self) -> None:
         if self.kind == "static" and self.kv_bytes_peak:
             return  # allocated whole by the first forward: its size never changes
-        held = kv_bytes(self.cache)
+        self._note_held(kv_bytes(self.cache))
+
+    def _note_held(self, held: int) -> None:
+        """`held` bytes of keys and values now: the peak, and the record's, kept at the most."""
         if held > self.kv_bytes_peak:
             self.kv_bytes_peak = held
             if self.kv_peak_sink is not None:

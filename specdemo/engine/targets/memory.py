@@ -1,8 +1,11 @@
 """Memory a generation uses: the bytes each model's weights take, and the record of the most
 bytes each model's KV cache held (`target_kv_bytes_peak`, `draft_kv_bytes_peak`), which the
-cached LMs keep up to date as they grow (`CachedLM.kv_peak_sink`).
+cached LMs keep up to date as they grow (`CachedLM.kv_peak_sink`), a feature head's own cache as it grows
+(`HeadCache.peak_sink`), and a cache on another runtime from its own buffers (`OnnxCachedLM._note_kv`).
 
-torch only.
+Weights are counted from torch's modules (a runtime target's torch copy holds the same weights); caches
+are counted as allocated, not as filled: a cache that holds max_length positions from the start (torch's
+static cache, the runtime's shared buffer) counts them all.
 """
 
 from __future__ import annotations
