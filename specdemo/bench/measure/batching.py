@@ -144,7 +144,7 @@ def summarize_batches(rows: pd.DataFrame, key: str = "method", reference: str = 
 
 def _measured(mine: pd.DataFrame, ref: pd.DataFrame, errors: int) -> dict:
     per_batch = _per_batch(mine)
-    paired = per_batch.join(ref, rsuffix="_ref", how="inner")
+    paired = per_batch.join(ref.add_suffix("_ref"), how="inner")
     point, low, high = ratio_interval(paired.new_tokens, paired.seconds, paired.new_tokens_ref, paired.seconds_ref)
     drafted = mine.drafted.sum() if "drafted" in mine else 0
     seconds = float(per_batch.seconds.sum())
@@ -195,9 +195,9 @@ def batch_verdict(summary: pd.DataFrame) -> str:
         return "No batch verdict: it needs AR and a drafting method measured at the same batch sizes."
     best = pays_up_to(summary)
     if best is None:
-        top = summary[summary.method.isin(methods)].dropna(subset=["throughput_vs_ar"])
-        top = top.loc[top.throughput_vs_ar.idxmax()]
-        why = (f"under {MIN_BATCHES} batches give no interval" if summary.throughput_vs_ar_low.isna().all()
+        drafting = summary[summary.method.isin(methods)].dropna(subset=["throughput_vs_ar"])
+        top = drafting.loc[drafting.throughput_vs_ar.idxmax()]
+        why = (f"under {MIN_BATCHES} batches give no interval" if drafting.throughput_vs_ar_low.isna().all()
                else "no drafting method's interval lies above 1")
         return (f"Drafting pays at none of the batch sizes measured here ({sizes}): {why}; the best ratio was "
                 f"{_name(top)} at batch {int(top.batch)}, {top.throughput_vs_ar:.2f}× AR's throughput.")
