@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from ..bench.measure.batching import batch_verdict, parse_batch_sizes
 from ..bench.measure.benchmark import BenchResult, run_benchmark
 from ..bench.measure.quality import QUALITY_COLUMNS
 from ..bench.overhead import OverheadReport, measure_round_overhead, spread_over_categories
@@ -51,6 +52,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="time one target forward over 1..ROWS rows, as a chain and as a tree, against one row, "
                             "on the first selected prompt, and skip the method comparison (a tree's node budget is "
                             "rows − 1)")
+    batching = parser.add_argument_group("batch sizes")
+    batching.add_argument("--batch", default="1", metavar="B,B,…",
+                          help="batch sizes, e.g. 1,2,4,8,16: the prompts cut into batches of each size (the last "
+                               "one filled from the first prompts again), each batch run by every method in turn "
+                               "through generate_batch; prints each size's throughput, latency p50/p95, time to "
+                               "first token and throughput over AR's with its interval (default: 1). transformers' "
+                               "and the runtime's own decoders run at batch 1 only")
+    batching.add_argument("--batch-csv", default=None, metavar="FILE",
+                          help="one row per (batch size, method); default: next to --csv as *.batch.csv when "
+                               "--batch names a size above 1")
     out = parser.add_argument_group("output")
     out.add_argument("--csv", help="one row per (prompt, method, repeat)")
     out.add_argument("--summary-csv", help="one row per (category, method); default: next to --csv as *.summary.csv")
@@ -89,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--overhead-only skips the method comparison, so {', '.join(skipped)} "
                              "would have nothing to show; drop them or drop --overhead-only")
     methods = parse_bench_methods(args.methods)
+    args.batch_sizes = parse_batch_sizes(args.batch)
+    if args.batch_sizes != [1] and (args.overhead_only or args.tree_cost is not None):
+        raise ValueError("--batch sizes the method comparison, which --overhead-only and --tree-cost skip")
     args.cluster_run = _cluster(args)
     # Prompts cut in the target's tokens are read once the pair is loaded; every other suite now.
     suite = None if suite_needs_tokenizer(args) else select_prompts(read_suite(args), args.categories, args.limit)
@@ -143,18 +157,23 @@ def _compare_methods(args, params, engine, methods, suite, pair) -> None:
         result = run_benchmark(pair, suite, methods, repeats=args.repeats, warmup=args.warmup,
                                progress=progress, decode=params, threads=args.thread_plan,
                                vs_float32=Float32Reference() if args.vs_fp32 else None, cluster=args.cluster_run,
-                               **engine.as_kwargs())
+                               batch=args.batch_sizes, **engine.as_kwargs())
     roofline_lines = add_roofline(result, pair, args.bandwidth) if args.roofline or args.bandwidth else []
     summary_csv = args.summary_csv
     if args.csv and not summary_csv:
         summary_csv = str(Path(args.csv).with_suffix("")) + ".summary.csv"
     _print_summary(result)
+    if args.batch_sizes != [1]:
+        print_batches(result)
     if result.meta.get("stopped"):
         print("stopped early: the summary holds the runs that finished")
     for line in roofline_lines:
         print(line)
+    batch_csv = args.batch_csv
+    if args.csv and not batch_csv and args.batch_sizes != [1]:
+        batch_csv = str(Path(args.csv).with_suffix("")) + ".batch.csv"
     for path in write_outputs(result, args.csv, summary_csv, args.report, args.plotlyjs,
-                              tokens_csv=args.tokens_csv):
+                              tokens_csv=args.tokens_csv, batch_csv=batch_csv):
         print(f"wrote {path}")
 
 
@@ -224,6 +243,21 @@ def _print_summary(result: BenchResult) -> None:
     errors = result.rows[result.rows.error.fillna("") != ""]
     for _, row in errors.drop_duplicates("method").iterrows():
         print(f"warning: {row.method} failed on {len(errors[errors.method == row.method])} run(s): {row.error}")
+
+
+def print_batches(result: BenchResult) -> None:
+    """Each batch size's throughput, latencies and ratio to AR, the methods that ran at batch 1 only, and
+    the verdict."""
+    shown = ["batch", "method", "requests", "throughput_tokens_per_s", "latency_p50_s", "latency_p95_s", "ttft_p50_s",
+             "ttft_p95_s", "throughput_vs_ar", "throughput_vs_ar_low", "throughput_vs_ar_high", "acceptance_rate",
+             "errors"]
+    with pd.option_context("display.max_columns", None, "display.width", 220, "display.float_format", "{:.3f}".format):
+        print("per batch size (throughput: all requests' new tokens ÷ the batches' wall time; "
+              "throughput_vs_ar: over AR's at the same size, 95% bootstrap interval over batches):")
+        print(result.batches[shown].to_string(index=False))
+    for method, reason in result.meta.get("batch_one_only", {}).items():
+        print(f"note: {method}: {reason}")
+    print(batch_verdict(result.batches))
 
 
 def _print_turns(rows: pd.DataFrame) -> None:

@@ -15,7 +15,8 @@ from ..bench.sweep import (
     DEFAULT_EMAS, DEFAULT_GAMMA_MAXES, DEFAULT_GAMMAS, SWEEP_METHODS, SweepResult, expand_grid, run_sweep,
     write_outputs,
 )
-from ..bench.sweep.axes import CACHE_AXES, OUTER_AXES, PRECISION_AXES, axes_table, combinations, label, parse_axis, stacked
+from ..bench.sweep.axes import CACHE_AXES, OUTER_AXES, PRECISION_AXES, SAMPLING_AXES, axes_table, combinations, label, parse_axis, stacked
+from ..bench.sweep.axes_report import axes_batches, axes_report_html, batch_verdicts
 from ..engine.params import PARAMS, DecodeParams
 from .common import (add_cluster_arguments, add_decoding_arguments, add_model_arguments, add_suite_arguments,
                      cluster_from_args, configured, decode_params, default_chat, pair_from_args, pair_spec_from_args,
@@ -65,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --long: prompts of each length (default: 1)")
     add_model_arguments(parser)
     # The shared decoding flags, as compare takes them, less the ones swept (γ_min stays: EGAG's floor).
-    add_decoding_arguments(parser, methods=False, exclude=(*GRID_PARAMS, *CACHE_AXES))
+    add_decoding_arguments(parser, methods=False, exclude=(*GRID_PARAMS, *CACHE_AXES, *SAMPLING_AXES))
     axes = parser.add_argument_group(
         "axes around the grid (comma-separated; each combination runs the whole grid again, AR included)",
         "--target-dtype and --draft-dtype above also take lists, e.g. --target-dtype float32,int8")
@@ -73,6 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         spec = PARAMS[name]
         axes.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                           help=f"{spec.help} (default: {spec.default})")
+    axes.add_argument("--temperature", default=None, metavar="T,T,…",
+                      help="sampling temperatures, e.g. 0,0.7,1.0: the grid runs at each, AR at each temperature its "
+                           "reference; rows carry temperature (default: 0, greedy)")
+    axes.add_argument("--batch", default=None, metavar="B,B,…",
+                      help="batch sizes, e.g. 1,2,4,8: the grid runs on batches of each size through generate_batch; "
+                           "prints each size's throughput over AR's with its interval and the verdict; chain "
+                           "methods only (default: 1)")
     out = parser.add_argument_group("output")
     out.add_argument("--csv", help="one row per (method, setting, prompt, repeat)")
     out.add_argument("--summary-csv", help="one row per (method, setting); default: next to --csv as *.summary.csv")
@@ -88,7 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Sweep γ (SD), γ_max and EMA (EGAG) and n (NASD) on a prompt suite, AR interleaved."""
-    params = decode_params(args, chat_default=default_chat(args), exclude=(*GRID_PARAMS, *CACHE_AXES))  # fails before loading
+    params = decode_params(args, chat_default=default_chat(args),
+                           exclude=(*GRID_PARAMS, *CACHE_AXES, *SAMPLING_AXES))  # fails before loading
     for name in ("repeats", "threads", "limit"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -126,7 +135,7 @@ def _sweep_with(args, params, settings, suite) -> int:
             suite = select_prompts(_read_suite_with(args, pair.tokenizer), args.categories, args.limit)
         with progress_bar(args.quiet, "task" if args.cluster_run else "run") as progress:
             result = run_sweep(pair, suite, settings, repeats=args.repeats, warmup=args.warmup, progress=progress,
-                               cluster=args.cluster_run, **combined.as_dict())
+                               cluster=args.cluster_run, batch=combination.get("batch", 1), **combined.as_dict())
         del pair  # one pair in memory at a time
         print_summary(result)
         runs.append((combination, result))
@@ -134,11 +143,14 @@ def _sweep_with(args, params, settings, suite) -> int:
             _write_reports(args, result, suffix=_slug(combination))
     if len(runs) == 1:
         _write(args, runs[0][1])
+        if "batch" in runs[0][0]:
+            _print_and_write_axes(args, runs, None)
         return 0
     table = axes_table(runs)
     with pd.option_context("display.max_columns", None, "display.width", 200, "display.float_format", "{:.3f}".format):
         print("\n" + table.to_string(index=False))
     _write_stacked(args, runs, table)
+    _print_and_write_axes(args, runs, table)
     return 0
 
 
@@ -176,7 +188,7 @@ def _combinations(args, params: DecodeParams) -> list[tuple[dict, DecodeParams]]
     axes = {name: parse_axis(name, configured(args, name)) for name in OUTER_AXES}
     planned = []
     for combination in combinations(axes):
-        caches = {name: value for name, value in combination.items() if name in CACHE_AXES}
+        caches = {name: value for name, value in combination.items() if name in (*CACHE_AXES, *SAMPLING_AXES)}
         planned.append((combination, DecodeParams.from_values(**{**params.as_dict(), **caches})))
     return planned
 
@@ -240,6 +252,30 @@ def _write_stacked(args, runs, table: pd.DataFrame) -> None:
         axes_csv = str(Path(summary_csv).with_suffix("")).removesuffix(".summary") + ".axes.csv"
         table.to_csv(axes_csv, index=False)
         print(f"wrote {axes_csv}")
+
+
+def _print_and_write_axes(args, runs, table: pd.DataFrame | None) -> None:
+    """With a batch axis: each size's throughput over AR's and the verdict, and *.batch.csv beside the summary;
+    with --report and several combinations, one page beside it (*.axes.html) that sets them side by side."""
+    batches = axes_batches(runs)
+    if batches is not None:
+        shown = ["batch", "label", "requests", "throughput_tokens_per_s", "latency_p50_s", "latency_p95_s",
+                 "ttft_p50_s", "throughput_vs_ar", "throughput_vs_ar_low", "throughput_vs_ar_high"]
+        with pd.option_context("display.max_columns", None, "display.width", 220, "display.float_format",
+                               "{:.3f}".format):
+            print("\n" + batches[shown].to_string(index=False))
+        for line in batch_verdicts(batches, [c for c in batches.columns[:batches.columns.get_loc("batch")]]):
+            print(line)
+        summary_csv = _summary_csv(args)
+        if summary_csv:
+            batch_csv = str(Path(summary_csv).with_suffix("")).removesuffix(".summary") + ".batch.csv"
+            batches.to_csv(batch_csv, index=False)
+            print(f"wrote {batch_csv}")
+    if args.report and table is not None:
+        path = _suffixed(args.report, "axes")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        axes_report_html(runs, table, path, args.plotlyjs)
+        print(f"wrote {path}")
 
 
 def print_summary(result: SweepResult) -> None:

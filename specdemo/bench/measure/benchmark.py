@@ -26,6 +26,7 @@ from .runtime_peers import RuntimeRunner
 from ...models.torch_copy import TORCH_COPY
 from .schedule import interleaved, turn_seed
 from .statistics import summarize
+from .batching import BATCH_COLUMNS, BATCH_SUMMARY_COLUMNS, parse_batch_sizes, summarize_batches
 from .threads import ThreadPlan
 from ..suite import DEFAULT_SUITE, SuitePrompt, conversation, encode_prompt, load_suite, prompts_label, select_prompts
 from . import tables
@@ -42,6 +43,8 @@ ROW_COLUMNS = [
     # Against float32 AR of the same target weights on the same prompt and repeat, where a model runs below
     # float32 (bench.vs_float32): that run's seconds and tokens (for speedup_vs_fp32_ar) and the agreement.
     "fp32_ar_seconds", "fp32_ar_new_tokens", *AGREEMENT_COLUMNS,
+    # The batch the request ran in (bench.measure.batching): its size, index, the row's place, its wall seconds.
+    *BATCH_COLUMNS,
 ]
 ROUND_COLUMNS = ["category", "method", "drafted", "accepted", "count"]
 # One row per drafted token of our methods' runs (transformers' peers do not say what decided theirs).
@@ -57,6 +60,8 @@ class BenchResult:
     rounds: pd.DataFrame  # rounds counted by (category, method, drafted, accepted), ROUND_COLUMNS
     meta: dict[str, Any] = field(default_factory=dict)
     tokens: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=TOKEN_COLUMNS))  # TOKEN_COLUMNS
+    # One row per (batch size, method): throughput, latencies, the ratio to AR (BATCH_SUMMARY_COLUMNS)
+    batches: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=BATCH_SUMMARY_COLUMNS))
 
 
 def run_benchmark(
@@ -76,6 +81,7 @@ def run_benchmark(
     vs_float32: Float32Reference | None = None,
     prompt_indices: Sequence[int] | None = None,
     cluster: "Cluster | str | None" = None,
+    batch: str | int | Sequence[int] | None = None,
     **params: Any,
 ) -> BenchResult:
     """Run every method on every selected prompt, `repeats` times, and summarise.
@@ -96,8 +102,14 @@ def run_benchmark(
     cluster ("ray", "ray://HOST:PORT" or a `bench.measure.cluster.Cluster`): the prompts as tasks on Ray workers, each
     with its own pair (then a `PairSpec` or a name) on one device; the same result, each row naming its node
     and device, a failed task's rows with its reason in `error`; progress counts tasks (docs/cluster.md).
+    batch: batch sizes ("1,2,4" or a list): the prompts cut into batches of each size, every batch through
+    `specdemo.generate_batch` by every method in turn (`batch_runs`); `result.batches` summarises each size and
+    `result.summary` reads the smallest size's rows. Peers that take one request run at batch 1 only.
     """
     decode = DecodeParams.resolve(decode, **params)
+    sizes = parse_batch_sizes(batch)
+    if cluster is not None and sizes != [1]:
+        raise ValueError("batch sizes above 1 run on the pair loaded here; run them without --cluster")
     engine = EngineOptions.from_values(cache=cache, compile=compile)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
@@ -115,10 +127,29 @@ def run_benchmark(
                        measured_on(pair.device))
     base_seed = decode.seed if decode.seed is not None else 1234
     warmup_compile = session.warm_up(encoded[0], base_seed) if warmup else {}
-    session.play(interleaved(list(zip(prompts, encoded)), names, repeats, prompt_indices), base_seed)
+    if sizes == [1]:
+        session.play(interleaved(list(zip(prompts, encoded)), names, repeats, prompt_indices), base_seed)
+    else:
+        _play_batches(session, prompts, encoded, sizes, base_seed, warmup)
     meta = {**_meta(pair, decode, names, prompts, repeats, warmup), **_run_meta(session, threads, names)}
+    meta.update(batch_sizes=sizes, **_batch_meta(names, sizes))
     meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, warmup_compile_seconds=warmup_compile)
     return session.result(meta)
+
+
+def _play_batches(session: "_Session", prompts, encoded, sizes: list[int], base_seed: int, warmup: bool) -> None:
+    from .batch_runs import play_batches, runs_planned, warm_up_batches
+
+    session.total = runs_planned(len(prompts), sizes, session.names, session.repeats) + session.done
+    if warmup:  # a batch's own shapes and allocations settle before the clock runs
+        warm_up_batches(session, [encoded[i % len(encoded)] for i in range(2)], base_seed)
+    play_batches(session, prompts, encoded, sizes, base_seed)
+
+
+def _batch_meta(names: list[str], sizes: list[int]) -> dict[str, Any]:
+    from .batch_runs import batch_one_only
+
+    return {"batch_one_only": batch_one_only(names, sizes)} if sizes != [1] else {}
 
 
 def _run_meta(session: "_Session", threads: ThreadPlan | None, names: list[str]) -> dict[str, Any]:
@@ -241,7 +272,7 @@ class _Session:
         reference = group.get("ar", (None, None, None))[1]
         torch_copy_ar = group.get(TORCH_AR, (None, None, None))[1]
         float32_ar = self.float32_ar(group, reference, turn)
-        for method in self.names:
+        for method in (m for m in self.names if m in group):  # a batch above 1 leaves out batch-1-only peers
             row, result, ids = group[method]
             if result is not None:
                 # A method that ran on the torch copy owes the torch copy's AR its tokens, not the runtime's.
@@ -285,11 +316,34 @@ class _Session:
         return run
 
     def result(self, meta: dict[str, Any]) -> BenchResult:
-        frame = pd.DataFrame(self.rows, columns=ROW_COLUMNS)
+        frame = single_batches(pd.DataFrame(self.rows, columns=ROW_COLUMNS))
         rounds = pd.DataFrame([(*k, v) for k, v in self.round_counts.items()], columns=ROUND_COLUMNS)
         tokens = (pd.concat(self.token_frames, ignore_index=True) if self.token_frames
                   else pd.DataFrame(columns=TOKEN_COLUMNS))
-        return BenchResult(frame, summarize(frame, self.decode.gamma, tokens), rounds, meta, tokens)
+        return result_of(frame, self.decode.gamma, rounds, meta, tokens)
+
+
+def single_batches(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows that ran one request at a time marked as batches of one: each its own batch, numbered per
+    (repeat, method) in the run's order, so that each method's n-th batch is AR's n-th."""
+    if "batch" not in rows:
+        rows = rows.assign(**{c: float("nan") for c in BATCH_COLUMNS})
+    alone = rows.batch.isna()
+    if alone.any():
+        rows = rows.copy()
+        rows.loc[alone, "batch"] = 1
+        rows.loc[alone, "batch_row"] = 0
+        rows.loc[alone, "batch_index"] = rows[alone].groupby(["repeat", "method"]).cumcount()
+        rows.loc[alone, "batch_seconds"] = rows.loc[alone, "seconds"]
+    return rows
+
+
+def result_of(rows: pd.DataFrame, gamma: int | None, rounds: pd.DataFrame, meta: dict[str, Any],
+              tokens: pd.DataFrame) -> BenchResult:
+    """A BenchResult from its rows: the summary over the smallest batch size's rows, and every size's."""
+    rows = single_batches(rows)
+    smallest = rows[rows.batch == rows.batch.min()] if rows.batch.notna().any() else rows
+    return BenchResult(rows, summarize(smallest, gamma, tokens), rounds, meta, tokens, summarize_batches(rows))
 
 
 def _text(pair, run: Run) -> str:
@@ -418,7 +472,7 @@ def _run_on_cluster(pair, prompts: list[SuitePrompt], cluster, progress, part: B
     meta.update(prompts=len(prompts), categories=list(dict.fromkeys(p.category for p in prompts)),
                 stopped=outcome.stopped, cluster=cluster_meta(pool, outcome, len(tasks)),
                 errors=[{"task": f.label, "attempts": f.attempts, "reason": f.reason} for f in outcome.failures])
-    return BenchResult(rows, summarize(rows, part.decode.gamma, tokens), rounds, meta, tokens)
+    return result_of(rows, part.decode.gamma, rounds, meta, tokens)
 
 
 def _failed_rows(part: BenchPart, names: list[str], reason: str) -> list[dict]:

@@ -15,11 +15,13 @@ import pandas as pd
 
 from . import acceptance_charts, statistics
 from ...models.precision import exactness_sentence
-from .benchmark import ROUND_COLUMNS, TOKEN_COLUMNS, BenchResult
+from .benchmark import ROUND_COLUMNS, TOKEN_COLUMNS, BenchResult, result_of
 from .quality import QUALITY_COLUMNS
 from .vs_float32 import VS_FLOAT32_COLUMNS
 from .roofline import ROOFLINE_COLUMNS
 from .runners import bench_methods
+from .batch_charts import batch_figures
+from .batching import batch_verdict
 from .statistics import summarize
 from .threads import threads_text
 
@@ -171,6 +173,7 @@ pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px
 <h2>Speedup over our AR (geometric mean over prompts)</h2>
 {pivot.to_html(float_format=lambda v: f"{v:.2f}", na_rep="–", border=0, classes="pivot")}
 {''.join(parts)}
+{batch_section(result)}
 <h2>Summary</h2>
 {table}
 <h2>Definitions</h2>
@@ -180,6 +183,22 @@ pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px
     if path is not None:
         Path(path).write_text(page, encoding="utf-8")
     return page
+
+
+def batch_section(result: BenchResult) -> str:
+    """Where the run measured several batch sizes (or one above 1): the verdict, the two batch charts and
+    the per-size table; "" otherwise. plotly.js comes with the report's first figure."""
+    batches = result.batches
+    if batches.empty or result.meta.get("batch_sizes", sorted(batches.batch.unique())) == [1]:
+        return ""
+    figures = batch_figures(batches)
+    charts = "".join(fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}")
+                     for name, fig in figures.items())
+    table = batches.to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="–", border=0, classes="summary")
+    skipped = "".join(f"<li>{html.escape(m)}: {html.escape(r)}</li>"
+                      for m, r in result.meta.get("batch_one_only", {}).items())
+    return (f"<h2>Batch sizes</h2>\n<p>{html.escape(batch_verdict(batches))}</p>\n{charts}\n{table}"
+            + (f"<ul>{skipped}</ul>" if skipped else ""))
 
 
 def _summary_table(summary: pd.DataFrame) -> str:
@@ -233,7 +252,8 @@ def _precisions(meta: dict[str, Any]) -> str:
 
 def write_outputs(result: BenchResult, csv: str | Path | None = None, summary_csv: str | Path | None = None,
                   report: str | Path | None = None, plotlyjs: str = "inline",
-                  figures: dict[str, Any] | None = None, tokens_csv: str | Path | None = None) -> list[Path]:
+                  figures: dict[str, Any] | None = None, tokens_csv: str | Path | None = None,
+                  batch_csv: str | Path | None = None) -> list[Path]:
     """The rows CSV (plus, beside it, *.rounds.csv, *.tokens.csv and *.meta.json so `load_result`
     can rebuild the report), the summary CSV, the per-token CSV (at tokens_csv, else beside the
     rows) and the HTML report; each only if a path is given.
@@ -247,6 +267,8 @@ def write_outputs(result: BenchResult, csv: str | Path | None = None, summary_cs
             extras.append((stem + ".tokens.csv", result.tokens))
     if tokens_csv:
         extras.append((tokens_csv, result.tokens))
+    if batch_csv:
+        extras.append((batch_csv, result.batches))
     for target, frame in ((csv, result.rows), (summary_csv, result.summary), *extras):
         if target:
             Path(target).parent.mkdir(parents=True, exist_ok=True)
@@ -274,4 +296,4 @@ def load_result(csv: str | Path) -> BenchResult:
     gamma = meta.get("params", {}).get("gamma")
     tokens_path = Path(stem + ".tokens.csv")
     tokens = pd.read_csv(tokens_path) if tokens_path.is_file() else pd.DataFrame(columns=TOKEN_COLUMNS)
-    return BenchResult(rows, summarize(rows, gamma, tokens), rounds, meta, tokens)
+    return result_of(rows, gamma, rounds, meta, tokens)

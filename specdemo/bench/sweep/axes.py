@@ -1,10 +1,12 @@
-"""Axes around the grid: the models' precisions and the KV-cache policies.
+"""Axes around the grid: the models' precisions, the KV-cache policies, the temperature and the batch size.
 
 The grid (`grid.py`) varies each method's settings on one loaded pair. What changes the pair
 itself (the target's and the draft's precision) or every method's cache (`draft_kv`, `target_kv`,
 `kv_budget`) runs the whole grid again, AR included, so that each speedup is over AR under the same
 combination. `axes_table` then sets the combinations side by side: AR's speed against the first
-combination's (float32 first, say), and each combination's best method.
+combination's (float32 first, say), and each combination's best method. The temperature is a decoding
+parameter of every method, so AR at each temperature is that temperature's reference; a batch size runs
+every setting on batches of that many prompts (`batched.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from ...engine.params import DecodeParams
 from ...engine.targets.kv_policy import KV_POLICIES
 from ...models.precision import resolve_precision
 from .summary import SweepResult
@@ -21,7 +24,9 @@ from .verdict import outcome, paired_ratio, prompt_speedups
 
 PRECISION_AXES = ("target_dtype", "draft_dtype")  # each value loads the pair again
 CACHE_AXES = ("draft_kv", "target_kv", "kv_budget")  # decoding parameters of every method
-OUTER_AXES = (*PRECISION_AXES, *CACHE_AXES)
+SAMPLING_AXES = ("temperature",)  # a decoding parameter of every method, AR included
+BATCH_AXES = ("batch",)  # requests decoded together through one target forward
+OUTER_AXES = (*PRECISION_AXES, *CACHE_AXES, *SAMPLING_AXES, *BATCH_AXES)
 
 AXES_TABLE_COLUMNS = ["ar_tokens_per_s", "ar_vs_first", "best", "best_tokens_per_s", "best_speedup_vs_ar",
                       "best_speedup_low", "best_speedup_high", "best_vs_ar", "best_acceptance_rate",
@@ -34,7 +39,9 @@ def parse_axis(name: str, text: str | None) -> list[Any]:
         return []
     values = [v.strip() for v in str(text).split(",") if v.strip()]
     check_axis(name, values)
-    return [int(v) for v in values] if name == "kv_budget" else values
+    if name == "temperature":
+        return list(dict.fromkeys(float(v) for v in values))
+    return [int(v) for v in values] if name in ("kv_budget", "batch") else values
 
 
 def check_axis(name: str, values: Sequence[Any], device: str = "cpu") -> None:
@@ -47,6 +54,14 @@ def check_axis(name: str, values: Sequence[Any], device: str = "cpu") -> None:
         if name == "kv_budget":
             if not text.lstrip("-").isdigit() or int(text) < 1:
                 raise ValueError(f"kv_budget must be whole numbers of positions ≥ 1, e.g. 128,256; got {text!r}")
+        elif name == "batch":
+            if not text.isdigit() or int(text) < 1:
+                raise ValueError(f"batch must be whole numbers of requests ≥ 1, e.g. 1,2,4,8; got {text!r}")
+        elif name == "temperature":
+            try:
+                DecodeParams.from_values(temperature=text)
+            except ValueError as error:
+                raise ValueError(f"temperature: {error}") from None
         elif name in PRECISION_AXES:
             try:
                 resolve_precision(text, device)

@@ -159,3 +159,28 @@ FIGURES = {
 def sweep_figures(summary: pd.DataFrame) -> dict[str, Any]:
     """Every chart of the report by name (see FIGURES); pure functions of the summary."""
     return {name: make(summary) for name, (_, make) in FIGURES.items()}
+
+
+def temperature_figure(summary: pd.DataFrame):
+    """Acceptance rate and speedup over that temperature's AR against the temperature, one line per
+    setting; `summary` is the stacked summary of a sweep with a temperature axis (a `temperature` column)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance rate", "speedup over AR at that temperature"))
+    shown = summary[(summary.method != "ar") & summary.temperature.notna()] if "temperature" in summary else summary.iloc[:0]
+    for setting in dict.fromkeys(shown.setting):
+        part = shown[shown.setting == setting].sort_values("temperature")
+        name = str(part.label.iloc[0])
+        for col, metric in ((1, "acceptance_rate"), (2, "speedup_vs_ar")):
+            fig.add_trace(go.Scatter(name=name, x=part.temperature, y=part[metric], mode="lines+markers",
+                                     error_y=_errors(part, metric), legendgroup=name, showlegend=col == 1),
+                          row=1, col=col)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey", row=1, col=2)
+    for col in (1, 2):
+        fig.update_xaxes(title_text="temperature (0 = greedy)", row=1, col=col)
+    fig.update_yaxes(title_text="accepted / drafted", row=1, col=1)
+    fig.update_yaxes(title_text="speedup (× AR)", row=1, col=2)
+    fig.update_layout(title="Acceptance and speedup against temperature", legend_title="setting",
+                      template="plotly_white")
+    return fig

@@ -26,6 +26,10 @@ Definitions of the row columns (one row per method, setting, prompt and repeat):
   runtime             what ran the target's forwards: "torch", or the runtime and its weights ("onnx fp32").
   node, device        the machine (host name) and the device (a GPU by its index on that machine, and its
                       model) that measured the run; a cluster run spreads its tasks over several.
+  temperature         the sampling temperature every method of the run decoded at (0 = greedy).
+  ttft_s              seconds from the call's start (a batch's start) to the request's first token.
+  batch, batch_index, batch_row, batch_seconds   the batch the request ran in: its size, which batch of that
+                      size in the repeat, the request's place in it, and the batch's wall seconds.
   matches_ar          greedy runs of lossless methods only: the same tokens as AR on the same
                       prompt (empty for the baselines beam and draft, which are not meant to).
 """
@@ -38,6 +42,7 @@ from typing import Sequence
 import pandas as pd
 
 from ...engine.methods import is_lossless, matches_reference
+from ..measure.batching import BATCH_COLUMNS
 from ..measure.statistics import leviathan_speedup
 
 ROW_COLUMNS = [
@@ -49,6 +54,8 @@ ROW_COLUMNS = [
     "rounds", "copied_rounds", "drafted", "accepted", "rejected_rounds", "alpha", "cost_ratio", "draft_seconds",
     "verify_seconds", "stop_reason", "node_budget", "nodes_per_round", "adaedl_lambda", "entropy_stop",
     "specdecpp_threshold", "target_kv_bytes_peak", "draft_kv_bytes_peak", "runtime", "node", "device",
+    # The sampling temperature every method ran at, and the batch the request ran in (measure.batching).
+    "temperature", "ttft_s", *BATCH_COLUMNS,
 ]
 # Methods that stop drafting as they go: Leviathan's prediction reads their mean drafts per drafting round.
 _VARYING_GAMMA = ("adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic")
@@ -100,6 +107,7 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
             "target_kv_bytes_peak": stats.get("target_kv_bytes_peak", math.nan),
             "draft_kv_bytes_peak": stats.get("draft_kv_bytes_peak", math.nan),
             "runtime": stats.get("runtime"),
+            "ttft_s": stats.get("ttft_s", math.nan),
         }
         rows.append(row)
     return rows

@@ -21,6 +21,7 @@ from ..measure.runners import measured_on, run_ours
 from ...models.torch_copy import runtime_refusal
 from ..measure.tables import tokens_frame
 from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, prompts_label, select_prompts
+from .batched import sweep_in_batches
 from .flops import FedCounter
 from .grid import AR, Setting
 from .rows import group_rows, rows_frame
@@ -71,6 +72,7 @@ def iter_sweep(
     warmup: bool = True,
     should_stop: Callable[[], bool] | None = None,
     prompt_indices: Sequence[int] | None = None,
+    batch: int = 1,
     **params: Any,
 ) -> Iterator[SweepEvent]:
     """Run AR and every setting on every prompt, `repeats` times; yield a SweepEvent after
@@ -81,9 +83,13 @@ def iter_sweep(
     overrides its own. Closing the iterator stops after the run in progress.
     prompt_indices: each prompt's place in a larger sweep these prompts are a part of (a task of a
     cluster run), which sets its seed, its order and its rows' prompt_index.
+    batch: requests decoded together; above 1 the prompts are cut into batches of that size, each run by AR
+    and every setting in turn through `generate_batch` (`batched.py`); every row says its batch.
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an integer ≥ 1, got {batch!r}")
     base = DecodeParams.from_values(**params)
     runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != "ar"]
     for setting in runs:
@@ -100,6 +106,8 @@ def iter_sweep(
         on_copy = runtime_refusal(pair, setting.method, checked)
         if on_copy:
             raise ValueError(f"sweep: {setting.label}: {on_copy}; sweep it with the target on torch (runtime torch)")
+        if batch > 1:
+            _check_batchable(pair, setting, checked)
     items = _prompts(prompts, categories, limit)
     encoded = []
     for item in items:
@@ -109,16 +117,29 @@ def iter_sweep(
         except ValueError as error:
             raise ValueError(f"prompt {item.id!r} ({item.category}): {error}") from None
         encoded.append(ids)
-    return _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base, prompt_indices)
+    return _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base, prompt_indices, batch)
+
+
+def _check_batchable(pair, setting: Setting, params: DecodeParams) -> None:
+    """A setting a batch cannot run (a tree, a method with its own loop) refused before any run, with the reason."""
+    from ...engine.batch import _check_batchable as refuse_unbatchable
+
+    try:
+        refuse_unbatchable(pair, METHODS[setting.method], params)
+        if setting.method.endswith("-tree") or params.nasd_tree or params.rest_tree:
+            raise ValueError("a batch runs chain methods, and this one drafts a tree")
+    except ValueError as error:
+        raise ValueError(f"sweep: {setting.label} at a batch above 1: {error}") from None
 
 
 def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: DecodeParams,
-           indices=None) -> Iterator[SweepEvent]:
+           indices=None, batch: int = 1) -> Iterator[SweepEvent]:
     shared = {k: v for k, v in base.as_dict().items() if k != "seed"}
     base_seed = base.seed if base.seed is not None else 1234
     greedy = base.sampling.greedy
     warm = list({s.method: s for s in reversed(runs)}.values())[::-1] if warmup else []  # one per method
-    total = len(warm) + len(items) * len(runs) * repeats
+    batches = -(-len(items) // batch)
+    total = len(warm) + (len(items) * len(runs) * repeats if batch == 1 else batches * len(runs) * repeats)
     rows: list[dict] = []
     tokens: list[dict] = []
     done = 0
@@ -134,6 +155,10 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
             if should_stop and should_stop():
                 yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True, tokens=tokens)
                 return
+        if batch > 1:
+            yield from _batched(pair, items, encoded, runs, repeats, batch, base, should_stop, where, rows, tokens, done,
+                                total)
+            return
         for repeat, index, (item, ids), order in interleaved(list(zip(items, encoded)), runs, repeats, indices):
             seed = turn_seed(base_seed, repeat, index)
             group = []
@@ -153,7 +178,8 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
                 ranked = sorted(group, key=lambda g: runs.index(g[0]))  # rows in grid order
                 new = group_rows(item, index, repeat, seed, ids, ranked, greedy) if last else []
                 for row in new:
-                    row.update(where)
+                    row.update(where, temperature=base.temperature, batch=1, batch_index=index, batch_row=0,
+                               batch_seconds=row["seconds"])
                 rows.extend(new)
                 if last:
                     tokens.extend(_token_rows(ranked, item, repeat))
@@ -168,6 +194,27 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
     finally:
         target.close()
         draft.close()
+
+
+def _batched(pair, items, encoded, runs, repeats, batch, base, should_stop, where, rows, tokens, done,
+             total) -> Iterator[SweepEvent]:
+    """The sweep at a batch size above 1 (`batched.sweep_in_batches`), as SweepEvents."""
+    counter = {"done": done, "stopped": False}
+
+    def event(message: str, new: list[dict], drafted: list[dict], stopped: bool) -> SweepEvent:
+        counter["done"] += 1
+        counter["stopped"] = stopped
+        for row in new:
+            row["temperature"] = base.temperature
+        rows.extend(new)
+        tokens.extend(drafted)
+        return SweepEvent(counter["done"], total, message, rows, new, tokens=tokens)
+
+    yield from sweep_in_batches(pair, items, encoded, runs, repeats, batch, base, should_stop, where, event,
+                                _token_rows)
+    stopped = counter["stopped"]
+    yield SweepEvent(counter["done"], total, "stopped" if stopped else "done", rows, finished=True, stopped=stopped,
+                     tokens=tokens)
 
 
 TOKEN_COLUMNS = ["setting", "label", "prompt_id", "repeat", *tokens_frame([]).columns]
@@ -196,6 +243,7 @@ def run_sweep(
     progress: Progress | None = None,
     should_stop: Callable[[], bool] | None = None,
     cluster: "Cluster | str | None" = None,
+    batch: int = 1,
     **params: Any,
 ) -> SweepResult:
     """iter_sweep to the end; progress(done, total, message) after each run.
@@ -206,11 +254,13 @@ def run_sweep(
     or target name, and progress counts tasks. The result is the one this run would leave, each row
     naming its node and device; tasks that failed are in `errors`."""
     runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != "ar"]
+    if cluster is not None and batch != 1:
+        raise ValueError("a batch above 1 runs on the pair loaded here; sweep it without --cluster")
     if cluster is not None:
         return _run_on_cluster(pair, prompts, runs, cluster, repeats=repeats, categories=categories, limit=limit,
                                warmup=warmup, progress=progress, should_stop=should_stop, params=params)
     events = iter_sweep(pair, prompts, runs, repeats=repeats, categories=categories, limit=limit, warmup=warmup,
-                        should_stop=should_stop, **params)
+                        should_stop=should_stop, batch=batch, **params)
     event = None
     for event in events:
         if progress is not None:
