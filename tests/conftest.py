@@ -38,6 +38,7 @@ SLOWEST_UNITS_SECONDS = {
     "test_embedded": 214, SERIAL_UNIT: 210, "test_feature_drafter": 134, "test_install": 95, "test_decoding": 76,
     "test_layout": 74, "test_tree_decoding": 67, "test_overhead": 64, "test_precision": 63,
     "test_cluster": 295,  # Ray's workers each import torch and load the tiny pair
+    "test_at_scale": 200,  # the rehearsal: a 3-minute budget, every stage
 }
 
 

@@ -35,6 +35,7 @@ import torch
 from ..models.tokens import collect_eos_ids, encode_messages
 from . import prompts as request_source
 from .generation import answer_all, answer_batch, padding_id
+from .writer import write_all
 
 SELF_INSTRUCT_KINDS = [
     "a question", "a request for advice", "a how-to question", "a request to explain something",
@@ -242,8 +243,11 @@ def shard_record(requests: list[dict], prefixes: list[list[int]], answers, tempe
 def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_count: int = 1500, batch: int = 64,
           derived_per_shard: int = 16, max_new_tokens: int = 128, sample_every: int = 4, max_prompt_tokens: int = 512,
           minutes: float | None = None, max_shards: int | None = None, seed: int = 0, worker: int = 0,
-          workers: int = 1, feature_layers: tuple[int, ...] = (), log=print) -> dict:
+          workers: int = 1, feature_layers: tuple[int, ...] = (), writer=answer_all, log=print) -> dict:
     """Grow the corpus under `out` until the requests run out, `minutes` pass or `max_shards` exist.
+
+    `writer` answers a shard's requests: `generation.answer_all`, or `writer.write_all` (the same
+    records from a preallocated cache, finished rows dropped). Either writes the same shards.
 
     With `workers` > 1, this process writes only the shards whose index is `worker` modulo
     `workers`, so several processes (one per core) grow one corpus without writing the same shard.
@@ -278,9 +282,9 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
         temperature = 1.0 if sample_every and index % sample_every == sample_every - 1 else 0.0
         # On the model's device: a CUDA multinomial takes only a CUDA generator.
         generator = torch.Generator(device=model.device).manual_seed(seed * 1_000_003 + index)
-        answers = answer_all(model, prefixes, batch=batch, max_new_tokens=max_new_tokens, stops=stops,
-                             pad_id=pad_id, temperature=temperature, generator=generator,
-                             feature_layers=feature_layers)
+        answers = writer(model, prefixes, batch=batch, max_new_tokens=max_new_tokens, stops=stops,
+                         pad_id=pad_id, temperature=temperature, generator=generator,
+                         feature_layers=feature_layers)
         _save_atomic(shard_record(chosen, prefixes, answers, temperature, max_new_tokens, feature_layers),
                      corpus.shard_path(index))
         made = sum(len(a.tokens) for a in answers)
@@ -311,6 +315,9 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", type=int, default=0, help="this process's index among --workers")
     parser.add_argument("--feature-layers", type=parse_layers, default=(),
                         help="also keep these intermediate layers' states, e.g. 2,15 (for a fused-feature head)")
+    parser.add_argument("--writer", choices=["batched", "loop"], default="loop",
+                        help="batched: a preallocated cache with finished rows dropped (training/writer.py); "
+                             "loop: generation.answer_all. Both write the same shards")
     args = parser.parse_args(argv)
     if not 0 <= args.worker < args.workers:
         parser.error("--worker must be in 0 .. --workers - 1")
@@ -321,7 +328,7 @@ def main(argv=None) -> int:
                      batch=args.batch, derived_per_shard=args.derived_per_shard, max_new_tokens=args.max_new_tokens,
                      sample_every=args.sample_every, minutes=args.minutes, max_shards=args.max_shards, seed=args.seed,
                      worker=args.worker, workers=args.workers, feature_layers=args.feature_layers,
-                     log=lambda m: print(m, flush=True))
+                     writer=write_all if args.writer == "batched" else answer_all, log=lambda m: print(m, flush=True))
     print(json.dumps(manifest))
     return 0
 

@@ -224,17 +224,19 @@ def starting_head(target, train: list[Sequence], *, subset_size: int, init: str,
 
 def fit(head: FeatureHead, train: list[Sequence], val: list[Sequence], lm_head: torch.Tensor, *, lr: float,
         total_steps: int, tokens_per_batch: int, rng: random.Random, started: float, budget_seconds: float | None,
-        log=print, **loss_options) -> tuple[dict, int]:
+        log=print, checkpoint=None, evaluate_every: int | None = None, **loss_options) -> tuple[dict, int]:
     """Train `head` for `total_steps`, or until the time budget since `started` is spent, checking
     validation agreement every eighth of the run; the head is left at its best check. Returns
-    that check ({"agreement": per step, "step"}) and the steps run. `loss_options` go to
-    `head_losses`."""
+    that check ({"agreement": per step, "step"}) and the steps run. `checkpoint(head, check)`, if
+    given, is called at every check with the head as it then is and what was measured ("agreement",
+    "step", "best": whether it is the best so far), so a run cut short keeps its best head.
+    `loss_options` go to `head_losses`."""
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     best = {"agreement": [-1.0], "step": 0}
     best_state = None
     step = 0
-    evaluate_every = max(25, total_steps // 8)
+    evaluate_every = evaluate_every or max(25, total_steps // 8)
     warmup_steps = max(1, min(50, total_steps // 10))
     while True:
         for batch in batches(train, tokens_per_batch, rng, device=lm_head.device):
@@ -252,9 +254,12 @@ def fit(head: FeatureHead, train: list[Sequence], val: list[Sequence], lm_head: 
                 agree = agreement(head, val, lm_head)
                 log(f"step {step}/{total_steps} loss {float(loss.detach()):.3f} {logs} validation agreement "
                     f"{[round(a, 3) for a in agree]} ({time.monotonic() - started:.0f} s)")
-                if agree[0] + agree[1] > best["agreement"][0] + best["agreement"][-1]:
+                improved = agree[0] + agree[1] > best["agreement"][0] + best["agreement"][-1]
+                if improved:
                     best = {"agreement": agree, "step": step}
                     best_state = {k: v.clone() for k, v in head.state_dict().items()}
+                if checkpoint is not None:
+                    checkpoint(head, {"agreement": agree, "step": step, "best": improved})
             if last:
                 if best_state is not None:
                     head.load_state_dict(best_state)
@@ -267,14 +272,16 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
                init: str = "random", prompt_loss: bool = False, passages: list[Sequence] = (),
                start_from: FeatureHead | None = None, max_steps: int | None = None,
                feature_layers: tuple[int, ...] = (), reg_weight: float = 1.0, test_time: bool = False,
-               rejected_weight: float = 1.0, log=print) -> tuple[FeatureHead, dict]:
+               rejected_weight: float = 1.0, checkpoint=None, evaluate_every: int | None = None,
+               log=print) -> tuple[FeatureHead, dict]:
     """Train a head on `sequences` (answers; a share of their requests validates) plus `passages`
     (read text: training only, and left out of the vocabulary subset, which answers choose).
     `start_from` continues an existing head (its subset kept) instead of starting anew; with
     `feature_layers` (the sequences' features then hold those layers before the final state) the
     head reads them through a fusion that starts by passing the final state through.
     `rejected_weight` ≠ 1 weighs the positions where the starting head's first draft is rejected
-    (`weigh_rejections`)."""
+    (`weigh_rejections`). `checkpoint` is `fit`'s; `evaluate_every` checks every that many steps
+    (default: every eighth of the run)."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     train, val = split_by_request(sequences, validation, seed)
@@ -302,8 +309,8 @@ def train_head(target, sequences: list[Sequence], *, subset_size: int = 8192, ep
     started = time.monotonic()
     best, step = fit(head, train, val, lm_head, lr=lr, total_steps=total_steps, tokens_per_batch=tokens_per_batch,
                      rng=rng, started=started, budget_seconds=None if max_minutes is None else 60 * max_minutes,
-                     log=log, noise=noise, unroll=unroll, cls_weight=cls_weight, prompt_loss=prompt_loss,
-                     reg_weight=reg_weight, test_time=test_time)
+                     log=log, checkpoint=checkpoint, evaluate_every=evaluate_every, noise=noise, unroll=unroll,
+                     cls_weight=cls_weight, prompt_loss=prompt_loss, reg_weight=reg_weight, test_time=test_time)
     head.bind(target)
     info = {"train_sequences": len(train), "train_answer_tokens": train_tokens,
             "train_requests": len({s.request for s in train if not s.read}), "validation_sequences": len(val),
