@@ -70,6 +70,68 @@ def pytest_xdist_make_scheduler(config, log):
     return ServedInTurn(config, log)
 
 
+# A test exports a model for ONNX Runtime only if it is marked `runtime`: it is about the runtime
+# (the export, onnx_lm, the refusal rule, what auto gives). Every other test runs its pairs on the
+# torch target (tests/tiny.py and tests/uiserver.py load them with runtime="torch"): an export costs
+# a child process and seconds, and a test about decoding checks nothing more on the runtime.
+RUNTIME_MARKER = "runtime"
+_running: dict = {"item": None}
+_UNMARKED_EXPORTS = pytest.StashKey[list]()
+
+
+def pytest_configure(config):
+    """The export refuses, for the whole run, a test not marked `runtime` (module- and session-scoped
+    fixtures included: they are built within the first test that asks for them)."""
+    from specdemo.engine.runtimes import onnx_export
+
+    exports = onnx_export.export
+    if getattr(exports, "guarded_for_tests", False):
+        return
+
+    def guarded(source, precision_name):
+        item = _running["item"]
+        if item is not None and item.get_closest_marker(RUNTIME_MARKER) is None:
+            message = (f"{item.nodeid} exports {source} ({precision_name}) for ONNX Runtime but is not marked "
+                       f"@pytest.mark.{RUNTIME_MARKER}: load its pair with runtime=\"torch\" (as tests/tiny.py "
+                       f"does), or mark the test if it is about the runtime")
+            item.stash.setdefault(_UNMARKED_EXPORTS, []).append(message)
+            pytest.fail(message, pytrace=False)
+        return exports(source, precision_name)
+
+    guarded.guarded_for_tests = True
+    onnx_export.export = guarded
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running["item"] = item
+    try:
+        return (yield)
+    finally:
+        _running["item"] = None
+
+
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when in ("setup", "call") and report.failed:
+        item.stash[_CALL_FAILED] = True
+    return report
+
+
+@pytest.fixture(autouse=True)
+def no_unmarked_export(request):
+    """Fails the test, at its teardown, where it exported without the `runtime` mark and the refusal did
+    not fail it already: where it was caught (auto falls back to torch) or raised on a server's thread."""
+    yield
+    refused = request.node.stash.get(_UNMARKED_EXPORTS, [])
+    if refused and not request.node.stash.get(_CALL_FAILED, False):
+        pytest.fail(refused[0], pytrace=False)
+
+
 @pytest.fixture
 def one_thread():
     """One thread for this test (timed or counted runs), the previous count restored after it."""

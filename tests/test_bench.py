@@ -152,7 +152,7 @@ def test_synthetic_pair_builds_and_benchmarks(tmp_path):
 
     assert bench_synthetic.main(["--out", str(tmp_path), "--target-size", "tiny", "--draft-size", "tiny",
                                  "--vocab", "1024", "--dtype", "float32"]) == 0
-    pair = load_pair(str(tmp_path / "target"), str(tmp_path / "draft"), device="cpu")
+    pair = load_pair(str(tmp_path / "target"), str(tmp_path / "draft"), device="cpu", runtime="torch")
     assert pair.target.config.model_type == "gpt_neox" and pair.eos_ids == frozenset({0})
     # Suite words have their own ids, so real text does not collapse into <unk>.
     assert 1 not in pair.encode("Summarise the following passage")

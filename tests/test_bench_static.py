@@ -145,7 +145,7 @@ def test_synthetic_qwen_shapes(tmp_path):
     assert synthetic.SIZES["qwen2.5-0.5b"] == ("qwen2", 896, 24, 14, 2, 4864)
     assert synthetic.main(["--out", str(tmp_path), "--target-size", "qwen2.5-tiny", "--draft-size", "qwen2.5-tiny",
                            "--vocab", "1024", "--dtype", "float32"]) == 0
-    pair = load_pair(str(tmp_path / "target"), str(tmp_path / "draft"), device="cpu")
+    pair = load_pair(str(tmp_path / "target"), str(tmp_path / "draft"), device="cpu", runtime="torch")
     config = pair.target.config
     assert config.model_type == "llama" and config.num_key_value_heads == 2 and config.tie_word_embeddings
     result = bench.run_benchmark(pair, SUITE[:1], ["ar", "sd"], repeats=1, warmup=False, max_new_tokens=4,

@@ -108,7 +108,7 @@ def test_the_embedded_pairs_drafts_keep_greedy_outputs_identical_to_ar(embedded_
     from specdemo.training.prompts import heldout_prompts
 
     for preset in ("embedded", "embedded-lm", "embedded-head"):
-        pair = embedded_pair if preset == "embedded" else specdemo.load_pair(preset)
+        pair = embedded_pair if preset == "embedded" else specdemo.load_pair(preset, runtime="torch")
         assert pair.drafter_name
         for prompt in heldout_prompts()[:2]:
             # 24 tokens cross about ten rounds (γ = 4, two tokens a round): enough for a wrong draft to show.

@@ -44,6 +44,7 @@ def test_the_wheel_carries_the_draft_and_the_suite(wheel):
 
 
 @pytest.mark.slow
+@pytest.mark.runtime  # the default path from the wheel: auto puts the embedded target on the runtime
 def test_installed_wheel_loads_the_embedded_pair_and_benches_from_elsewhere(wheel, tmp_path):
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],

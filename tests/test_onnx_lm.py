@@ -20,8 +20,8 @@ from specdemo.engine.runtimes.onnx_export import check_exportable, export_folder
 from tests.chi2 import pooled_chisquare
 from tests.tiny import write_model, write_tiny_head, write_tokenizer
 
-pytestmark = [pytest.mark.skipif(onnx_runtime_missing() is not None, reason=str(onnx_runtime_missing())),
-              pytest.mark.runtime]
+pytestmark = [pytest.mark.runtime,
+              pytest.mark.skipif(onnx_runtime_missing() is not None, reason=str(onnx_runtime_missing()))]
 
 # Not 64, tiny.py's default: the builder takes the first layer as wide as the vocabulary for the
 # LM head, and with 64 a projection of this model is (export_folder's check refuses that case).

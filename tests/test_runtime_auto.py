@@ -19,6 +19,7 @@ from specdemo.engine.runtimes.onnx_export import resolve_runtime
 from tests.tiny import write_model, write_seq2seq_model, write_seq2seq_tokenizer, write_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.runtime  # about the runtime: what auto gives, and the export it starts
 MISSING = onnx_export.onnx_runtime_missing()
 needs_runtime = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 VOCAB = 80  # not 64: a vocabulary as wide as a projection is one the builder would export wrongly

@@ -7,6 +7,8 @@ from specdemo.engine.methods import METHODS
 from specdemo.engine.runtimes import AUTO, ONNX, REMEDY, RUNTIME_CHOICES, RUNTIMES, TORCH, runtime_named
 from specdemo.engine.runtimes.onnx_export import ONNX_PRECISIONS, check_runtime
 
+pytestmark = pytest.mark.runtime
+
 
 def test_torch_is_the_reference_and_refuses_nothing():
     torch_runtime = runtime_named(TORCH)

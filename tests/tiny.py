@@ -67,14 +67,17 @@ def write_model(folder: Path, seed: int, hidden: int, layers: int, vocab: int = 
 
 
 def build_tiny_pair(root: Path, dtype: str = "float64", draft_seed: int = 1, draft_noise: float = 0.5,
-                    vocab: int = VOCAB, head_scale: float = 8.0, hidden: int = 64, layers: int = 2):
+                    vocab: int = VOCAB, head_scale: float = 8.0, hidden: int = 64, layers: int = 2,
+                    runtime: str = "torch"):
+    """A tiny Llama target and a noisy copy as its draft, saved and loaded back through load_pair; on the
+    torch target unless a test about the runtime asks for another (tests/conftest.py)."""
     target_dir, draft_dir = root / "target", root / "draft"
     if not target_dir.exists():
         write_model(target_dir, seed=0, hidden=hidden, layers=layers, vocab=vocab, head_scale=head_scale)
         write_tokenizer(target_dir, vocab)
         write_model(draft_dir, seed=draft_seed, hidden=hidden, layers=layers, like=target_dir, noise=draft_noise)
         write_tokenizer(draft_dir, vocab)
-    return specdemo.load_pair(str(target_dir), str(draft_dir), device="cpu", dtype=dtype)
+    return specdemo.load_pair(str(target_dir), str(draft_dir), device="cpu", dtype=dtype, runtime=runtime)
 
 
 def write_tiny_head(folder: Path, target_dir: Path, subset: list[int] | None = None, seed: int = 0) -> None:
@@ -147,12 +150,13 @@ def write_seq2seq_model(folder: Path, family: str, seed: int, vocab: int = VOCAB
 
 
 def build_tiny_seq2seq_pair(root: Path, family: str = "t5", dtype: str = "float64", draft_noise: float = 0.3,
-                            vocab: int = VOCAB, hidden: int = 32, layers: int = 2):
-    """A tiny encoder-decoder target and a noisy copy as its draft, saved and loaded back through load_pair."""
+                            vocab: int = VOCAB, hidden: int = 32, layers: int = 2, runtime: str = "torch"):
+    """A tiny encoder-decoder target and a noisy copy as its draft, saved and loaded back through load_pair
+    (on the torch target unless asked otherwise)."""
     target_dir, draft_dir = root / "target", root / "draft"
     if not target_dir.exists():
         write_seq2seq_model(target_dir, family, seed=0, vocab=vocab, hidden=hidden, layers=layers)
         write_seq2seq_tokenizer(target_dir, vocab)
         write_seq2seq_model(draft_dir, family, seed=1, like=target_dir, noise=draft_noise)
         write_seq2seq_tokenizer(draft_dir, vocab)
-    return specdemo.load_pair(str(target_dir), str(draft_dir), device="cpu", dtype=dtype)
+    return specdemo.load_pair(str(target_dir), str(draft_dir), device="cpu", dtype=dtype, runtime=runtime)

@@ -39,7 +39,9 @@ def tiny_head_presets(root: Path) -> dict[str, Preset]:
 
 
 def tiny_loader(target, draft=None, device=None, dtype=None, **precisions):
-    """The pair in float64 on the CPU, but for a precision chosen on the page (target_dtype, draft_dtype)."""
+    """The pair in float64 on the CPU, but for a precision chosen on the page (target_dtype, draft_dtype), on
+    the torch target but for a runtime chosen on the page (the page passes auto as no runtime)."""
+    precisions.setdefault("runtime", "torch")
     return load_pair(target, draft, device="cpu", dtype="float64", **precisions)
 
 
