@@ -24,6 +24,7 @@ from tests.tiny import build_tiny_pair
 SERIAL_MODULES = frozenset({
     "test_browser", "test_tree_browser", "test_ui", "test_ui_load", "test_sweeptab", "test_benchtab",
     "test_streams", "test_quiet", "test_sweep_cli", "test_page_bench", "test_clock", "test_published_browser",
+    "test_batch_browser",
 })
 SERIAL_UNIT = "served-timed-or-browser"
 

@@ -39,7 +39,9 @@ def file_of(download) -> str:
 
 def test_the_tab_runs_the_suite_and_offers_the_cli_files(client):
     # The API returns the components' values, not the layout's: the placeholder, then no column.
-    status, table, *charts, runs_csv, summary_csv, report, tokens_csv, placeholder = benchmark(client)
+    (status, table, *charts, runs_csv, summary_csv, report, tokens_csv, placeholder, batch_verdict, batch_ratio,
+     batch_throughput) = benchmark(client)
+    assert batch_verdict.startswith("Batch size 1 only") and batch_ratio and batch_throughput
     assert placeholder["visible"] is False  # it gives way to the results once a run has finished
     runs_csv, summary_csv, report = map(file_of, (runs_csv, summary_csv, report))
     assert status.startswith("Done: 5 runs on 1 prompts")
@@ -69,11 +71,25 @@ def test_the_tab_runs_the_suite_and_offers_the_cli_files(client):
     ({"tokens": 0}, "max new tokens must be at least 1"),
     ({"chosen": []}, "methods: choose at least one"),
     ({"chosen": ["ar", "warp"]}, "is not in the list of choices"),
+    ({"batch_sizes": "1,0"}, "batch sizes must be whole numbers ≥ 1"),
+    ({"batch_sizes": "1,8"}, "batch sizes must be at most 4 on this public demo"),
 ])
 def test_bad_benchmark_settings_read_as_messages(client, kwargs, message):
     with pytest.raises(AppError) as caught:
         benchmark(client, **kwargs)
     assert message in str(caught.value)
+
+
+def test_batch_sizes_run_each_size_and_draw_the_verdict_and_charts(client):
+    """The endpoint's last parameter: the suite at each batch size, every row saying its batch, the verdict
+    and the ratio chart (AR's line at 1) among the outputs."""
+    outputs = benchmark(client, chosen=["ar", "sd", "hf-generate"], prompts_per_category=2, batch_sizes="2,1")
+    runs_csv, verdict, ratio, throughput = file_of(outputs[-8]), outputs[-3], outputs[-2], outputs[-1]
+    rows = pd.read_csv(runs_csv)
+    assert sorted(rows.batch.unique()) == [1, 2]
+    assert set(rows[rows.batch == 2].method) == {"ar", "sd"}
+    assert verdict.startswith("Drafting") and "HF generate: transformers' generate pads a batch" in verdict
+    assert ratio and throughput
 
 
 def test_run_sizes_must_be_whole_numbers():
@@ -196,11 +212,12 @@ def test_a_suite_on_the_runtime_takes_the_playgrounds_plan_for_it():
     assert benchtab.suite_threads(SimpleNamespace(threads=None), "onnx") is None
 
 
-def test_the_runtime_is_the_endpoints_last_parameter_and_the_runtimes_peers_need_it(client):
+def test_the_runtime_and_the_batch_sizes_end_the_endpoints_parameters_and_the_runtimes_peers_need_it(client):
     parameters = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/benchmark"]["parameters"]
     names = [p["parameter_name"] for p in parameters]
-    assert names[-3:] == ["suite_file", "group_mt_bench", "runtime"] and names[0] == "preset_name"
-    assert parameters[-1]["parameter_default"] == "torch"  # the page's default runtime
+    assert names[-4:] == ["suite_file", "group_mt_bench", "runtime", "batch_sizes"] and names[0] == "preset_name"
+    assert parameters[-2]["parameter_default"] == "torch"  # the page's default runtime
+    assert parameters[-1]["parameter_default"] == "1"  # one request at a time, as before the setting existed
     with pytest.raises(AppError, match="onnx-generate: run beside a target on another runtime"):
         benchmark(client, chosen=["ar", "onnx-generate"], runtime="torch")
 

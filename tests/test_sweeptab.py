@@ -201,6 +201,22 @@ def test_axes_run_the_grid_once_per_combination_and_set_them_side_by_side(tiny_p
     assert "draft_kv_bytes_peak" in open(last.files.report, encoding="utf-8").read()
 
 
+def test_a_temperature_axis_runs_the_grid_at_each_temperature_and_draws_against_it(tiny_pair, tmp_path):
+    """AR runs at each temperature as its reference; the page adds acceptance and speedup against temperature."""
+    req = sweeptab.make_sweep_request(form(methods=["sd"], gamma="2", temperature_axis="0, 1.0"), PRESETS, Limits(),
+                                      SUITE)
+    assert [(c, p.temperature) for c, p in req.combinations] == [({"temperature": 0.0}, 0.0),
+                                                                 ({"temperature": 1.0}, 1.0)]
+    last = list(sweeptab.stream_sweep(req, lambda t, d, **loading: tiny_pair, lambda: tmp_path, warmup=False))[-1]
+    rows = pd.read_csv(last.files.rows_csv)
+    assert sorted(rows.temperature.unique()) == [0.0, 1.0]
+    assert rows[rows.method == "ar"].groupby("temperature").size().tolist() == [1, 1]
+    chart = sweeptab.page_values(last)[-1]
+    assert [t.name for t in chart.data] == ["SD γ=2", "SD γ=2"] and list(chart.data[0].x) == [0.0, 1.0]
+    with pytest.raises(ValueError, match="temperature"):
+        sweeptab.make_sweep_request(form(temperature_axis="0,-2"), PRESETS, Limits(), SUITE)
+
+
 def _sweep_threads():
     return [t for t in threading.enumerate() if t.name == "specdemo-sweep" and t.is_alive()]
 
@@ -270,11 +286,12 @@ def test_the_sweep_tab_runs_trees_and_baselines_beside_ar(client):
     assert len(pd.read_csv(csv)) == 5
 
 
-def test_the_runtime_is_the_endpoints_last_parameter(client):
+def test_the_runtime_and_the_temperature_axis_end_the_endpoints_parameters(client):
     parameters = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/sweep"]["parameters"]
     names = [p["parameter_name"] for p in parameters]
-    assert names[0] == "preset" and names[-1] == "runtime"
-    assert parameters[-1]["parameter_default"] == "torch"  # the page's default runtime
+    assert names[0] == "preset" and names[-2:] == ["runtime", "temperature_axis"]
+    assert parameters[-2]["parameter_default"] == "torch"  # the page's default runtime
+    assert parameters[-1]["parameter_default"] == ""  # no temperature axis: the shared temperature
     summary, csv, _ = call_sweep(client, methods=["sd"], gamma="2")  # omitted: the page's default
     assert {row[summary["headers"].index("runtime")] for row in summary["data"]} == {"torch"}
     assert set(pd.read_csv(csv)["runtime"]) == {"torch"}
@@ -297,7 +314,9 @@ def test_while_a_sweep_runs_the_page_changes_its_status_line_alone(tiny_pair, tm
     assert all(isinstance(line, str) for line in running) and running[1].startswith("Running: 1/")
     # The last one fills every output, the placeholder giving way to the results.
     status, verdict, table, *rest = last
-    charts, files, (placeholder, results) = rest[:len(sweeptab.CHARTS)], rest[len(sweeptab.CHARTS):-2], rest[-2:]
+    charts, files = rest[:len(sweeptab.CHARTS)], rest[len(sweeptab.CHARTS):-3]
+    placeholder, results, temperature_chart = rest[-3:]
+    assert temperature_chart is None  # no temperature axis
     assert status.startswith("Done: 5 runs") and verdict.startswith("EGAG") and len(table) == 5
     assert all(chart is not None for chart in charts)
     assert [f["interactive"] for f in files] == [True] * 3

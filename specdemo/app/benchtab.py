@@ -18,6 +18,8 @@ import gradio as gr
 import pandas as pd
 
 from .. import bench
+from ..bench.measure.batch_charts import batch_figures
+from ..bench.measure.batching import batch_verdict, parse_batch_sizes
 from ..bench.measure.runners import ONNX_GENERATE
 from ..engine.params import PARAMS
 from ..models.loading import Preset
@@ -39,12 +41,16 @@ TABLE_COLUMNS = [
 ]
 CHARTS = ("speedup_vs_ar", "speedup_vs_hf", "acceptance_by_category", "predicted_vs_measured",
           "entropy_acceptance", "position_acceptance", "break_even")  # in rows of two
+BATCH_CHARTS = ("batch_ratio", "batch_throughput")
 PLACEHOLDER = "*Run the benchmark to fill these charts and the table.*"
 RUNTIME_INFO = ("onnx: the target on ONNX Runtime (the CPU), exported on first use (about 30 s); the runtime's own "
                 "decoders and AR on torch's copy of the target join the methods")
 # A public deployment shares one machine among visitors: keep a benchmark to minutes.
 PUBLIC_MAX_PROMPTS = 2
 PUBLIC_MAX_REPEATS = 1
+PUBLIC_MAX_BATCH = 4
+BATCH_HELP = ("Batch sizes, e.g. 1,2,4: the prompts cut into batches of each size, every batch run by every method "
+              "in turn through one target forward a round; the charts set each method's throughput against AR's")
 
 
 class Stopped(Exception):
@@ -158,12 +164,12 @@ def build_tab(ctx: TabContext) -> None:
         return ctx.follow(request, benchmark(ctx, BenchForm.from_inputs(*args), progress))
 
     # The parameter names are the /benchmark endpoint's, as gradio_client shows them.
-    # runtime last, so that the parameters before it keep their places.
+    # runtime, then batch_sizes last, so that the parameters before them keep their places.
     def run(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
-            ngram_n_, seed_, suite_file=None, group_mt_bench=False, runtime=None, request: gr.Request = None,
-            progress=gr.Progress()):
+            ngram_n_, seed_, suite_file=None, group_mt_bench=False, runtime=None, batch_sizes="1",
+            request: gr.Request = None, progress=gr.Progress()):
         args = (preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
-                ngram_n_, seed_, suite_file, group_mt_bench, runtime)
+                ngram_n_, seed_, suite_file, group_mt_bench, runtime, batch_sizes)
         yield from streams.every_output(updates(args, request, progress))
 
     def run_on_page(values: dict, request: gr.Request, progress=gr.Progress()):
@@ -214,8 +220,9 @@ def _inputs(ctx: TabContext) -> list[Any]:
                              file_types=[".jsonl", ".json", ".txt"], type="filepath", elem_id="bench-suite")
         group_mt_bench = gr.Checkbox(False, label="Group MT-bench's eight categories as multi_turn (Spec-Bench)",
                                      elem_id="bench-mt-bench")
+        batch_sizes = gr.Textbox("1", label="Batch sizes", info=BATCH_HELP, elem_id="bench-batch")
     return [preset, category, prompts, repeats, max_new_tokens, methods, temperature, gamma, ngram_n, seed,
-            suite_file, group_mt_bench, runtime]
+            suite_file, group_mt_bench, runtime, batch_sizes]
 
 
 def _wire_pair_and_runtime(ctx: TabContext, preset: gr.Dropdown, runtime: gr.Dropdown, methods: gr.CheckboxGroup,
@@ -274,8 +281,9 @@ def offer_methods(ctx: TabContext):
 
 
 def _outputs() -> list[Any]:
-    """status, the summary table, the charts (`CHARTS` order), the four downloads, then the
-    placeholder and the results column it stands in for until a run finishes."""
+    """status, the summary table, the charts (`CHARTS` order), the four downloads, the placeholder and
+    the results column it stands in for until a run finishes, then the batch sizes' verdict and charts
+    (`BATCH_CHARTS` order)."""
     status = gr.Markdown("", elem_id="bench-status")
     placeholder = gr.Markdown(PLACEHOLDER, elem_id="bench-placeholder")
     with gr.Column(visible=False, elem_id="bench-results") as results:
@@ -284,12 +292,15 @@ def _outputs() -> list[Any]:
         for i in range(0, len(CHARTS), 2):
             with gr.Row(equal_height=True):
                 plots += [gr.Plot(show_label=False, elem_id=f"bench-chart-{name}") for name in CHARTS[i : i + 2]]
+        batch_verdict = gr.Markdown("", elem_id="bench-batch-verdict")
+        with gr.Row(equal_height=True):
+            batch_plots = [gr.Plot(show_label=False, elem_id=f"bench-chart-{name}") for name in BATCH_CHARTS]
     with gr.Row():
         files = [gr.DownloadButton("Runs (CSV)", interactive=False, elem_id="bench-rows-csv"),
                  gr.DownloadButton("Summary (CSV)", interactive=False, elem_id="bench-summary-csv"),
                  gr.DownloadButton("Report (HTML)", interactive=False, elem_id="bench-report"),
                  gr.DownloadButton("Drafted tokens (CSV)", interactive=False, elem_id="bench-tokens-csv")]
-    return [status, summary_table, *plots, *files, placeholder, results]
+    return [status, summary_table, *plots, *files, placeholder, results, batch_verdict, *batch_plots]
 
 
 @dataclass(frozen=True)
@@ -308,13 +319,15 @@ class BenchForm:
     suite: str | None = None  # an uploaded suite file; None: the built-in suite
     group_mt_bench: bool = False  # MT-bench's categories read as one multi_turn category
     runtime: str | None = None  # what runs the target's forwards; None: the page's default for the pair
+    batch: str = "1"  # batch sizes, comma-separated
 
     @classmethod
     def from_inputs(cls, preset, category, prompts_per_category, repeats, max_new_tokens, methods, temperature,
-                    gamma, ngram_n, seed, suite=None, group_mt_bench=False, runtime=None) -> "BenchForm":
+                    gamma, ngram_n, seed, suite=None, group_mt_bench=False, runtime=None,
+                    batch="1") -> "BenchForm":
         """The form from the tab's inputs in their order (an empty upload is the built-in suite)."""
         return cls(preset, category, prompts_per_category, repeats, max_new_tokens, methods or [], temperature,
-                   gamma, ngram_n, seed, suite or None, bool(group_mt_bench), runtime or None)
+                   gamma, ngram_n, seed, suite or None, bool(group_mt_bench), runtime or None, str(batch or "1"))
 
 
 def benchmark(ctx: TabContext, form: BenchForm, progress: Callable) -> Iterator[str | tuple]:
@@ -324,6 +337,7 @@ def benchmark(ctx: TabContext, form: BenchForm, progress: Callable) -> Iterator[
         size, times, new_tokens = check_size(ctx.limits, form.prompts_per_category, form.repeats,
                                              form.max_new_tokens)
         names = bench.parse_bench_methods(form.methods)
+        sizes = check_batch_sizes(ctx.limits, form.batch)
         suite = read_suite(form)
         chosen = ctx.presets[form.preset]
         runtime = chosen_runtime(ctx, form.preset, form.runtime)
@@ -336,7 +350,7 @@ def benchmark(ctx: TabContext, form: BenchForm, progress: Callable) -> Iterator[
             pair, suite=suite, methods=bench.parse_bench_methods(names, pair), repeats=times, limit=size,
             categories=None if form.category == bench.ALL else form.category, max_new_tokens=new_tokens,
             temperature=form.temperature, gamma=form.gamma, ngram_n=form.ngram_n, seed=form.seed,
-            chat=bool(getattr(pair.tokenizer, "chat_template", None)), threads=suite_threads(ctx, runtime),
+            chat=bool(getattr(pair.tokenizer, "chat_template", None)), threads=suite_threads(ctx, runtime), batch=sizes,
         ):
             if isinstance(item, bench.BenchResult):
                 result = item
@@ -347,6 +361,27 @@ def benchmark(ctx: TabContext, form: BenchForm, progress: Callable) -> Iterator[
     except ValueError as error:
         raise gr.Error(str(error), print_exception=False) from None
     yield finished(result, ctx.export(), runtime)
+
+
+def check_batch_sizes(limits: Limits, text: str) -> list[int]:
+    """The batch sizes asked for, within what this deployment allows; ValueError says why."""
+    sizes = parse_batch_sizes(text)
+    if limits.public and max(sizes) > PUBLIC_MAX_BATCH:
+        raise ValueError(f"batch sizes must be at most {PUBLIC_MAX_BATCH} on this public demo")
+    return sizes
+
+
+def batch_outputs(result: bench.BenchResult) -> tuple:
+    """The batch sizes' verdict (with the peers that ran at batch 1 only) and charts, for `finished`."""
+    sizes = result.meta.get("batch_sizes", [1])
+    if sizes == [1]:
+        text = ("Batch size 1 only: give several, e.g. 1,2,4, in **Batch sizes** to see up to which batch size "
+                "drafting still pays.")
+    else:
+        text = batch_verdict(result.batches) + "".join(
+            f"\n\n{bench.bench_methods().get(m, m)}: {reason}." for m, reason in result.meta.get("batch_one_only", {}).items())
+    figures = batch_figures(result.batches)
+    return (text, *(figures[name] for name in BATCH_CHARTS))
 
 
 def read_suite(form: BenchForm) -> list[bench.SuitePrompt] | None:
@@ -377,4 +412,4 @@ def finished(result: bench.BenchResult, folder: Path, runtime: str = TORCH) -> t
                f"({result.meta.get('device_name')}){on}." + (f" ⚠️ {failed} runs failed (see the CSV)." if failed else ""))
     return (message, table(result.summary), *(figures[name] for name in CHARTS),
             *(gr.update(value=str(path), interactive=True) for path in paths),
-            gr.update(visible=False), gr.update(visible=True))
+            gr.update(visible=False), gr.update(visible=True), *batch_outputs(result))

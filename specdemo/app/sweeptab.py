@@ -28,7 +28,8 @@ import torch
 
 from . import forms, handlers
 from ..bench import sweep
-from ..bench.sweep.axes import CACHE_AXES, OUTER_AXES, PRECISION_AXES, axes_table, combinations, label, parse_axis, stacked
+from ..bench.sweep.axes import CACHE_AXES, PRECISION_AXES, SAMPLING_AXES, axes_table, combinations, label, parse_axis, stacked
+from ..bench.sweep.charts import temperature_figure
 from ..bench.sweep.grid import RULE_AXES
 from ..bench.suite import DEFAULT_SUITE, SUITE_CATEGORIES, SuitePrompt, load_suite, select_prompts
 from ..engine.params import PARAMS, DecodeParams
@@ -44,13 +45,16 @@ from .suite_runtime import (chosen_runtime, offer_runtime, pair_runtimes, refuse
 
 GRID = tuple(sweep.SETTING_COLUMNS)  # gamma, gamma_max, ema, ngram_n, copy_n, node_budget: comma-separated lists here
 SHARED_PARAMS = tuple(name for name in PARAMS if name not in GRID)  # one value for every grid point
-AXIS_FIELDS = {name: f"{name}_axis" for name in OUTER_AXES}  # the form's names of the axes: comma-separated lists
+# The form's names of the axes: comma-separated lists. The temperature's comes after the runtime, so that the
+# parameters before it keep their places.
+AXIS_FIELDS = {name: f"{name}_axis" for name in (*PRECISION_AXES, *CACHE_AXES)}
+TEMPERATURE_AXIS = "temperature_axis"
 AXIS_LABELS = {"target_dtype": "Target precisions", "draft_dtype": "Draft precisions",
                "draft_kv": "Draft KV caches (full, streaming, l2, head)", "target_kv": "Target KV caches",
                "kv_budget": "KV budgets (positions per head)"}
 FORM = ("preset", "methods", *GRID, "categories", "prompts_per_category", "repeats",
         *AXIS_FIELDS.values())  # before SHARED_PARAMS
-FORM_AFTER = ("runtime",)  # after SHARED_PARAMS, so that the parameters before it keep their places
+FORM_AFTER = ("runtime", TEMPERATURE_AXIS)  # after SHARED_PARAMS, so that the parameters before them keep their places
 RUNTIME_INFO = ("onnx: the target on ONNX Runtime (the CPU), exported on first use (about 30 s); trees, beam "
                 "search, AR without a cache, compressing target KV caches and target precisions other than "
                 "float32, int8 and int4 run on torch only")
@@ -186,11 +190,12 @@ def axis_combinations(form: Mapping[str, Any], params: DecodeParams) -> list[tup
     """Each combination of the form's axes with the shared parameters it runs under, checked (a
     ValueError names the axis, or the combination that cannot run); [] when no axis has values."""
     axes = {name: parse_axis(name, form.get(field_name)) for name, field_name in AXIS_FIELDS.items()}
+    axes["temperature"] = parse_axis("temperature", form.get(TEMPERATURE_AXIS))
     if not any(axes.values()):
         return []
     planned = []
     for combination in combinations(axes):
-        caches = {name: value for name, value in combination.items() if name in CACHE_AXES}
+        caches = {name: value for name, value in combination.items() if name in (*CACHE_AXES, *SAMPLING_AXES)}
         try:
             planned.append((combination, DecodeParams.from_values(**{**params.as_dict(), **caches})))
         except ValueError as error:
@@ -321,8 +326,10 @@ def _finished(runs: list[tuple[dict[str, Any], sweep.SweepResult]], folder: Path
     shown[numeric] = shown[numeric].round(3)
     result = sweep.SweepResult(rows, first.settings, {**first.meta, "combinations": len(runs)},
                                stopped=runs[-1][1].stopped, _summary=summary)
-    return SweepUpdate(done, done, "done", sweep.sweep_figures(first.summary), shown, verdict, files, result,
-                       finished=True)
+    figures = sweep.sweep_figures(first.summary)
+    if "temperature" in combination:
+        figures["temperature"] = temperature_figure(summary)
+    return SweepUpdate(done, done, "done", figures, shown, verdict, files, result, finished=True)
 
 
 def sweep_outcome(request: SweepRequest, load, export, gpu=lambda fn: fn, threads: int | None = None) -> SweepUpdate:
@@ -370,6 +377,7 @@ class SweepForm:
     axes: dict[str, Any]  # AXIS_FIELDS' names
     controls: dict[str, Any]  # SHARED_PARAMS' names
     runtime: Any  # FORM_AFTER
+    temperature_axis: Any  # FORM_AFTER
 
     def inputs(self, methods: Any = None, categories: Any = None) -> list[Any]:
         """The event's inputs in `forms.endpoint(…, FORM, FORM_AFTER, params=SHARED_PARAMS)` order;
@@ -377,7 +385,7 @@ class SweepForm:
         return [self.preset, self.methods if methods is None else methods, *self.grid.values(),
                 self.categories if categories is None else categories,
                 self.prompts, self.repeats, *self.axes.values(),
-                *forms.inputs(self.controls, params=SHARED_PARAMS, after=[self.runtime])]
+                *forms.inputs(self.controls, params=SHARED_PARAMS, after=[self.runtime, self.temperature_axis])]
 
 
 def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
@@ -403,23 +411,27 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
                                       elem_id="sweep-categories")
         prompts = gr.Number(value=initial["prompts_per_category"], precision=0, label="Prompts per category")
         repeats = gr.Number(value=initial["repeats"], precision=0, label="Repeats")
-    with gr.Accordion("Axes: precisions and KV caches (each combination runs the whole grid again, AR included)",
-                      open=False):
+    with gr.Accordion("Axes: precisions, KV caches and temperature (each combination runs the whole grid again, "
+                      "AR included)", open=False):
         with gr.Row():
             axes = {field_name: gr.Textbox("", label=AXIS_LABELS[name], info="comma-separated; empty = not an axis",
                                            elem_id=f"sweep-{name.replace('_', '-')}-axis")
                     for name, field_name in AXIS_FIELDS.items()}
+            temperature_axis = gr.Textbox("", label="Temperatures (e.g. 0,0.7,1.0)", elem_id="sweep-temperature-axis",
+                                          info="comma-separated; AR at each is that temperature's reference; "
+                                               "empty = the shared temperature")
     controls = forms.param_controls(("max_new_tokens",), initial,
                                     maxima={"max_new_tokens": ctx.limits.max_new_tokens})
     with gr.Accordion("Decoding settings shared by every point", open=False):
         controls.update(forms.param_controls([n for n in SHARED_PARAMS if n != "max_new_tokens"], initial,
                                              row_width=forms.ROW_WIDTH))
-    return SweepForm(preset, methods, grid, categories, prompts, repeats, axes, controls, runtime)
+    return SweepForm(preset, methods, grid, categories, prompts, repeats, axes, controls, runtime, temperature_axis)
 
 
 def _outputs() -> list[Any]:
-    """status, verdict, the summary table, the charts (`CHARTS` order), the three downloads, then
-    the placeholder and the results column it stands in for until a sweep starts."""
+    """status, verdict, the summary table, the charts (`CHARTS` order), the three downloads, the
+    placeholder and the results column it stands in for until a sweep starts, then acceptance and
+    speedup against temperature (empty without a temperature axis)."""
     status = gr.Markdown("", elem_id="sweep-status")
     verdict = gr.Markdown("", elem_id="sweep-verdict")
     placeholder = gr.Markdown(PLACEHOLDER, elem_id="sweep-placeholder")
@@ -431,11 +443,12 @@ def _outputs() -> list[Any]:
                 plots += [gr.Plot(show_label=False, elem_id=chart_id(name.replace("_", "-")))
                           for name in CHARTS[i : i + 2]]
         summary_table = gr.Dataframe(interactive=False, show_label=False, elem_id="sweep-table", wrap=True)
+        temperature_plot = gr.Plot(show_label=False, elem_id="sweep-temperature-chart")
     with gr.Row():
         files = [gr.DownloadButton("Runs (CSV)", interactive=False, elem_id="sweep-rows-csv"),
                  gr.DownloadButton("Summary (CSV)", interactive=False, elem_id="sweep-summary-csv"),
                  gr.DownloadButton("Report (HTML)", interactive=False, elem_id="sweep-report")]
-    return [status, verdict, summary_table, *plots, *files, placeholder, results]
+    return [status, verdict, summary_table, *plots, *files, placeholder, results, temperature_plot]
 
 
 def page_values(update: SweepUpdate) -> str | tuple:
@@ -453,7 +466,7 @@ def page_values(update: SweepUpdate) -> str | tuple:
     figures = update.figures or {}
     return (status, update.verdict or "", update.table, *(figures.get(name) for name in CHARTS),
             *(gr.update(value=path, interactive=True) for path in (files.rows_csv, files.summary_csv, files.report)),
-            gr.update(visible=False), gr.update(visible=True))
+            gr.update(visible=False), gr.update(visible=True), figures.get("temperature"))
 
 
 def sweep_threads(ctx: TabContext, runtime: str) -> int | None:

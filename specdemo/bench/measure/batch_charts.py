@@ -44,8 +44,9 @@ def ratio_figure(summary: pd.DataFrame) -> go.Figure:
         upper = (mine.throughput_vs_ar_high - mine.throughput_vs_ar).fillna(0)
         lower = (mine.throughput_vs_ar - mine.throughput_vs_ar_low).fillna(0)
         name = _name(summary, method)
-        fig.add_trace(go.Scatter(x=mine.batch, y=mine.throughput_vs_ar, mode="lines+markers", name=name,
-                                 error_y=dict(type="data", array=upper, arrayminus=lower, visible=True)))
+        fig.add_trace(go.Scatter(x=mine.batch.tolist(), y=mine.throughput_vs_ar.tolist(), mode="lines+markers",
+                                 name=name, error_y=dict(type="data", array=upper.tolist(), arrayminus=lower.tolist(),
+                                                         visible=True)))
         below = crossover(summary, method)
         if below is not None:
             ratio = float(mine[mine.batch == below].throughput_vs_ar.iloc[0])
@@ -66,7 +67,7 @@ def throughput_figure(summary: pd.DataFrame) -> go.Figure:
     for method in dict.fromkeys(summary.method):
         mine = summary[(summary.method == method) & summary.throughput_tokens_per_s.notna()].sort_values("batch")
         if not mine.empty:
-            fig.add_trace(go.Scatter(x=mine.batch, y=mine.throughput_tokens_per_s, mode="lines+markers",
+            fig.add_trace(go.Scatter(x=mine.batch.tolist(), y=mine.throughput_tokens_per_s.tolist(), mode="lines+markers",
                                      name=_name(summary, method)))
     return _layout(fig, BATCH_FIGURES["batch_throughput"], "new tokens / s (all requests)", sizes)
 
