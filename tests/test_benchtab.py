@@ -238,9 +238,9 @@ def test_an_uploaded_question_file_runs_turn_by_turn_with_its_references(client,
                  {"question_id": 8, "category": "translation", "turns": ["w9 w10"], "reference": "w29 w29 w43"}]
     path = tmp_path / "question.jsonl"
     path.write_text("".join(json.dumps(q) + "\n" for q in questions), encoding="utf-8")
-    status, table, *charts, runs_csv, summary_csv, report, tokens_csv, placeholder = benchmark(
-        client, category_name="all", chosen=["ar", "sd", "beam"], suite_file=handle_file(str(path)),
-        group_mt_bench=True)
+    (status, table, *charts, runs_csv, summary_csv, report, tokens_csv, placeholder, batch_verdict, batch_ratio,
+     batch_throughput) = benchmark(client, category_name="all", chosen=["ar", "sd", "beam"],
+                                   suite_file=handle_file(str(path)), group_mt_bench=True)
     rows = pd.read_csv(file_of(runs_csv))
     assert set(rows.category) == {"multi_turn", "translation"}
     assert sorted(rows[rows.prompt_id == 7].turn.unique()) == [1, 2]

@@ -363,7 +363,7 @@ def test_the_cpu_rehearsal_runs_every_stage(tmp_path):
     skipped = stages.pop("cuda-paths")
     assert skipped.startswith("skipped: needs ~") and skipped.endswith(" min, 0.00 min left")
     assert all(status.startswith("ok") for status in stages.values()), stages
-    assert set(stages) == {"carry", "synthetic", "embedded", "lossless", "head"}
+    assert set(stages) == {"carry", "synthetic", "embedded", "lossless", "batch", "head"}
     assert START in summary and list(out.glob("synthetic-*.overhead.csv")) and (out / "lossless.csv").is_file()
     # The plan first; then each synthetic unit's row written as that unit ends, compiled + static first.
     log = [line.split("] ", 1)[1] for line in run.stdout.splitlines() if line.startswith("[gpu_suite")]

@@ -4,8 +4,8 @@ Stages, in order, cut into units planned under one time budget (`--budget`, `pla
 catching its own failure into the markdown summary (`DIR/summary.md`, rewritten after every
 unit): the embedded target reassembled from carried parts (`carry`), the CUDA-only calls
 checked (`checks`) and probed on a toy, random-weight pairs of real shapes with forced
-acceptance (`forced`, `pairs`), the embedded pair, greedy losslessness (`lossless`), and
-optionally head data at scale (`head`). `--compile-cache` keeps torch.compile's artifacts for a
+acceptance (`forced`, `pairs`), the embedded pair, greedy losslessness (`lossless`), batch sizes
+1, 8 and 32 with forced acceptance (`batch`), and optionally head data at scale (`head`). `--compile-cache` keeps torch.compile's artifacts for a
 rerun on the same card (`compile_cache`). `--tiny` rehearses every stage on a CPU in minutes.
 `docs/gpu.md` gives the whole sequence.
 

@@ -16,6 +16,7 @@ from ...engine.params import PARAMS
 from ...models.embedded import _cache_is_complete, cache_dir, gguf_path
 from .carry import MiB, CarryError, activate, carry_plan, missing_parts, pack, reassemble
 from . import compile_cache
+from .batch import batch_units
 from .checks import run_cuda_paths
 from .head import run_head
 from .lossless import run_lossless
@@ -79,6 +80,8 @@ STAGES = [
     Stage("embedded", "the embedded pair: AR, SD, EGAG, NASD and the peers", units=embedded_units, skip=_waiting),
     Stage("lossless", "greedy outputs of every method against AR", run_lossless, skip=_waiting,
           cost=_estimate_of("lossless")),
+    Stage("batch", "batch sizes 1, 8 and 32 on a random-weight pair with forced acceptance: throughput over AR's",
+          units=batch_units),
     Stage("head", "head data at scale: corpus, training, held-out acceptance", run_head,
           budget=lambda s: s.minutes if s.tiny else s.head_minutes, skip=_no_head, cost=_head_cost),
 ]

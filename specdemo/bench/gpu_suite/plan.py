@@ -63,6 +63,8 @@ GPU_COSTS = {
     "embedded embedded eager+dynamic": Cost(run=0.8, calibrated=True),
     "embedded embedded-lm eager+dynamic": Cost(run=0.8, calibrated=True),
     "lossless": Cost(run=2.0),
+    # A guess: at batch 32 the 70 M draft runs row by row, γ forwards a row a round.
+    "batch pythia-1.4b/70m": Cost(run=1.5, calibrated=True),
 }
 # Minutes of the rehearsal (--tiny, torch.compile off) on a 2-core CPU shared with other work.
 REHEARSAL_COSTS = {
@@ -76,6 +78,7 @@ REHEARSAL_COSTS = {
     "embedded embedded compiled+static": Cost(run=0.6, calibrated=True),
     "embedded embedded-lm compiled+static": Cost(run=0.2, calibrated=True),
     "lossless": Cost(run=0.5),
+    "batch pythia-tiny": Cost(run=0.3, calibrated=True),
     "head": Cost(run=1.0),
 }
 UNKNOWN = Cost(run=1.0)

@@ -2,7 +2,8 @@
 drafting method's throughput ÷ AR's against batch size, with the line at 1 and the first batch size
 below it marked, and every method's throughput against batch size.
 
-May import plotly and pandas; never torch or gradio.
+May import plotly (when a chart is drawn, so that a run without charts never loads it) and pandas; never
+torch or gradio.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-import plotly.graph_objects as go
 
 from .batching import crossover, drafting_methods
 
@@ -23,7 +23,7 @@ def _name(summary: pd.DataFrame, method: str) -> str:
     return str(labels.iloc[0]) if len(labels) and labels.iloc[0] else method
 
 
-def _layout(fig: go.Figure, title: str, y_title: str, sizes: list[int]) -> go.Figure:
+def _layout(fig, title: str, y_title: str, sizes: list[int]):
     fig.update_layout(title=title, template="plotly_white", height=380, margin=dict(l=60, r=20, t=50, b=50),
                       legend=dict(orientation="h", y=-0.2))
     # Batch sizes are doublings: a log axis spaces them evenly and labels each one measured.
@@ -32,9 +32,11 @@ def _layout(fig: go.Figure, title: str, y_title: str, sizes: list[int]) -> go.Fi
     return fig
 
 
-def ratio_figure(summary: pd.DataFrame) -> go.Figure:
+def ratio_figure(summary: pd.DataFrame):
     """Each drafting method's throughput ÷ AR's at each batch size (error bars: the bootstrap interval), a
     dashed line at 1 and, where a method's ratio falls below it, a marker at the first such batch size."""
+    import plotly.graph_objects as go
+
     fig = go.Figure()
     sizes = sorted(int(b) for b in summary.batch.unique()) if len(summary) else [1]
     for method in drafting_methods(summary):
@@ -60,8 +62,10 @@ def ratio_figure(summary: pd.DataFrame) -> go.Figure:
     return _layout(fig, BATCH_FIGURES["batch_ratio"], "throughput ÷ AR's (same batch size)", sizes)
 
 
-def throughput_figure(summary: pd.DataFrame) -> go.Figure:
+def throughput_figure(summary: pd.DataFrame):
     """Every method's throughput (all rows' new tokens ÷ the batches' wall time) at each batch size."""
+    import plotly.graph_objects as go
+
     fig = go.Figure()
     sizes = sorted(int(b) for b in summary.batch.unique()) if len(summary) else [1]
     for method in dict.fromkeys(summary.method):
@@ -72,6 +76,6 @@ def throughput_figure(summary: pd.DataFrame) -> go.Figure:
     return _layout(fig, BATCH_FIGURES["batch_throughput"], "new tokens / s (all requests)", sizes)
 
 
-def batch_figures(summary: pd.DataFrame) -> dict[str, go.Figure]:
+def batch_figures(summary: pd.DataFrame) -> dict:
     """Both charts, by the names in BATCH_FIGURES."""
     return {"batch_ratio": ratio_figure(summary), "batch_throughput": throughput_figure(summary)}

@@ -102,14 +102,9 @@ def run_benchmark(
     cluster ("ray", "ray://HOST:PORT" or a `bench.measure.cluster.Cluster`): the prompts as tasks on Ray workers, each
     with its own pair (then a `PairSpec` or a name) on one device; the same result, each row naming its node
     and device, a failed task's rows with its reason in `error`; progress counts tasks (docs/cluster.md).
-    batch: batch sizes ("1,2,4" or a list): the prompts cut into batches of each size, every batch through
-    `specdemo.generate_batch` by every method in turn (`batch_runs`); `result.batches` summarises each size and
-    `result.summary` reads the smallest size's rows. Peers that take one request run at batch 1 only.
+    batch: batch sizes ("1,2,4"): each batch through generate_batch, the methods in turn (`batch_runs`, `batches`).
     """
-    decode = DecodeParams.resolve(decode, **params)
-    sizes = parse_batch_sizes(batch)
-    if cluster is not None and sizes != [1]:
-        raise ValueError("batch sizes above 1 run on the pair loaded here; run them without --cluster")
+    decode, sizes = DecodeParams.resolve(decode, **params), _batch_sizes(batch, cluster)
     engine = EngineOptions.from_values(cache=cache, compile=compile)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
@@ -125,16 +120,29 @@ def run_benchmark(
                        RuntimeRunner(pair, decode) if any(n in RUNTIME_PEERS and n != TORCH_AR for n in names) else None,
                        vs_float32 if vs_float32 is not None and runs_below_float32(pair) else None,
                        measured_on(pair.device))
-    base_seed = decode.seed if decode.seed is not None else 1234
+    played = _play(session, prompts, encoded, sizes, warmup, prompt_indices)
+    meta = {**_meta(pair, decode, names, prompts, repeats, warmup), **_run_meta(session, threads, names)}
+    meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, **played)
+    return session.result(meta)
+
+
+def _batch_sizes(batch, cluster) -> list[int]:
+    sizes = parse_batch_sizes(batch)
+    if cluster is not None and sizes != [1]:
+        raise ValueError("batch sizes above 1 run on the pair loaded here; run them without --cluster")
+    return sizes
+
+
+def _play(session: "_Session", prompts, encoded, sizes: list[int], warmup: bool, indices) -> dict[str, Any]:
+    """The warm-up and every timed run, one request at a time or in batches of each size; what the meta
+    says of them (the warm-up's compile seconds per method, the batch sizes)."""
+    base_seed = session.decode.seed if session.decode.seed is not None else 1234
     warmup_compile = session.warm_up(encoded[0], base_seed) if warmup else {}
     if sizes == [1]:
-        session.play(interleaved(list(zip(prompts, encoded)), names, repeats, prompt_indices), base_seed)
+        session.play(interleaved(list(zip(prompts, encoded)), session.names, session.repeats, indices), base_seed)
     else:
         _play_batches(session, prompts, encoded, sizes, base_seed, warmup)
-    meta = {**_meta(pair, decode, names, prompts, repeats, warmup), **_run_meta(session, threads, names)}
-    meta.update(batch_sizes=sizes, **_batch_meta(names, sizes))
-    meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, warmup_compile_seconds=warmup_compile)
-    return session.result(meta)
+    return {"warmup_compile_seconds": warmup_compile, **_batch_meta(session.names, sizes)}
 
 
 def _play_batches(session: "_Session", prompts, encoded, sizes: list[int], base_seed: int, warmup: bool) -> None:
@@ -149,7 +157,7 @@ def _play_batches(session: "_Session", prompts, encoded, sizes: list[int], base_
 def _batch_meta(names: list[str], sizes: list[int]) -> dict[str, Any]:
     from .batch_runs import batch_one_only
 
-    return {"batch_one_only": batch_one_only(names, sizes)} if sizes != [1] else {}
+    return {"batch_sizes": sizes, **({"batch_one_only": batch_one_only(names, sizes)} if sizes != [1] else {})}
 
 
 def _run_meta(session: "_Session", threads: ThreadPlan | None, names: list[str]) -> dict[str, Any]:

@@ -138,8 +138,7 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
     base_seed = base.seed if base.seed is not None else 1234
     greedy = base.sampling.greedy
     warm = list({s.method: s for s in reversed(runs)}.values())[::-1] if warmup else []  # one per method
-    batches = -(-len(items) // batch)
-    total = len(warm) + (len(items) * len(runs) * repeats if batch == 1 else batches * len(runs) * repeats)
+    total = len(warm) + -(-len(items) // batch) * len(runs) * repeats  # a run a prompt, or a run a batch
     rows: list[dict] = []
     tokens: list[dict] = []
     done = 0
@@ -178,8 +177,7 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
                 ranked = sorted(group, key=lambda g: runs.index(g[0]))  # rows in grid order
                 new = group_rows(item, index, repeat, seed, ids, ranked, greedy) if last else []
                 for row in new:
-                    row.update(where, temperature=base.temperature, batch=1, batch_index=index, batch_row=0,
-                               batch_seconds=row["seconds"])
+                    row.update(where, **_alone(base, index, row))
                 rows.extend(new)
                 if last:
                     tokens.extend(_token_rows(ranked, item, repeat))
@@ -194,6 +192,11 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
     finally:
         target.close()
         draft.close()
+
+
+def _alone(base: DecodeParams, index: int, row: dict) -> dict:
+    """The temperature and batch columns of a run that decoded one request: its own batch of one."""
+    return dict(temperature=base.temperature, batch=1, batch_index=index, batch_row=0, batch_seconds=row["seconds"])
 
 
 def _batched(pair, items, encoded, runs, repeats, batch, base, should_stop, where, rows, tokens, done,
