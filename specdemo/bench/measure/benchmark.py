@@ -19,8 +19,9 @@ import torch
 
 from ...engine.methods import is_lossless, matches_reference
 from ...engine.params import DecodeParams, EngineOptions
-from .runners import (HF_METHODS, RUNTIME_PEERS, TORCH_AR, HFRunner, Run, bench_methods, measured_on, on_torch,
-                      parse_bench_methods, result_for_perplexity, run_ours, with_torch_copy_reference)
+from .runners import (HF_METHODS, RUNTIME_PEERS, TORCH_AR, HFRunner, Run, bench_methods, measured_on,
+                      parse_bench_methods, result_for_perplexity, run_ours, run_torch_copy_ar,
+                      with_torch_copy_reference)
 from .quality import QUALITY_COLUMNS, reference_scores
 from .runtime_peers import RuntimeRunner
 from ...models.torch_copy import TORCH_COPY
@@ -183,10 +184,8 @@ class _Session:
         values = {k: v for k, v in self.decode.as_dict().items() if k != "seed"}
         if max_new_tokens is not None:
             values["max_new_tokens"] = max_new_tokens
-        if method == TORCH_AR:  # labelled as the Playground labels its reference row
-            run = run_ours(on_torch(self.pair), "ar", ids, values, seed, **self.engine.as_kwargs())
-            run.stats["runtime"] = TORCH_COPY
-            return run
+        if method == TORCH_AR:
+            return run_torch_copy_ar(self.pair, ids, values, seed, **self.engine.as_kwargs())
         if method in RUNTIME_PEERS:
             return self.runtime.run(method, ids, seed, max_new_tokens)
         return run_ours(self.pair, method, ids, values, seed, **self.engine.as_kwargs())
