@@ -26,6 +26,8 @@ Definitions of the row columns (one row per method, setting, prompt and repeat):
   runtime             what ran the target's forwards: "torch", the runtime and its weights ("onnx fp32"), or
                       "torch copy" for a setting the runtime cannot run (a tree), which ran on the torch
                       weights the pair keeps and is set against AR on that copy (the "torch-ar" rows).
+  first_divergence, divergence_margin  where a run that differs from AR first leaves AR's tokens (empty
+                      where equal) and AR's top-1 minus top-2 logit there (engine.divergence).
   runtime_reason      why the target ran where it did (for a "torch copy" row: what the runtime refused).
   speedup_vs_ar, matches_ar  for a "torch copy" row: over AR on the torch copy, in the same prompt and repeat.
   node, device        the machine (host name) and the device (a GPU by its index on that machine, and its
@@ -41,6 +43,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from ...engine.divergence import divergence_where_compared
 from ...engine.methods import is_lossless, matches_reference
 from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR
 from ..measure.statistics import leviathan_speedup
@@ -49,6 +52,7 @@ ROW_COLUMNS = [
     "method", "gamma", "gamma_max", "ema", "ngram_n", "prompt_id", "repeat", "tokens_per_s", "speedup_vs_ar",
     "acceptance_rate", "mean_accepted_tokens", "mean_gamma", "wasted_drafts_per_token", "target_forwards_per_token",
     "draft_forwards_per_token", "draft_flops_per_token", "target_flops_per_token", "predicted_speedup", "matches_ar",
+    "first_divergence", "divergence_margin",
     # beyond the required columns
     "copy_n", "setting", "label", "category", "prompt_index", "order", "seed", "prompt_tokens", "new_tokens", "seconds",
     "rounds", "copied_rounds", "drafted", "accepted", "rejected_rounds", "alpha", "cost_ratio", "draft_seconds",
@@ -114,6 +118,9 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
             "draft_kv_bytes_peak": stats.get("draft_kv_bytes_peak", math.nan),
             "runtime": stats.get("runtime"), "runtime_reason": stats.get("runtime_reason", ""),
         }
+        row["first_divergence"], row["divergence_margin"] = divergence_where_compared(
+            row["matches_ar"], run.token_ids, ar.token_ids if ar is not None else [],
+            ar.result.top2_margins if ar is not None and ar.result is not None else [])
         rows.append(row)
     return rows
 
