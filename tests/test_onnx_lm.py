@@ -106,6 +106,14 @@ def test_the_runtimes_kv_bytes_reach_the_stats_as_torchs_static_cache_of_the_sam
     assert (draft.num_hidden_layers, draft.num_key_value_heads, draft.head_dim) == (
         config.num_hidden_layers, config.num_key_value_heads, config.head_dim)
     assert sd.stats["draft_kv_bytes_peak"] == sd.stats["target_kv_bytes_peak"] > 0
+    # The comparison CSV's columns and the Playground's table carry them.
+    from specdemo.app import viz
+    from specdemo.bench.measure.tables import summary_frame
+
+    summary = summary_frame([on_runtime, sd], pair=lm_pair)
+    assert summary.target_kv_bytes_peak.tolist() == [peak, peak]
+    shown = viz.display_table(summary).set_index("method")["KV cache peak (target / draft)"]
+    assert shown["AR"] == viz.byte_size(peak) and shown["SD"] == f"{viz.byte_size(peak)} / {viz.byte_size(peak)}"
 
 
 def test_a_feature_head_on_the_runtime_reports_its_own_cache(head_pair):
