@@ -132,6 +132,31 @@ def test_run_renders_panels_charts_and_table(page_url, tmp_path, chromium):
             shutil.copyfile(shot, target)
 
 
+def test_hovering_the_first_token_unlike_ars_says_whether_ar_chose_it_by_a_near_tie(tmp_path_factory, chromium):
+    """A planted verification that swaps the top two (tests.tiny) makes SD leave AR's tokens at its first verified
+    token: SD's panel outlines that token, its tooltip reads "near-tie (margin …)" or "not a near-tie
+    (margin …)" with AR's own margin there, and the table's "first divergence" cell says the same."""
+    from specdemo.engine.divergence import describe_margin
+    from tests.tiny import verification_swaps_the_top_two
+
+    defaults = {"max_new_tokens": 12, "methods": ["ar", "sd"]}
+    with serve(tmp_path_factory.mktemp("browser-diverging"), defaults=defaults) as (url, demo):
+        preset = demo.specdemo_presets[TINY]
+        pair = demo.specdemo_cache.get(preset.target, preset.draft)
+        with verification_swaps_the_top_two(pair), opened_page(url, chromium) as page:
+            page.locator("#sd-run").click(timeout=30_000)
+            page.get_by_text("Done in", exact=False).wait_for(timeout=90_000)
+            diverging = page.locator('.sd-panel[data-method="sd"] .sd-tok.sd-diverges')
+            assert diverging.count() == 1
+            assert page.locator('.sd-panel[data-method="ar"] .sd-tok.sd-diverges').count() == 0
+            diverging.hover()
+            title = diverging.get_attribute("title")
+            said = re.search(r"first token unlike AR's: ((?:not a )?near-tie \(margin ([\d.e+-]+)\))", title)
+            assert said, title
+            assert said.group(1) == describe_margin(float(said.group(2)))
+            assert f"token 0: {said.group(1)}" in page.locator("#sd-table").inner_text()
+
+
 @pytest.fixture(scope="module")
 def monkeypatch_module():
     with pytest.MonkeyPatch.context() as patch:

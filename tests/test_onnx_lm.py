@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -105,6 +106,14 @@ def test_the_runtimes_kv_bytes_reach_the_stats_as_torchs_static_cache_of_the_sam
     assert (draft.num_hidden_layers, draft.num_key_value_heads, draft.head_dim) == (
         config.num_hidden_layers, config.num_key_value_heads, config.head_dim)
     assert sd.stats["draft_kv_bytes_peak"] == sd.stats["target_kv_bytes_peak"] > 0
+    # The comparison CSV's columns and the Playground's table carry them.
+    from specdemo.app import viz
+    from specdemo.bench.measure.tables import summary_frame
+
+    summary = summary_frame([on_runtime, sd], pair=lm_pair)
+    assert summary.target_kv_bytes_peak.tolist() == [peak, peak]
+    shown = viz.display_table(summary).set_index("method")["KV cache peak (target / draft)"]
+    assert shown["AR"] == viz.byte_size(peak) and shown["SD"] == f"{viz.byte_size(peak)} / {viz.byte_size(peak)}"
 
 
 def test_a_feature_head_on_the_runtime_reports_its_own_cache(head_pair):
@@ -381,12 +390,25 @@ def test_the_benchmark_adds_the_torch_copys_ar_for_a_method_that_runs_there_and_
     assert summary.loc["sd", "speedup_vs_ar"] == pytest.approx(per_token["ar"] / per_token["sd"])
 
 
-def test_a_sweep_on_the_runtime_refuses_a_setting_that_would_run_on_the_torch_copy(lm_pair):
+def test_a_sweep_on_the_runtime_runs_a_tree_on_the_torch_copy_against_that_copys_ar(lm_pair):
+    """A tree the runtime cannot verify runs on the torch copy, as the benchmark runs it, and AR on that copy
+    runs beside it as its reference: its speedup and its match are over that AR, never the runtime's."""
     from specdemo.bench.sweep.grid import Setting
-    from specdemo.bench.sweep.runner import iter_sweep
+    from specdemo.bench.sweep.runner import run_sweep
 
-    with pytest.raises(ValueError, match="SD-tree.*tree attention mask.*sweep it with the target on torch"):
-        next(iter_sweep(lm_pair, ["w5 w6 w7"], [Setting("sd-tree", node_budget=3)], max_new_tokens=4))
+    result = run_sweep(lm_pair, ["w5 w6 w7 w8 w5 w6 w7"], [Setting("sd-tree", node_budget=3)], repeats=1,
+                       max_new_tokens=6, temperature=0.0, warmup=False)
+    rows = result.rows.set_index("setting")
+    assert list(rows.index) == ["ar", "sd-tree:node_budget=3", "torch-ar"]
+    assert rows.loc["ar", "runtime"] == "onnx fp32"
+    assert rows.loc["sd-tree:node_budget=3", "runtime"] == rows.loc["torch-ar", "runtime"] == "torch copy"
+    assert rows.loc["sd-tree:node_budget=3", "runtime_reason"].startswith("on the torch copy of the target: the method "
+                                                                          "drafts a tree")
+    tree, copy_ar = rows.loc["sd-tree:node_budget=3"], rows.loc["torch-ar"]
+    assert tree.speedup_vs_ar == pytest.approx((copy_ar.seconds / copy_ar.new_tokens) / (tree.seconds / tree.new_tokens))
+    assert tree.matches_ar and pd.isna(copy_ar.matches_ar)
+    assert rows.loc["torch-ar", "label"] == "AR (torch copy)"
+    assert "SD-tree 3 nodes ran on the torch copy of the target" in result.verdict
 
 
 def test_a_comparison_sets_a_torch_copy_method_against_the_torch_copys_ar(lm_pair):
@@ -742,10 +764,30 @@ def test_the_sweep_tab_runs_on_the_runtime_and_its_rows_name_it(page_presets, tm
     assert summary["runtime"].tolist() == ["onnx fp32"] * 3
 
 
+@pytest.mark.filterwarnings("ignore::Warning:gradio")  # Gradio's own deprecations while it builds the outputs
+def test_the_sweep_tab_runs_a_tree_on_the_runtime_pairs_torch_copy_and_says_so(page_presets, tmp_path):
+    """The Sweep tab runs an sd-tree setting on a runtime pair as the Benchmark tab does: on the torch copy,
+    beside AR on that copy, its table naming which target each setting timed and its verdict saying why."""
+    import pandas as pd
+
+    from specdemo.app.page import PairCache
+
+    cache = PairCache(float32_loader, warm_up=False)
+    *_, outputs = sweep_tab_run(page_presets, tmp_path, cache.get, methods=["sd-tree"], node_budget="3")
+    assert outputs[0].startswith("Done: 3 runs"), outputs[0]
+    rows = pd.read_csv(tmp_path / "sweep.csv").set_index("setting")
+    assert rows.loc["sd-tree:node_budget=3", "runtime"] == "torch copy" and rows.loc["sd-tree:node_budget=3", "matches_ar"]
+    assert rows.loc["ar", "runtime"] == "onnx fp32" and rows.loc["torch-ar", "runtime"] == "torch copy"
+    shown = next(o for o in outputs if isinstance(o, pd.DataFrame))
+    assert list(shown.columns[:2]) == ["setting", "runtime"]
+    assert "SD-tree 3 nodes" in shown.setting.tolist() and "torch copy" in shown.runtime.tolist()
+    assert any(isinstance(o, str) and "ran on the torch copy of the target: the method drafts a tree" in o
+               for o in outputs)
+
+
 @pytest.mark.parametrize("changes, message", [
-    ({"methods": ["sd-tree"], "node_budget": "3"},
-     "sd-tree: the method drafts a tree, and the onnx runtime verifies a chain only"),
     ({"target_dtype_axis": "bfloat16"}, "target_dtype=bfloat16: the onnx runtime runs the target at float32, int8"),
+    ({"target_kv": "streaming", "kv_budget": 16}, "target_kv=streaming: the onnx runtime keeps its own full cache"),
 ])
 def test_what_the_runtime_refuses_stops_the_sweep_tab_before_it_loads_a_pair(page_presets, tmp_path, changes,
                                                                              message):

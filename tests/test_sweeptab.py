@@ -107,12 +107,16 @@ def test_the_runtime_comes_from_the_form_or_the_pages_default_and_is_checked_aga
     assert [c for c, _ in planned] == [{"target_dtype": d, "draft_dtype": "bfloat16"} for d in ("int4", "float32")]
 
 
+def test_trees_and_torchs_own_loops_on_the_runtime_are_taken_for_its_torch_copy(runtime_presets):
+    """As on the Benchmark tab, a method the runtime cannot run is no refusal: it runs on the pair's torch copy,
+    set against AR on that copy (`bench.sweep.sweep_runs`)."""
+    request = runtime_request(runtime_presets, runtime="onnx", methods=["sd", "sd-tree", "beam", "ar-nocache"],
+                              node_budget="3")
+    assert request.runtime == "onnx"
+    assert {s.method for s in request.settings} == {"ar", "sd", "sd-tree", "beam", "ar-nocache"}
+
+
 @pytest.mark.parametrize("changes, message", [
-    ({"methods": ["sd", "sd-tree", "beam", "ar-nocache"], "node_budget": "3"},
-     "sd-tree: the method drafts a tree, and the onnx runtime verifies a chain only (no tree attention mask): choose a "
-     "chain method (sd, egag, nasd, rest, the adaptive stops), or choose the torch target runtime (runtime=torch); "
-     "beam: the method runs torch's own loop over the target (beam search), not the onnx runtime's: choose the torch "
-     "target runtime (runtime=torch); ar-nocache: the method runs torch's own loop over the target (no KV cache)"),
     ({"target_kv_axis": "full,streaming", "kv_budget_axis": "64"},
      "target_kv=streaming: the onnx runtime keeps its own full cache, so target_kv=streaming cannot compress it: use "
      "full, or choose the torch target runtime (runtime=torch)"),

@@ -242,3 +242,8 @@ def test_the_charts_placeholder_is_a_chart_without_axes_that_says_what_comes():
     assert not fig.layout.xaxis.visible and not fig.layout.yaxis.visible
     (note,) = fig.layout.annotations
     assert note.text == "<i>The charts appear here.</i><br><i>Drawn &lt;after&gt; the run.</i>"
+
+
+def test_byte_counts_read_in_decimal_units():
+    assert [viz.byte_size(n) for n in (950, 73_728, 12_300_000, 1_400_000_000, float("nan"))] == [
+        "950 B", "73.7 kB", "12.3 MB", "1.4 GB", "–"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -160,3 +161,25 @@ def build_tiny_seq2seq_pair(root: Path, family: str = "t5", dtype: str = "float6
         write_seq2seq_model(draft_dir, family, seed=1, like=target_dir, noise=draft_noise)
         write_seq2seq_tokenizer(draft_dir, vocab)
     return specdemo.load_pair(str(target_dir), str(draft_dir), device="cpu", dtype=dtype, runtime=runtime)
+
+
+@contextmanager
+def verification_swaps_the_top_two(pair):
+    """While the block runs, every target forward that scores more than one position (a verification of
+    drafts) swaps its two best logits at each position; the one-position step (AR's) is untouched. A planted
+    stand-in for a verification that rounds unlike AR's step: greedy SD leaves AR's tokens at its first
+    verified token, by AR's own top-1 minus top-2 margin there."""
+    def swap(module, inputs, output):
+        if output.dim() < 2 or output.shape[-2] < 2:
+            return output
+        top = output.topk(2, dim=-1)
+        swapped = output.clone()
+        swapped.scatter_(-1, top.indices[..., :1], top.values[..., 1:])
+        swapped.scatter_(-1, top.indices[..., 1:], top.values[..., :1])
+        return swapped
+
+    handle = pair.target.get_output_embeddings().register_forward_hook(swap)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -309,13 +309,17 @@ def final_update(pair: ModelPair, request: Request, progress: "RunProgress", ela
     """Everything the page draws, in one update once every method has ended: the panels, the charts,
     the table, the explanation and the CSVs."""
     results = list(progress.results.values()) + ([progress.reference] if progress.reference is not None else [])
-    panels = {k: viz.render_panel(name, progress.results[k], pair.tokenizer) if k in progress.results
-              else progress.failed_panels.get(k, "") for k, name in enumerate(progress.names)}
     if not results:
+        panels = {k: progress.failed_panels.get(k, "") for k in range(len(progress.names))}
         return RunUpdate(status="⚠️ nothing ran: " + "; ".join(progress.errors), shown=len(progress.names),
                          panels=panels)
     float32_ar, reference_note = float32_reference(pair, request, results)
     comparison = tabulate(pair, results, float32_ar)
+    # A panel outlines where its output first left AR's, its tooltip saying whether AR's choice was a near-tie.
+    diverged = viz.divergences(comparison.summary)
+    panels = {k: viz.render_panel(name, progress.results[k], pair.tokenizer,
+                                  divergence=diverged.get(progress.results[k].method))
+              if k in progress.results else progress.failed_panels.get(k, "") for k, name in enumerate(progress.names)}
     # Without a tree method the trees' charts stay hidden: neither built nor sent to the browser.
     trees = any(r.tree is not None for result in results for r in result.rounds)
     return RunUpdate(status=done_status(request, results, progress.errors, elapsed) + reference_note,

@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from . import forms, handlers
+from .benchtab import timed_another_runtime
 from ..bench import sweep
 from ..bench.sweep.axes import CACHE_AXES, PRECISION_AXES, SAMPLING_AXES, axes_table, combinations, label, parse_axis, stacked
 from ..bench.sweep.charts import temperature_figure
@@ -56,8 +57,8 @@ FORM = ("preset", "methods", *GRID, "categories", "prompts_per_category", "repea
         *AXIS_FIELDS.values())  # before SHARED_PARAMS
 FORM_AFTER = ("runtime", TEMPERATURE_AXIS)  # after SHARED_PARAMS, so that the parameters before them keep their places
 RUNTIME_INFO = ("onnx: the target on ONNX Runtime (the CPU), exported on first use (about 30 s); trees, beam "
-                "search, AR without a cache, compressing target KV caches and target precisions other than "
-                "float32, int8 and int4 run on torch only")
+                "search and AR without a cache run on its torch copy, set against AR on that copy; compressing "
+                "target KV caches and target precisions other than float32, int8 and int4 run on torch only")
 GRID_LABELS = {"gamma": "SD: γ values", "gamma_max": "EGAG: γ_max values", "ema": "EGAG: EMA β values",
                "ngram_n": "NASD: n values", "copy_n": "SD / EGAG: copy_n values (0 = off; empty = the default)",
                "node_budget": "SD-tree: node budgets", "adaedl_lambda": "AdaEDL: λ values",
@@ -88,7 +89,10 @@ def default_form(limits: Limits) -> dict[str, Any]:
 
 
 def table(summary: pd.DataFrame) -> pd.DataFrame:
-    shown = summary[TABLE_COLUMNS].copy()
+    columns = list(TABLE_COLUMNS)
+    if timed_another_runtime(summary):  # which target each setting timed, as the Benchmark tab shows it
+        columns.insert(columns.index("label") + 1, "runtime")
+    shown = summary[columns].copy()
     numeric = shown.select_dtypes("number").columns
     shown[numeric] = shown[numeric].round(3)
     return shown.rename(columns={"label": "setting"})
@@ -168,7 +172,9 @@ def make_sweep_request(form: Mapping[str, Any], presets: Mapping[str, Preset], l
     # What the runtime's offer reads of a page.
     page = SimpleNamespace(presets=presets, runtimes=tuple(runtimes), auto_runtime=auto_runtime)
     runtime = chosen_runtime(page, form["preset"], form.get("runtime"))
-    refuse_unavailable(methods, unavailable_methods(chosen.draft_kind, runtime, pair_runtimes(page, form["preset"])))
+    # A tree the runtime cannot verify runs on the torch copy, beside that copy's AR (`bench.sweep.sweep_runs`).
+    refuse_unavailable(methods, unavailable_methods(chosen.draft_kind, runtime, pair_runtimes(page, form["preset"]),
+                                                    torch_copy=True))
     refuse_on_runtime(runtime, planned or [({}, params)])
     return SweepRequest(chosen.target, chosen.draft, settings, prompts, repeats, params, planned, runtime)
 

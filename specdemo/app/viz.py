@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from ..bench.measure import acceptance, acceptance_charts
 from ..bench.measure.tables import summary_frame, tokens_frame
 from ..engine.methods import METHODS, is_lossless
+from ..engine.divergence import describe_margin
 from ..models.precision import mismatch_reading
 from ..models.torch_copy import TORCH_COPY, TORCH_COPY_AR
 from ..engine.trace import (ACCEPTED, BONUS, COPIED, CORRECTED, REJECTED, TARGET, DraftDecision, GenerationResult,
@@ -53,6 +54,7 @@ METHOD_COLORS: dict[str, str] = {
 FALLBACK_COLORS = ("#0f766e", "#9333ea", "#b45309", "#be123c", "#1d4ed8")
 
 TOKEN_CLASS = "sd-tok"
+DIVERGES_CLASS = "sd-diverges"  # the first output token unlike AR's (engine.divergence)
 
 # Styles for the spans this module writes. Scoped by class names only, so the same string
 # works as page-wide CSS and as a component's own stylesheet.
@@ -77,6 +79,8 @@ TOKEN_CSS = "\n".join(
         f".{TOKEN_CLASS}{{border-radius:3px;padding:.1em 0;box-decoration-break:clone;"
         "-webkit-box-decoration-break:clone;cursor:help;}",
         ".sd-nl{opacity:.45;font-size:.8em;}",
+        # The first token unlike AR's: its title says whether AR's choice there was a near-tie.
+        f".{TOKEN_CLASS}.{DIVERGES_CLASS}{{outline:2px dashed #b91c1c;outline-offset:1px;}}",
         *(
             f".{TOKEN_CLASS}.sd-{origin}{{background:{style.background};color:{style.foreground};}}"
             for origin, style in ORIGIN_STYLES.items()
@@ -140,13 +144,14 @@ def legend_html() -> str:
     return f'<div class="sd-legend">{"".join(items)}{note}</div>'
 
 
-def _token_span(text: str, origin: str, title: str) -> str:
+def _token_span(text: str, origin: str, title: str, extra_class: str = "") -> str:
     # Newlines stay real newlines (the container is pre-wrap) with a faint marker, so a
     # token that is only "\n" is still visible and hoverable.
     body = html.escape(text).replace("\n", '<span class="sd-nl">↵</span>\n')
     if not body:
         body = "∅"
-    return f'<span class="{TOKEN_CLASS} sd-{origin}" title="{html.escape(title, quote=True)}">{body}</span>'
+    classes = f"{TOKEN_CLASS} sd-{origin}" + (f" {extra_class}" if extra_class else "")
+    return f'<span class="{classes}" title="{html.escape(title, quote=True)}">{body}</span>'
 
 
 def _fmt_entropy(value: float | None) -> str:
@@ -219,13 +224,22 @@ def rejected_texts(result: GenerationResult, r: Round, output_before: Sequence[i
     return [token_text(tokenizer, sequence, first + i, floor=len(result.output_context)) for i in range(len(rejected))]
 
 
-def render_tokens(result: GenerationResult, tokenizer=None, cache: dict | None = None) -> str:
+def divergence_title(margin: float) -> str:
+    """The line a diverging token's tooltip adds: "first token unlike AR's: near-tie (margin 0.12)"."""
+    return f"first token unlike AR's: {describe_margin(margin)}"
+
+
+def render_tokens(result: GenerationResult, tokenizer=None, cache: dict | None = None,
+                  divergence: tuple[int | None, float] | None = None) -> str:
     """The output as coloured spans, each round's rejected drafts struck through after its
     accepted ones (where the target's correction then takes over).
 
     `cache` (any dict kept by the caller across calls on the same result) saves decoding a
     round's rejected drafts again when the panel is re-rendered after every round.
+    `divergence` ((first_divergence, divergence_margin) against AR, `engine.divergence`): the token there
+    is outlined, and its tooltip says whether AR's choice there was a near-tie.
     """
+    diverges_at, margin = divergence if divergence is not None else (None, math.nan)
     parts: list[str] = []
     position = 0
     ids = result.token_ids
@@ -265,7 +279,11 @@ def render_tokens(result: GenerationResult, tokenizer=None, cache: dict | None =
                 what = ORIGIN_STYLES.get(record.origin, ORIGIN_STYLES[TARGET]).label + " (target)"
                 if is_next and r.next_p is not None:
                     what += f"\nthe target's p {_prob(r.next_p)}"
-            parts.append(_token_span(record.text, record.origin, _round_title(r, what, entropy)))
+            title = _round_title(r, what, entropy)
+            if diverges_at == position + i:
+                title += "\n" + divergence_title(margin)
+            parts.append(_token_span(record.text, record.origin, title, DIVERGES_CLASS if diverges_at == position + i
+                                     else ""))
         position += count
     return "".join(parts)
 
@@ -291,10 +309,12 @@ def render_panel(
     state: str | None = None,
     message: str | None = None,
     cache: dict | None = None,
+    divergence: tuple[int | None, float] | None = None,
 ) -> str:
     """One method's panel: header (name, live numbers, state) and the highlighted text.
 
-    state: "waiting", "running", "done", "stopped" or "error" (default: from result.done).
+    state: "waiting", "running", "done", "stopped" or "error" (default: from result.done);
+    divergence: where its output first left AR's, and AR's margin there (`render_tokens`).
     """
     color = method_color(method)
     description = METHODS[method].description if method in METHODS else ""
@@ -306,7 +326,7 @@ def render_panel(
     elif result is None or not result.tokens:
         body = '<span class="sd-empty">waiting for the first round…</span>'
     else:
-        body = render_tokens(result, tokenizer, cache)
+        body = render_tokens(result, tokenizer, cache, divergence)
     return (
         f'<div class="sd-panel" data-method="{html.escape(method)}" style="--sd-method:{color}">'
         f'<div class="sd-panel-head"><span class="sd-panel-name">{html.escape(method_label(method))}</span>'
@@ -480,7 +500,8 @@ def all_figures(results: Sequence[GenerationResult]) -> dict[str, go.Figure]:
 
 DISPLAY_COLUMNS = [
     "method", "drafter", "tokens", "tokens/s", "speedup vs AR", "TTFT (s)", "acceptance α", "tokens per round",
-    "target forwards / token", "mean γ", "nodes / round", "KV cache peak (target / draft)", "quality",
+    "target forwards / token", "mean γ", "nodes / round", "KV cache peak (target / draft)", "first divergence",
+    "quality",
 ]
 
 
@@ -524,6 +545,22 @@ def _kv_cell(row: pd.Series) -> str:
     return byte_size(row.get("target_kv_bytes_peak")) + (f" / {byte_size(draft)}" if draft and not _isnan(draft) else "")
 
 
+def _divergence_cell(row: pd.Series) -> str:
+    """Where the output first left AR's and AR's margin there: "token 12: near-tie (margin 0.12)"; "–" where equal."""
+    index, margin = row.get("first_divergence"), row.get("divergence_margin")
+    if index is None or pd.isna(index):
+        return "–"
+    return f"token {int(index)}: {describe_margin(math.nan if margin is None or pd.isna(margin) else float(margin))}"
+
+
+def divergences(summary: pd.DataFrame) -> dict[str, tuple[int | None, float]]:
+    """Each method's (first_divergence, divergence_margin) from a comparison's summary, for its panel."""
+    if summary.empty or "first_divergence" not in summary:
+        return {}
+    return {row["method"]: (int(row["first_divergence"]), float(row["divergence_margin"]))
+            for _, row in summary.iterrows() if not pd.isna(row["first_divergence"])}
+
+
 def _on_torch_copy(row: pd.Series) -> bool:
     """Whether the row's method ran on the torch copy of a runtime target (its ratio is over that copy's AR)."""
     return row.get("runtime") == TORCH_COPY and row["method"] != TORCH_COPY_AR
@@ -563,6 +600,7 @@ def display_table(summary: pd.DataFrame) -> pd.DataFrame:
             # Drafts a round offers the target: a tree's nodes, a chain's tokens.
             "nodes / round": _num(row["mean_drafted"], ".2f"),
             "KV cache peak (target / draft)": _kv_cell(row),
+            "first divergence": _divergence_cell(row),
             "quality": _quality(row),
             **(_vs_float32_cells(row) if against_float32 else {}),
         })

@@ -211,8 +211,8 @@ def _print_overhead(report: OverheadReport, csv: str | None) -> None:
 
 def _print_summary(result: BenchResult) -> None:
     shown = ["category", "method", "tokens_per_s_mean", "tokens_per_s_std", "speedup_vs_ar", "speedup_vs_hf",
-             "speedup_vs_hf_static", "acceptance_rate", "mean_accepted_tokens", "exact_match_pct", "predicted_speedup",
-             "cache", "runtime", "compile_seconds", "errors"]
+             "speedup_vs_hf_static", "acceptance_rate", "mean_accepted_tokens", "exact_match_pct", "first_divergence",
+             "divergence_margin", "predicted_speedup", "cache", "runtime", "compile_seconds", "errors"]
     overall = result.summary[result.summary.category == ALL]
     shown = [c for c in shown if c not in ("speedup_vs_hf", "speedup_vs_hf_static") or overall[c].notna().any()]
     shown[shown.index("predicted_speedup"):shown.index("predicted_speedup")] = [

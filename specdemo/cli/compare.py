@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 import pandas as pd
 
@@ -10,6 +11,7 @@ from ..bench.measure.acceptance import comparison_break_evens, describe_auc
 from ..bench.measure.compare import run_comparison
 from ..bench.measure.tables import nodes_frame
 from ..bench.measure.vs_float32 import VS_FLOAT32_COLUMNS, Float32Reference, runs_below_float32
+from ..engine.divergence import describe_margin
 from ..engine.methods import parse_methods
 from ..models.precision import exactness_sentence, is_exact, mismatch_reading
 from .common import (add_decoding_arguments, add_model_arguments, decode_params, default_chat, engine_options,
@@ -51,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
     print(precision_line(summary))
     with pd.option_context("display.max_columns", None, "display.width", 160, "display.float_format", "{:.3f}".format):
         shown = ["label", "new_tokens", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
-                 "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma", "matches_ar", "perplexity", "cache",
-                 "compile_seconds"]
+                 "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma", "matches_ar", "first_divergence",
+                 "divergence_margin", "perplexity", "cache", "compile_seconds"]
         if comparison.float32_ar is not None:
             shown += VS_FLOAT32_COLUMNS
         print(summary[shown].to_string(index=False))
@@ -95,6 +97,13 @@ def precision_line(summary: pd.DataFrame) -> str:
     return line
 
 
+def divergence_phrase(index, margin) -> str:
+    """", from token 12: near-tie (margin 0.12)" where the first divergence is known, else ""."""
+    if index is None or pd.isna(index):
+        return ""
+    return f", from token {int(index)}: {describe_margin(float(margin) if margin is not None else math.nan)}"
+
+
 def mismatch_lines(summary: pd.DataFrame) -> list[str]:
     """Each greedy run that left AR's tokens, read at its target's exactness: a fault of the method
     where the verification is exact, the precision's rounding where it is not."""
@@ -103,7 +112,8 @@ def mismatch_lines(summary: pd.DataFrame) -> list[str]:
         if not bool(row["matches_ar"]):
             exactness = row.get("exactness") if isinstance(row.get("exactness"), str) else ""
             lines.append(f"{row['label']}: {mismatch_reading(exactness)}"
-                         + ("" if is_exact(exactness) else " (its rounding, not a fault of the method)"))
+                         + ("" if is_exact(exactness) else " (its rounding, not a fault of the method)")
+                         + divergence_phrase(row.get("first_divergence"), row.get("divergence_margin")))
     return lines
 
 

@@ -11,6 +11,8 @@ cached LMs (`engine/targets/lm.py`) keep that difference to themselves.
 
 from __future__ import annotations
 
+import math
+
 import random
 from typing import Iterator, Sequence
 
@@ -213,6 +215,16 @@ def _check_stop(result: GenerationResult, max_new_tokens: int, pair: Pair) -> No
         result.text = pair.tokenizer.decode(result.token_ids, skip_special_tokens=True)
 
 
+def top2_margins(verified_logits: torch.Tensor | None, count: int) -> list[float]:
+    """The top-1 minus top-2 logit of each of the first `count` verified rows (row i chose new token i): one
+    topk(2) on logits the round computed already, read off the clock; NaN where a row is missing."""
+    if verified_logits is None or verified_logits.dim() != 2 or verified_logits.shape[-1] < 2:
+        return [math.nan] * count
+    rows = verified_logits[:count].float().topk(2, dim=-1).values
+    margins = (rows[:, 0] - rows[:, 1]).tolist()
+    return margins + [math.nan] * (count - len(margins))
+
+
 def _record(result: GenerationResult, outcome: RoundOutcome, phases: list[float], pair: Pair,
             sequence: list[int]) -> None:
     """The round into the trace: its `Round` (with the round's note on where drafting stopped
@@ -226,6 +238,7 @@ def _record(result: GenerationResult, outcome: RoundOutcome, phases: list[float]
         new_tokens=outcome.new_tokens, source=outcome.source, tree=outcome.tree, decisions=outcome.decisions,
         next_p=outcome.next_p, early_stop=outcome.early_stop,
     )
+    result.top2_margins.extend(top2_margins(outcome.verified_logits, len(round_.new_tokens)))
     origins = ["accepted"] * len(round_.new_tokens)
     if round_.next_token is not None:
         origins[-1] = round_.next_origin

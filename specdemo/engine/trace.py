@@ -169,6 +169,9 @@ class GenerationResult:
     # among them; a batch's rows count their times from the batch's start, so `seconds` is the latency.
     batch_size: int = 1
     batch_row: int = 0
+    # The writer's top-1 minus top-2 logit where it chose each new token (NaN where unknown): AR's are where
+    # another output's first divergence is judged a near-tie or not (`engine.divergence`).
+    top2_margins: list[float] = field(default_factory=list)
 
     @property
     def output_context(self) -> list[int]:

@@ -30,6 +30,7 @@ TORCH_COPY = "torch copy"  # a result's `runtime` where it ran on the torch copy
 # The torch copy's AR as a comparison's reference row, beside a method that ran on the torch copy (the
 # benchmark's peer of the same name: AR on the torch copy).
 TORCH_COPY_AR = "torch-ar"
+TORCH_COPY_AR_REASON = "the torch copy's AR: the reference of the methods that run on the torch copy"
 
 
 def on_torch(pair):
@@ -123,7 +124,7 @@ def torch_copy_ar(pair, prompt, decode: DecodeParams, limits=None, *, cache: str
     """AR on the torch copy of a runtime target: the reference row of the methods that ran there."""
     result = generate(on_torch(pair), prompt, "ar", limits, decode, cache=cache)
     result.method, result.runtime = TORCH_COPY_AR, TORCH_COPY
-    result.runtime_reason = "the torch copy's AR: the reference of the methods that run on the torch copy"
+    result.runtime_reason = TORCH_COPY_AR_REASON
     return result
 
 

@@ -17,10 +17,12 @@ from typing import Any, Callable, Iterable, Sequence
 import pandas as pd
 import torch
 
+from ...engine.divergence import DIVERGENCE_COLUMNS, divergence_where_compared
 from ...engine.methods import is_lossless, matches_reference
 from ...engine.params import DecodeParams, EngineOptions
-from .runners import (HF_METHODS, RUNTIME_PEERS, TORCH_AR, HFRunner, Run, bench_methods, measured_on, on_torch,
-                      parse_bench_methods, result_for_perplexity, run_ours, with_torch_copy_reference)
+from .runners import (HF_METHODS, RUNTIME_PEERS, TORCH_AR, HFRunner, Run, bench_methods, measured_on,
+                      parse_bench_methods, result_for_perplexity, run_ours, run_torch_copy_ar,
+                      with_torch_copy_reference)
 from .quality import QUALITY_COLUMNS, reference_scores
 from .runtime_peers import RuntimeRunner
 from ...models.torch_copy import TORCH_COPY
@@ -38,8 +40,8 @@ ROW_COLUMNS = [
     "new_tokens", "seconds", "tokens_per_s", "engine_seconds", "ttft_s", "prefill_s", "rounds", "copied_rounds", "drafted",
     "accepted", "rejected_rounds", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards",
     "draft_forwards", "target_forwards_per_token", "mean_gamma", "mean_drafted", "mean_entropy",
-    "draft_seconds", "verify_seconds", "matches_ar", "perplexity", *QUALITY_COLUMNS, "stop_reason", "cache", "runtime",
-    "exactness", "compile_seconds", "error", "note", "node", "device", "output_ids", "text",
+    "draft_seconds", "verify_seconds", "matches_ar", *DIVERGENCE_COLUMNS, "perplexity", *QUALITY_COLUMNS, "stop_reason",
+    "cache", "runtime", "exactness", "compile_seconds", "error", "note", "node", "device", "output_ids", "text",
     # Against float32 AR of the same target weights on the same prompt and repeat, where a model runs below
     # float32 (bench.vs_float32): that run's seconds and tokens (for speedup_vs_fp32_ar) and the agreement.
     "fp32_ar_seconds", "fp32_ar_new_tokens", *AGREEMENT_COLUMNS,
@@ -222,10 +224,8 @@ class _Session:
         values = {k: v for k, v in self.decode.as_dict().items() if k != "seed"}
         if max_new_tokens is not None:
             values["max_new_tokens"] = max_new_tokens
-        if method == TORCH_AR:  # labelled as the Playground labels its reference row
-            run = run_ours(on_torch(self.pair), "ar", ids, values, seed, **self.engine.as_kwargs())
-            run.stats["runtime"] = TORCH_COPY
-            return run
+        if method == TORCH_AR:
+            return run_torch_copy_ar(self.pair, ids, values, seed, **self.engine.as_kwargs())
         if method in RUNTIME_PEERS:
             return self.runtime.run(method, ids, seed, max_new_tokens)
         return run_ours(self.pair, method, ids, values, seed, **self.engine.as_kwargs())
@@ -382,6 +382,9 @@ def _fill_row(row: dict, run: Run, pair, decode: DecodeParams, prompt_ids, refer
     compared = greedy and reference is not None and is_lossless(row["method"])
     ran_with = run.result.params if run.result is not None else {}
     row["matches_ar"] = matches_reference(run.token_ids, ran_with, reference.token_ids) if compared else None
+    margins = reference.result.top2_margins if reference is not None and reference.result is not None else []
+    row["first_divergence"], row["divergence_margin"] = divergence_where_compared(
+        row["matches_ar"], run.token_ids, reference.token_ids if reference is not None else [], margins)
     if greedy:
         row["perplexity"] = math.nan
     else:

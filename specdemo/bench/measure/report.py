@@ -205,8 +205,8 @@ def _summary_table(summary: pd.DataFrame) -> str:
     """The report's summary table: the columns a reader compares, in HTML."""
     shown = ["category", "method", "runs", "tokens_per_s_mean", "tokens_per_s_std", "speedup_vs_ar",
              "speedup_vs_hf", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token",
-             "mean_gamma", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
-             "predicted_speedup_v", "cache", "compile_seconds", "errors"]
+             "mean_gamma", "exact_match_pct", "first_divergence", "divergence_margin", "perplexity", "cost_ratio",
+             "verify_cost_ratio", "predicted_speedup", "predicted_speedup_v", "cache", "compile_seconds", "errors"]
     if summary.speedup_vs_hf_static.notna().any():
         shown.insert(shown.index("speedup_vs_hf") + 1, "speedup_vs_hf_static")
     shown += [c for c in QUALITY_COLUMNS if c in summary and summary[c].notna().any()]

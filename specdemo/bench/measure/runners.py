@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ...models.torch_copy import generate, on_torch, runtime_refusal
+from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR_REASON, generate, on_torch, runtime_refusal
 from ...engine.targets.seq2seq import decoder_start
 from ...engine.methods import HEAD_KINDS, METHODS
 from ...engine.params import DecodeParams
@@ -169,6 +169,16 @@ def run_ours(pair, method: str, prompt_ids: list[int], params: dict, seed: int, 
     stats["prefill_s"] = result.prefill_seconds
     rounds = [(len(r.drafted), r.accepted) for r in result.rounds]
     return Run(result.token_ids, seconds, stats, rounds, result)
+
+
+def run_torch_copy_ar(pair, prompt_ids: list[int], params: dict, seed: int, cache: str | None = None,
+                      compile: bool = False) -> Run:
+    """AR timed on the torch copy of a runtime target (TORCH_AR), its row labelled as the Playground labels
+    its reference row: the reference of every method that ran on that copy."""
+    run = run_ours(on_torch(pair), "ar", prompt_ids, params, seed, cache=cache, compile=compile)
+    run.stats["runtime"] = TORCH_COPY
+    run.stats["runtime_reason"] = run.result.runtime_reason = TORCH_COPY_AR_REASON
+    return run
 
 
 class _AssistRecorder:

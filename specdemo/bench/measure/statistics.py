@@ -33,6 +33,11 @@ Definitions used in the tables (written into the report too):
                   AR's verify_seconds / target_forwards, per category).
   matches_ar      greedy runs of lossless methods: the same tokens as AR (per turn); empty
                   for beam search and the draft alone, which are not meant to match.
+  first_divergence  where a greedy run of a lossless method differs from AR: the index of its first new
+                  token unlike AR's (empty where equal); in the summary, the earliest over the runs.
+  divergence_margin  AR's top-1 minus top-2 logit at that index (engine.divergence): under
+                  NEAR_TIE_MARGIN (0.5) a near-tie; in the summary, the largest over the runs that
+                  differed, so a value under 0.5 says every divergence was a near-tie.
   exactness       what matches_ar can promise on this target (models.precision): "bit-exact",
                   "exact at float32", or "up to near-ties at bfloat16" (int4, ...), where a
                   mismatch is the precision's rounding, not a fault of the method.
@@ -71,6 +76,7 @@ import pandas as pd
 from .acceptance import BreakEven, entropy_auc
 from .quality import QUALITY_COLUMNS
 from .runners import TORCH_AR, bench_methods
+from ...engine.divergence import DIVERGENCE_COLUMNS
 from ...models.torch_copy import TORCH_COPY
 from ..suite import ALL
 from .vs_float32 import AGREEMENT_COLUMNS, VS_FLOAT32_COLUMNS
@@ -82,7 +88,7 @@ SUMMARY_COLUMNS = [
     "category", "method", "label", "prompts", "runs", "errors", "new_tokens_mean", "tokens_per_s_mean",
     "tokens_per_s_std", "speedup_vs_ar", "speedup_vs_ar_std", "speedup_vs_hf", "speedup_vs_hf_std",
     "speedup_vs_hf_static", "speedup_vs_hf_static_std", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma",
-    "mean_drafted", "copied_share", "exact_match_pct", "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
+    "mean_drafted", "copied_share", "exact_match_pct", *DIVERGENCE_COLUMNS, "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
     "predicted_speedup_v", "break_even_tokens", "entropy_auc", "entropy_auc_n", *QUALITY_COLUMNS, "cache",
     "runtime", "exactness", "compile_seconds", *VS_FLOAT32_COLUMNS,
 ]
@@ -187,6 +193,16 @@ def summarize(rows: pd.DataFrame, gamma: int | None = None, tokens: pd.DataFrame
     return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
 
 
+def _divergences(mine: pd.DataFrame) -> dict:
+    """Over a method's runs that differed from AR: the earliest first divergence, and the largest reference
+    margin at a divergence (under `divergence.NEAR_TIE_MARGIN`: every divergence was a near-tie); NaN for none."""
+    if "first_divergence" not in mine:
+        return {"first_divergence": math.nan, "divergence_margin": math.nan}
+    first, margins = pd.to_numeric(mine.first_divergence).dropna(), pd.to_numeric(mine.divergence_margin).dropna()
+    return {"first_divergence": float(first.min()) if len(first) else math.nan,
+            "divergence_margin": float(margins.max()) if len(margins) else math.nan}
+
+
 def _measured(sub: pd.DataFrame, mine: pd.DataFrame, everything: pd.DataFrame, method: str) -> dict:
     """What one method's runs in one category measured: speed, its ratios, acceptance and quality."""
     per_repeat = mine.groupby("repeat")[["new_tokens", "seconds"]].sum()
@@ -218,6 +234,7 @@ def _measured(sub: pd.DataFrame, mine: pd.DataFrame, everything: pd.DataFrame, m
         "copied_share": (_ratio(mine.copied_rounds.sum(), mine.rounds.sum())
                          if mine.copied_rounds.notna().any() else math.nan),
         "exact_match_pct": 100.0 * matches.astype(bool).mean() if len(matches) else math.nan,
+        **_divergences(mine),
         "perplexity": mine.perplexity.mean() if mine.perplexity.notna().any() else math.nan,
         "cost_ratio": math.nan, "verify_cost_ratio": math.nan, "predicted_speedup": math.nan,
         "predicted_speedup_v": math.nan, "break_even_tokens": math.nan,

@@ -15,6 +15,7 @@ from ...engine.targets.seq2seq import decoder_start
 from ...engine.methods import METHODS, is_lossless, matches_reference
 from ...engine.sampling import probabilities
 from ...engine.targets.kv_policy import lossless_under
+from ...engine.divergence import DIVERGENCE_COLUMNS, divergence_where_compared
 from ...engine.targets.memory import MEMORY_STATS
 from ...engine.trace import GenerationResult, StopNote
 from .acceptance import entropy_auc
@@ -26,7 +27,7 @@ TORCH_COPY_AR_LABEL = f"AR ({TORCH_COPY})"
 SUMMARY_COLUMNS = [
     "method", "label", "drafter", "new_tokens", "seconds", "tokens_per_s", "speedup_vs_ar", "ttft_s", "acceptance_rate",
     "mean_accepted_tokens", "copied_rounds", "target_forwards", "draft_forwards", "target_forwards_per_token", "mean_gamma",
-    "mean_drafted", "mean_entropy", "matches_ar", "perplexity", "stop_reason", "temperature", "seed",
+    "mean_drafted", "mean_entropy", "matches_ar", *DIVERGENCE_COLUMNS, "perplexity", "stop_reason", "temperature", "seed",
     "cache", "compile_seconds", "threads", "alpha", "rounds", "draft_seconds", "verify_seconds", "entropy_auc",
     "entropy_auc_n", "note", "target_kv", "draft_kv", "target_dtype", "draft_dtype", "exactness", "runtime", "runtime_reason", *MEMORY_STATS, *VS_FLOAT32_COLUMNS,
 ]
@@ -92,6 +93,9 @@ def summary_frame(
             if reference is not None and greedy and is_lossless(result.method) and lossless_under(result.params)
             else None
         )
+        row["first_divergence"], row["divergence_margin"] = divergence_where_compared(
+            row["matches_ar"], result.token_ids, reference.token_ids if reference is not None else [],
+            reference.top2_margins if reference is not None else [])
         row["perplexity"] = (perplexities or {}).get(result.method, math.nan)
         row["target_kv"], row["draft_kv"] = result.params.get("target_kv"), result.params.get("draft_kv")
         row["target_dtype"], row["draft_dtype"] = target_dtype, draft_dtype

@@ -12,6 +12,7 @@ import pandas as pd
 
 from ...engine.methods import BASELINES, METHODS
 from ...engine.params import PARAMS, DecodeParams
+from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR
 
 SWEEP_METHODS = ("sd", "egag", "nasd", "sd-tree", "adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic",
                  "rest", "osd", "adaedl-tree", "egag-token-tree")
@@ -83,6 +84,8 @@ class Setting:
 
     @property
     def method_label(self) -> str:
+        if self.method == TORCH_COPY_AR:
+            return f"AR ({TORCH_COPY})"
         return METHODS[self.method].label if self.method in METHODS else self.method
 
     def params(self) -> dict[str, Any]:
@@ -96,6 +99,9 @@ class Setting:
 
 
 AR = Setting("ar")
+# AR on the torch copy of a runtime target: run beside AR where a setting runs on that copy (a tree the runtime
+# cannot verify), as the reference of those settings (`models.torch_copy`).
+TORCH_COPY_AR_SETTING = Setting(TORCH_COPY_AR)
 
 
 def copy_phrase(copy_n: Any, before: str = "") -> str:

@@ -23,7 +23,13 @@ Definitions of the row columns (one row per method, setting, prompt and repeat):
                       an approximation since its γ varies by round.
   target_kv_bytes_peak, draft_kv_bytes_peak  the most bytes that model's KV cache held during the
                       run (0 where no draft model drafts), as the engine's memory columns record it.
-  runtime             what ran the target's forwards: "torch", or the runtime and its weights ("onnx fp32").
+  runtime             what ran the target's forwards: "torch", the runtime and its weights ("onnx fp32"), or
+                      "torch copy" for a setting the runtime cannot run (a tree), which ran on the torch
+                      weights the pair keeps and is set against AR on that copy (the "torch-ar" rows).
+  first_divergence, divergence_margin  where a run that differs from AR first leaves AR's tokens (empty
+                      where equal) and AR's top-1 minus top-2 logit there (engine.divergence).
+  runtime_reason      why the target ran where it did (for a "torch copy" row: what the runtime refused).
+  speedup_vs_ar, matches_ar  for a "torch copy" row: over AR on the torch copy, in the same prompt and repeat.
   node, device        the machine (host name) and the device (a GPU by its index on that machine, and its
                       model) that measured the run; a cluster run spreads its tasks over several.
   temperature         the sampling temperature every method of the run decoded at (0 = greedy).
@@ -41,19 +47,23 @@ from typing import Sequence
 
 import pandas as pd
 
+from ...engine.divergence import divergence_where_compared
 from ...engine.methods import is_lossless, matches_reference
 from ..measure.batching import BATCH_COLUMNS
+from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR
 from ..measure.statistics import leviathan_speedup
 
 ROW_COLUMNS = [
     "method", "gamma", "gamma_max", "ema", "ngram_n", "prompt_id", "repeat", "tokens_per_s", "speedup_vs_ar",
     "acceptance_rate", "mean_accepted_tokens", "mean_gamma", "wasted_drafts_per_token", "target_forwards_per_token",
     "draft_forwards_per_token", "draft_flops_per_token", "target_flops_per_token", "predicted_speedup", "matches_ar",
+    "first_divergence", "divergence_margin",
     # beyond the required columns
     "copy_n", "setting", "label", "category", "prompt_index", "order", "seed", "prompt_tokens", "new_tokens", "seconds",
     "rounds", "copied_rounds", "drafted", "accepted", "rejected_rounds", "alpha", "cost_ratio", "draft_seconds",
     "verify_seconds", "stop_reason", "node_budget", "nodes_per_round", "adaedl_lambda", "entropy_stop",
-    "specdecpp_threshold", "target_kv_bytes_peak", "draft_kv_bytes_peak", "runtime", "node", "device",
+    "specdecpp_threshold", "target_kv_bytes_peak", "draft_kv_bytes_peak", "runtime", "runtime_reason", "node",
+    "device",
     # The sampling temperature every method ran at, and the batch the request ran in (measure.batching).
     "temperature", "ttft_s", *BATCH_COLUMNS,
 ]
@@ -61,17 +71,23 @@ ROW_COLUMNS = [
 _VARYING_GAMMA = ("adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic")
 
 
+def _reference(group, method: str) -> tuple:
+    """(the run of `method` in the group or None, its seconds per target step, its seconds per new token)."""
+    ar = next((run for setting, _, run, _, _ in group if setting.method == method), None)
+    if ar is None:
+        return None, math.nan, math.nan
+    return ar, ratio(ar.stats["verify_seconds"], ar.stats["target_forwards"]), ratio(ar.seconds, len(ar.token_ids))
+
+
 def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
-    """The rows of one (prompt, repeat), each compared with AR's run in the group."""
-    ar = next((run for setting, _, run, _, _ in group if setting.method == "ar"), None)
-    ar_step = math.nan
-    ar_per_token = math.nan
-    if ar is not None:
-        ar_step = ratio(ar.stats["verify_seconds"], ar.stats["target_forwards"])
-        ar_per_token = ratio(ar.seconds, len(ar.token_ids))
+    """The rows of one (prompt, repeat), each compared with AR's run in the group: the pair's AR, or for a
+    run on the torch copy of a runtime target, AR on that copy (`models.torch_copy`)."""
+    references = {False: _reference(group, "ar"), True: _reference(group, TORCH_COPY_AR)}
     rows = []
     for setting, position, run, (t_forwards, _, t_flops), (d_forwards, _, d_flops) in group:
         stats, result = run.stats, run.result
+        on_copy = stats.get("runtime") == TORCH_COPY and setting.method != TORCH_COPY_AR
+        ar, ar_step, ar_per_token = references[on_copy]
         new = len(run.token_ids)
         drafted, accepted = stats["drafted"], stats["accepted"]
         rejected_rounds = sum(1 for r in result.rounds if r.accepted < len(r.drafted))
@@ -80,13 +96,14 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
         if setting.method == "nasd":
             slots = sum(r.gamma for r in result.rounds)
             cost = ratio(ratio(stats["draft_seconds"], slots), ar_step)
-        elif setting.method == "ar":
+        elif setting.method in ("ar", TORCH_COPY_AR):
             cost = math.nan
         else:
             cost = ratio(ratio(stats["draft_seconds"], d_forwards), ar_step)
         gamma = (mean_gamma if setting.method == "egag" else _mean_drafts(result) if setting.method in _VARYING_GAMMA
                  else setting.gamma)
-        predicted = leviathan_speedup(alpha, float(gamma), cost) if setting.method != "ar" and gamma else math.nan
+        predicted = (leviathan_speedup(alpha, float(gamma), cost) if setting.method not in ("ar", TORCH_COPY_AR)
+                     and gamma else math.nan)
         row = {
             "method": setting.method, **setting.values(), "prompt_id": item.id, "repeat": repeat,
             "tokens_per_s": ratio(new, run.seconds),
@@ -97,8 +114,8 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
             "target_forwards_per_token": ratio(t_forwards, new), "draft_forwards_per_token": ratio(d_forwards, new),
             "draft_flops_per_token": ratio(d_flops, new), "target_flops_per_token": ratio(t_flops, new),
             "predicted_speedup": predicted,
-            "matches_ar": (matches_reference(run.token_ids, result.params, ar.token_ids)
-                           if greedy and ar is not None and is_lossless(setting.method) else None),
+            "matches_ar": (matches_reference(run.token_ids, result.params, ar.token_ids) if greedy and ar is not None
+                           and is_lossless(setting.method) and setting.method != TORCH_COPY_AR else None),
             "setting": setting.key, "label": setting.label, "category": item.category, "prompt_index": index,
             "order": position, "seed": seed, "prompt_tokens": len(ids), "new_tokens": new, "seconds": run.seconds,
             "rounds": stats["rounds"], "copied_rounds": stats["copied_rounds"], "drafted": drafted, "accepted": accepted, "rejected_rounds": rejected_rounds,
@@ -106,9 +123,12 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
             "verify_seconds": stats["verify_seconds"], "stop_reason": stats["stop_reason"],
             "target_kv_bytes_peak": stats.get("target_kv_bytes_peak", math.nan),
             "draft_kv_bytes_peak": stats.get("draft_kv_bytes_peak", math.nan),
-            "runtime": stats.get("runtime"),
+            "runtime": stats.get("runtime"), "runtime_reason": stats.get("runtime_reason", ""),
             "ttft_s": stats.get("ttft_s", math.nan),
         }
+        row["first_divergence"], row["divergence_margin"] = divergence_where_compared(
+            row["matches_ar"], run.token_ids, ar.token_ids if ar is not None else [],
+            ar.result.top2_margins if ar is not None and ar.result is not None else [])
         rows.append(row)
     return rows
 

@@ -17,13 +17,13 @@ from ...engine.methods import METHODS
 from ...engine.drafters.online import online_head
 from ...engine.params import DecodeParams
 from ..measure.schedule import interleaved, turn_seed
-from ..measure.runners import measured_on, run_ours
-from ...models.torch_copy import runtime_refusal
+from ..measure.runners import measured_on, run_ours, run_torch_copy_ar
+from ...models.torch_copy import TORCH_COPY_AR, runtime_refusal
 from ..measure.tables import tokens_frame
 from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, prompts_label, select_prompts
 from .batched import sweep_in_batches
 from .flops import FedCounter
-from .grid import AR, Setting
+from .grid import AR, TORCH_COPY_AR_SETTING, Setting
 from .rows import group_rows, rows_frame
 from .summary import SweepResult, merged_result, sweep_meta, sweep_result
 
@@ -91,22 +91,10 @@ def iter_sweep(
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be an integer ≥ 1, got {batch!r}")
     base = DecodeParams.from_values(**params)
-    runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != "ar"]
-    for setting in runs:
-        if setting.method not in METHODS:
-            raise ValueError(f"sweep: unknown method {setting.method!r}")
-        if METHODS[setting.method].needs_draft and pair.draft is None:
-            raise ValueError(f"sweep: {setting.label} needs a draft model; load the pair with a draft or drop it")
-        refused = METHODS[setting.method].unavailable(pair)
-        if refused:
-            raise ValueError(f"sweep: {refused}")
-        checked = DecodeParams.from_values(**{**base.as_dict(), **setting.params()})
-        # A sweep sets every setting against its AR on the pair's runtime; one the runtime cannot run would run
-        # on the torch copy (models.torch_copy), against the wrong AR.
-        on_copy = runtime_refusal(pair, setting.method, checked)
-        if on_copy:
-            raise ValueError(f"sweep: {setting.label}: {on_copy}; sweep it with the target on torch (runtime torch)")
-        if batch > 1:
+    runs = sweep_runs(pair, settings, base)
+    if batch > 1:
+        for setting in runs:
+            checked = DecodeParams.from_values(**{**base.as_dict(), **setting.params()})
             _check_batchable(pair, setting, checked)
     items = _prompts(prompts, categories, limit)
     encoded = []
@@ -132,6 +120,33 @@ def _check_batchable(pair, setting: Setting, params: DecodeParams) -> None:
         raise ValueError(f"sweep: {setting.label} at a batch above 1: {error}") from None
 
 
+def sweep_runs(pair, settings: Sequence[Setting], base: DecodeParams) -> list[Setting]:
+    """AR, then each setting once, checked against the pair; where one runs on the torch copy of a runtime
+    target (a tree the runtime cannot verify: `models.torch_copy.runtime_refusal`, as the benchmark decides
+    it), AR on that copy last, the reference its speedup and its tokens are set against."""
+    runs = [AR] + [s for s in dict.fromkeys(settings) if s.method not in ("ar", TORCH_COPY_AR)]
+    on_copy = False
+    for setting in runs:
+        if setting.method not in METHODS:
+            raise ValueError(f"sweep: unknown method {setting.method!r}")
+        if METHODS[setting.method].needs_draft and pair.draft is None:
+            raise ValueError(f"sweep: {setting.label} needs a draft model; load the pair with a draft or drop it")
+        refused = METHODS[setting.method].unavailable(pair)
+        if refused:
+            raise ValueError(f"sweep: {refused}")
+        checked = DecodeParams.from_values(**{**base.as_dict(), **setting.params()})
+        on_copy = on_copy or bool(runtime_refusal(pair, setting.method, checked))
+    return [*runs, TORCH_COPY_AR_SETTING] if on_copy else runs
+
+
+def _run(pair, setting: Setting, ids: list[int], params: dict, seed: int):
+    """One timed run of a setting: the torch copy's AR as the benchmark times it, any other as `run_ours` (on
+    the torch copy where the target's runtime cannot run it, labelled so)."""
+    if setting.method == TORCH_COPY_AR:
+        return run_torch_copy_ar(pair, ids, params, seed)
+    return run_ours(pair, setting.method, ids, params, seed)
+
+
 def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: DecodeParams,
            indices=None, batch: int = 1) -> Iterator[SweepEvent]:
     shared = {k: v for k, v in base.as_dict().items() if k != "seed"}
@@ -147,8 +162,8 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
     where = measured_on(pair.device)  # each row names the node and device that measured it
     try:
         for setting in warm:
-            run_ours(pair, setting.method, encoded[0], {**shared, **setting.params(),
-                                                         "max_new_tokens": min(8, base.max_new_tokens)}, base_seed)
+            _run(pair, setting, encoded[0], {**shared, **setting.params(), "max_new_tokens": min(8, base.max_new_tokens)},
+                 base_seed)
             done += 1
             yield SweepEvent(done, total, f"warm-up {setting.label}", rows, tokens=tokens)
             if should_stop and should_stop():
@@ -168,9 +183,10 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
                 params = {**shared, **setting.params()}
                 if setting.method == "osd":  # OSD drafts with the online copy of the pair's head
                     draft.follow(online_head(pair.draft, pair.target, DecodeParams.resolve(None, **params).osd_lr).head)
-                run = run_ours(pair, setting.method, ids, params, seed)
+                run = _run(pair, setting, ids, params, seed)
+                drafts = setting.method in METHODS and METHODS[setting.method].needs_draft
                 group.append((setting, position, run, target.decoding(1 if len(ids) > 1 else 0),
-                              draft.decoding(1 if len(ids) > 1 and METHODS[setting.method].needs_draft else 0)))
+                              draft.decoding(1 if len(ids) > 1 and drafts else 0)))
                 done += 1
                 stop = bool(should_stop and should_stop())
                 last = position == len(order) - 1 or stop
@@ -256,12 +272,13 @@ def run_sweep(
     task's prompts with AR and every setting interleaved as here; pair is then a `PairSpec` or a preset
     or target name, and progress counts tasks. The result is the one this run would leave, each row
     naming its node and device; tasks that failed are in `errors`."""
-    runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != "ar"]
     if cluster is not None and batch != 1:
         raise ValueError("a batch above 1 runs on the pair loaded here; sweep it without --cluster")
     if cluster is not None:
+        runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != "ar"]
         return _run_on_cluster(pair, prompts, runs, cluster, repeats=repeats, categories=categories, limit=limit,
                                warmup=warmup, progress=progress, should_stop=should_stop, params=params)
+    runs = sweep_runs(pair, settings, DecodeParams.from_values(**params))
     events = iter_sweep(pair, prompts, runs, repeats=repeats, categories=categories, limit=limit, warmup=warmup,
                         should_stop=should_stop, batch=batch, **params)
     event = None

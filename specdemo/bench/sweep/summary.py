@@ -18,6 +18,7 @@ import torch
 
 from ...engine.params import DecodeParams
 from ...engine.methods import METHODS
+from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR
 from ..measure.acceptance import describe_auc, entropy_auc
 from ..measure.acceptance_charts import why_figures
 from ..measure.statistics import _geomean, break_even, distinct_values
@@ -62,7 +63,8 @@ class SweepResult:
     def verdict(self) -> str:
         """The sentence on EGAG, then, when the sweep ran fixed γ and an adaptive rule, the bootstrap comparison."""
         comparison = policy_sentence(self.policy_table)
-        return " ".join(part for part in (verdict(self.summary, self.tokens), comparison) if part)
+        parts = (verdict(self.summary, self.tokens), comparison, torch_copy_sentence(self.rows))
+        return " ".join(part for part in parts if part)
 
     @property
     def policy_table(self) -> pd.DataFrame:
@@ -205,6 +207,19 @@ def entropy_clause(tokens: pd.DataFrame | None) -> str:
     drafted = tokens[tokens.method.isin(["sd", "egag"])]
     auc, n = entropy_auc(drafted)
     return describe_auc(auc, n) if n else ""
+
+
+def torch_copy_sentence(rows: pd.DataFrame) -> str:
+    """Which settings ran on the torch copy of a runtime target and why, and what their speedups are over, as
+    the Playground's status line and the Benchmark tab say it; "" when none did."""
+    if rows.empty or "runtime" not in rows:
+        return ""
+    copied = rows[(rows.runtime == TORCH_COPY) & (rows.method != TORCH_COPY_AR)]
+    if copied.empty:
+        return ""
+    reasons = copied.groupby("runtime_reason", sort=False).label.unique()
+    said = "; ".join(f"{', '.join(labels)} ran {reason}" for reason, labels in reasons.items())
+    return f"{said}; their speedups and matches are over AR on the same torch copy (the AR ({TORCH_COPY}) row)."
 
 
 def verdict(summary: pd.DataFrame, tokens: pd.DataFrame | None = None) -> str:
