@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     print(json.dumps(plan.as_dict()), flush=True)
     summary = run_stages(args.out, plan, stage_functions(), context, log=lambda m: print(m, flush=True))
     summary["removed_for_cap"] = keep_within_cap(args.out)
-    summary["out_bytes"] = directory_bytes(args.out)
+    summary["out_bytes"] = directory_bytes(args.out)  # before this last summary, which adds a few bytes
     write_summary(args.out, summary)
     print(json.dumps({name: stage["status"] for name, stage in summary["stages"].items()}), flush=True)
     return 0 if summary["finished"] else 1

@@ -190,6 +190,18 @@ def write_all(model, prefixes: list[list[int]], *, batch: int, progress: str | N
     return answers  # type: ignore[return-value]
 
 
+def idle_share(prefixes: list[list[int]], answers: list, batch: int) -> tuple[int, int]:
+    """(row-steps a loop that runs every row until its batch's longest answer ends computes, those
+    that wrote an answer token), over `answer_all`'s batches: what dropping finished rows saves."""
+    order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
+    computed = useful = 0
+    for start in range(0, len(order), batch):
+        lengths = [len(answers[i].tokens) for i in order[start : start + batch]]
+        computed += len(lengths) * max(lengths)
+        useful += sum(lengths)
+    return computed, useful
+
+
 def compare(model, tokenizer, *, seconds: float, old_batch: int, new_batch: int, max_new_tokens: int,
             new_model=None, seed: int = 11, log=print) -> dict:
     """Today's writer (`answer_all`) and this one on the same requests, turn by turn, until each has
@@ -207,6 +219,7 @@ def compare(model, tokenizer, *, seconds: float, old_batch: int, new_batch: int,
     spent = {name: 0.0 for name in sides}
     tokens = {name: 0 for name in sides}
     same = total = turn = 0
+    row_steps = [0, 0]  # today's loop: row-steps computed, and those that wrote a token
     chunk = max(old_batch, new_batch)
     while min(spent.values()) < seconds and (turn + 1) * chunk <= len(requests):
         prefixes = [encode_messages(tokenizer, [(m["role"], m["content"]) for m in r["messages"]])
@@ -218,12 +231,16 @@ def compare(model, tokenizer, *, seconds: float, old_batch: int, new_batch: int,
             spent[name] += time.perf_counter() - started
             tokens[name] += sum(len(a.tokens) for a in written[name])
         same += sum(a.tokens == b.tokens for a, b in zip(written["today"], written["batched"]))
+        computed, useful = idle_share(prefixes, written["today"], old_batch)
+        row_steps[0] += computed
+        row_steps[1] += useful
         total += len(prefixes)
         turn += 1
         log(f"turn {turn}: " + ", ".join(f"{n} {tokens[n] / spent[n]:.0f} tokens/s" for n in sides))
     rates = {name: round(tokens[name] / spent[name], 1) for name in sides}
     return {"tokens_per_s": rates, "ratio": round(rates["batched"] / rates["today"], 3), "turns": turn,
-            "requests": total, "same_answers": same, "answer_tokens": tokens, "seconds": {
+            "requests": total, "same_answers": same,
+            "today_idle_row_steps": round(1 - row_steps[1] / max(1, row_steps[0]), 3), "answer_tokens": tokens, "seconds": {
                 n: round(s, 1) for n, s in spent.items()}, "threads": torch.get_num_threads(),
             "old_batch": old_batch, "new_batch": new_batch, "max_new_tokens": max_new_tokens}
 
