@@ -156,19 +156,14 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
     total = len(warm) + -(-len(items) // batch) * len(runs) * repeats  # a run a prompt, or a run a batch
     rows: list[dict] = []
     tokens: list[dict] = []
-    done = 0
     target = FedCounter(pair.target)
     draft = FedCounter(pair.draft if pair.draft is not pair.target else None)
     where = measured_on(pair.device)  # each row names the node and device that measured it
     try:
-        for setting in warm:
-            _run(pair, setting, encoded[0], {**shared, **setting.params(), "max_new_tokens": min(8, base.max_new_tokens)},
-                 base_seed)
-            done += 1
-            yield SweepEvent(done, total, f"warm-up {setting.label}", rows, tokens=tokens)
-            if should_stop and should_stop():
-                yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True, tokens=tokens)
-                return
+        done, stopped = yield from _warm_up(pair, warm, encoded[0], shared, base, base_seed, should_stop, total,
+                                            rows, tokens)
+        if stopped:
+            return
         if batch > 1:
             yield from _batched(pair, items, encoded, runs, repeats, batch, base, should_stop, where, rows, tokens, done,
                                 total)
@@ -208,6 +203,20 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
     finally:
         target.close()
         draft.close()
+
+
+def _warm_up(pair, warm, ids, shared, base: DecodeParams, seed, should_stop, total, rows,
+             tokens) -> Iterator[SweepEvent]:
+    """One short untimed run of each method; returns (runs done, whether the sweep was stopped)."""
+    done = 0
+    for setting in warm:
+        _run(pair, setting, ids, {**shared, **setting.params(), "max_new_tokens": min(8, base.max_new_tokens)}, seed)
+        done += 1
+        yield SweepEvent(done, total, f"warm-up {setting.label}", rows, tokens=tokens)
+        if should_stop and should_stop():
+            yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True, tokens=tokens)
+            return done, True
+    return done, False
 
 
 def _alone(base: DecodeParams, index: int, row: dict) -> dict:
