@@ -30,7 +30,7 @@ SETTINGS = expand_grid(gamma=[1, 3], gamma_max=[4], ema=[0, 0.9], methods="sd,eg
 DECODE = dict(max_new_tokens=8)
 # What a run's clock says: everything else must be equal between a cluster run and the local one.
 SWEEP_TIMINGS = ("tokens_per_s", "speedup_vs_ar", "cost_ratio", "predicted_speedup", "seconds", "draft_seconds",
-                 "verify_seconds")
+                 "verify_seconds", "ttft_s", "batch_seconds")
 
 
 @pytest.fixture(scope="module")

@@ -215,14 +215,15 @@ def _check_stop(result: GenerationResult, max_new_tokens: int, pair: Pair) -> No
         result.text = pair.tokenizer.decode(result.token_ids, skip_special_tokens=True)
 
 
-def top2_margins(verified_logits: torch.Tensor | None, count: int) -> list[float]:
-    """The top-1 minus top-2 logit of each of the first `count` verified rows (row i chose new token i): one
-    topk(2) on logits the round computed already, read off the clock; NaN where a row is missing."""
+def top2_margins(verified_logits: torch.Tensor | None, count: int) -> torch.Tensor:
+    """The top-1 minus top-2 logit of each of the first `count` verified rows (row i chose new token i), NaN
+    where a row is missing: one topk(2) on logits the round computed already, off the clock and left where the
+    logits are (the trace reads every round's at once, when asked)."""
     if verified_logits is None or verified_logits.dim() != 2 or verified_logits.shape[-1] < 2:
-        return [math.nan] * count
+        return torch.full((count,), math.nan)
     rows = verified_logits[:count].float().topk(2, dim=-1).values
-    margins = (rows[:, 0] - rows[:, 1]).tolist()
-    return margins + [math.nan] * (count - len(margins))
+    margins = rows[:, 0] - rows[:, 1]
+    return torch.cat([margins, margins.new_full((count - len(margins),), math.nan)]) if len(margins) < count else margins
 
 
 def _record(result: GenerationResult, outcome: RoundOutcome, phases: list[float], pair: Pair,
@@ -238,7 +239,7 @@ def _record(result: GenerationResult, outcome: RoundOutcome, phases: list[float]
         new_tokens=outcome.new_tokens, source=outcome.source, tree=outcome.tree, decisions=outcome.decisions,
         next_p=outcome.next_p, early_stop=outcome.early_stop,
     )
-    result.top2_margins.extend(top2_margins(outcome.verified_logits, len(round_.new_tokens)))
+    result.margin_parts.append(top2_margins(outcome.verified_logits, len(round_.new_tokens)))
     origins = ["accepted"] * len(round_.new_tokens)
     if round_.next_token is not None:
         origins[-1] = round_.next_origin

@@ -169,14 +169,23 @@ class GenerationResult:
     # among them; a batch's rows count their times from the batch's start, so `seconds` is the latency.
     batch_size: int = 1
     batch_row: int = 0
-    # The writer's top-1 minus top-2 logit where it chose each new token (NaN where unknown): AR's are where
-    # another output's first divergence is judged a near-tie or not (`engine.divergence`).
-    top2_margins: list[float] = field(default_factory=list)
+    # The writer's top-1 minus top-2 logit where it chose each new token, a round's worth at a time, left on the
+    # device so that a round still reads back once; `top2_margins` reads them all when asked.
+    margin_parts: list = field(default_factory=list, repr=False)
 
     @property
     def output_context(self) -> list[int]:
         """The ids the output continues: the prompt, or an encoder-decoder's decoder prefix."""
         return self.prompt_ids if self.decoder_prefix is None else self.decoder_prefix
+
+    @property
+    def top2_margins(self) -> list[float]:
+        """The margin of each new token (NaN where unknown): AR's are where another output's first divergence
+        is judged a near-tie or not (`engine.divergence`)."""
+        if len(self.margin_parts) != 1 or not isinstance(self.margin_parts[0], list):
+            self.margin_parts = [[float(m) for part in self.margin_parts
+                                  for m in (part.tolist() if hasattr(part, "tolist") else part)]]
+        return self.margin_parts[0]
 
     @property
     def token_ids(self) -> list[int]:
