@@ -94,12 +94,13 @@ def _run_batch(session, method: str, ids: list[list[int]], seed: int) -> tuple[l
         return f"{type(error).__name__}: {error}", float("nan")
 
 
-def _timed_batch(pair, method: str, ids: list[list[int]], seed: int, decode: DecodeParams) -> tuple[list[Run], float]:
-    runs_on, name = (on_torch(pair), "ar") if method == TORCH_AR else (pair, method)
+def time_batch(pair, ids: list[list[int]], method: str, **params) -> tuple[list[Run], float]:
+    """One `generate_batch` call timed as a whole: a Run per row (its seconds its latency from the batch's
+    start) and the batch's wall seconds."""
     with quiet_gc():
         _sync(pair.device)
         start = time.perf_counter()
-        results = generate_batch(runs_on, ids, name, decode=decode, seed=seed)
+        results = generate_batch(pair, ids, method, **params)
         _sync(pair.device)
         seconds = time.perf_counter() - start
     runs = []
@@ -107,10 +108,17 @@ def _timed_batch(pair, method: str, ids: list[list[int]], seed: int, decode: Dec
         stats = dict(result.stats)
         stats["engine_seconds"] = stats.pop("seconds")
         stats["prefill_s"] = result.prefill_seconds
-        if method == TORCH_AR:
-            stats["runtime"] = TORCH_COPY
         runs.append(Run(result.token_ids, result.seconds, stats,
                         [(len(r.drafted), r.accepted) for r in result.rounds], result))
+    return runs, seconds
+
+
+def _timed_batch(pair, method: str, ids: list[list[int]], seed: int, decode: DecodeParams) -> tuple[list[Run], float]:
+    runs_on, name = (on_torch(pair), "ar") if method == TORCH_AR else (pair, method)
+    runs, seconds = time_batch(runs_on, ids, name, decode=decode, seed=seed)
+    if method == TORCH_AR:
+        for run in runs:
+            run.stats["runtime"] = TORCH_COPY
     return runs, seconds
 
 

@@ -10,13 +10,12 @@ per token are each row's own (`GenerationResult.target_forwards`, `draft_forward
 from __future__ import annotations
 
 import math
-import time
 from typing import Callable, Iterator, Sequence
 
 from ...engine.params import DecodeParams
-from ...models.torch_copy import generate_batch
 from ..measure.batching import batch_turns
-from ..measure.runners import Run, quiet_gc
+from ..measure.batch_runs import time_batch
+from ..measure.runners import Run
 from ..measure.schedule import turn_seed
 from .grid import Setting
 from .rows import group_rows
@@ -52,20 +51,7 @@ def sweep_in_batches(pair, items, encoded: list[list[int]], runs: Sequence[Setti
 def timed_batch(pair, setting: Setting, ids: list[list[int]], seed: int, shared: dict) -> tuple[list[Run], float]:
     """One setting on one batch: a Run per row (its seconds its latency from the batch's start) and the
     batch's wall seconds."""
-    with quiet_gc():
-        _sync(pair.device)
-        start = time.perf_counter()
-        results = generate_batch(pair, ids, setting.method, **{**shared, **setting.params(), "seed": seed})
-        _sync(pair.device)
-        seconds = time.perf_counter() - start
-    out = []
-    for result in results:
-        stats = dict(result.stats)
-        stats["engine_seconds"] = stats.pop("seconds")
-        stats["prefill_s"] = result.prefill_seconds
-        out.append(Run(result.token_ids, result.seconds, stats, [(len(r.drafted), r.accepted) for r in result.rounds],
-                       result))
-    return out, seconds
+    return time_batch(pair, ids, setting.method, **{**shared, **setting.params(), "seed": seed})
 
 
 def _rows(items, prompts, index, repeat, seed, ids, runs, done, greedy, batch, where) -> list[tuple]:
@@ -86,10 +72,3 @@ def _rows(items, prompts, index, repeat, seed, ids, runs, done, greedy, batch, w
                        batch_seconds=done[next(s for s in ranked if s.key == row["setting"])][2])
         out.append((items[prompt], group, rows))
     return out
-
-
-def _sync(device) -> None:
-    import torch
-
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
