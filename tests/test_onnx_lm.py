@@ -116,6 +116,22 @@ def test_the_runtimes_kv_bytes_reach_the_stats_as_torchs_static_cache_of_the_sam
     assert shown["AR"] == viz.byte_size(peak) and shown["SD"] == f"{viz.byte_size(peak)} / {viz.byte_size(peak)}"
 
 
+
+def test_the_benchmarks_rows_and_summary_carry_the_runtimes_kv_bytes(lm_pair):
+    """The benchmark's CSV and its summary on the default path: every run of ours names its target's KV bytes,
+    and SD its draft's, nonzero."""
+    from specdemo.bench import run_benchmark
+    from specdemo.bench.suite import SuitePrompt
+
+    result = run_benchmark(lm_pair, [SuitePrompt("p", "chat", "w5 w9 w13 w17")], ["ar", "sd"], repeats=1, warmup=False,
+                           max_new_tokens=8, temperature=0.0, chat=False)
+    rows = result.rows.set_index("method")
+    assert (rows.target_kv_bytes_peak > 0).all() and rows.loc["sd", "draft_kv_bytes_peak"] > 0
+    summary = result.summary[result.summary.category == "all"].set_index("method")
+    assert summary.loc["ar", "target_kv_bytes_peak"] == rows.loc["ar", "target_kv_bytes_peak"]
+    assert summary.loc["sd", "draft_kv_bytes_peak"] == rows.loc["sd", "draft_kv_bytes_peak"]
+
+
 def test_a_feature_head_on_the_runtime_reports_its_own_cache(head_pair):
     """The head's keys and values stay in its own cache beside the runtime's step: 2 × its kv heads × the
     positions allocated (the prompt and 64 more, doubled when a run needs more) × head dim × 4 bytes."""

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from ...engine.divergence import DIVERGENCE_COLUMNS, divergence_where_compared
+from ...engine.targets.memory import MEMORY_STATS
 from ...engine.methods import is_lossless, matches_reference
 from ...engine.params import DecodeParams, EngineOptions
 from .runners import (HF_METHODS, RUNTIME_PEERS, TORCH_AR, HFRunner, Run, bench_methods, measured_on,
@@ -41,7 +42,7 @@ ROW_COLUMNS = [
     "accepted", "rejected_rounds", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards",
     "draft_forwards", "target_forwards_per_token", "mean_gamma", "mean_drafted", "mean_entropy",
     "draft_seconds", "verify_seconds", "matches_ar", *DIVERGENCE_COLUMNS, "perplexity", *QUALITY_COLUMNS, "stop_reason",
-    "cache", "runtime", "exactness", "compile_seconds", "error", "note", "node", "device", "output_ids", "text",
+    "cache", "runtime", "exactness", *MEMORY_STATS, "compile_seconds", "error", "note", "node", "device", "output_ids", "text",
     # Against float32 AR of the same target weights on the same prompt and repeat, where a model runs below
     # float32 (bench.vs_float32): that run's seconds and tokens (for speedup_vs_fp32_ar) and the agreement.
     "fp32_ar_seconds", "fp32_ar_new_tokens", *AGREEMENT_COLUMNS,

@@ -77,6 +77,7 @@ from .acceptance import BreakEven, entropy_auc
 from .quality import QUALITY_COLUMNS
 from .runners import TORCH_AR, bench_methods
 from ...engine.divergence import DIVERGENCE_COLUMNS
+from ...engine.targets.memory import MEMORY_STATS
 from ...models.torch_copy import TORCH_COPY
 from ..suite import ALL
 from .vs_float32 import AGREEMENT_COLUMNS, VS_FLOAT32_COLUMNS
@@ -90,7 +91,7 @@ SUMMARY_COLUMNS = [
     "speedup_vs_hf_static", "speedup_vs_hf_static_std", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "copied_share", "exact_match_pct", *DIVERGENCE_COLUMNS, "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
     "predicted_speedup_v", "break_even_tokens", "entropy_auc", "entropy_auc_n", *QUALITY_COLUMNS, "cache",
-    "runtime", "exactness", "compile_seconds", *VS_FLOAT32_COLUMNS,
+    "runtime", "exactness", "compile_seconds", *MEMORY_STATS, *VS_FLOAT32_COLUMNS,
 ]
 
 
@@ -193,6 +194,13 @@ def summarize(rows: pd.DataFrame, gamma: int | None = None, tokens: pd.DataFrame
     return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
 
 
+def _memory(mine: pd.DataFrame) -> dict:
+    """The most bytes each model's weights and KV cache held over a method's runs (NaN where its runs say
+    nothing: transformers' peers)."""
+    return {name: float(pd.to_numeric(mine[name]).max()) if name in mine and mine[name].notna().any() else math.nan
+            for name in MEMORY_STATS}
+
+
 def _divergences(mine: pd.DataFrame) -> dict:
     """Over a method's runs that differed from AR: the earliest first divergence, and the largest reference
     margin at a divergence (under `divergence.NEAR_TIE_MARGIN`: every divergence was a near-tie); NaN for none."""
@@ -235,6 +243,7 @@ def _measured(sub: pd.DataFrame, mine: pd.DataFrame, everything: pd.DataFrame, m
                          if mine.copied_rounds.notna().any() else math.nan),
         "exact_match_pct": 100.0 * matches.astype(bool).mean() if len(matches) else math.nan,
         **_divergences(mine),
+        **_memory(mine),
         "perplexity": mine.perplexity.mean() if mine.perplexity.notna().any() else math.nan,
         "cost_ratio": math.nan, "verify_cost_ratio": math.nan, "predicted_speedup": math.nan,
         "predicted_speedup_v": math.nan, "break_even_tokens": math.nan,
