@@ -51,7 +51,7 @@ def divergence_where_compared(matches: bool | None, tokens: Sequence[int], refer
                               margins: Sequence[float]) -> tuple[int | None, float]:
     """`divergence` for a row compared with the reference and found to differ (matches False); (None, NaN)
     where it matched (a capped run that is AR's prefix included) or was not compared."""
-    if matches is None or matches is True or (isinstance(matches, float) and math.isnan(matches)) or bool(matches):
+    if matches is None or bool(matches):  # NaN (not compared, in a frame) is truthy too
         return None, math.nan
     return divergence(tokens, reference, margins)
 
