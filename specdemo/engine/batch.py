@@ -190,8 +190,8 @@ def _round(pair, params: DecodeParams, target: BatchedLM, running: dict[int, _Ro
             _check_stop(row.result, params.max_new_tokens, pair)
             if row.result.done:
                 finished.append(i)
+    target.drop(*finished)
     for i in finished:
-        target.drop(i)
         running.pop(i).run.drafter.close()
 
 

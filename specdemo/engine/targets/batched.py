@@ -92,12 +92,15 @@ class BatchedLM:
         """Record ids that `forward` appended from a device tensor (read back with the round's verdict)."""
         self.cached_ids[row].extend(ids)
 
-    def drop(self, row: int) -> None:
-        """The row has finished: take it out of the cache."""
-        index = self.members.index(row)
-        keep = [i for i in range(len(self.members)) if i != index]
-        self.members.pop(index)
-        self.slots[row], self.cached_ids[row] = [], []
+    def drop(self, *rows: int) -> None:
+        """These rows have finished: take them out of the cache, in one copy of what stays."""
+        gone = set(rows)
+        if not gone:
+            return
+        keep = [i for i, row in enumerate(self.members) if row not in gone]
+        self.members = [self.members[i] for i in keep]
+        for row in gone:
+            self.slots[row], self.cached_ids[row] = [], []
         self._select(torch.tensor(keep, dtype=torch.long, device=self.device))
 
     def compact(self) -> None:
