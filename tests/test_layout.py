@@ -26,22 +26,75 @@ FORBIDDEN = {
 }
 
 
-def _loaded_after_import(module: str) -> set[str]:
-    code = f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+# Every layer imports torch and transformers' model classes, and they take most of an import's
+# time, so one interpreter loads them once and forks a child per module to import: each child
+# starts with no specdemo module loaded, as a fresh interpreter would, and the prelude is checked
+# to load nothing any layer forbids, so whatever forbidden module a child holds, its import brought.
+PRELUDE = ["torch", "transformers.modeling_utils", "transformers.models.llama.modeling_llama"]
+_IMPORT_EACH_IN_A_FORK = """
+import json, os, sys
+prelude, modules = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+for name in prelude:
+    __import__(name)
+loaded = {"prelude": sorted(sys.modules)}
+for module in modules:
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(read)
+        try:
+            __import__(module)
+            answer = sorted(sys.modules)
+        except BaseException as error:
+            answer = f"{type(error).__name__}: {error}"
+        with os.fdopen(write, "w") as out:
+            json.dump(answer, out)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        loaded[module] = json.load(answer)
+    os.waitpid(child, 0)
+print(json.dumps(loaded))
+"""
+
+
+@pytest.fixture(scope="module")
+def imported_alone() -> dict[str, list[str] | str]:
+    """Module → every module loaded once it was imported in an interpreter that had loaded no
+    specdemo module, or the error its import raised (the prelude's modules under "prelude")."""
+    modules = ["specdemo", *(f"specdemo.{name}" for name in SUBPACKAGES)]
+    out = subprocess.run([sys.executable, "-c", _IMPORT_EACH_IN_A_FORK, json.dumps(PRELUDE), json.dumps(modules)],
+                         cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _loaded_after_import(imported_alone: dict[str, list[str] | str], module: str) -> set[str]:
+    loaded = imported_alone[module]
+    assert not isinstance(loaded, str), f"{module} does not import alone: {loaded}"
+    return set(loaded)
+
+
+def _forbidden_hits(loaded: set[str], forbidden: str) -> list[str]:
+    return sorted(m for m in loaded if m == forbidden or m.startswith(forbidden + "."))
+
+
+def test_the_shared_prelude_loads_nothing_a_layer_forbids(imported_alone):
+    prelude = _loaded_after_import(imported_alone, "prelude")
+    assert not [m for m in prelude if m == "specdemo" or m.startswith("specdemo.")]
+    for forbidden in sorted({f for layer in FORBIDDEN.values() for f in layer}):
+        assert not _forbidden_hits(prelude, forbidden), f"the prelude {PRELUDE} imports {forbidden}"
 
 
 @pytest.mark.parametrize("name", SUBPACKAGES)
-def test_each_subpackage_imports_alone_and_only_from_below(name):
-    loaded = _loaded_after_import(f"specdemo.{name}")
+def test_each_subpackage_imports_alone_and_only_from_below(name, imported_alone):
+    loaded = _loaded_after_import(imported_alone, f"specdemo.{name}")
     for forbidden in FORBIDDEN[name]:
-        hits = sorted(m for m in loaded if m == forbidden or m.startswith(forbidden + "."))
+        hits = _forbidden_hits(loaded, forbidden)
         assert not hits, f"specdemo.{name} imports {hits}"
 
 
-def test_the_top_level_api_needs_no_front_end():
-    loaded = _loaded_after_import("specdemo")
+def test_the_top_level_api_needs_no_front_end(imported_alone):
+    loaded = _loaded_after_import(imported_alone, "specdemo")
     assert not any(m.split(".")[0] in ("gradio", "plotly") for m in loaded)
     import specdemo
 
@@ -101,8 +154,13 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_the_import_graph_is_read_from_the_source():
-    graph = import_graph()
+@pytest.fixture(scope="module")
+def package_imports() -> dict[str, set[str]]:
+    return import_graph()
+
+
+def test_the_import_graph_is_read_from_the_source(package_imports):
+    graph = package_imports
     assert "specdemo.engine.decoding" in graph["specdemo.engine"]
     assert "specdemo.bench.measure.benchmark" in graph["specdemo.bench.measure.report"]
 
@@ -113,21 +171,21 @@ READS_ACROSS = {"training": ("specdemo.bench.suite",)}
 
 
 @pytest.mark.parametrize("name", SUBPACKAGES)
-def test_no_module_reaches_a_forbidden_layer_not_even_inside_a_function(name):
+def test_no_module_reaches_a_forbidden_layer_not_even_inside_a_function(name, package_imports):
     layer = f"specdemo.{name}"
     forbidden = [f for f in FORBIDDEN[name] if f.startswith("specdemo.")]
-    hits = [f"{module} → {target}" for module, targets in import_graph().items()
+    hits = [f"{module} → {target}" for module, targets in package_imports.items()
             if module == layer or module.startswith(layer + ".")
             for target in sorted(targets) if target not in READS_ACROSS.get(name, ())
             and any(target == f or target.startswith(f + ".") for f in forbidden)]
     assert not hits, "imports across layers: " + ", ".join(hits)
 
 
-def test_no_two_modules_import_each_other_not_even_inside_a_function():
+def test_no_two_modules_import_each_other_not_even_inside_a_function(package_imports):
     """A function-level import hides a cycle from the interpreter, not from the reader: each
     module depends on the other. Lower layers and helpers must not reach back up."""
     try:
-        graphlib.TopologicalSorter(import_graph()).prepare()
+        graphlib.TopologicalSorter(package_imports).prepare()
     except graphlib.CycleError as error:
         pytest.fail(f"import cycle: {' → '.join(error.args[1])}")
 

@@ -122,9 +122,13 @@ def _sync(device: torch.device) -> None:
 
 @contextlib.contextmanager
 def quiet_gc():
-    """Collect before a timed call and not during it: a collection mid-run is noise. The page's
-    decodes go through it too, so that its numbers and the benchmark's are timed alike."""
-    gc.collect()
+    """Collect before a timed call and not during it: a collection mid-run is noise. Only the young
+    generations, where what the last runs left lies: a full collection walks every object alive (the
+    libraries, the loaded pair), 0.3 s and more a call on a small CPU, which a benchmark of many short
+    runs would spend in the collector; older garbage goes in the collector's own full collections,
+    between runs. The page's decodes go through it too, so that its numbers and the benchmark's are
+    timed alike."""
+    gc.collect(1)
     was_enabled = gc.isenabled()
     gc.disable()
     try:
