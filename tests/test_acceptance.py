@@ -1,6 +1,7 @@
 """specdemo.bench.measure.acceptance and tables.tokens_frame: what the entropy and position charts and the
 break-even line are computed from."""
 
+import gc
 import math
 
 import pandas as pd
@@ -10,6 +11,18 @@ import specdemo
 from specdemo.bench.measure import acceptance
 from specdemo.bench.measure.tables import TOKEN_COLUMNS, summary_frame, tokens_frame
 from specdemo.engine.trace import DraftDecision, GenerationResult, Round
+
+
+@pytest.fixture(scope="module")
+def frozen_heap():
+    """What is alive now (the libraries, the loaded pairs) out of the collector's reach for the module, as
+    the page has it once its pair is loaded (`app.page._freeze_what_stays`): the collection before each
+    timed run (`quiet_gc`) then walks what was made since, not half a million objects (most of a second
+    each on a small CPU, against milliseconds for the runs themselves)."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
 def _round(index, entropies, accepted, point_mass=False):
@@ -105,7 +118,7 @@ def test_tokens_frame_has_a_row_per_drafted_token_of_a_real_run(tiny_pair):
     assert summary.loc["nasd", "entropy_auc_n"] == 0
 
 
-def test_benchmark_keeps_each_drafted_token_and_its_report_draws_why(tiny_pair, tmp_path):
+def test_benchmark_keeps_each_drafted_token_and_its_report_draws_why(tiny_pair, frozen_heap, tmp_path):
     from specdemo import bench
 
     suite = [{"prompt": "w5 w6 w7 w8", "category": "chat"}]
@@ -139,7 +152,7 @@ def test_break_even_below_one_step_is_reached_at_any_acceptance():
     assert math.isnan(dear.alpha_needed) and "no α reaches it" in dear.sentence() and not dear.beats_ar
 
 
-def test_a_sweep_keeps_each_drafted_token_and_names_the_auc_beside_egag(tiny_pair, tmp_path):
+def test_a_sweep_keeps_each_drafted_token_and_names_the_auc_beside_egag(tiny_pair, frozen_heap, tmp_path):
     from specdemo.bench import sweep
 
     settings = sweep.expand_grid(gamma=[2], gamma_max=[3], ema=[0.0], ngram_n=[3], copy_n=[0])
@@ -160,7 +173,7 @@ def test_a_sweep_keeps_each_drafted_token_and_names_the_auc_beside_egag(tiny_pai
     assert set(result.why_figures()) == {"entropy_acceptance", "position_acceptance", "break_even"}
 
 
-def test_the_command_line_writes_the_per_token_csvs(tiny_pair, tmp_path, capsys):
+def test_the_command_line_writes_the_per_token_csvs(tiny_pair, frozen_heap, tmp_path, capsys):
     from specdemo import cli
 
     models = ["--target", tiny_pair.target_ref, "--draft", tiny_pair.draft_ref, "--device", "cpu", "--dtype", "float64"]
@@ -182,7 +195,7 @@ def test_the_command_line_writes_the_per_token_csvs(tiny_pair, tmp_path, capsys)
     assert set(pd.read_csv(bench_tokens).method) == {"sd"}
 
 
-def test_the_command_line_says_entropy_cannot_rank_drafts_that_were_all_kept(tiny_pair, capsys):
+def test_the_command_line_says_entropy_cannot_rank_drafts_that_were_all_kept(tiny_pair, frozen_heap, capsys):
     """The target drafting for itself, greedily: every draft is kept, so entropy has nothing to rank."""
     from specdemo import cli
 

@@ -190,15 +190,18 @@ def test_the_heads_steps_run_on_the_runtime_and_draft_what_torchs_head_drafts(he
                           atol=1e-5)
 
 
-def test_the_heads_step_reads_its_cache_in_place_without_copying_it(head_pair, tmp_path):
+def test_the_heads_step_reads_its_cache_in_place_without_copying_it(head_pair):
     """The step's graph attends over the cached keys and values as they come in: they feed products only,
     never repeated per query head or appended to (a copy of the whole cache every step, which made a step
-    slower the longer the context)."""
+    slower the longer the context). The graph read is the one the runtime runs beside this target, exported
+    once for the module where `open_head_step` keeps it."""
     import onnx
 
-    from specdemo.engine.runtimes.onnx_head import export_head_step
+    from specdemo.engine.runtimes.onnx_head import export_head_step, head_digest
 
-    graph = onnx.load(str(export_head_step(head_pair.draft, tmp_path))).graph
+    head = head_pair.draft
+    step = export_head_step(head, head_pair.target_runtime.folder.parent / "heads" / head_digest(head))
+    graph = onnx.load(str(step)).graph
     readers = {name: [node.op_type for node in graph.node if name in node.input] for name in ("past_k", "past_v")}
     assert readers["past_k"] and readers["past_v"], readers
     assert set(readers["past_k"] + readers["past_v"]) <= {"MatMul", "Transpose", "Shape"}, readers
@@ -573,7 +576,26 @@ def runtime_dropdown(demo, elem_id: str = "sd-runtime"):
     return next(block for block in demo.blocks.values() if getattr(block, "elem_id", None) == elem_id)
 
 
-def test_the_page_offers_the_runtime_where_it_runs_and_hides_it_elsewhere(page_presets, monkeypatch):
+@pytest.fixture(scope="module")
+def demos(page_presets):
+    """The page built once for each start the tests read (they only read its controls): the tiny pair's
+    default, a .gguf pair's, `python app.py --runtime onnx`'s, and the tiny pair's where the runtime is not
+    installed."""
+    from specdemo.app import ui
+    from specdemo.engine.runtimes import onnx_export
+
+    def build(**options):
+        return ui.build_demo(pair_loader=float32_loader, presets=page_presets, **options)
+
+    built = {"tiny": build(default_preset="tiny-onnx"), "gguf": build(default_preset="gguf"),
+             "onnx first": build(default_preset="tiny-onnx", runtime="onnx")}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(onnx_export, "onnx_runtime_missing", lambda: "onnxruntime-genai is not installed")
+        built["torch only"] = build(default_preset="tiny-onnx")
+    return built
+
+
+def test_the_page_offers_the_runtime_where_it_runs_and_hides_it_elsewhere(page_presets, demos):
     from types import SimpleNamespace
 
     from specdemo.app import ui
@@ -582,8 +604,7 @@ def test_the_page_offers_the_runtime_where_it_runs_and_hides_it_elsewhere(page_p
 
     assert onnx_export.served_runtimes("cpu") == ("torch", "onnx")
     assert onnx_export.served_runtimes("cuda:0") == ("torch",)
-    demo = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
-    dropdown = runtime_dropdown(demo)
+    dropdown = runtime_dropdown(demos["tiny"])
     assert dropdown.visible and [value for _, value in dropdown.choices] == ["auto", "torch", "onnx"]
     assert dropdown.value == "auto"
     # A .gguf target cannot be exported as it is: choosing its pair hides the control, on auto (torch there).
@@ -593,13 +614,10 @@ def test_the_page_offers_the_runtime_where_it_runs_and_hides_it_elsewhere(page_p
     # `python app.py --runtime onnx`: the page's default, which its preloaded pair runs on.
     assert ui.page_runtimes("cpu", "onnx") == ("onnx", "auto", "torch")
     assert ui.page_runtimes("cpu") == ("auto", "torch", "onnx") and ui.page_runtimes("cuda") == ("auto", "torch")
-    assert runtime_dropdown(ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx",
-                                          runtime="onnx")).value == "onnx"
+    assert runtime_dropdown(demos["onnx first"]).value == "onnx"
     with pytest.raises(ValueError, match="onnx runtime runs the target on the CPU"):
         ui.page_runtimes("cuda", "onnx")
-    monkeypatch.setattr(onnx_export, "onnx_runtime_missing", lambda: "onnxruntime-genai is not installed")
-    assert not runtime_dropdown(ui.build_demo(pair_loader=float32_loader, presets=page_presets,
-                                              default_preset="tiny-onnx")).visible
+    assert not runtime_dropdown(demos["torch only"]).visible  # onnxruntime-genai not installed
 
 
 def page_run(presets, methods: str, runtime: str = "", preset: str = "tiny-head-onnx"):
@@ -668,30 +686,26 @@ def test_the_served_page_runs_on_the_runtime_it_is_asked_for(onnx_folders, page_
             assert rows[1]["matches_ar"] in (True, "True", 1)
 
 
-def test_the_benchmark_tab_offers_the_runtime_where_the_playground_does(page_presets, monkeypatch):
+def test_the_benchmark_tab_offers_the_runtime_where_the_playground_does(page_presets, demos):
     from types import SimpleNamespace
 
-    from specdemo.app import benchtab, ui
-    from specdemo.engine.runtimes import onnx_export
+    from specdemo.app import benchtab
 
-    demo = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
+    demo = demos["tiny"]
     playground, tab = runtime_dropdown(demo), runtime_dropdown(demo, "bench-runtime")
     # A suite's methods depend on the runtime: the tab offers what auto gives here (onnx) and torch.
     assert tab.visible and [value for _, value in tab.choices] == ["onnx", "torch"] and tab.value == "onnx"
     assert playground.value == "auto"
-    gguf = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="gguf")
+    gguf = demos["gguf"]
     assert not runtime_dropdown(gguf, "bench-runtime").visible and runtime_dropdown(gguf, "bench-runtime").value == "torch"
-    onnx_first = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx", runtime="onnx")
-    assert runtime_dropdown(onnx_first, "bench-runtime").value == "onnx"
+    assert runtime_dropdown(demos["onnx first"], "bench-runtime").value == "onnx"
     # Choosing onnx offers the methods it runs; a pair it cannot take goes back to torch, and so do its methods.
     offer = benchtab.offer_methods(SimpleNamespace(presets=page_presets, runtimes=("torch", "onnx")))
     checked, note = offer("tiny-onnx", ["ar", "sd", "hf-generate", "onnx-ngram"], "onnx")
     assert checked == ["ar", "sd", "onnx-ngram"] and "torch copy of the target" in note
     checked, note = offer("gguf", ["ar", "onnx-ngram"], "onnx")
     assert checked == ["ar"] and "which this page does not offer for this pair" in note
-    monkeypatch.setattr(onnx_export, "onnx_runtime_missing", lambda: "onnxruntime-genai is not installed")
-    torch_only = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
-    assert not runtime_dropdown(torch_only, "bench-runtime").visible
+    assert not runtime_dropdown(demos["torch only"], "bench-runtime").visible  # onnxruntime-genai not installed
 
 
 def bench_tab_run(presets, folder, methods: list[str], runtime: str) -> list:
@@ -729,24 +743,18 @@ def test_the_benchmark_tab_runs_on_the_runtime_with_its_own_search_beside_ar(pag
         bench_tab_run(page_presets, tmp_path, ["ar", "onnx-generate"], "torch")
 
 
-def test_the_sweep_tab_offers_the_runtime_where_the_playground_does(page_presets, monkeypatch):
-    from specdemo.app import ui
-    from specdemo.engine.runtimes import onnx_export
-
-    demo = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
+def test_the_sweep_tab_offers_the_runtime_where_the_playground_does(demos):
+    demo = demos["tiny"]
     playground, tab = runtime_dropdown(demo), runtime_dropdown(demo, "sweep-runtime")
     assert tab.visible and [value for _, value in tab.choices] == ["onnx", "torch"] and tab.value == "onnx"
     # Another pair offers its runtimes: the tab's Model pair drives its control.
     preset = runtime_dropdown(demo, "sweep-preset")
     assert any((preset._id, "change") in [(target[0], target[1]) for target in fn.targets]
                and tab in fn.outputs for fn in demo.fns.values())
-    gguf = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="gguf")
+    gguf = demos["gguf"]
     assert not runtime_dropdown(gguf, "sweep-runtime").visible and runtime_dropdown(gguf, "sweep-runtime").value == "torch"
-    onnx_first = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx", runtime="onnx")
-    assert runtime_dropdown(onnx_first, "sweep-runtime").value == "onnx"
-    monkeypatch.setattr(onnx_export, "onnx_runtime_missing", lambda: "onnxruntime-genai is not installed")
-    torch_only = ui.build_demo(pair_loader=float32_loader, presets=page_presets, default_preset="tiny-onnx")
-    assert not runtime_dropdown(torch_only, "sweep-runtime").visible
+    assert runtime_dropdown(demos["onnx first"], "sweep-runtime").value == "onnx"
+    assert not runtime_dropdown(demos["torch only"], "sweep-runtime").visible  # onnxruntime-genai not installed
 
 
 def sweep_tab_run(presets, folder, load, **changes) -> list:

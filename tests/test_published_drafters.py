@@ -148,15 +148,33 @@ def test_results_and_tables_name_the_published_kind(pairs):
 
 
 # -- sampling: the first two tokens follow the target ------------------------------------------
+# The sampling paths do not depend on the target's depth, and a χ² of 1,200 runs pays for every layer of every
+# forward. EAGLE-3 reads the states entering layers 0, 1 and 2 of a three-layer target (2, L // 2 and L − 3: the
+# shallowest L for which the authors' rule names three layers the target has). The target also sets how far each
+# head's q lies from p, and with it how far a correction redrawn from p instead of the residual (mutant M2) moves
+# the first token: its noncentrality at 1,200 runs is 9.2 for EAGLE on one layer (9.0 on the 8-layer target these
+# tests used before), 28 for Medusa on three (24 on eight, 13 on one), 258 for EAGLE-3 on three (284 on eight).
+# Each head takes the shallowest target on which its χ² stays at least as strong.
+SMALL_TARGET_LAYERS = {"eagle": 1, "eagle3": 3, "medusa": 3}
+
+
 @pytest.fixture(scope="module")
 def small_vocab_pairs(tmp_path_factory):
     root = tmp_path_factory.mktemp("published-vocab8")
-    target = tiny_target(root / "target", vocab=8, hidden=32, head_scale=1.5)
-    folders = {"eagle": write_eagle(root / "eagle", target), "eagle3": write_eagle3(root / "eagle3", target, 5),
-               "medusa": write_medusa(root / "medusa", target, heads=2)}
+    targets = {layers: tiny_target(root / f"target-{layers}", vocab=8, hidden=32, layers=layers, head_scale=1.5)
+               for layers in set(SMALL_TARGET_LAYERS.values())}
+    target_of = {name: targets[layers] for name, layers in SMALL_TARGET_LAYERS.items()}
+    folders = {"eagle": write_eagle(root / "eagle", target_of["eagle"]),
+               "eagle3": write_eagle3(root / "eagle3", target_of["eagle3"], 5),
+               "medusa": write_medusa(root / "medusa", target_of["medusa"], heads=2)}
     # No end-of-sequence token, so every run yields both tokens.
-    return {name: dataclasses.replace(load_pair(str(target), str(folder), device="cpu", dtype="float64"),
+    return {name: dataclasses.replace(load_pair(str(target_of[name]), str(folder), device="cpu", dtype="float64"),
                                       eos_ids=frozenset({10_000})) for name, folder in folders.items()}
+
+
+def test_the_small_eagle3_head_reads_three_layers_of_its_shallow_target(small_vocab_pairs):
+    assert small_vocab_pairs["eagle3"].target.config.num_hidden_layers == 3
+    assert small_vocab_pairs["eagle3"].draft.config.feature_layers == (0, 1, 2)
 
 
 @pytest.mark.parametrize("name", ["eagle", "eagle3", "medusa"])

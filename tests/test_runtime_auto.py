@@ -4,6 +4,7 @@ target is exported from its snapshot in the Hub cache, as a local folder is."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -74,21 +75,6 @@ def test_torch_and_onnx_asked_for_are_kept_and_anything_else_is_refused():
         resolve_runtime("fast", "cpu", "float32")
 
 
-@needs_runtime
-def test_load_pair_defaults_to_auto_and_says_which_runtime_and_why(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path / "cache"))
-    target = exportable(tmp_path / "target")
-    pair = specdemo.load_pair(str(target), device="cpu", dtype="float32")
-    assert pair.runtime == "onnx" and pair.runtime_reason.startswith("the target on onnx (auto)")
-    result = specdemo.generate(pair, [1, 5, 9, 14], method="ar", max_new_tokens=6, temperature=0.0)
-    assert result.runtime == "onnx fp32" and result.runtime_reason == pair.runtime_reason
-    write_model(tmp_path / "wide", seed=0, hidden=64, layers=1, vocab=64)
-    write_tokenizer(tmp_path / "wide", 64)
-    wide = specdemo.load_pair(str(tmp_path / "wide"), device="cpu", dtype="float32")
-    assert wide.runtime == "torch" and wide.target_runtime is None and "projections" in wide.runtime_reason
-    assert specdemo.load_pair(str(target), device="cpu", dtype="float32", runtime="torch").runtime == "torch"
-
-
 def test_auto_on_an_encoder_decoder_pair_is_torch_with_the_reason(tmp_path):
     for side, seed in (("target", 0), ("draft", 1)):
         write_seq2seq_model(tmp_path / side, "t5", seed=seed)
@@ -101,34 +87,62 @@ def test_auto_on_an_encoder_decoder_pair_is_torch_with_the_reason(tmp_path):
 HUB_SCRIPT = textwrap.dedent("""
     import json, sys
     import specdemo
-    pair = specdemo.load_pair("tiny-org/tiny-llama", device="cpu", dtype="float32", runtime=sys.argv[1])
-    result = specdemo.generate(pair, [1, 5, 9, 14], method="ar", max_new_tokens=6, temperature=0.0)
-    print(json.dumps({"runtime": result.runtime, "reason": pair.runtime_reason, "tokens": result.token_ids,
-                      "folder": str(pair.target_runtime.folder) if pair.target_runtime else None}))
+    for runtime in sys.argv[1:]:
+        pair = specdemo.load_pair("tiny-org/tiny-llama", device="cpu", dtype="float32", runtime=runtime)
+        result = specdemo.generate(pair, [1, 5, 9, 14], method="ar", max_new_tokens=6, temperature=0.0)
+        print(json.dumps({"runtime": result.runtime, "reason": pair.runtime_reason, "tokens": result.token_ids,
+                          "folder": str(pair.target_runtime.folder) if pair.target_runtime else None}))
 """)
 
 
-@needs_runtime
-def test_a_hub_target_is_exported_from_its_snapshot_in_the_hub_cache_offline(tmp_path):
-    """A model laid out as the Hub cache lays it out (models--org--name/snapshots/<commit>, refs/main), read
-    with HF_HUB_OFFLINE=1: the target is exported from the snapshot folder and runs on the runtime."""
+@pytest.fixture(scope="module")
+def hub_runs(tmp_path_factory):
+    """A model laid out as the Hub cache lays it out (models--org--name/snapshots/<commit>, refs/main), loaded by
+    its Hub id with HF_HUB_OFFLINE=1 in a child process, on auto and then on torch. The child exports the target
+    from the snapshot folder into the module's export cache, where the other tests that load it find it: an
+    export is a child process of its own and seconds of CPU, and what auto gives does not depend on it."""
+    root = tmp_path_factory.mktemp("hub-target")
     commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = tmp_path / "hub" / "models--tiny-org--tiny-llama"
-    exportable(repo / "snapshots" / commit)
+    repo = root / "hub" / "models--tiny-org--tiny-llama"
+    snapshot = exportable(repo / "snapshots" / commit)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "home"), "HF_HUB_CACHE": str(tmp_path / "hub"),
-           "SPECDEMO_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    outputs = {}
-    for runtime in ("auto", "torch"):
-        done = subprocess.run([sys.executable, "-c", HUB_SCRIPT, runtime], capture_output=True, text=True, env=env,
-                              cwd=ROOT, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        outputs[runtime] = __import__("json").loads(done.stdout.strip().splitlines()[-1])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(root / "home"), "HF_HUB_CACHE": str(root / "hub"),
+           "SPECDEMO_CACHE": str(root / "cache"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    runtimes = ("auto", "torch")
+    done = subprocess.run([sys.executable, "-c", HUB_SCRIPT, *runtimes], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outputs = dict(zip(runtimes, map(json.loads, done.stdout.strip().splitlines()[-len(runtimes):])))
+    return SimpleNamespace(snapshot=snapshot, cache=root / "cache", outputs=outputs)
+
+
+@needs_runtime
+def test_a_hub_target_is_exported_from_its_snapshot_in_the_hub_cache_offline(hub_runs):
+    """Read with HF_HUB_OFFLINE=1, a Hub id is the snapshot folder of the Hub cache: the target is exported
+    from that folder and runs on the runtime."""
+    outputs = hub_runs.outputs
     assert outputs["auto"]["runtime"] == "onnx fp32" and "(auto)" in outputs["auto"]["reason"]
     assert Path(outputs["auto"]["folder"]).name.startswith("tiny-org--tiny-llama-01234567-")
+    assert onnx_export.is_exported(Path(outputs["auto"]["folder"]))
+    assert Path(outputs["auto"]["folder"]).parent == hub_runs.cache / "onnx"
     assert outputs["torch"]["runtime"] == "torch"
     assert outputs["auto"]["tokens"] == outputs["torch"]["tokens"]  # the same weights, at float32
+
+
+@needs_runtime
+def test_load_pair_defaults_to_auto_and_says_which_runtime_and_why(hub_runs, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEMO_CACHE", str(hub_runs.cache))
+    target = hub_runs.snapshot  # a local folder here, exported already by the hub run
+    pair = specdemo.load_pair(str(target), device="cpu", dtype="float32")
+    assert pair.runtime == "onnx" and pair.runtime_reason.startswith("the target on onnx (auto)")
+    result = specdemo.generate(pair, [1, 5, 9, 14], method="ar", max_new_tokens=6, temperature=0.0)
+    assert result.runtime == "onnx fp32" and result.runtime_reason == pair.runtime_reason
+    write_model(tmp_path / "wide", seed=0, hidden=64, layers=1, vocab=64)
+    write_tokenizer(tmp_path / "wide", 64)
+    wide = specdemo.load_pair(str(tmp_path / "wide"), device="cpu", dtype="float32")
+    assert wide.runtime == "torch" and wide.target_runtime is None and "projections" in wide.runtime_reason
+    assert specdemo.load_pair(str(target), device="cpu", dtype="float32", runtime="torch").runtime == "torch"
 
 
 def test_the_pair_cache_finds_the_pair_auto_loaded_under_the_runtime_it_gave():

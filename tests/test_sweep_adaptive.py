@@ -12,6 +12,7 @@ from specdemo.bench.sweep import expand_grid, policy_sentence, policy_verdict, r
 from specdemo.bench.sweep.verdict import paired_ratio
 from specdemo.engine.drafters.online import forget_online
 from specdemo.engine.params import PARAMS
+from tests.test_acceptance import frozen_heap  # noqa: F401 (a fixture)
 from tests.test_feature_drafter import head_pair, with_head  # noqa: F401 (a fixture)
 
 
@@ -82,7 +83,7 @@ def test_without_an_adaptive_run_there_is_no_comparison():
     assert policy_verdict(_rows({"math": {"sd:gamma=3": [1.0, 1.1]}})).empty
 
 
-def test_a_small_sweep_runs_each_rule_and_says_how_they_compare(tiny_pair):
+def test_a_small_sweep_runs_each_rule_and_says_how_they_compare(tiny_pair, frozen_heap):
     settings = expand_grid(gamma="2", gamma_max=None, ema=None, adaedl_lambda="0.5", entropy_stop="0.2",
                            methods="sd,adaedl,egag-token,rest", stop_cap=4)
     prompts = ["w5 w6 w7 w8", "w10 w20 w30 w10 w20 w30", "w40 w41"]
@@ -108,7 +109,7 @@ def test_the_rules_trees_are_swept_on_their_chain_rules_axis_only_when_named():
     assert settings[3].label == f"EGAG-token-tree H > 0.2 ({budget} nodes)"
 
 
-def test_a_small_sweep_runs_the_rules_trees_and_osd_losslessly(head_pair):  # noqa: F811
+def test_a_small_sweep_runs_the_rules_trees_and_osd_losslessly(head_pair, frozen_heap):  # noqa: F811
     settings = expand_grid(gamma="2", gamma_max=None, ema=None, adaedl_lambda="0.5", entropy_stop="0.9",
                            methods="sd,adaedl-tree,egag-token-tree,osd", nasd_gamma=2)
     prompts = ["w5 w6 w7 w8", "w10 w20 w30 w10 w20 w30", "w40 w41"]

@@ -1,5 +1,7 @@
 """specdemo.engine.tree_verify: trees are verified losslessly (greedy walks, χ² under sampling)."""
 
+from functools import cache
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -20,11 +22,15 @@ def _row(prefix: tuple[int, ...]) -> int:
     return 0 if not prefix else 1 + prefix[0] if len(prefix) == 1 else 1 + V + prefix[0] * V + prefix[1]
 
 
-def _p(prefix, config):
+# p and q depend on the prefix and the sampling settings alone: each is computed once, not once per node
+# of every sampled tree. Nothing writes to them (verification clones before it takes a residual).
+@cache
+def _p(prefix: tuple[int, ...], config: SamplingConfig) -> torch.Tensor:
     return probabilities(TARGET_LOGITS[_row(prefix)], config)
 
 
-def _q(prefix, config, subset=None):
+@cache
+def _q(prefix: tuple[int, ...], config: SamplingConfig, subset: frozenset[int] | None = None) -> torch.Tensor:
     logits = DRAFT_LOGITS[_row(prefix)].clone()
     if subset is not None:  # the feature head's q: zero outside a vocabulary subset
         outside = torch.ones(V, dtype=torch.bool)
@@ -97,13 +103,13 @@ def _p_value(config, samples=SAMPLES, seed=1, **grow):
 
 CASES = {
     "full-q": dict(config=SamplingConfig(1.0)),
-    "subset-q": dict(config=SamplingConfig(1.0), subset={0, 2, 3, 5}),
+    "subset-q": dict(config=SamplingConfig(1.0), subset=frozenset({0, 2, 3, 5})),
     "point-masses": dict(config=SamplingConfig(1.0), point_masses=True),
     "temperature": dict(config=SamplingConfig(0.6)),
     "top-k": dict(config=SamplingConfig(1.0, top_k=4)),
     "top-p": dict(config=SamplingConfig(1.2, top_p=0.8)),
     "point-masses-top-k-top-p": dict(config=SamplingConfig(0.9, top_k=4, top_p=0.9), point_masses=True),
-    "wider-than-the-subset": dict(config=SamplingConfig(1.0), subset={1, 4}, widths=(3, 3)),
+    "wider-than-the-subset": dict(config=SamplingConfig(1.0), subset=frozenset({1, 4}), widths=(3, 3)),
 }
 
 
