@@ -126,10 +126,11 @@ def test_a_feature_head_pair_is_measured(head_pair, cache):
 
 @pytest.mark.slow
 def test_compiled_steps_are_measured_with_the_loops_own_graphs(tmp_path_factory):
-    """torch.compile on CPU (default mode): the isolated calls run the compiled steps too."""
+    """torch.compile on CPU (default mode): the isolated calls run the compiled steps too. One layer each: what
+    runs compiled does not depend on depth, and compiling a graph takes longer the more layers it holds."""
     from tests.tiny import build_tiny_pair
 
-    pair32 = build_tiny_pair(tmp_path_factory.mktemp("tiny32"), dtype="float32", draft_noise=0.3)
+    pair32 = build_tiny_pair(tmp_path_factory.mktemp("tiny32"), dtype="float32", draft_noise=0.3, layers=1)
     report = measure_round_overhead(pair32, PROMPTS, gamma=GAMMA, max_new_tokens=24, cache="static", compile=True,
                                     calls=3)
     assert_measured(report.table)
