@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_browser import ARGS, CHROMIUM, NO_CHROMIUM, opened_page
+from tests.test_browser import ARGS, CHROMIUM, NO_CHROMIUM, opened_page, shorter_answers
 from tests.uiserver import serve
 
 pytestmark = [
@@ -35,6 +35,7 @@ def test_benchmark_tab_runs_batch_sizes_and_shows_the_verdict_and_the_batch_char
         page.locator("#bench-category input").click()
         page.get_by_role("option", name="math", exact=True).click()
         page.locator("#bench-batch textarea").fill("1,2")
+        shorter_answers(page)
         page.locator("#bench-run").click()
         page.locator("#bench-status").get_by_text("Done:", exact=False).wait_for(timeout=180_000)
         verdict = page.locator("#bench-batch-verdict")

@@ -73,11 +73,14 @@ def on_cluster(ray_session, spec):
 
 @pytest.fixture(scope="module")
 def with_failures(ray_session, spec):
-    """One task whose prompt is too long for the target (it raises), one whose worker is killed and not
-    retried (retries=0), two that finish."""
+    """On one worker, not retried (retries=0): a first task whose prompt is too long for the target (it
+    raises), then the worker killed as it holds the next (handed to it before the bar moved), and the
+    tasks left on the worker that replaces it. With one worker the task that raises ends first: with
+    two, the kill could land on it before it had raised."""
     too_long = " ".join(["w9"] * 600)  # more positions than the tiny target has
-    return run_sweep(spec, [PROMPTS[0], too_long, PROMPTS[1], PROMPTS[2]], SETTINGS[:2], repeats=1, warmup=False,
-                     cluster=Cluster("ray", prompts_per_task=1, retries=0), progress=_kill_one_worker([]), **DECODE)
+    return run_sweep(spec, [too_long, PROMPTS[0], PROMPTS[1], PROMPTS[2]], SETTINGS[:2], repeats=1, warmup=False,
+                     cluster=Cluster("ray", workers=1, prompts_per_task=1, retries=0),
+                     progress=_kill_one_worker([]), **DECODE)
 
 
 def _untimed(frame: pd.DataFrame) -> pd.DataFrame:
@@ -128,12 +131,13 @@ def test_a_worker_killed_mid_task_is_replaced_and_the_table_is_complete(on_clust
 def test_failed_tasks_land_in_errors_with_their_reasons_and_the_other_rows_stay(with_failures):
     result = with_failures
     errors = result.errors.set_index("prompt_ids")
-    assert "prompt-2" in errors.index and len(errors) == 2
-    raised = errors.loc["prompt-2"]
-    assert raised.attempts == 1 and raised.reason.startswith("ValueError: prompt 'prompt-2'")  # not retried
-    died = errors.drop(index="prompt-2").iloc[0]
+    assert "prompt-1" in errors.index and len(errors) == 2
+    raised = errors.loc["prompt-1"]
+    assert raised.attempts == 1 and raised.reason.startswith("ValueError: prompt 'prompt-1'")  # not retried
+    died = errors.drop(index="prompt-1").iloc[0]
     assert died.attempts == 1 and died.runs == 1 and "its worker died 1 time(s)" in died.reason
-    kept = {"prompt-1", "prompt-3", "prompt-4"} - {errors.index[errors.index != "prompt-2"][0]}
+    assert result.meta["cluster"]["replaced_workers"] == 1  # for the tasks left
+    kept = {"prompt-2", "prompt-3", "prompt-4"} - {errors.index[errors.index != "prompt-1"][0]}
     assert set(result.rows.prompt_id) == kept and len(result.rows) == 2 * len(kept)
     assert result.summary.errors.eq(2).all() and result.summary.runs.eq(len(kept)).all()
     assert set(result.rows.prompt_index) == {int(p.split("-")[1]) - 1 for p in kept}  # their places in the whole
