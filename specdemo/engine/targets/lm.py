@@ -260,8 +260,10 @@ class CachedLM:
         if self._step is None:
             return 0.0
         start, length, ids = time.perf_counter(), self.length, list(self.cached_ids)
+        # CUDA graph trees record on the second or third call; elsewhere the first call compiles.
+        calls = 3 if self.device.type == "cuda" else 1
         for size in self.buckets:
-            for _ in range(3):  # CUDA graph trees record on the second or third call
+            for _ in range(calls):
                 self.feed(torch.zeros(size, dtype=torch.long, device=self.device), 1)
                 self.rollback(length)
         self.cached_ids = ids
