@@ -392,12 +392,13 @@ print(json.dumps({"gguf": str(gguf_path()), "ids": ids}))
 
 
 @pytest.mark.slow
-def test_the_packed_target_reproduces_the_embedded_pairs_greedy_output(tmp_path):
+def test_the_packed_target_reproduces_the_embedded_pairs_greedy_output(tmp_path, embedded_pair):
     from specdemo import load_pair
 
-    pair = load_pair("embedded", device="cpu", dtype="float32", runtime="torch")
+    # The session's pair where it is what REPLAY loads (CPU, float32, torch), read from the converted cache.
+    on_cpu = (embedded_pair.device.type, embedded_pair.target.dtype) == ("cpu", torch.float32)
+    pair = embedded_pair if on_cpu else load_pair("embedded", device="cpu", dtype="float32", runtime="torch")
     reference = generate(pair, "Name three colours.", "ar", max_new_tokens=16, temperature=0.0, chat=True).token_ids
-    pair.close()
     packed = pack(tmp_path / "pack", root=ROOT)
     assert len(packed.parts) > 1
     site, assembled = reassemble(tmp_path / "pack")
