@@ -346,16 +346,21 @@ def test_the_suite_starts_without_the_packages_a_gpu_image_lacks():
 # --------------------------------------------------------------------------- slow: the real pair
 
 @pytest.mark.slow
-def test_the_cpu_rehearsal_runs_every_stage(tmp_path):
-    out = tmp_path / "gpu-rehearsal"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+def test_the_cpu_rehearsal_runs_every_stage(tmp_path, capsys, one_thread):
+    """`python -m specdemo.bench.gpu_suite --device cpu --tiny`, run through its `main` in this process:
+    the module's start as a command is test_the_suite_starts_without_the_packages_a_gpu_image_lacks's,
+    and a second interpreter would import torch and transformers again for nothing. The head stage's
+    corpus and training still run as their own processes, as on a GPU."""
+    from specdemo.bench.gpu_suite import main
+
+    out, dynamo_was_disabled = tmp_path / "gpu-rehearsal", torch._dynamo.config.disable
     # cuda-paths is capped at no time at all, so its unit is skipped for time, whatever this machine's speed.
-    run = subprocess.run([sys.executable, "-m", "specdemo.bench.gpu_suite", "--device", "cpu", "--tiny", "--out",
-                          str(out), "--threads", "1", "--minutes", "cuda-paths=0",
-                          "--compile-cache", str(tmp_path / "compile.bin")],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    code = main(["--device", "cpu", "--tiny", "--out", str(out), "--threads", "1", "--minutes", "cuda-paths=0",
+                 "--compile-cache", str(tmp_path / "compile.bin")])
+    stdout = capsys.readouterr().out
     summary = (out / "summary.md").read_text(encoding="utf-8")
-    assert run.returncode == 0, summary[-4000:]
+    assert code == 0, summary[-4000:]
+    assert torch._dynamo.config.disable == dynamo_was_disabled  # switched off for the rehearsal's run only
     stages_table = summary.split("## Stages")[1].split("## Units")[0]
     stages = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in stages_table.splitlines()
               if line.startswith("| ") and not line.startswith("| stage")}
@@ -366,7 +371,7 @@ def test_the_cpu_rehearsal_runs_every_stage(tmp_path):
     assert set(stages) == {"carry", "synthetic", "embedded", "lossless", "batch", "head"}
     assert START in summary and list(out.glob("synthetic-*.overhead.csv")) and (out / "lossless.csv").is_file()
     # The plan first; then each synthetic unit's row written as that unit ends, compiled + static first.
-    log = [line.split("] ", 1)[1] for line in run.stdout.splitlines() if line.startswith("[gpu_suite")]
+    log = [line.split("] ", 1)[1] for line in stdout.splitlines() if line.startswith("[gpu_suite")]
     plan = next(i for i, line in enumerate(log) if line.startswith("plan: "))
     assert plan < next(i for i, line in enumerate(log) if "started" in line)
     written = [line.split(": ")[1] for line in log if "headline row(s) written" in line]
@@ -387,12 +392,13 @@ print(json.dumps({"gguf": str(gguf_path()), "ids": ids}))
 
 
 @pytest.mark.slow
-def test_the_packed_target_reproduces_the_embedded_pairs_greedy_output(tmp_path):
+def test_the_packed_target_reproduces_the_embedded_pairs_greedy_output(tmp_path, embedded_pair):
     from specdemo import load_pair
 
-    pair = load_pair("embedded", device="cpu", dtype="float32", runtime="torch")
+    # The session's pair where it is what REPLAY loads (CPU, float32, torch), read from the converted cache.
+    on_cpu = (embedded_pair.device.type, embedded_pair.target.dtype) == ("cpu", torch.float32)
+    pair = embedded_pair if on_cpu else load_pair("embedded", device="cpu", dtype="float32", runtime="torch")
     reference = generate(pair, "Name three colours.", "ar", max_new_tokens=16, temperature=0.0, chat=True).token_ids
-    pair.close()
     packed = pack(tmp_path / "pack", root=ROOT)
     assert len(packed.parts) > 1
     site, assembled = reassemble(tmp_path / "pack")

@@ -218,13 +218,20 @@ def embedded_int8_pair():
     return specdemo.load_pair("embedded", target_dtype="int8", runtime="torch")  # torch's own int8
 
 
+# With the attention taking a verification's rows together (the linears alone row by row), SD, NASD and
+# SD-tree leave AR's text at new token 23–24 of the list and at token 3 of the translation, EGAG at token 27
+# of the list (34 of the translation): 32 new tokens still catch every method, in a third less time than 48.
+INT8_NEW_TOKENS = 32
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", list(KINDS_OF_PROMPT))
 def test_greedy_methods_equal_ar_at_the_embedded_int8_target_on_every_kind_of_prompt(embedded_int8_pair, kind,
                                                                                        one_thread):
     pair = embedded_int8_pair
-    ar = specdemo.generate(pair, KINDS_OF_PROMPT[kind], method="ar", max_new_tokens=48, chat=True)
+    ar = specdemo.generate(pair, KINDS_OF_PROMPT[kind], method="ar", max_new_tokens=INT8_NEW_TOKENS, chat=True)
     for method in ("sd", "egag", "nasd", "sd-tree"):
-        result = specdemo.generate(pair, KINDS_OF_PROMPT[kind], method=method, max_new_tokens=48, chat=True)
+        result = specdemo.generate(pair, KINDS_OF_PROMPT[kind], method=method, max_new_tokens=INT8_NEW_TOKENS,
+                                   chat=True)
         assert result.token_ids == ar.token_ids, method
         assert result.stats["rounds"] >= 8 and result.stats["drafted"] > 0, method

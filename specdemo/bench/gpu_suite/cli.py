@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sys
 import tarfile
@@ -191,15 +192,21 @@ def _write_summary(settings: Settings, facts, outcomes) -> None:
 
 
 def run_suite(settings: Settings, stages: list[Stage]) -> list:
+    rehearsal = settings.tiny and not settings.cuda
+    # Inductor takes minutes a graph on a CPU: the rehearsal runs the compiled code paths
+    # (buckets, static caches, transformers' compiled generate) with dynamo switched off, and
+    # switches it back as it was found, so a caller in the same process compiles as before.
+    with torch._dynamo.config.patch(disable=True) if rehearsal else contextlib.nullcontext():
+        return _run_suite(settings, stages, rehearsal)
+
+
+def _run_suite(settings: Settings, stages: list[Stage], rehearsal: bool) -> list:
     log = _logger(time.monotonic())
     settings.out.mkdir(parents=True, exist_ok=True)
-    if settings.tiny and not settings.cuda:
-        # Inductor takes minutes a graph on a CPU: the rehearsal runs the compiled code paths
-        # (buckets, static caches, transformers' compiled generate) with dynamo switched off.
-        torch._dynamo.config.disable = True
+    if rehearsal:
         log("rehearsal on a CPU: torch.compile is switched off, its code paths run eagerly")
     facts = environment(settings.device, settings.dtype)
-    if settings.tiny and not settings.cuda:
+    if rehearsal:
         facts.append(("compile", "off (CPU rehearsal)"))
     facts.append(("budget", f"{settings.budget_minutes:g} min"))
     save_cache = _compile_cache(settings, facts, log)
