@@ -20,8 +20,16 @@ SAMPLES = 1200
 # Drafts that are point masses (NASD's table, REST's datastore) run half as many: a correction redrawn
 # from p moves their joint far more than a draft model's, so 600 runs still catch it by a wide margin
 # (test_a_biased_correction_token_would_fail_this_test: NASD's p-value ≤ 2e-12 over five blocks of 600
-# seeds, ≤ 4e-20 with top-p 0.8). A draft model's cases keep 1,200, where the same bug is hardest to see.
+# seeds, ≤ 4e-20 with top-p 0.8).
 POINT_MASS_SAMPLES = 600
+# A draft model's cases run on `far_draft_pair`, whose q lies far enough from p that the same bug, put in
+# the engine as mutant M2 (tests/mutations.py), fails every such case here at 600 runs: p-values 1.1e-14,
+# 6e-22, 1.4e-26 (seeds 0-599, 600-1199, 1200-1799) for SD and EGAG, 7e-45, 2.8e-37, 0 for SD with top-k 3,
+# 1.8e-30, 6.8e-34, 4.6e-42 for EGAG with top-k and top-p, 1.1e-14, 3.4e-10, 4.7e-12 for EGAG after copied
+# rounds.
+# (On the former pair, a near copy of a flat target, SD gave 0.12 at 600.) SD after four copied rounds keeps
+# 1,200: its draft model drafts only the second round's one token, and the bug gave 3.5e-5 at 600.
+DRAFT_MODEL_SAMPLES = 600
 PADDED_SAMPLES = 600
 PROMPT = [3, 4, 5, 3, 4, 5, 3, 4]  # repetitive, so NASD's table drafts from the first round
 
@@ -31,6 +39,18 @@ def small_vocab_pair(tmp_path_factory):
     pair = build_tiny_pair(tmp_path_factory.mktemp("vocab8"), vocab=8, head_scale=1.5, draft_noise=0.6,
                            hidden=32, layers=1)
     # No end-of-sequence token, so every run yields both tokens.
+    return dataclasses.replace(pair, eos_ids=frozenset({10_000}))
+
+
+@pytest.fixture(scope="module")
+def far_draft_pair(tmp_path_factory):
+    """An 8-token target with peaked next-token distributions and a noisier copy as its draft: q often
+    puts its peak where p does not, so a correction drawn from the wrong distribution shows within 600
+    runs, while drafts are still kept often. Over 600 SD runs, 44-47 % of drafts are kept; of the first
+    rounds (two drafts each) 30-32 % keep both and draw the bonus token, 68-70 % refuse one and draw a
+    correction (10-14 % and 86-90 % with top-k 3), in each block of seeds above. The target is not
+    small_vocab_pair's: there p is flat and the draft a near copy, so q lies close to p everywhere."""
+    pair = build_tiny_pair(tmp_path_factory.mktemp("vocab8-far"), vocab=8, draft_noise=1.0, hidden=32, layers=1)
     return dataclasses.replace(pair, eos_ids=frozenset({10_000}))
 
 
@@ -48,15 +68,16 @@ def exact_joint(pair, config: SamplingConfig) -> torch.Tensor:
 
 # copy_n=0: the draft model drafts every round. Otherwise the prompt repeats itself, so the
 # first round is copied from the context (a point mass) and the draft model drafts later ones.
+# The last field is the number of runs (see DRAFT_MODEL_SAMPLES).
 CASES = [
-    ("sd", dict(temperature=1.0, copy_n=0)),
-    ("nasd", dict(temperature=1.0)),
-    ("egag", dict(temperature=1.0, copy_n=0)),
-    ("sd", dict(temperature=1.0, top_k=3, copy_n=0)),
-    ("nasd", dict(temperature=0.8, top_p=0.8)),
-    ("egag", dict(temperature=1.3, top_k=5, top_p=0.9, copy_n=0)),
-    ("sd", dict(temperature=1.0, copy_n=4)),
-    ("egag", dict(temperature=0.9, top_k=4, top_p=0.9, copy_n=2)),
+    ("sd", dict(temperature=1.0, copy_n=0), DRAFT_MODEL_SAMPLES),
+    ("nasd", dict(temperature=1.0), POINT_MASS_SAMPLES),
+    ("egag", dict(temperature=1.0, copy_n=0), DRAFT_MODEL_SAMPLES),
+    ("sd", dict(temperature=1.0, top_k=3, copy_n=0), DRAFT_MODEL_SAMPLES),
+    ("nasd", dict(temperature=0.8, top_p=0.8), POINT_MASS_SAMPLES),
+    ("egag", dict(temperature=1.3, top_k=5, top_p=0.9, copy_n=0), DRAFT_MODEL_SAMPLES),
+    ("sd", dict(temperature=1.0, copy_n=4), SAMPLES),
+    ("egag", dict(temperature=0.9, top_k=4, top_p=0.9, copy_n=2), DRAFT_MODEL_SAMPLES),
 ]
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
 
@@ -98,7 +119,7 @@ def joint_p_value(pair, method, sampling, samples=SAMPLES, cache="dynamic", draw
     return pooled_chisquare(observed, expected)
 
 
-CASE_IDS = [f"{m}-{'-'.join(f'{k}{v}' for k, v in s.items())}" for m, s in CASES]
+CASE_IDS = [f"{m}-{'-'.join(f'{k}{v}' for k, v in s.items())}" for m, s, _ in CASES]
 SAME_SEEDS = 150
 # Each case's dynamic-cache draws for its first SAME_SEEDS seeds, kept by the χ² test that made them:
 # the static cache's test holds its own draws to these rather than decoding them a second time.
@@ -109,32 +130,39 @@ def _case_key(method, sampling) -> tuple[str, str]:
     return method, repr(sorted(sampling.items()))
 
 
-@pytest.mark.parametrize("method, sampling", CASES, ids=CASE_IDS)
-def test_first_two_tokens_follow_the_target_distribution(small_vocab_pair, method, sampling):
+def case_pair(method, small_vocab_pair, far_draft_pair):
+    """NASD drafts from its table, not the draft model: its cases keep the flat target they were sized on."""
+    return small_vocab_pair if method == "nasd" else far_draft_pair
+
+
+@pytest.mark.parametrize("method, sampling, samples", CASES, ids=CASE_IDS)
+def test_first_two_tokens_follow_the_target_distribution(small_vocab_pair, far_draft_pair, method, sampling, samples):
     draws = []
-    samples = POINT_MASS_SAMPLES if method == "nasd" else SAMPLES
-    p_value = joint_p_value(small_vocab_pair, method, sampling, samples, draws=draws)
+    pair = case_pair(method, small_vocab_pair, far_draft_pair)
+    p_value = joint_p_value(pair, method, sampling, samples, draws=draws)
     DYNAMIC_DRAWS[_case_key(method, sampling)] = draws[:SAME_SEEDS]
     assert p_value > 1e-3, f"{method} {sampling}: χ² p-value {p_value:.2g}"
 
 
-@pytest.mark.parametrize("method, sampling", CASES, ids=CASE_IDS)
-def test_the_static_cache_draws_what_the_dynamic_cache_draws_seed_by_seed(small_vocab_pair, method, sampling):
+@pytest.mark.parametrize("method, sampling, samples", CASES, ids=CASE_IDS)
+def test_the_static_cache_draws_what_the_dynamic_cache_draws_seed_by_seed(small_vocab_pair, far_draft_pair, method,
+                                                                         sampling, samples):
     """The static cache holds the same keys and values as the dynamic one, so a seed gives the same tokens,
     drafts and verdicts on either: the χ² above then holds for it too. Equality seed by seed is the
     stronger check of the claim (identity) and needs far fewer runs than a χ² of its own."""
+    pair = case_pair(method, small_vocab_pair, far_draft_pair)
     dynamic_draws = DYNAMIC_DRAWS.get(_case_key(method, sampling))  # absent where the χ² test did not run first
     if dynamic_draws is None:
-        dynamic_draws = [seed_draw(sampled_run(small_vocab_pair, method, sampling, seed)) for seed in range(SAME_SEEDS)]
+        dynamic_draws = [seed_draw(sampled_run(pair, method, sampling, seed)) for seed in range(SAME_SEEDS)]
     assert len(dynamic_draws) == SAME_SEEDS
     for seed, (dynamic_tokens, dynamic_rounds) in enumerate(dynamic_draws):
-        static_tokens, static_rounds = seed_draw(sampled_run(small_vocab_pair, method, sampling, seed, "static"))
+        static_tokens, static_rounds = seed_draw(sampled_run(pair, method, sampling, seed, "static"))
         assert static_tokens == dynamic_tokens, (seed, static_tokens, dynamic_tokens)
         assert static_rounds == dynamic_rounds, (seed, static_rounds, dynamic_rounds)
 
 
-def test_a_biased_correction_token_would_fail_this_test(small_vocab_pair, monkeypatch):
-    """Redraw the correction from p instead of the residual (a known NASD bug): the test must notice."""
+def _correction_redrawn_from_p(monkeypatch):
+    """Put the bug in the chain's verification: after a refusal, the next token is drawn from p, not the residual."""
     import specdemo.engine.chain_round as chain_round
     from specdemo.engine.sampling import verify_on_device
 
@@ -144,7 +172,19 @@ def test_a_biased_correction_token_would_fail_this_test(small_vocab_pair, monkey
         return torch.stack([accepted, torch.where(accepted < len(drafts), redrawn, next_token)])
 
     monkeypatch.setattr(chain_round, "verify_on_device", biased_verify)
+
+
+def test_a_biased_correction_token_would_fail_this_test(small_vocab_pair, monkeypatch):
+    """Redraw the correction from p instead of the residual (a known NASD bug): the test must notice."""
+    _correction_redrawn_from_p(monkeypatch)
     assert joint_p_value(small_vocab_pair, "nasd", {"temperature": 1.0}, POINT_MASS_SAMPLES) < 1e-3
+
+
+def test_a_biased_correction_token_would_fail_the_draft_models_cases_at_their_size(far_draft_pair, monkeypatch):
+    """The same bug after a draft model's refusal, on the pair and at the size the draft model's cases run."""
+    _correction_redrawn_from_p(monkeypatch)
+    p_value = joint_p_value(far_draft_pair, "sd", {"temperature": 1.0, "copy_n": 0}, DRAFT_MODEL_SAMPLES)
+    assert p_value < 1e-8, f"χ² p-value {p_value:.2g}"
 
 
 @pytest.fixture(scope="module")

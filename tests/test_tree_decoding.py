@@ -7,8 +7,8 @@ import pytest
 
 import specdemo
 from tests.test_feature_drafter import with_head
-from tests.test_lossless_sampling import POINT_MASS_SAMPLES, joint_p_value
-from tests.test_lossless_sampling import small_vocab_pair  # noqa: F401 (a fixture)
+from tests.test_lossless_sampling import DRAFT_MODEL_SAMPLES, POINT_MASS_SAMPLES, joint_p_value
+from tests.test_lossless_sampling import far_draft_pair, small_vocab_pair  # noqa: F401 (fixtures)
 
 PROMPTS = ["w5 w6 w7 w8", "w10 w20 w30 w10 w20 w30 w10 w20", [1, 40, 41, 42, 43, 44, 45, 46]]
 VARIANTS = {
@@ -144,21 +144,51 @@ TREE_CASES = [
 
 @pytest.mark.parametrize("method, sampling", TREE_CASES,
                          ids=[f"{m}-{'-'.join(f'{k}{v}' for k, v in s.items())}" for m, s in TREE_CASES])
-def test_tree_methods_sample_the_first_two_tokens_from_the_target(small_vocab_pair, method, sampling):  # noqa: F811
+def test_tree_methods_sample_the_first_two_tokens_from_the_target(small_vocab_pair, far_draft_pair, method,  # noqa: F811
+                                                                 sampling):
     # NASD's trees are point masses: the next child and the correction judged against p rather than the
     # residual after a refusal still give p-values ≤ 1.4e-11 (≤ 1.4e-24 for the static 2,2 tree with
-    # top-k and top-p) over five blocks of 600 seeds, so they run 600 to the draft models' 900.
-    samples = POINT_MASS_SAMPLES if method == "nasd" else 900
-    p_value = joint_p_value(small_vocab_pair, method, sampling, samples=samples)
+    # top-k and top-p) over five blocks of 600 seeds. The draft model's trees grow on far_draft_pair, where
+    # that bug (mutant M2's line in the tree's own verification) fails each of them at 600 runs, in every
+    # block of seeds tried (0-599, 600-1199, 1200-1799): p-values 0, 1.8e-37, 6.4e-41 for the first tree, 0 in
+    # every block for the next two, 8.1e-34, 7.9e-21, 1.8e-26 for AdaEDL's. The trees still both reach a leaf
+    # (the bonus token) and stop at a refusal (a correction): of the first rounds, 68-72 % and 28-32 % for the
+    # first tree, 41-45 % and 55-59 % for the static one, 50-54 % and 46-50 % for EGAG's, 89-92 % and 8-11 %
+    # for AdaEDL's (on the former flat pair its first rounds refused in 1 of 200).
+    if method == "nasd":
+        p_value = joint_p_value(small_vocab_pair, method, sampling, samples=POINT_MASS_SAMPLES)
+    else:
+        p_value = joint_p_value(far_draft_pair, method, sampling, samples=DRAFT_MODEL_SAMPLES)
     assert p_value > 1e-3, f"{method} {sampling}: χ² p-value {p_value:.2g}"
+
+
+def test_a_correction_redrawn_from_p_in_a_tree_would_fail_its_test(far_draft_pair, monkeypatch):  # noqa: F811
+    """After a refusal the tree's next child and the final correction are judged against the residual
+    max(p − q, 0); judged against p instead, the first tree case above must fail at its size."""
+    import specdemo.engine.tree_verify as tree_verify
+
+    after_refusal = tree_verify._after_refusal
+
+    def residual_left_as_p(p, q, x):
+        residual, next_q = after_refusal(p, q, x)
+        return (residual if q is None else p), next_q
+
+    monkeypatch.setattr(tree_verify, "_after_refusal", residual_left_as_p)
+    method, sampling = TREE_CASES[0]
+    p_value = joint_p_value(far_draft_pair, method, sampling, samples=DRAFT_MODEL_SAMPLES)
+    assert p_value < 1e-8, f"χ² p-value {p_value:.2g}"
 
 
 @pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=1.0, top_k=3)])
 def test_a_feature_head_tree_samples_from_the_target(small_vocab_pair, sampling):  # noqa: F811
     """The head's q is zero outside its subset; a tree wider than that subset still verifies losslessly."""
+    # Such a q lies far from p: a correction redrawn from p (mutant M2's line in the tree's verification) fails
+    # both cases at 600 runs with p-values that underflow to 0 in every block of seeds tried (0-599, 600-1199,
+    # 1200-1799). Of the first rounds, 32-36 % (59-61 % with top-k 3) reach a leaf and draw the bonus token, the
+    # rest stop at a refusal and draw a correction.
     pair = with_head(small_vocab_pair, [1, 2, 5])
     p_value = joint_p_value(pair, "sd-tree", {**sampling, "node_budget": 6, "max_width": 4, "max_depth": 2},
-                            samples=900)
+                            samples=DRAFT_MODEL_SAMPLES)
     assert p_value > 1e-3, f"{sampling}: χ² p-value {p_value:.2g}"
 
 

@@ -12,6 +12,12 @@ from specdemo.engine.tree_verify import draw_children, verify_tree
 
 V = 6
 SAMPLES = 6000
+# Trees drawn from a q run fewer: judging a refused child's next sibling and the correction against p
+# rather than the residual max(p − q, 0) (mutant M2's line in `_after_refusal`) fails every such case below at
+# 1,000 samples already, with p-values ≤ 7.6e-15 for generator seeds 1, 2 and 3 (0 for the subset and top-k
+# cases), and drafting q's best tokens as if drawn (the companion test) fails at 1,500 with p-values of 0.
+# The point masses keep 6,000: their residual is another line, not sized here.
+Q_SAMPLES = 1500
 # Fixed logits for the target and the drafter after each prefix of up to two tokens.
 _GEN = torch.Generator().manual_seed(0)
 TARGET_LOGITS = torch.randn(1 + V + V * V, V, generator=_GEN) * 1.5
@@ -102,14 +108,15 @@ def _p_value(config, samples=SAMPLES, seed=1, **grow):
 
 
 CASES = {
-    "full-q": dict(config=SamplingConfig(1.0)),
-    "subset-q": dict(config=SamplingConfig(1.0), subset=frozenset({0, 2, 3, 5})),
+    "full-q": dict(config=SamplingConfig(1.0), samples=Q_SAMPLES),
+    "subset-q": dict(config=SamplingConfig(1.0), subset=frozenset({0, 2, 3, 5}), samples=Q_SAMPLES),
     "point-masses": dict(config=SamplingConfig(1.0), point_masses=True),
-    "temperature": dict(config=SamplingConfig(0.6)),
-    "top-k": dict(config=SamplingConfig(1.0, top_k=4)),
-    "top-p": dict(config=SamplingConfig(1.2, top_p=0.8)),
+    "temperature": dict(config=SamplingConfig(0.6), samples=Q_SAMPLES),
+    "top-k": dict(config=SamplingConfig(1.0, top_k=4), samples=Q_SAMPLES),
+    "top-p": dict(config=SamplingConfig(1.2, top_p=0.8), samples=Q_SAMPLES),
     "point-masses-top-k-top-p": dict(config=SamplingConfig(0.9, top_k=4, top_p=0.9), point_masses=True),
-    "wider-than-the-subset": dict(config=SamplingConfig(1.0), subset=frozenset({1, 4}), widths=(3, 3)),
+    "wider-than-the-subset": dict(config=SamplingConfig(1.0), subset=frozenset({1, 4}), widths=(3, 3),
+                                  samples=Q_SAMPLES),
 }
 
 
@@ -126,7 +133,7 @@ def test_children_drawn_as_the_top_tokens_under_sampling_would_be_caught(monkeyp
     greedy_draw = tv.draw_children
     monkeypatch.setattr(tv, "draw_children", lambda q, w, config, g: greedy_draw(q, w, SamplingConfig(0.0), g))
     monkeypatch.setitem(globals(), "draw_children", tv.draw_children)
-    assert _p_value(SamplingConfig(1.0), widths=(2, 1)) < 1e-3
+    assert _p_value(SamplingConfig(1.0), samples=Q_SAMPLES, widths=(2, 1)) < 1e-3
 
 
 def test_draws_are_distinct_and_never_outside_q():
