@@ -15,7 +15,7 @@ import specdemo
 from specdemo.engine.drafters import feature_drafter
 from specdemo.engine.drafters.feature_head import FeatureHead, HeadConfig
 from tests.test_lossless_sampling import joint_p_value
-from tests.tiny import build_tiny_pair
+from tests.tiny import ARRuns, build_tiny_pair
 
 PROMPTS = [[1, 5, 9, 13, 5, 9], [1, 7], [1, 20, 21, 22, 23, 24, 25, 26, 27, 28], [1]]
 
@@ -35,16 +35,7 @@ def head_pair(tmp_path_factory):
     return with_head(pair, list(range(0, 64, 2)) + [3, 5, 7, 9])
 
 
-# AR's greedy run per (prompt, length, cache): the reference every method of the greedy tests is held to,
-# computed once per module rather than once per method (AR does not depend on the draft).
-_AR_RUNS: dict[tuple, specdemo.GenerationResult] = {}
-
-
-def ar_run(pair, prompt: list[int], length: int, cache: str):
-    key = (pair.target_ref, tuple(prompt), length, cache)
-    if key not in _AR_RUNS:
-        _AR_RUNS[key] = specdemo.generate(pair, prompt, method="ar", max_new_tokens=length, cache=cache)
-    return _AR_RUNS[key]
+ar_run = ARRuns()  # AR's reference per target, prompt, length and cache, decoded once per module
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
@@ -53,7 +44,7 @@ def test_greedy_with_a_head_equals_ar(head_pair, method, cache):
     drafted = 0
     for prompt in PROMPTS:
         for length in (1, 7, 30):
-            ar = ar_run(head_pair, prompt, length, cache)
+            ar = ar_run(head_pair, prompt, max_new_tokens=length, cache=cache)
             ours = specdemo.generate(head_pair, prompt, method=method, max_new_tokens=length, gamma=3,
                                      gamma_max=5, cache=cache)
             assert ours.token_ids == ar.token_ids, (prompt, length)

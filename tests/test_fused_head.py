@@ -21,7 +21,7 @@ from specdemo.engine.drafters.policies import FixedGamma
 from specdemo.engine.sampling import SamplingConfig, probabilities
 from specdemo.models.errors import ModelLoadError
 from tests.test_lossless_sampling import joint_p_value
-from tests.tiny import build_tiny_pair
+from tests.tiny import ARRuns, build_tiny_pair
 
 PROMPTS = [[1, 5, 9, 13, 5, 9], [1, 7], [1, 20, 21, 22, 23, 24, 25, 26, 27, 28], [1]]
 LAYERS = (0, 1)  # the tiny target's embedding output and its first layer's, beside the final state
@@ -110,16 +110,7 @@ def test_the_drafter_reads_the_chosen_layers_of_a_teacher_forced_pass(fused_pair
         torch.testing.assert_close(features, truth[verified_from - 1 : verified_from - 1 + features.shape[0]])
 
 
-# AR's greedy run per (prompt, length, cache): the reference every method of the greedy tests is held to,
-# computed once per module rather than once per method (AR does not depend on the draft).
-_AR_RUNS: dict[tuple, specdemo.GenerationResult] = {}
-
-
-def ar_run(pair, prompt: list[int], length: int, cache: str):
-    key = (pair.target_ref, tuple(prompt), length, cache)
-    if key not in _AR_RUNS:
-        _AR_RUNS[key] = specdemo.generate(pair, prompt, method="ar", max_new_tokens=length, cache=cache)
-    return _AR_RUNS[key]
+ar_run = ARRuns()  # AR's reference per target, prompt, length and cache, decoded once per module
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
@@ -128,7 +119,7 @@ def test_greedy_with_a_fused_head_equals_ar(fused_pair, method, cache):
     drafted = 0
     for prompt in PROMPTS:
         for length in (1, 7, 30):
-            ar = ar_run(fused_pair, prompt, length, cache)
+            ar = ar_run(fused_pair, prompt, max_new_tokens=length, cache=cache)
             ours = specdemo.generate(fused_pair, prompt, method=method, max_new_tokens=length, gamma=3,
                                      gamma_max=5, cache=cache)
             assert ours.token_ids == ar.token_ids, (prompt, length)

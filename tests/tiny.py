@@ -183,3 +183,17 @@ def verification_swaps_the_top_two(pair):
         yield
     finally:
         handle.remove()
+
+
+class ARRuns:
+    """AR's greedy runs, each decoded once: the reference every method of a greedy grid is held to (AR does
+    not depend on the draft). One per module; a run is keyed by its target, prompt and settings."""
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple, specdemo.GenerationResult] = {}
+
+    def __call__(self, pair, prompt: list[int], **settings) -> specdemo.GenerationResult:
+        key = (pair.target_ref, tuple(prompt), tuple(sorted(settings.items())))
+        if key not in self._runs:
+            self._runs[key] = specdemo.generate(pair, prompt, method="ar", **settings)
+        return self._runs[key]
