@@ -7,6 +7,7 @@ import pytest
 import specdemo
 from specdemo.engine.drafters.policies import AdaEDLStop, StopNote, TokenEntropyStop
 from tests.test_lossless_sampling import DRAFT_MODEL_SAMPLES, far_draft_pair, joint_p_value  # noqa: F401 (a fixture)
+from tests.tiny import ARRuns
 
 PROMPTS = ["w5 w6 w7 w8", "w10 w20 w30 w10 w20 w30 w10 w20", [1, 40, 41, 42, 43, 44, 45, 46]]
 
@@ -59,15 +60,8 @@ STOPS = [
 @pytest.fixture(scope="module")
 def ar_tokens(tiny_pair):
     """AR's 40 tokens per prompt and cache, decoded once: every stopping rule is compared with them."""
-    references = {}
-
-    def reference(prompt, cache):
-        key = (repr(prompt), cache)
-        if key not in references:
-            references[key] = specdemo.generate(tiny_pair, prompt, method="ar", max_new_tokens=40, cache=cache).token_ids
-        return references[key]
-
-    return reference
+    runs = ARRuns()
+    return lambda prompt, cache: runs(tiny_pair, prompt, max_new_tokens=40, cache=cache).token_ids
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])

@@ -9,6 +9,7 @@ import torch
 
 import specdemo
 from specdemo.engine.trace import ORIGINS
+from tests.tiny import ARRuns
 
 PROMPTS = [
     "w5 w6 w7 w8",
@@ -25,15 +26,8 @@ def _ar(pair, prompt, **params):
 @pytest.fixture(scope="module")
 def ar_tokens(tiny_pair):
     """AR's first 48 tokens for a prompt on a cache, computed once for every method compared with them."""
-    computed = {}
-
-    def tokens(prompt, cache: str) -> list[int]:
-        key = (repr(prompt), cache)
-        if key not in computed:
-            computed[key] = _ar(tiny_pair, prompt, max_new_tokens=48, cache=cache).token_ids
-        return computed[key]
-
-    return tokens
+    runs = ARRuns()
+    return lambda prompt, cache: runs(tiny_pair, prompt, max_new_tokens=48, cache=cache).token_ids
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])

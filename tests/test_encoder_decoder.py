@@ -15,7 +15,7 @@ from specdemo.engine.drafters.policies import FixedGamma
 from specdemo.engine.sampling import SamplingConfig, probabilities
 from specdemo.models.loading import ModelLoadError, load_pair
 from tests.chi2 import pooled_chisquare
-from tests.tiny import (build_tiny_seq2seq_pair, write_model, write_seq2seq_model, write_seq2seq_tokenizer,
+from tests.tiny import (ARRuns, build_tiny_seq2seq_pair, write_model, write_seq2seq_model, write_seq2seq_tokenizer,
                         write_tokenizer)
 
 PROMPT = "w5 w6 w7 w8 w9 w10 w11"
@@ -45,18 +45,13 @@ def test_ar_equals_transformers_greedy_generate(seq2seq_pair):
     assert len(result.token_ids) == 24 or result.stop_reason == "eos"
 
 
-# AR's greedy tokens per (pair, cache): the reference every method is held to, computed once per module rather
-# than once per method (AR does not depend on the draft).
-_AR_TOKENS: dict[tuple[str, str], list[int]] = {}
+ar_run = ARRuns()  # AR's reference per cache, decoded once per module
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_returns_ar_tokens_under_greedy(seq2seq_pair, method, cache):
-    key = (seq2seq_pair.target_ref, cache)
-    if key not in _AR_TOKENS:
-        _AR_TOKENS[key] = specdemo.generate(seq2seq_pair, PROMPT, method="ar", max_new_tokens=24, cache=cache).token_ids
-    reference = _AR_TOKENS[key]
+    reference = ar_run(seq2seq_pair, PROMPT, max_new_tokens=24, cache=cache).token_ids
     result = specdemo.generate(seq2seq_pair, PROMPT, method=method, max_new_tokens=24, cache=cache, copy_n=0)
     assert result.token_ids == reference
     if method != "ar":

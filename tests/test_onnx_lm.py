@@ -19,7 +19,7 @@ from specdemo.engine.sampling import SamplingConfig, probabilities
 from specdemo.models.errors import ModelLoadError
 from specdemo.engine.runtimes.onnx_export import check_exportable, export_folder, is_exported, onnx_runtime_missing
 from tests.chi2 import pooled_chisquare
-from tests.tiny import write_model, write_tiny_head, write_tokenizer
+from tests.tiny import ARRuns, write_model, write_tiny_head, write_tokenizer
 
 pytestmark = [pytest.mark.runtime,
               pytest.mark.skipif(onnx_runtime_missing() is not None, reason=str(onnx_runtime_missing()))]
@@ -60,16 +60,13 @@ def greedy(pair, prompt, method, **params):
     return specdemo.generate(pair, prompt, method=method, max_new_tokens=40, temperature=0.0, seed=0, **params)
 
 
-# AR's greedy run per (target, where it runs, prompt): the reference the method grids below hold every method and
-# drafter to, computed once per module rather than once per test (AR does not depend on the draft).
-_AR_RUNS: dict[tuple, specdemo.GenerationResult] = {}
+_ar_runs = ARRuns()
 
 
 def ar_run(pair, prompt):
-    key = (pair.target_ref, pair.runtime, tuple(prompt))
-    if key not in _AR_RUNS:
-        _AR_RUNS[key] = greedy(pair, prompt, "ar")
-    return _AR_RUNS[key]
+    """`greedy`'s AR run, decoded once per target, runtime and prompt: the reference the method grids below hold
+    every method and drafter to."""
+    return _ar_runs(pair, prompt, max_new_tokens=40, temperature=0.0, seed=0)
 
 
 def test_the_export_is_written_once_and_runs_the_target(onnx_folders, lm_pair):

@@ -24,7 +24,7 @@ from specdemo.models.published import save_eagle
 from tests.published_heads import (draft_vocabulary, write_eagle, write_eagle3, write_medusa,
                                    write_speculators_eagle3)
 from tests.test_lossless_sampling import joint_p_value
-from tests.tiny import write_model, write_tokenizer
+from tests.tiny import ARRuns, write_model, write_tokenizer
 
 PROMPTS = [[1, 5, 9, 13, 5, 9], [1, 20, 21, 22, 23, 24, 25, 26], [1, 7]]
 LAYERS = 8  # EAGLE-3 reads the states entering layers 2, 4 and 5 of an 8-layer target
@@ -72,16 +72,7 @@ def test_the_eagle3_heads_read_the_layers_their_config_names(pairs):
     assert pairs["eagle"].draft.config.feature_layers == ()
 
 
-# AR's greedy tokens per (target folder, prompt, length): the reference every method and head of a target is held
-# to, computed once per module rather than once per test (AR does not depend on the draft).
-_AR_TOKENS: dict[tuple, list[int]] = {}
-
-
-def ar_tokens(pair, prompt, length: int) -> list[int]:
-    key = (pair.target_ref, str(pair.target.dtype), pair.eos_ids, tuple(prompt), length)
-    if key not in _AR_TOKENS:
-        _AR_TOKENS[key] = specdemo.generate(pair, prompt, method="ar", max_new_tokens=length).token_ids
-    return _AR_TOKENS[key]
+ar_run = ARRuns()  # AR's reference per target, prompt and length, decoded once per module
 
 
 def greedy_runs_equal_ar(pair, method: str, prompts) -> tuple[int, int]:
@@ -91,7 +82,7 @@ def greedy_runs_equal_ar(pair, method: str, prompts) -> tuple[int, int]:
         for length in (1, 25):
             ours = specdemo.generate(pair, prompt, method=method, max_new_tokens=length, gamma=3, gamma_max=4,
                                      copy_n=0)
-            assert ours.token_ids == ar_tokens(pair, prompt, length), (prompt, length)
+            assert ours.token_ids == ar_run(pair, prompt, max_new_tokens=length).token_ids, (prompt, length)
             assert ours.target_forwards == len(ours.rounds)
             drafted += ours.stats["drafted"]
             accepted += ours.stats["accepted"]

@@ -9,6 +9,7 @@ import specdemo
 from tests.test_feature_drafter import with_head
 from tests.test_lossless_sampling import DRAFT_MODEL_SAMPLES, POINT_MASS_SAMPLES, joint_p_value
 from tests.test_lossless_sampling import far_draft_pair, small_vocab_pair  # noqa: F401 (fixtures)
+from tests.tiny import ARRuns
 
 PROMPTS = ["w5 w6 w7 w8", "w10 w20 w30 w10 w20 w30 w10 w20", [1, 40, 41, 42, 43, 44, 45, 46]]
 VARIANTS = {
@@ -37,19 +38,7 @@ def _ar(pair, prompt, **params):
     return specdemo.generate(pair, prompt, method="ar", **params).token_ids
 
 
-@pytest.fixture(scope="module")
-def ar_tokens():
-    """`_ar`, decoded once per pair, prompt and settings for the whole module: the greedy grids compare
-    every variant, budget and drafter with the same few AR references."""
-    references = {}
-
-    def reference(pair, prompt, **params):
-        key = (id(pair), repr(prompt), repr(sorted(params.items())))
-        if key not in references:
-            references[key] = (pair, _ar(pair, prompt, **params))  # the pair held, so that its id stays its own
-        return references[key][1]
-
-    return reference
+ar_run = ARRuns()  # AR's reference per pair, prompt and settings, decoded once per module
 
 
 def _stops(result) -> set[str]:
@@ -67,11 +56,11 @@ def _stops(result) -> set[str]:
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_greedy_tree_output_is_exactly_ars(pair, ar_tokens, variant, cache):
+def test_greedy_tree_output_is_exactly_ars(pair, variant, cache):
     method, params = VARIANTS[variant]
     stops = set()
     for prompt in PROMPTS:
-        reference = ar_tokens(pair, prompt, max_new_tokens=40, cache=cache)
+        reference = ar_run(pair, prompt, max_new_tokens=40, cache=cache).token_ids
         for budget in (1, 5, 12):
             result = specdemo.generate(pair, prompt, method=method, max_new_tokens=40, node_budget=budget,
                                        cache=cache, **params)
@@ -83,9 +72,9 @@ def test_greedy_tree_output_is_exactly_ars(pair, ar_tokens, variant, cache):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_greedy_stops_at_an_eos_drafted_inside_the_tree(tiny_pair, ar_tokens, variant):
+def test_greedy_stops_at_an_eos_drafted_inside_the_tree(tiny_pair, variant):
     method, params = VARIANTS[variant]
-    free_run = ar_tokens(tiny_pair, PROMPTS[0], max_new_tokens=30)
+    free_run = ar_run(tiny_pair, PROMPTS[0], max_new_tokens=30).token_ids
     eos = free_run[6]
     pair = dataclasses.replace(tiny_pair, eos_ids=frozenset({eos}))
     for cache in ("dynamic", "static"):
@@ -96,8 +85,8 @@ def test_greedy_stops_at_an_eos_drafted_inside_the_tree(tiny_pair, ar_tokens, va
         assert result.stop_reason == "eos"
 
 
-def test_an_eos_inside_the_tree_was_really_drafted(tiny_pair, ar_tokens):
-    free_run = ar_tokens(tiny_pair, PROMPTS[0], max_new_tokens=30)
+def test_an_eos_inside_the_tree_was_really_drafted(tiny_pair):
+    free_run = ar_run(tiny_pair, PROMPTS[0], max_new_tokens=30).token_ids
     pair = dataclasses.replace(tiny_pair, eos_ids=frozenset({free_run[6]}))
     result = specdemo.generate(pair, PROMPTS[0], method="sd-tree", max_new_tokens=30, node_budget=12)
     assert any(free_run[6] in r.tree.tokens for r in result.rounds if r.tree)
@@ -105,11 +94,11 @@ def test_an_eos_inside_the_tree_was_really_drafted(tiny_pair, ar_tokens):
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 5])
 @pytest.mark.parametrize("variant", ["sd-tree-dynamic", "egag-tree", "nasd-tree-static"])
-def test_generation_stops_exactly_at_max_new_tokens_inside_a_tree(tiny_pair, ar_tokens, variant, max_new_tokens):
+def test_generation_stops_exactly_at_max_new_tokens_inside_a_tree(tiny_pair, variant, max_new_tokens):
     method, params = VARIANTS[variant]
     result = specdemo.generate(tiny_pair, PROMPTS[1], method=method, max_new_tokens=max_new_tokens,
                                node_budget=16, **{**params, "max_depth": 8} if "max_depth" in params else params)
-    assert result.token_ids == ar_tokens(tiny_pair, PROMPTS[1], max_new_tokens=max_new_tokens)
+    assert result.token_ids == ar_run(tiny_pair, PROMPTS[1], max_new_tokens=max_new_tokens).token_ids
     assert result.stop_reason == "max_new_tokens"
     assert all(r.tree.depth <= max_new_tokens - 1 for r in result.rounds if r.tree)
 

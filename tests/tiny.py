@@ -186,14 +186,17 @@ def verification_swaps_the_top_two(pair):
 
 
 class ARRuns:
-    """AR's greedy runs, each decoded once: the reference every method of a greedy grid is held to (AR does
-    not depend on the draft). One per module; a run is keyed by its target, prompt and settings."""
+    """AR's greedy runs, each decoded once: the reference a greedy grid holds every method to (AR does not
+    depend on the draft). One per module. A run is keyed by the models it ran on (the torch target and,
+    where there is one, the runtime's), the pair's end tokens, the prompt and the settings."""
 
     def __init__(self) -> None:
-        self._runs: dict[tuple, specdemo.GenerationResult] = {}
+        self._runs: dict[tuple, tuple] = {}
 
-    def __call__(self, pair, prompt: list[int], **settings) -> specdemo.GenerationResult:
-        key = (pair.target_ref, tuple(prompt), tuple(sorted(settings.items())))
+    def __call__(self, pair, prompt, **settings) -> specdemo.GenerationResult:
+        models = (pair.target, pair.target_runtime)
+        key = (*map(id, models), pair.eos_ids, repr(prompt), repr(sorted(settings.items())))
         if key not in self._runs:
-            self._runs[key] = specdemo.generate(pair, prompt, method="ar", **settings)
-        return self._runs[key]
+            # The models are held beside the run, so that no other model can take their ids.
+            self._runs[key] = (models, specdemo.generate(pair, prompt, method="ar", **settings))
+        return self._runs[key][1]
