@@ -1,5 +1,5 @@
 """specdemo.engine.targets.few_rows: verification's few-row products, computed in another order, give
-linear's results, and a pair loaded on the CPU uses them in every model it holds."""
+linear's results, and a pair loaded on the CPU uses them in every layer large enough to gain from them."""
 
 import pytest
 import torch
@@ -7,15 +7,29 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import specdemo
-from specdemo.engine.targets.few_rows import FEW_ROWS, SWITCH, FewRowLinear, use_few_row_products
+from specdemo.engine.targets.few_rows import (FEW_ROW_MIN_WEIGHTS, FEW_ROWS, SWITCH, FewRowLinear,
+                                              use_few_row_products)
 from tests.tiny import build_tiny_pair
 
 
+# Wide enough that its linear layers, but not all of them, are switched (k and v: 256×128 stay plain).
+WIDE = 256
+
+
 def _switched_copy(layer: nn.Linear) -> nn.Linear:
+    """A copy of `layer` computing its products as FewRowLinear does, whatever its size."""
     copy = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, dtype=layer.weight.dtype)
     copy.load_state_dict(layer.state_dict())
-    use_few_row_products(copy)
+    copy.__class__ = FewRowLinear
     return copy
+
+
+def _switched_exactly_the_large_layers(model: nn.Module) -> None:
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert {type(m) for m in linears} == {nn.Linear, FewRowLinear}, "the model has layers of both sizes"
+    for layer in linears:
+        large = layer.weight.numel() >= FEW_ROW_MIN_WEIGHTS
+        assert (type(layer) is FewRowLinear) == large, (tuple(layer.weight.shape), type(layer).__name__)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -41,31 +55,40 @@ def test_float32_products_agree_to_rounding():
 
 
 def test_switching_keeps_parameters_tied_weights_and_state():
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=WIDE, hidden_size=WIDE, intermediate_size=2 * WIDE, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
     model = LlamaForCausalLM(config).eval()
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    linears = sum(type(m) is nn.Linear for m in model.modules())
+    large = sum(type(m) is nn.Linear and m.weight.numel() >= FEW_ROW_MIN_WEIGHTS for m in model.modules())
 
-    assert use_few_row_products(model) == linears > 0
-    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert use_few_row_products(model) == large > 0
+    _switched_exactly_the_large_layers(model)
+    assert type(model.lm_head) is FewRowLinear
     assert model.lm_head.weight is model.get_input_embeddings().weight
     after = model.state_dict()
     assert after.keys() == before.keys()
     assert all(torch.equal(after[name], before[name]) for name in before)
 
 
+def test_layers_too_small_to_gain_keep_linear():
+    """A verification's 2-6 rows through a small weight are faster as `linear` computes them."""
+    small = nn.Linear(FEW_ROW_MIN_WEIGHTS // 512, 511)
+    large = nn.Linear(FEW_ROW_MIN_WEIGHTS // 512, 512)
+    assert use_few_row_products(small) == 0 and type(small) is nn.Linear
+    assert use_few_row_products(large) == 1 and type(large) is FewRowLinear
+
+
 def test_a_pair_loaded_on_the_cpu_uses_them_in_target_and_draft(tmp_path):
-    pair = build_tiny_pair(tmp_path)
+    pair = build_tiny_pair(tmp_path, hidden=WIDE, layers=1)
     for model in (pair.target, pair.draft):
-        kinds = {type(m) for m in model.modules() if isinstance(m, nn.Linear)}
-        assert kinds == {FewRowLinear}
+        _switched_exactly_the_large_layers(model)
 
 
 def test_the_switch_turns_them_off(tmp_path, monkeypatch):
-    build_tiny_pair(tmp_path)
+    build_tiny_pair(tmp_path, hidden=WIDE, layers=1)
     monkeypatch.setenv(SWITCH, "0")
-    pair = specdemo.load_pair(str(tmp_path / "target"), str(tmp_path / "draft"), device="cpu", dtype="float64")
+    pair = specdemo.load_pair(str(tmp_path / "target"), str(tmp_path / "draft"), device="cpu", dtype="float64",
+                              runtime="torch")
     assert not any(isinstance(m, FewRowLinear) for m in pair.target.modules())
     assert not any(isinstance(m, FewRowLinear) for m in pair.draft.modules())
 
@@ -73,9 +96,11 @@ def test_the_switch_turns_them_off(tmp_path, monkeypatch):
 def test_greedy_decoding_is_unchanged_by_them(tmp_path, monkeypatch):
     """Verification (several rows) now runs the switched products, AR (one row) does not:
     greedy SD still returns AR's tokens, and the same tokens as with the products off."""
-    switched = build_tiny_pair(tmp_path, dtype="float32")
+    switched = build_tiny_pair(tmp_path, dtype="float32", hidden=WIDE, layers=1)
+    assert any(isinstance(m, FewRowLinear) for m in switched.target.modules())
     monkeypatch.setenv(SWITCH, "0")
-    plain = specdemo.load_pair(str(tmp_path / "target"), str(tmp_path / "draft"), device="cpu", dtype="float32")
+    plain = specdemo.load_pair(str(tmp_path / "target"), str(tmp_path / "draft"), device="cpu", dtype="float32",
+                               runtime="torch")
     prompt = "w5 w9 w11 w7"
     ar = specdemo.generate(plain, prompt, "ar", max_new_tokens=40, chat=False).token_ids
     for method in ("sd", "egag"):
