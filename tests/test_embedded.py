@@ -64,6 +64,10 @@ def test_target_loads_offline_and_second_load_uses_the_cache(target, fresh_cache
     assert model.config.vocab_size == 49152 and model.config.num_hidden_layers == 30
     assert embedded._cache_is_complete(embedded.cache_dir())
     assert not list(embedded.cache_dir().parent.glob("*.tmp-*"))  # the temp folder was renamed away
+    import gguf  # the conversion parses the file once, and leaves gguf's own reader behind it
+
+    assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader
+    assert gguf.get_tensor_name_map is gguf.tensor_mapping.get_tensor_name_map
 
     def no_gguf(*a, **k):
         raise AssertionError("the second load converted the GGUF again instead of reading the cache")
