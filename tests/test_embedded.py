@@ -118,22 +118,29 @@ def test_draft_has_the_target_vocab_and_is_accepted_often(embedded_pair, heldout
 @pytest.mark.slow
 @needs_gguf
 def test_the_embedded_pairs_drafts_keep_greedy_outputs_identical_to_ar(embedded_pair):
-    """SD and EGAG on real prompts, with the packaged default draft and with the previous draft LM."""
+    """SD and EGAG on real prompts in the chat template (as the page sends them), with the packaged
+    default draft and with the previous draft LM."""
     import specdemo
     from specdemo.training.prompts import heldout_prompts
 
     prompts = heldout_prompts()[:2]
-    # 24 tokens cross about ten rounds (γ = 4, two tokens a round): enough for a wrong draft to show. AR runs
-    # the target alone, the same SmolLM2 in every preset, so each preset's drafts are held to the same AR.
-    ar = {prompt: specdemo.generate(embedded_pair, prompt, method="ar", max_new_tokens=24).token_ids
+    # 24 tokens cross several rounds of drafts (γ = 4): enough for a wrong draft to show. AR runs the target
+    # alone, the same SmolLM2 in every preset, so each preset's drafts are held to the same AR.
+    ar = {prompt: specdemo.generate(embedded_pair, prompt, method="ar", max_new_tokens=24, chat=True).token_ids
           for prompt in prompts}
-    for preset in ("embedded", "embedded-lm", "embedded-head"):
+    assert all(len(ids) == 24 for ids in ar.values()), "no answer ends before the drafts are tested"
+    # "embedded-head" names the default draft: it loads the head "embedded" decodes with, weight for weight.
+    named = specdemo.load_pair("embedded-head", runtime="torch").draft.state_dict()
+    default = embedded_pair.draft.state_dict()
+    assert named.keys() == default.keys() and all(torch.equal(named[k], default[k]) for k in default)
+    for preset in ("embedded", "embedded-lm"):
         pair = embedded_pair if preset == "embedded" else specdemo.load_pair(preset, runtime="torch")
         assert pair.drafter_name
         for prompt in prompts:
             for method, copy_n in (("sd", 4), ("egag", 4), ("sd", 0)):
-                result = specdemo.generate(pair, prompt, method=method, max_new_tokens=24, copy_n=copy_n)
+                result = specdemo.generate(pair, prompt, method=method, max_new_tokens=24, copy_n=copy_n, chat=True)
                 assert result.token_ids == ar[prompt], (preset, method, prompt, copy_n)
+                assert result.stats["rounds"] >= 5 and result.stats["drafted"] > 0, (preset, method, prompt)
                 copying = f" + context copy (n={copy_n})" if copy_n else ""
                 assert result.drafter == pair.drafter_name + copying
 
