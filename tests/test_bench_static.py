@@ -74,8 +74,14 @@ def test_hf_generate_static_asks_transformers_to_compile_on_any_device(tiny_pair
 
 
 @pytest.mark.slow
-def test_hf_generate_static_compiled_in_the_bench(tiny_pair):
-    """torch.compile on CPU (tens of seconds): compiled in the warm-up, same greedy tokens as our AR."""
+def test_hf_generate_static_compiled_in_the_bench(tmp_path_factory):
+    """torch.compile on CPU (tens of seconds): compiled in the warm-up, same greedy tokens as our AR. On the
+    one-layer float32 pair the other compiled tests run: transformers' one-token step has their steps' shapes,
+    so most of its kernels are compiled once per run."""
+    from tests.tiny import build_tiny_pair
+
+    tiny_pair = build_tiny_pair(tmp_path_factory.mktemp("tiny32-one-layer"), dtype="float32", draft_noise=0.3,
+                                layers=1)
     result = bench.run_benchmark(tiny_pair, SUITE, ["ar", "hf-generate", "hf-generate-static"], repeats=1,
                                  max_new_tokens=10)
     rows = result.rows

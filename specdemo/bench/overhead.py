@@ -236,8 +236,10 @@ def measure_round_overhead(pair, prompts: Sequence[tuple[str, list[int]]], gamma
     if not prompts:
         raise ValueError("round overhead: no prompts to measure")
     kind = EngineOptions.from_values(cache=cache, compile=compile).cache_for(pair.device)
-    settings = dict(method="sd", gamma=gamma, temperature=0.0, max_new_tokens=max_new_tokens, seed=0,
-                    cache=kind, compile=compile)
+    # SD drafts γ tokens every round: with γ_max = γ the loop's static steps stop at γ + 1 tokens, the
+    # buckets `isolated_costs` times, and no step is compiled for a feed that no round makes.
+    settings = dict(method="sd", gamma=gamma, gamma_max=gamma, temperature=0.0, max_new_tokens=max_new_tokens,
+                    seed=0, cache=kind, compile=compile)
     generate(pair, prompts[0][1], **settings)  # untimed: first calls, and compilation with compile on
     runs = []
     for name, ids in prompts:
