@@ -25,7 +25,9 @@ Definitions:
               per round it needs. Predicted speedup against Leviathan's α:
               (1 − α^(γ+1)) / ((1 − α)(γc + v)).
 
-May import pandas and scipy; never gradio or plotly.
+May import pandas and scipy (scipy.stats inside the two functions that test with it: it takes about a
+second to import, and every process that imports the benchmark, a cluster's workers included, would
+pay it); never gradio or plotly.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import math
 from dataclasses import dataclass
 
 import pandas as pd
-from scipy.stats import binomtest, mannwhitneyu
 
 ENTROPY_BIN_COLUMNS = ["method", "entropy_low", "entropy_high", "entropy_mid", "count", "accepted", "rate",
                        "rate_low", "rate_high"]
@@ -53,6 +54,8 @@ def judged_with_entropy(tokens: pd.DataFrame) -> pd.DataFrame:
 def wilson_interval(accepted: int, count: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
     if count == 0:
         return math.nan, math.nan
+    from scipy.stats import binomtest
+
     interval = binomtest(int(accepted), int(count)).proportion_ci(confidence_level=confidence, method="wilson")
     return float(interval.low), float(interval.high)
 
@@ -82,6 +85,8 @@ def entropy_auc(tokens: pd.DataFrame) -> tuple[float, int]:
     positive, negative = -judged.entropy[kept], -judged.entropy[~kept]
     if positive.empty or negative.empty:
         return math.nan, len(judged)
+    from scipy.stats import mannwhitneyu
+
     u = mannwhitneyu(positive, negative, alternative="two-sided").statistic
     return float(u) / (len(positive) * len(negative)), len(judged)
 

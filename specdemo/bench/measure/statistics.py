@@ -70,7 +70,9 @@ Definitions used in the tables (written into the report too):
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .acceptance import BreakEven, entropy_auc
@@ -108,24 +110,48 @@ def _geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
-def _speedup(sub: pd.DataFrame, method: str, reference: str) -> tuple[float, float]:
-    """Geometric mean over prompts of the reference's time per token / the method's (see module doc)."""
-    def per_token(frame):
-        grouped = frame.groupby("prompt_index")[["seconds", "new_tokens"]].sum()
-        return grouped["seconds"] / grouped["new_tokens"].where(grouped["new_tokens"] > 0)
+class _PerToken:
+    """Seconds per new token by prompt in one category's rows, for each method over all its repeats and
+    for each (method, repeat): the sums `speedup` divides, grouped once per category rather than again
+    for every method and reference (the summary's slowest part otherwise). Prompts whose runs made no
+    token are left out."""
 
-    mine, ref = sub[sub.method == method], sub[sub.method == reference]
-    if mine.empty or ref.empty:
-        return math.nan, math.nan
-    ratio = (per_token(ref) / per_token(mine)).dropna()
-    overall = _geomean(ratio.tolist())
-    per_repeat = []
-    for repeat in sorted(sub.repeat.unique()):
-        r = (per_token(ref[ref.repeat == repeat]) / per_token(mine[mine.repeat == repeat])).dropna()
-        if len(r):
-            per_repeat.append(_geomean(r.tolist()))
-    spread = float(pd.Series(per_repeat).std()) if len(per_repeat) > 1 else math.nan
-    return overall, spread
+    def __init__(self, sub: pd.DataFrame):
+        self.repeats = sorted(sub.repeat.unique())
+        self.overall = self._by_prompt(sub, ["method"])
+        self.by_repeat = self._by_prompt(sub, ["method", "repeat"])
+
+    @staticmethod
+    def _by_prompt(sub: pd.DataFrame, keys: list[str]) -> dict[Any, dict[Any, float]]:
+        grouped = sub.groupby([*keys, "prompt_index"])[["seconds", "new_tokens"]].sum()
+        out: dict[Any, dict[Any, float]] = {}
+        for key, seconds, tokens in zip(grouped.index, grouped.seconds.to_numpy(), grouped.new_tokens.to_numpy()):
+            group = key[0] if len(keys) == 1 else key[:-1]
+            prompts = out.setdefault(group, {})
+            if tokens > 0:
+                prompts[key[-1]] = seconds / np.float64(tokens)
+        return out
+
+    @staticmethod
+    def _ratios(ref: dict[Any, float], mine: dict[Any, float]) -> list[float]:
+        """The reference's time per token over the method's, prompt by prompt (in prompt order)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios = [ref[prompt] / mine[prompt] for prompt in sorted(ref.keys() & mine.keys())]
+        return [float(r) for r in ratios if not math.isnan(r)]
+
+    def speedup(self, method: str, reference: str) -> tuple[float, float]:
+        """Geometric mean over prompts of the reference's time per token / the method's (see module doc),
+        and its spread over repeats."""
+        if method not in self.overall or reference not in self.overall:
+            return math.nan, math.nan
+        overall = _geomean(self._ratios(self.overall[reference], self.overall[method]))
+        per_repeat = []
+        for repeat in self.repeats:
+            r = self._ratios(self.by_repeat.get((reference, repeat), {}), self.by_repeat.get((method, repeat), {}))
+            if r:
+                per_repeat.append(_geomean(r))
+        spread = float(pd.Series(per_repeat).std()) if len(per_repeat) > 1 else math.nan
+        return overall, spread
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -175,6 +201,7 @@ def summarize(rows: pd.DataFrame, gamma: int | None = None, tokens: pd.DataFrame
     out = []
     for category in list(dict.fromkeys(rows.category)) + [ALL]:
         sub = ok if category == ALL else ok[ok.category == category]
+        per_token = _PerToken(sub)
         ar = sub[sub.method == "ar"]
         ar_step = _ratio(ar.verify_seconds.sum(), ar.target_forwards.sum()) if not ar.empty else math.nan
         sd = sub[sub.method == "sd"]
@@ -182,7 +209,7 @@ def summarize(rows: pd.DataFrame, gamma: int | None = None, tokens: pd.DataFrame
         for method in dict.fromkeys(rows.method):
             mine = sub[sub.method == method]
             everything = rows[(rows.method == method) & ((rows.category == category) if category != ALL else True)]
-            row = {"category": category, "method": method, **_measured(sub, mine, everything, method)}
+            row = {"category": category, "method": method, **_measured(per_token, mine, everything, method)}
             if tokens is not None and not tokens.empty:
                 drafts = tokens[(tokens.method == method) & ((tokens.category == category) if category != ALL else True)]
                 row["entropy_auc"], row["entropy_auc_n"] = entropy_auc(drafts)
@@ -211,15 +238,15 @@ def _divergences(mine: pd.DataFrame) -> dict:
             "divergence_margin": float(margins.max()) if len(margins) else math.nan}
 
 
-def _measured(sub: pd.DataFrame, mine: pd.DataFrame, everything: pd.DataFrame, method: str) -> dict:
+def _measured(per_token: _PerToken, mine: pd.DataFrame, everything: pd.DataFrame, method: str) -> dict:
     """What one method's runs in one category measured: speed, its ratios, acceptance and quality."""
     per_repeat = mine.groupby("repeat")[["new_tokens", "seconds"]].sum()
     tps = per_repeat.new_tokens / per_repeat.seconds
     # A method that ran on the torch copy of a runtime target is set against the torch copy's AR.
     on_copy = method != TORCH_AR and not mine.empty and "runtime" in mine and (mine.runtime == TORCH_COPY).all()
-    speed_ar, speed_ar_std = _speedup(sub, method, TORCH_AR if on_copy else "ar")
-    speed_hf, speed_hf_std = _speedup(sub, method, "hf-generate")
-    speed_hfs, speed_hfs_std = _speedup(sub, method, "hf-generate-static")
+    speed_ar, speed_ar_std = per_token.speedup(method, TORCH_AR if on_copy else "ar")
+    speed_hf, speed_hf_std = per_token.speedup(method, "hf-generate")
+    speed_hfs, speed_hfs_std = per_token.speedup(method, "hf-generate-static")
     drafted, accepted = mine.drafted.sum(), mine.accepted.sum()
     trials = accepted + mine.rejected_rounds.sum()
     matches = mine.matches_ar.dropna()
