@@ -137,7 +137,9 @@ def test_the_embedded_pairs_drafts_keep_greedy_outputs_identical_to_ar(embedded_
         pair = embedded_pair if preset == "embedded" else specdemo.load_pair(preset, runtime="torch")
         assert pair.drafter_name
         for prompt in prompts:
-            for method, copy_n in (("sd", 4), ("egag", 4), ("sd", 0)):
+            # On these prompts the context copy never copies (SD with and without it decode alike): one
+            # method runs with it, so that its label is checked, and each method runs once.
+            for method, copy_n in (("sd", 0), ("egag", 4)):
                 result = specdemo.generate(pair, prompt, method=method, max_new_tokens=24, copy_n=copy_n, chat=True)
                 assert result.token_ids == ar[prompt], (preset, method, prompt, copy_n)
                 assert result.stats["rounds"] >= 5 and result.stats["drafted"] > 0, (preset, method, prompt)
