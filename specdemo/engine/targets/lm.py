@@ -41,6 +41,7 @@ from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from .kv_policy import KVPolicy, check_cache_takes, compress, kv_bytes, track_attention
+from .lean import lean_forward_fits, lean_logits
 
 CACHE_KINDS = ("dynamic", "static")
 
@@ -304,6 +305,14 @@ class CachedLM:
             if size > n:
                 self._set_length(self.length)
             self.forwards += 1
+        elif self.kind == "dynamic" and not self.evicted and lean_forward_fits(self.model, self.cache):
+            logits, hidden = lean_logits(self.model, new_ids.view(1, -1), self.cache, n_logits,
+                                         self.feature_layers if n_hidden else None)
+            self.forwards += 1
+            self.length += n
+            logits = logits[0]
+            if n_hidden:
+                self.hidden = hidden[0, -n_hidden:]
         elif n_hidden:
             logits, hidden = forward_with_features(
                 self.model, self.feature_layers, input_ids=new_ids.view(1, -1), attention_mask=self._explicit_mask(n),

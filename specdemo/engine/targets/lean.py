@@ -1,0 +1,109 @@
+"""A Llama-family forward without transformers' wrappers, for the CPU's small models.
+
+transformers' `LlamaForCausalLM.forward` goes through five decorators, an output-capturing
+context, mask preprocessing and two output dataclasses before and after the work itself. For a
+model as small as a draft or a test pair, that bookkeeping costs as much as the arithmetic: a
+one-layer model with 32-wide states spends about a third of each forward there.
+
+`lean_logits` runs the same modules, in the same order, on the same tensors: the embedding, the
+rotary table, each layer's norms, projections, transformers' own `apply_rotary_pos_emb`, the
+cache's `update`, the attention function transformers would pick (so a registered replacement,
+such as the KV policy's mass-keeping sdpa, still runs), and the LM head, each leaf module called
+as a module so its hooks still fire. The logits and the cache's keys and values are bitwise those
+of `model(...)` (tests/test_lean.py holds them to it).
+
+It serves the plain case only, and `lean_forward_fits` says when that is: a Llama-structured
+causal LM with sdpa or eager attention, a dynamic cache, no attention mask and no explicit
+positions (no padding, no evicted positions), in eval mode, with no hook on the model, its decoder,
+a layer or an attention module (a hook there expects transformers' own calls). Everything else goes
+through `model(...)` as before. `SPECDEMO_LEAN_FORWARD=0` sends every forward there (to measure
+what this changes).
+"""
+
+from __future__ import annotations
+
+import os
+from itertools import islice
+
+import torch
+from transformers import DynamicCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaForCausalLM, apply_rotary_pos_emb, eager_attention_forward
+from torch.nn.modules import module as torch_module
+
+# Causal LMs whose forward is exactly the one below (SmolLM2, the embedded target, is a Llama).
+LEAN_FAMILIES: tuple[type, ...] = (LlamaForCausalLM,)
+SWITCH = "SPECDEMO_LEAN_FORWARD"
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def lean_forward_fits(model: torch.nn.Module, cache) -> bool:
+    """Whether `lean_logits` may stand in for `model(...)` on this model and cache now."""
+    if os.environ.get(SWITCH) == "0" or type(model) not in LEAN_FAMILIES or type(cache) is not DynamicCache:
+        return False
+    if model.training:
+        return False
+    if model.config._attn_implementation not in ("sdpa", "eager") or getattr(model.config, "pretraining_tp", 1) > 1:
+        return False
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return False
+    decoder = model.model
+    if _hooked(model) or _hooked(decoder):
+        return False
+    return not any(_hooked(layer) or _hooked(layer.self_attn) for layer in decoder.layers)
+
+
+def _causal_mask(past: int, n: int, device: torch.device) -> torch.Tensor | None:
+    """transformers' mask for n new positions after `past` cached ones, with no padding: none where
+    sdpa's own causal flag (or a single query) does the same, else a boolean [1, 1, n, past + n]."""
+    if n == 1 or past == 0:
+        return None
+    keys = torch.arange(past + n, device=device)
+    queries = torch.arange(past, past + n, device=device)
+    return (keys[None, :] <= queries[:, None])[None, None]
+
+
+def lean_logits(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache, logits_to_keep: int,
+                hidden_layers: tuple[int, ...] | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Logits [1, logits_to_keep, V] for input_ids [1, n] appended to `cache`, as `model(...)` gives them.
+
+    With `hidden_layers` (indices as in transformers' `hidden_states`: 0 the embedding, i < L the output
+    of layer i, L the normed final state), also the states a feature drafter reads: those layers' outputs and then the final
+    normed state, concatenated [1, n, (k + 1) · d]; with logits_to_keep 0 the LM head is skipped.
+    """
+    decoder = model.model
+    n = input_ids.shape[1]
+    hidden = decoder.embed_tokens(input_ids)
+    past = cache.get_seq_length()
+    positions = torch.arange(past, past + n, device=hidden.device).unsqueeze(0)
+    mask = _causal_mask(past, n, hidden.device)
+    cos, sin = decoder.rotary_emb(hidden, position_ids=positions)
+    attention = ALL_ATTENTION_FUNCTIONS.get_interface(model.config._attn_implementation, eager_attention_forward)
+    extra = {"position_ids": positions, "use_cache": True}
+    depth = model.config.num_hidden_layers
+    kept = [hidden] if hidden_layers and 0 in hidden_layers else []
+    # islice, not a slice: slicing a ModuleList builds a new module every forward.
+    for index, layer in enumerate(islice(decoder.layers, depth), start=1):
+        attn = layer.self_attn
+        shape = (1, n, -1, attn.head_dim)
+        normed = layer.input_layernorm(hidden)
+        query = attn.q_proj(normed).view(shape).transpose(1, 2)
+        key = attn.k_proj(normed).view(shape).transpose(1, 2)
+        value = attn.v_proj(normed).view(shape).transpose(1, 2)
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        key, value = cache.update(key, value, attn.layer_idx, kwargs=extra)
+        out, _ = attention(attn, query, key, value, mask, dropout=0.0, scaling=attn.scaling, **extra)
+        hidden = hidden + attn.o_proj(out.reshape(1, n, -1).contiguous())
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        if hidden_layers and index in hidden_layers and index < depth:
+            kept.append(hidden)
+    final = decoder.norm(hidden)
+    if hidden_layers and depth in hidden_layers:
+        kept.append(final)  # transformers' last hidden state is the normed one
+    logits = model.lm_head(final[:, -logits_to_keep:]) if logits_to_keep else None
+    if hidden_layers is None:
+        return logits, None
+    return logits, torch.cat(kept + [final], dim=-1) if kept else final
