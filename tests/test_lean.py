@@ -53,6 +53,27 @@ def test_features_equal_transformers_hidden_states(model_dir, layers):
             assert torch.equal(logits, expected_logits) and torch.equal(features, expected)
 
 
+def test_a_trees_positions_and_mask_give_what_transformers_gives(model_dir):
+    """Four drafts after a context of five, as a tree verification feeds them: two children of the context's
+    last token, each with a child of its own, at the depths' positions and under an ancestors' mask."""
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
+    reference, ours = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    context = torch.tensor([[5, 9, 11, 4, 6]])
+    tree = torch.tensor([[7, 8, 12, 13]])
+    positions = torch.tensor([[5, 5, 6, 6]])
+    allowed = torch.ones(4, 9, dtype=torch.bool)
+    allowed[:, 5:] = torch.tensor([[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1]], dtype=torch.bool)
+    with torch.inference_mode():
+        for cache in (reference, ours):
+            model(input_ids=context, cache=cache, use_cache=True)
+        expected = model(input_ids=tree, position_ids=positions, attention_mask=allowed[None, None], cache=reference,
+                         use_cache=True, logits_to_keep=4).logits
+        logits, _ = lean_logits(model, tree, ours, 4, position_ids=positions, attention_mask=allowed[None, None])
+    assert torch.equal(logits, expected)
+    for theirs, mine in zip(reference.layers, ours.layers):
+        assert torch.equal(theirs.keys, mine.keys)
+
+
 def test_it_stands_aside_where_transformers_own_call_is_needed(model_dir, monkeypatch):
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
     dynamic = DynamicCache(config=model.config)
@@ -68,6 +89,9 @@ def test_it_stands_aside_where_transformers_own_call_is_needed(model_dir, monkey
     model.train()
     assert not lean_forward_fits(model, dynamic)
     model.eval()
+    monkeypatch.setattr(model.config, "_attn_implementation", "eager")  # its causal mask is not sdpa's
+    assert not lean_forward_fits(model, dynamic)
+    monkeypatch.undo()
     monkeypatch.setenv(lean.SWITCH, "0")
     assert not lean_forward_fits(model, dynamic)
 
@@ -87,9 +111,9 @@ def test_the_engine_feeds_a_dynamic_cache_through_it_and_decodes_what_transforme
     calls = []
     original = lean.lean_logits
 
-    def counted(*args, **kwargs):
-        calls.append(args[2])
-        return original(*args, **kwargs)
+    def counted(model, input_ids, cache, *args, **kwargs):
+        calls.append(cache)
+        return original(model, input_ids, cache, *args, **kwargs)
 
     import specdemo.engine.targets.lm as lm
 
@@ -99,7 +123,7 @@ def test_the_engine_feeds_a_dynamic_cache_through_it_and_decodes_what_transforme
         monkeypatch.setenv(lean.SWITCH, switch)
         runs[switch] = [specdemo.generate(tiny_pair, "w5 w6 w7 w8", method=method, max_new_tokens=12, seed=3,
                                           temperature=temperature)
-                        for method in ("ar", "sd", "egag") for temperature in (0.0, 1.0)]
+                        for method in ("ar", "sd", "egag", "sd-tree") for temperature in (0.0, 1.0)]
         if switch == "1":
             assert calls and all(type(cache) is DynamicCache for cache in calls)
             calls.clear()

@@ -7,17 +7,18 @@ one-layer model with 32-wide states spends about a third of each forward there.
 
 `lean_logits` runs the same modules, in the same order, on the same tensors: the embedding, the
 rotary table, each layer's norms, projections, transformers' own `apply_rotary_pos_emb`, the
-cache's `update`, the attention function transformers would pick (so a registered replacement,
-such as the KV policy's mass-keeping sdpa, still runs), and the LM head, each leaf module called
-as a module so its hooks still fire. The logits and the cache's keys and values are bitwise those
-of `model(...)` (tests/test_lean.py holds them to it).
+cache's `update`, whatever is registered as transformers' sdpa attention (so a replacement, such
+as the KV policy's mass-keeping sdpa or an int8 target's row-by-row attention, still runs), and the
+LM head, each leaf module called as a module so its hooks still fire. The logits and the cache's
+keys and values are bitwise those of `model(...)` (tests/test_lean.py holds them to it).
 
-It serves the plain case only, and `lean_forward_fits` says when that is: a Llama-structured
-causal LM with sdpa or eager attention, a dynamic cache, no attention mask and no explicit
-positions (no padding, no evicted positions), in eval mode, with no hook on the model, its decoder,
-a layer or an attention module (a hook there expects transformers' own calls). Everything else goes
-through `model(...)` as before. `SPECDEMO_LEAN_FORWARD=0` sends every forward there (to measure
-what this changes).
+It serves the plain cases only, and `lean_forward_fits` says when that is: a Llama causal LM with
+sdpa attention (the causal mask below is sdpa's) and a dynamic cache, in eval mode, with no hook on
+the model, its decoder, a layer or an attention module (a hook there expects transformers' own
+calls). The engine feeds it a chain's new tokens (no mask, the cache's next positions) and a tree's
+(a prepared mask and the tree's positions). A batch's padding, a compressed cache's evicted
+positions, a static cache and everything else go through `model(...)` as before.
+`SPECDEMO_LEAN_FORWARD=0` sends every forward there (to measure what this changes).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from itertools import islice
 import torch
 from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import LlamaForCausalLM, apply_rotary_pos_emb, eager_attention_forward
+from transformers.models.llama.modeling_llama import LlamaForCausalLM, apply_rotary_pos_emb
 from torch.nn.modules import module as torch_module
 
 # Causal LMs whose forward is exactly the one below (SmolLM2, the embedded target, is a Llama).
@@ -46,7 +47,7 @@ def lean_forward_fits(model: torch.nn.Module, cache) -> bool:
         return False
     if model.training:
         return False
-    if model.config._attn_implementation not in ("sdpa", "eager") or getattr(model.config, "pretraining_tp", 1) > 1:
+    if model.config._attn_implementation != "sdpa" or getattr(model.config, "pretraining_tp", 1) > 1:
         return False
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return False
@@ -67,8 +68,13 @@ def _causal_mask(past: int, n: int, device: torch.device) -> torch.Tensor | None
 
 
 def lean_logits(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache, logits_to_keep: int,
-                hidden_layers: tuple[int, ...] | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                hidden_layers: tuple[int, ...] | None = None, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Logits [1, logits_to_keep, V] for input_ids [1, n] appended to `cache`, as `model(...)` gives them.
+
+    A tree's verification passes its own position_ids [1, n] and a prepared 4D attention_mask (as
+    transformers takes one: used as it is); both go together, since positions that are not the
+    cache's next ones need a mask that says so.
 
     With `hidden_layers` (indices as in transformers' `hidden_states`: 0 the embedding, i < L the output
     of layer i, L the normed final state), also the states a feature drafter reads: those layers' outputs and then the final
@@ -77,11 +83,14 @@ def lean_logits(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicC
     decoder = model.model
     n = input_ids.shape[1]
     hidden = decoder.embed_tokens(input_ids)
-    past = cache.get_seq_length()
-    positions = torch.arange(past, past + n, device=hidden.device).unsqueeze(0)
-    mask = _causal_mask(past, n, hidden.device)
+    if position_ids is None:
+        past = cache.get_seq_length()
+        positions = torch.arange(past, past + n, device=hidden.device).unsqueeze(0)
+        mask = _causal_mask(past, n, hidden.device)
+    else:
+        positions, mask = position_ids, attention_mask
     cos, sin = decoder.rotary_emb(hidden, position_ids=positions)
-    attention = ALL_ATTENTION_FUNCTIONS.get_interface(model.config._attn_implementation, eager_attention_forward)
+    attention = ALL_ATTENTION_FUNCTIONS["sdpa"]
     extra = {"position_ids": positions, "use_cache": True}
     depth = model.config.num_hidden_layers
     kept = [hidden] if hidden_layers and 0 in hidden_layers else []

@@ -435,14 +435,18 @@ class CachedLM:
         allowed[:m, :context] = torch.arange(context, device=device)[None, :] <= torch.arange(keep, context, device=device)[:, None]
         allowed[m:, :context] = True
         allowed[m:, context : context + n] = ancestors.to(device)
-        kwargs = dict(input_ids=ids.view(1, -1), position_ids=positions.view(1, -1),
-                      attention_mask=self._as_attention_mask(allowed[None, None]),
-                      cache=self.cache, use_cache=True)
-        if n_hidden:
-            logits, hidden = forward_with_features(self.model, self.feature_layers, **kwargs)
-            self.hidden = hidden[0, m - 1 :]
+        inputs = dict(input_ids=ids.view(1, -1), position_ids=positions.view(1, -1),
+                      attention_mask=self._as_attention_mask(allowed[None, None]))
+        if self.kind == "dynamic" and lean_forward_fits(self.model, self.cache):
+            logits, hidden = lean_logits(self.model, cache=self.cache, logits_to_keep=n + 1,
+                                         hidden_layers=self.feature_layers if n_hidden else None, **inputs)
+        elif n_hidden:
+            logits, hidden = forward_with_features(self.model, self.feature_layers, **inputs, cache=self.cache,
+                                                   use_cache=True)
         else:
-            logits = self.model(**kwargs, logits_to_keep=n + 1).logits
+            logits = self.model(**inputs, cache=self.cache, use_cache=True, logits_to_keep=n + 1).logits
+        if n_hidden:
+            self.hidden = hidden[0, m - 1 :]
         self.forwards += 1
         self.length += m + n
         self._note_kv()
