@@ -78,7 +78,8 @@ def test_it_stands_aside_where_transformers_own_call_is_needed(model_dir, monkey
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
     dynamic = DynamicCache(config=model.config)
     assert lean_forward_fits(model, dynamic)
-    assert not lean_forward_fits(model, StaticCache(config=model.config, max_cache_len=16))
+    assert lean_forward_fits(model, StaticCache(config=model.config, max_cache_len=16))
+    assert not lean_forward_fits(model, type("OtherCache", (DynamicCache,), {})(config=model.config))
     for module in (model, model.model, model.model.layers[1], model.model.layers[2].self_attn):
         handle = module.register_forward_pre_hook(lambda *args: None)
         assert not lean_forward_fits(model, dynamic), type(module).__name__
@@ -133,10 +134,24 @@ def test_the_engine_feeds_a_dynamic_cache_through_it_and_decodes_what_transforme
         assert [(r.drafted, r.accepted) for r in lean_run.rounds] == [(r.drafted, r.accepted) for r in plain_run.rounds]
 
 
-def test_a_static_cache_is_fed_by_transformers_forward(tiny_pair, monkeypatch):
-    import specdemo.engine.targets.lm as lm
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_a_cached_lm_feeds_rolls_back_and_scores_trees_as_through_transformers(tiny_pair, cache, monkeypatch):
+    """The same calls on a CachedLM with the lean forward and without: every logit and hidden state equal."""
+    def session():
+        lm = CachedLM(tiny_pair.target, tiny_pair.vocab_size, cache=cache, max_length=48)
+        out = []
+        with torch.inference_mode():
+            lm.prefill([1, 5, 6, 7, 8, 9])
+            out.append(lm.logits([1, 5, 6, 7, 8, 9, 10], 1))
+            out += [lm.logits([1, 5, 6, 7, 8, 9, 10, 11, 12, 13], 3, n_hidden=3), lm.hidden]
+            out.append(lm.logits([1, 5, 6, 7, 8, 9, 10, 14], 1))  # rolled back two, one new
+            ancestors = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool)  # 20 and 21, then 22 after 20
+            out.append(lm.tree_logits([1, 5, 6, 7, 8, 9, 10, 14], torch.tensor([20, 21, 22]), ancestors,
+                                      torch.tensor([1, 1, 2]), n_hidden=True))
+            out.append(lm.hidden)
+        return out
 
-    monkeypatch.setattr(lm, "lean_logits", lambda *args, **kwargs: pytest.fail("the lean forward fed a static cache"))
-    cached = CachedLM(tiny_pair.target, cache="static", max_length=32)
-    with torch.inference_mode():
-        assert cached.logits([5, 6, 7], 1).shape[-1] == tiny_pair.target.config.vocab_size
+    lean_run = session()
+    monkeypatch.setenv(lean.SWITCH, "0")
+    for ours, theirs in zip(lean_run, session(), strict=True):
+        assert torch.equal(ours, theirs)

@@ -13,11 +13,12 @@ LM head, each leaf module called as a module so its hooks still fire. The logits
 keys and values are bitwise those of `model(...)` (tests/test_lean.py holds them to it).
 
 It serves the plain cases only, and `lean_forward_fits` says when that is: a Llama causal LM with
-sdpa attention (the causal mask below is sdpa's) and a dynamic cache, in eval mode, with no hook on
+sdpa attention (the causal mask below is sdpa's) and a dynamic or static cache, in eval mode, with no hook on
 the model, its decoder, a layer or an attention module (a hook there expects transformers' own
-calls). The engine feeds it a chain's new tokens (no mask, the cache's next positions) and a tree's
-(a prepared mask and the tree's positions). A batch's padding, a compressed cache's evicted
-positions, a static cache and everything else go through `model(...)` as before.
+calls). The engine feeds it a chain's new tokens (on a dynamic cache no mask and the cache's next
+positions; on a static one the positions and mask from its host-side length, as transformers builds
+them) and a tree's (a prepared mask and the tree's positions). A compiled step, a batch's padding, a
+compressed cache's evicted positions and everything else go through `model(...)` as before.
 `SPECDEMO_LEAN_FORWARD=0` sends every forward there (to measure what this changes).
 """
 
@@ -27,13 +28,15 @@ import os
 from itertools import islice
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaForCausalLM, apply_rotary_pos_emb
 from torch.nn.modules import module as torch_module
 
 # Causal LMs whose forward is exactly the one below (SmolLM2, the embedded target, is a Llama).
 LEAN_FAMILIES: tuple[type, ...] = (LlamaForCausalLM,)
+# A static cache's rows are placed by the caller's positions and mask (its `update` writes at its own length).
+LEAN_CACHES: tuple[type, ...] = (DynamicCache, StaticCache)
 SWITCH = "SPECDEMO_LEAN_FORWARD"
 
 
@@ -43,7 +46,7 @@ def _hooked(module: torch.nn.Module) -> bool:
 
 def lean_forward_fits(model: torch.nn.Module, cache) -> bool:
     """Whether `lean_logits` may stand in for `model(...)` on this model and cache now."""
-    if os.environ.get(SWITCH) == "0" or type(model) not in LEAN_FAMILIES or type(cache) is not DynamicCache:
+    if os.environ.get(SWITCH) == "0" or type(model) not in LEAN_FAMILIES or type(cache) not in LEAN_CACHES:
         return False
     if model.training:
         return False
@@ -67,7 +70,7 @@ def _causal_mask(past: int, n: int, device: torch.device) -> torch.Tensor | None
     return (keys[None, :] <= queries[:, None])[None, None]
 
 
-def lean_logits(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache, logits_to_keep: int,
+def lean_logits(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache | StaticCache, logits_to_keep: int,
                 hidden_layers: tuple[int, ...] | None = None, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Logits [1, logits_to_keep, V] for input_ids [1, n] appended to `cache`, as `model(...)` gives them.

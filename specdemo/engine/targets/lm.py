@@ -305,9 +305,14 @@ class CachedLM:
             if size > n:
                 self._set_length(self.length)
             self.forwards += 1
-        elif self.kind == "dynamic" and not self.evicted and lean_forward_fits(self.model, self.cache):
+        elif not self.evicted and lean_forward_fits(self.model, self.cache):
+            # A static cache's rows are placed by the host-side length: the positions and the mask that
+            # transformers would build from the cache (for one row too) come from it.
+            placed = {} if self.kind == "dynamic" else dict(
+                position_ids=torch.arange(self.length, self.length + n, device=self.device).view(1, -1),
+                attention_mask=self._static_mask(n))
             logits, hidden = lean_logits(self.model, new_ids.view(1, -1), self.cache, n_logits,
-                                         self.feature_layers if n_hidden else None)
+                                         self.feature_layers if n_hidden else None, **placed)
             self.forwards += 1
             self.length += n
             logits = logits[0]
@@ -349,10 +354,13 @@ class CachedLM:
         implementation = getattr(self.model.config, "_attn_implementation", None)
         if self.kind != "static" or n == 1 or implementation not in ("sdpa", "eager"):
             return None
+        return self._static_mask(n)
+
+    def _static_mask(self, n: int) -> torch.Tensor:
+        """[1, 1, n, max_length]: each new row sees the cache's keys up to its own position."""
         keys = torch.arange(self.max_length, device=self.device)
         queries = torch.arange(self.length, self.length + n, device=self.device)
-        allowed = (keys[None, :] <= queries[:, None])[None, None]  # [1, 1, n, max_length]
-        return self._as_attention_mask(allowed)
+        return self._as_attention_mask((keys[None, :] <= queries[:, None])[None, None])
 
     def note_fed(self, ids: list[int]) -> None:
         """Record ids that `feed` appended from a device tensor (read back later in one go)."""
@@ -437,7 +445,7 @@ class CachedLM:
         allowed[m:, context : context + n] = ancestors.to(device)
         inputs = dict(input_ids=ids.view(1, -1), position_ids=positions.view(1, -1),
                       attention_mask=self._as_attention_mask(allowed[None, None]))
-        if self.kind == "dynamic" and lean_forward_fits(self.model, self.cache):
+        if lean_forward_fits(self.model, self.cache):
             logits, hidden = lean_logits(self.model, cache=self.cache, logits_to_keep=n + 1,
                                          hidden_layers=self.feature_layers if n_hidden else None, **inputs)
         elif n_hidden:
