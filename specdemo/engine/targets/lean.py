@@ -70,18 +70,20 @@ def _causal_mask(past: int, n: int, device: torch.device) -> torch.Tensor | None
     return (keys[None, :] <= queries[:, None])[None, None]
 
 
-def lean_logits(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache | StaticCache, logits_to_keep: int,
-                hidden_layers: tuple[int, ...] | None = None, position_ids: torch.Tensor | None = None,
+def lean_logits(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache | StaticCache,
+                logits_to_keep: int, hidden_layers: tuple[int, ...] | None = None,
+                position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Logits [1, logits_to_keep, V] for input_ids [1, n] appended to `cache`, as `model(...)` gives them.
 
-    A tree's verification passes its own position_ids [1, n] and a prepared 4D attention_mask (as
-    transformers takes one: used as it is); both go together, since positions that are not the
-    cache's next ones need a mask that says so.
+    A static cache's feed and a tree's verification pass their own position_ids [1, n] and a prepared
+    4D attention_mask (as transformers takes one: used as it is); both go together, since positions
+    that are not a dynamic cache's next ones need a mask that says so.
 
-    With `hidden_layers` (indices as in transformers' `hidden_states`: 0 the embedding, i < L the output
-    of layer i, L the normed final state), also the states a feature drafter reads: those layers' outputs and then the final
-    normed state, concatenated [1, n, (k + 1) · d]; with logits_to_keep 0 the LM head is skipped.
+    With `hidden_layers` (indices as in transformers' `hidden_states`: 0 the embedding, i < L the
+    output of layer i, L the normed final state), also the states a feature drafter reads: those k
+    layers' states and then the final normed state, concatenated [1, n, (k + 1) · d], as
+    `lm.forward_with_features` gives them; with logits_to_keep 0 the LM head is skipped.
     """
     decoder = model.model
     n = input_ids.shape[1]

@@ -301,48 +301,39 @@ class CachedLM:
             logits = logits[0, n - n_logits : n].clone()
             if n_hidden:
                 self.hidden = hidden[0, n - n_hidden : n].clone()
-            self.length += n
             if size > n:
-                self._set_length(self.length)
-            self.forwards += 1
-        elif not self.evicted and lean_forward_fits(self.model, self.cache):
+                self._set_length(self.length + n)
+        else:
+            logits = self._forward_eagerly(new_ids.view(1, -1), n_logits, n_hidden)
+        self.length += n
+        self.forwards += 1
+        self._note_kv()
+        if self.vocab_size is not None:
+            logits = logits[..., : self.vocab_size]
+        return logits
+
+    def _forward_eagerly(self, ids: torch.Tensor, n_logits: int, n_hidden: int) -> torch.Tensor:
+        """One eager forward of ids [1, n] at the cache's length: logits [n_logits, V], and the hidden
+        states as `feed` keeps them. Through the lean forward where it fits, else transformers' call."""
+        n = ids.shape[1]
+        if not self.evicted and lean_forward_fits(self.model, self.cache):
             # A static cache's rows are placed by the host-side length: the positions and the mask that
             # transformers would build from the cache (for one row too) come from it.
             placed = {} if self.kind == "dynamic" else dict(
                 position_ids=torch.arange(self.length, self.length + n, device=self.device).view(1, -1),
                 attention_mask=self._static_mask(n))
-            logits, hidden = lean_logits(self.model, new_ids.view(1, -1), self.cache, n_logits,
+            logits, hidden = lean_logits(self.model, ids, self.cache, n_logits,
                                          self.feature_layers if n_hidden else None, **placed)
-            self.forwards += 1
-            self.length += n
-            logits = logits[0]
-            if n_hidden:
-                self.hidden = hidden[0, -n_hidden:]
         elif n_hidden:
-            logits, hidden = forward_with_features(
-                self.model, self.feature_layers, input_ids=new_ids.view(1, -1), attention_mask=self._explicit_mask(n),
-                cache=self.cache, use_cache=True, **self._positions(n),
-            )
-            self.forwards += 1
-            self.length += n
-            logits = logits[0, -n_logits:]
-            self.hidden = hidden[0, -n_hidden:]
+            logits, hidden = forward_with_features(self.model, self.feature_layers, input_ids=ids,
+                                                   attention_mask=self._explicit_mask(n), cache=self.cache,
+                                                   use_cache=True, **self._positions(n))
         else:
-            output = self.model(
-                input_ids=new_ids.view(1, -1),
-                attention_mask=self._explicit_mask(n),
-                cache=self.cache,
-                use_cache=True,
-                logits_to_keep=n_logits,
-                **self._positions(n),
-            )
-            self.forwards += 1
-            self.length += n
-            logits = output.logits[0, -n_logits:]
-        self._note_kv()
-        if self.vocab_size is not None:
-            logits = logits[..., : self.vocab_size]
-        return logits
+            logits = self.model(input_ids=ids, attention_mask=self._explicit_mask(n), cache=self.cache, use_cache=True,
+                                logits_to_keep=n_logits, **self._positions(n)).logits
+        if n_hidden:
+            self.hidden = hidden[0, -n_hidden:]
+        return logits[0, -n_logits:]
 
     def _explicit_mask(self, n: int) -> torch.Tensor | None:
         """A static cache's causal mask for n new tokens, built from the host-side length.
