@@ -60,14 +60,16 @@ def lean_forward_fits(model: torch.nn.Module, cache) -> bool:
     return not any(_hooked(layer) or _hooked(layer.self_attn) for layer in decoder.layers)
 
 
-def _causal_mask(past: int, n: int, device: torch.device) -> torch.Tensor | None:
+def causal_mask(first: int, n: int, keys: int, device: torch.device) -> torch.Tensor:
+    """Boolean [1, 1, n, keys]: rows at positions first .. first + n − 1, each seeing the keys up to its own."""
+    queries = torch.arange(first, first + n, device=device)
+    return (torch.arange(keys, device=device)[None, :] <= queries[:, None])[None, None]
+
+
+def _sdpa_causal_mask(past: int, n: int, device: torch.device) -> torch.Tensor | None:
     """transformers' mask for n new positions after `past` cached ones, with no padding: none where
     sdpa's own causal flag (or a single query) does the same, else a boolean [1, 1, n, past + n]."""
-    if n == 1 or past == 0:
-        return None
-    keys = torch.arange(past + n, device=device)
-    queries = torch.arange(past, past + n, device=device)
-    return (keys[None, :] <= queries[:, None])[None, None]
+    return None if n == 1 or past == 0 else causal_mask(past, n, past + n, device)
 
 
 def lean_logits(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache | StaticCache,
@@ -91,7 +93,7 @@ def lean_logits(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicC
     if position_ids is None:
         past = cache.get_seq_length()
         positions = torch.arange(past, past + n, device=hidden.device).unsqueeze(0)
-        mask = _causal_mask(past, n, hidden.device)
+        mask = _sdpa_causal_mask(past, n, hidden.device)
     else:
         positions, mask = position_ids, attention_mask
     cos, sin = decoder.rotary_emb(hidden, position_ids=positions)

@@ -41,7 +41,7 @@ from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from .kv_policy import KVPolicy, check_cache_takes, compress, kv_bytes, track_attention
-from .lean import lean_forward_fits, lean_logits
+from .lean import causal_mask, lean_forward_fits, lean_logits
 
 CACHE_KINDS = ("dynamic", "static")
 
@@ -324,16 +324,18 @@ class CachedLM:
                 attention_mask=self._static_mask(n))
             logits, hidden = lean_logits(self.model, ids, self.cache, n_logits,
                                          self.feature_layers if n_hidden else None, **placed)
-        elif n_hidden:
-            logits, hidden = forward_with_features(self.model, self.feature_layers, input_ids=ids,
-                                                   attention_mask=self._explicit_mask(n), cache=self.cache,
-                                                   use_cache=True, **self._positions(n))
         else:
-            logits = self.model(input_ids=ids, attention_mask=self._explicit_mask(n), cache=self.cache, use_cache=True,
-                                logits_to_keep=n_logits, **self._positions(n)).logits
+            logits, hidden = self._transformers_forward(n_logits, n_hidden, input_ids=ids,
+                                                        attention_mask=self._explicit_mask(n), **self._positions(n))
         if n_hidden:
             self.hidden = hidden[0, -n_hidden:]
         return logits[0, -n_logits:]
+
+    def _transformers_forward(self, n_logits: int, n_hidden: int, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """transformers' own call on the cache: logits [1, ≥ n_logits, V], and with n_hidden the feature states."""
+        if n_hidden:
+            return forward_with_features(self.model, self.feature_layers, **inputs, cache=self.cache, use_cache=True)
+        return self.model(**inputs, cache=self.cache, use_cache=True, logits_to_keep=n_logits).logits, None
 
     def _explicit_mask(self, n: int) -> torch.Tensor | None:
         """A static cache's causal mask for n new tokens, built from the host-side length.
@@ -349,9 +351,7 @@ class CachedLM:
 
     def _static_mask(self, n: int) -> torch.Tensor:
         """[1, 1, n, max_length]: each new row sees the cache's keys up to its own position."""
-        keys = torch.arange(self.max_length, device=self.device)
-        queries = torch.arange(self.length, self.length + n, device=self.device)
-        return self._as_attention_mask((keys[None, :] <= queries[:, None])[None, None])
+        return self._as_attention_mask(causal_mask(self.length, n, self.max_length, self.device))
 
     def note_fed(self, ids: list[int]) -> None:
         """Record ids that `feed` appended from a device tensor (read back later in one go)."""
@@ -431,7 +431,7 @@ class CachedLM:
         positions = torch.cat([torch.arange(keep, context, device=device), depths.to(device) + context - 1])
         keys = self.max_length if self.kind == "static" else context + n
         allowed = torch.zeros(m + n, keys, dtype=torch.bool, device=device)
-        allowed[:m, :context] = torch.arange(context, device=device)[None, :] <= torch.arange(keep, context, device=device)[:, None]
+        allowed[:m, :context] = causal_mask(keep, m, context, device)[0, 0]
         allowed[m:, :context] = True
         allowed[m:, context : context + n] = ancestors.to(device)
         inputs = dict(input_ids=ids.view(1, -1), position_ids=positions.view(1, -1),
@@ -439,11 +439,8 @@ class CachedLM:
         if lean_forward_fits(self.model, self.cache):
             logits, hidden = lean_logits(self.model, cache=self.cache, logits_to_keep=n + 1,
                                          hidden_layers=self.feature_layers if n_hidden else None, **inputs)
-        elif n_hidden:
-            logits, hidden = forward_with_features(self.model, self.feature_layers, **inputs, cache=self.cache,
-                                                   use_cache=True)
         else:
-            logits = self.model(**inputs, cache=self.cache, use_cache=True, logits_to_keep=n + 1).logits
+            logits, hidden = self._transformers_forward(n + 1, n_hidden, **inputs)
         if n_hidden:
             self.hidden = hidden[0, m - 1 :]
         self.forwards += 1
