@@ -97,14 +97,25 @@ def test_it_stands_aside_where_transformers_own_call_is_needed(model_dir, monkey
     assert not lean_forward_fits(model, dynamic)
 
 
-def test_a_hook_on_a_leaf_module_still_fires(model_dir):
+# Every module the lean forward reaches below a layer's attention: it calls an unhooked one's forward directly.
+LEAVES_AND_ROWS = {"lm_head": 2, "model.embed_tokens": 3, "model.rotary_emb": 3, "model.norm": 3,
+                   "model.layers.0.input_layernorm": 3, "model.layers.0.self_attn.q_proj": 3,
+                   "model.layers.0.self_attn.o_proj": 3, "model.layers.0.mlp": 3, "model.layers.0.mlp.up_proj": 3,
+                   "model.layers.0.mlp.act_fn": 3, "model.layers.0.post_attention_layernorm": 3}
+
+
+@pytest.mark.parametrize("name", list(LEAVES_AND_ROWS))
+def test_a_hook_on_a_leaf_module_still_fires(model_dir, name):
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
-    rows = []
-    handle = model.lm_head.register_forward_pre_hook(lambda module, args: rows.append(args[0].shape[1]))
     with torch.inference_mode():
-        lean_logits(model, torch.tensor([[4, 5, 6]]), DynamicCache(config=model.config), 2)
+        expected = lean_logits(model, torch.tensor([[4, 5, 6]]), DynamicCache(config=model.config), 2)[0]
+    rows = []
+    handle = model.get_submodule(name).register_forward_pre_hook(lambda module, args: rows.append(args[0].shape[1]))
+    with torch.inference_mode():
+        hooked = lean_logits(model, torch.tensor([[4, 5, 6]]), DynamicCache(config=model.config), 2)[0]
     handle.remove()
-    assert rows == [2]
+    assert rows == [LEAVES_AND_ROWS[name]]
+    assert torch.equal(hooked, expected)
 
 
 def test_the_engine_feeds_a_dynamic_cache_through_it_and_decodes_what_transformers_forward_decodes(
