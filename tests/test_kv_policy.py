@@ -104,8 +104,15 @@ def test_the_attention_mass_is_what_eager_attention_gives_each_position(tmp_path
     for layer, (mass, attention) in enumerate(zip(lm._attention_masses, weights)):
         expected = attention[0].sum(dim=1).view(-1, groups, len(ids)).sum(dim=1)  # [KV heads, positions]
         assert torch.allclose(mass.over(len(ids)), expected.float(), atol=1e-5), layer
-    lm.set_kv_policy(KVPolicy())  # another policy takes the scores away
+    lm.set_kv_policy(KVPolicy())  # another policy takes the scores away, from the modules too
     assert lm._attention_masses is None
+    assert not [m for m in sdpa.modules() if hasattr(m, "kv_attention_mass")]
+    lm.set_kv_policy(KVPolicy.of("head", 64, 2))  # and head gives them back
+    assert len([m for m in sdpa.modules() if hasattr(m, "kv_attention_mass")]) == 2
+    CachedLM(eager).set_kv_policy(KVPolicy())  # another model's full policy leaves this one's scores alone
+    assert len([m for m in sdpa.modules() if hasattr(m, "kv_attention_mass")]) == 2
+    lm.set_kv_policy(KVPolicy())
+    assert not [m for m in sdpa.modules() if hasattr(m, "kv_attention_mass")]
 
 
 def test_the_attention_mass_follows_rollbacks_and_evictions():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .targets.kv_policy import DEFAULT_SINKS, KV_POLICIES, check_policy
@@ -271,13 +271,15 @@ class DecodeParams:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Every field is a scalar or a string: a shallow copy is asdict's result without its recursion.
+        return {field.name: getattr(self, field.name) for field in _FIELDS}
 
     def replace(self, **changes: Any) -> "DecodeParams":
         return dataclasses.replace(self, **changes)
 
 
-assert [f.name for f in fields(DecodeParams)] == list(PARAMS), "DecodeParams and SCHEMA must list the same names"
+_FIELDS = fields(DecodeParams)
+assert [f.name for f in _FIELDS] == list(PARAMS), "DecodeParams and SCHEMA must list the same names"
 
 
 def _coerce(spec: Param, value: Any) -> Any:

@@ -55,6 +55,7 @@ torch only.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -196,6 +197,7 @@ def attention_weights(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor
 
 
 _sdpa = None  # the sdpa attention registered before `_sdpa_keeping_mass`, which it calls
+_CARRYING: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # attention modules that carry a mass now
 
 
 def _sdpa_keeping_mass(module, query, key, value, attention_mask, *args, **kwargs):
@@ -218,9 +220,12 @@ def track_attention(model, policy: KVPolicy, who: str = "kv") -> list[AttentionM
     """Under `head`: give each attention module of `model` a fresh `AttentionMass` (one per layer,
     returned); under any other policy, take them away (None). One cache per model at a time."""
     global _sdpa
+    if policy.kind != "head" and not _CARRYING:
+        return None  # no module carries a mass to take away: spares walking every module on each run
     modules = _attention_modules(model)
     for module in modules:
         module.__dict__.pop("kv_attention_mass", None)
+        _CARRYING.discard(module)
     if policy.kind != "head":
         return None
     implementation = getattr(model.config, "_attn_implementation", None)
@@ -238,6 +243,7 @@ def track_attention(model, policy: KVPolicy, who: str = "kv") -> list[AttentionM
     masses = [AttentionMass() for _ in modules]
     for module, mass in zip(modules, masses):
         module.kv_attention_mass = mass
+        _CARRYING.add(module)
     return masses
 
 
