@@ -44,16 +44,15 @@ SWITCH = "SPECDEMO_LEAN_FORWARD"
 
 
 def _hooked(module: torch.nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks)
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
 
 
 def _run(module: torch.nn.Module, *args):
     """`module(*args)`: its forward called directly where it has no hook of its own, as `Module.__call__`
     does then (global hooks keep `lean_forward_fits` from being true). For a model this small the call's
     own bookkeeping costs more than a 32-wide product."""
-    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
-        return module(*args)
-    return module.forward(*args)
+    return module(*args) if _hooked(module) else module.forward(*args)
 
 
 def _mlp(mlp: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
