@@ -97,7 +97,7 @@ def test_it_stands_aside_where_transformers_own_call_is_needed(model_dir, monkey
     assert not lean_forward_fits(model, dynamic)
 
 
-# Every module the lean forward reaches below a layer's attention: it calls an unhooked one's forward directly.
+# Each kind of module the lean forward calls itself (an unhooked one's forward directly), with the rows it is fed.
 LEAVES_AND_ROWS = {"lm_head": 2, "model.embed_tokens": 3, "model.rotary_emb": 3, "model.norm": 3,
                    "model.layers.0.input_layernorm": 3, "model.layers.0.self_attn.q_proj": 3,
                    "model.layers.0.self_attn.o_proj": 3, "model.layers.0.mlp": 3, "model.layers.0.mlp.up_proj": 3,
