@@ -37,12 +37,20 @@ PADDED_SAMPLES = 600
 PROMPT = [3, 4, 5, 3, 4, 5, 3, 4]  # repetitive, so NASD's table drafts from the first round
 
 
-@pytest.fixture(scope="module")
-def small_vocab_pair(tmp_path_factory):
-    pair = build_tiny_pair(tmp_path_factory.mktemp("vocab8"), vocab=8, head_scale=1.5, draft_noise=0.6,
-                           hidden=32, layers=1)
+def build_small_vocab_pair(folder):
+    pair = build_tiny_pair(folder, vocab=8, head_scale=1.5, draft_noise=0.6, hidden=32, layers=1)
     # No end-of-sequence token, so every run yields both tokens.
     return dataclasses.replace(pair, eos_ids=frozenset({10_000}))
+
+
+def build_far_draft_pair(folder):
+    pair = build_tiny_pair(folder, vocab=8, draft_noise=1.0, hidden=32, layers=1)
+    return dataclasses.replace(pair, eos_ids=frozenset({10_000}))
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair(tmp_path_factory):
+    return build_small_vocab_pair(tmp_path_factory.mktemp("vocab8"))
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +61,7 @@ def far_draft_pair(tmp_path_factory):
     rounds (two drafts each) 30-32 % keep both and draw the bonus token, 68-70 % refuse one and draw a
     correction (10-14 % and 86-90 % with top-k 3), in each block of seeds above. The target is not
     small_vocab_pair's: there p is flat and the draft a near copy, so q lies close to p everywhere."""
-    pair = build_tiny_pair(tmp_path_factory.mktemp("vocab8-far"), vocab=8, draft_noise=1.0, hidden=32, layers=1)
-    return dataclasses.replace(pair, eos_ids=frozenset({10_000}))
+    return build_far_draft_pair(tmp_path_factory.mktemp("vocab8-far"))
 
 
 def exact_joint(pair, config: SamplingConfig) -> torch.Tensor:
@@ -96,12 +103,12 @@ def seed_draw(result) -> tuple[list[int], list[tuple[list[int], int]]]:
     return result.token_ids, [(r.drafted, r.accepted) for r in result.rounds]
 
 
-def joint_p_value(pair, method, sampling, samples=SAMPLES, cache="dynamic", draws=None):
-    """χ² p-value of the observed (t1, t2) frequencies against the exact joint of the target.
-    `draws`, a list, receives each seed's `seed_draw` in seed order."""
+def joint_p_value(pair, method, sampling, samples=SAMPLES, cache="dynamic", draws=None, first_seed=0):
+    """χ² p-value of the observed (t1, t2) frequencies against the exact joint of the target, over the
+    seeds first_seed .. first_seed + samples − 1. `draws`, a list, receives each seed's `seed_draw` in seed order."""
     counts = torch.zeros(8, 8)
     drafted = accepted = copied = 0
-    for seed in range(samples):
+    for seed in range(first_seed, first_seed + samples):
         result = sampled_run(pair, method, sampling, seed, cache)
         t1, t2 = result.token_ids[:2]
         counts[t1, t2] += 1
