@@ -149,7 +149,8 @@ def test_a_tree_of_the_matchs_continuations_writes_ars_tokens(tiny_pair, tiny_st
 
 def test_the_tree_branches_where_the_occurrences_disagree_most_shared_first():
     from specdemo.engine.params import DecodeParams
-    from specdemo.engine.drafters.tree_drafting import DynamicTree, RestStepper, grow_tree
+    from specdemo.engine.drafters.rest import RestStepper
+    from specdemo.engine.drafters.tree_drafting import DynamicTree, grow_tree
 
     store = build_datastore([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 5, 6], [9, 9]])
     stepper = RestStepper(RestDrafter(store, 16), [7, 1, 2], DecodeParams().sampling)

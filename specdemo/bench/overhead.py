@@ -161,7 +161,7 @@ def _feature_head_step(head: FeatureHead, features: torch.Tensor, context: list[
 
     def step():
         drafter.cache.rollback(base)
-        return pick(drafter._probs(drafter._step(feature, [_FILLER_TOKEN], base), GREEDY), GREEDY, None)
+        return pick(drafter.q_of(drafter.head_step(feature, [_FILLER_TOKEN], base), GREEDY), GREEDY, None)
 
     return step, drafter.close
 

@@ -79,7 +79,7 @@ def _head_step(pair, ids: list[int], states: torch.Tensor) -> Callable[[], None]
     committed = drafter.cache.length
 
     def step() -> None:
-        drafter._step(predicted.view(1, -1), [ids[-1]], len(ids) - 1)
+        drafter.head_step(predicted.view(1, -1), [ids[-1]], len(ids) - 1)
         drafter.cache.length = committed
 
     return step

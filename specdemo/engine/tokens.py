@@ -1,5 +1,5 @@
-"""Token-id helpers every layer shares: cutting a sequence after its first EOS, and the text
-one token adds to the ones before it."""
+"""Token-id helpers every layer shares: cutting a sequence after its first EOS, the length of
+two sequences' common prefix, and the text one token adds to the ones before it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,17 @@ def cut_at_eos(ids: Sequence[int], eos_ids: Collection[int]) -> list[int]:
         if token in eos_ids:
             return list(ids[: i + 1])
     return list(ids)
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids a and b share (a cache holding a keeps that many for b)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i
 
 
 # Tokens of context used to decode one token's text, so multi-byte characters split

@@ -232,7 +232,7 @@ def step_cost(head: FeatureHead, target, context: int = 96, calls: int = 60) -> 
 
     def draft_step():
         drafter.cache.rollback(context)
-        drafter._probs(drafter._step(step_input, [5], context), sampling).argmax().item()
+        drafter.q_of(drafter.head_step(step_input, [5], context), sampling).argmax().item()
 
     def target_step():
         target(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits.argmax().item()

@@ -17,8 +17,11 @@ from __future__ import annotations
 import torch
 
 from .base import Drafter, Proposal, draft_round
+from ..trace import FedCounts
 from .feature_head import FeatureHead, HeadCache
 from ..sampling import SamplingConfig, probabilities
+from ..tokens import common_prefix_length
+from ..tree import ROOT, DraftTree
 
 
 class FeatureDrafter(Drafter):
@@ -32,6 +35,7 @@ class FeatureDrafter(Drafter):
         self.committed = 0
         self.pending: list[torch.Tensor] = []  # [n_i, d] true features for positions committed..
         self._forwards = 0
+        self._counts = FedCounts()  # its forwards after the prompt's read: positions fed, one logit row each
         self.kv_peak_sink: tuple[dict, str] | None = None  # where the head's cache records its peak bytes
 
     def report_kv_peak(self, record: dict, key: str) -> None:
@@ -41,6 +45,10 @@ class FeatureDrafter(Drafter):
     def forwards(self) -> int:
         return self._forwards
 
+    @property
+    def counts(self) -> FedCounts:
+        return self._counts
+
     def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> None:
         """features [len(prompt_ids) - 1, d]: the target's states over the prefilled prompt."""
         param = self.head.fc.weight
@@ -49,13 +57,15 @@ class FeatureDrafter(Drafter):
         self.committed = 0
         self.pending = [features]
 
-    def _step(self, features: torch.Tensor, next_ids: list[int] | torch.Tensor, first_position: int) -> torch.Tensor:
+    def head_step(self, features: torch.Tensor, next_ids: list[int] | torch.Tensor, first_position: int) -> torch.Tensor:
         ids = torch.as_tensor(next_ids, device=features.device).view(1, -1)
         positions = torch.arange(first_position + 1, first_position + 1 + ids.shape[1], device=features.device)
         self._forwards += 1
+        if self.cache.length:  # the first read (the prompt's features) is the head's prefill
+            self._counts.add(ids.shape[1], 1)
         return self.head(features.to(self.head.fc.weight.dtype).unsqueeze(0), ids, positions, cache=self.cache)[0]
 
-    def _probs(self, predicted: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    def q_of(self, predicted: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         return probabilities(self.head.full_logits(predicted).float(), sampling)
 
     def catch_up(self, context: list[int]) -> torch.Tensor | None:
@@ -71,7 +81,7 @@ class FeatureDrafter(Drafter):
         n = len(context)
         # True features cover positions committed .. n-2; the input at j pairs f_j with x_{j+1}.
         assert self.committed + known.shape[0] == n - 1, (self.committed, known.shape, n)
-        predicted = self._step(known, context[self.committed + 1 : n], self.committed)[-1]
+        predicted = self.head_step(known, context[self.committed + 1 : n], self.committed)[-1]
         self.committed = n - 1
         return predicted
 
@@ -84,11 +94,11 @@ class FeatureDrafter(Drafter):
 
         def advance(token: torch.Tensor) -> torch.Tensor:
             # The head's own prediction stands in for the target's feature at the drafted position.
-            state["predicted"] = self._step(state["predicted"].view(1, -1), token.view(1), state["position"])[-1]
+            state["predicted"] = self.head_step(state["predicted"].view(1, -1), token.view(1), state["position"])[-1]
             state["position"] += 1
-            return self._probs(state["predicted"], sampling)
+            return self.q_of(state["predicted"], sampling)
 
-        proposal, _ = draft_round(self._probs(predicted, sampling), policy, limit, sampling, generator, advance)
+        proposal, _ = draft_round(self.q_of(predicted, sampling), policy, limit, sampling, generator, advance)
         return proposal
 
     def observe(self, sequence, verified_from, target_logits, target_features=None, target_top=None) -> None:
@@ -99,3 +109,36 @@ class FeatureDrafter(Drafter):
 
     def close(self) -> None:
         self.cache = None
+
+
+class FeatureStepper:
+    """A feature head's trees (`tree_drafting`): a drafted node's input is its parent's predicted
+    feature, so each expanded node keeps its own prediction."""
+
+    point_masses = False
+
+    def __init__(self, drafter: FeatureDrafter, context: list[int], sampling: SamplingConfig):
+        self.drafter, self.sampling = drafter, sampling
+        predicted = drafter.catch_up(context)
+        self.features = {ROOT: predicted}
+        self.fed: list[int] = []
+        self.root_q = None if predicted is None else drafter.q_of(predicted, sampling)
+
+    def q_at(self, tree: DraftTree, node: int) -> torch.Tensor:
+        d = self.drafter
+        path = tree.path_to(node)
+        common = common_prefix_length(self.fed, path)
+        d.cache.rollback(d.committed + common)
+        # The head's prediction at each parent stands in for the target's feature there.
+        inputs = torch.stack([self.features[tree.parents[n]] for n in path[common:]])
+        outputs = d.head_step(inputs, [tree.tokens[n] for n in path[common:]], d.committed + common)
+        for n, predicted in zip(path[common:], outputs):
+            self.features[n] = predicted
+        self.fed = path
+        return d.q_of(outputs[-1], self.sampling)
+
+    def finish(self) -> None:
+        pass  # the next proposal rolls the head back to what the target verified
+
+
+FeatureDrafter.tree_stepper = FeatureStepper

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import probabilities
+from ..sampling import SamplingConfig, probabilities
+from ..tokens import common_prefix_length
+from ..tree import DraftTree
 from ..targets.seq2seq import cached_lm
 from .base import Drafter, Proposal, draft_round
 
@@ -41,6 +43,10 @@ class ModelDrafter(Drafter):
         return self.lm.forwards
 
     @property
+    def counts(self):
+        return self.lm.counts
+
+    @property
     def draft_lm(self):
         return self.lm
 
@@ -68,3 +74,31 @@ class ModelDrafter(Drafter):
         accepted = target_logits.shape[0] - 1
         self.lm.note_fed(sequence[verified_from : verified_from + min(self._fed, accepted)])
         self._fed = 0  # a round this drafter sits out (another drafted it) fed nothing
+
+
+class ModelStepper:
+    """A draft LM's trees (`tree_drafting`): its cache holds the path to the node it answered last."""
+
+    point_masses = False
+
+    def __init__(self, drafter: ModelDrafter, context: list[int], sampling: SamplingConfig):
+        self.lm, self.sampling, self.base = drafter.lm, sampling, len(context)
+        self.fed: list[int] = []  # the nodes fed after the context
+        drafter._fed = 0  # the cache ends at the context (see `finish`): nothing for observe to note
+        self.root_q = probabilities(self.lm.logits(context, 1)[0], sampling)
+
+    def q_at(self, tree: DraftTree, node: int) -> torch.Tensor:
+        path = tree.path_to(node)
+        common = common_prefix_length(self.fed, path)
+        self.lm.rollback(self.base + common)
+        ids = [tree.tokens[n] for n in path[common:]]
+        logits = self.lm.feed(torch.tensor(ids, dtype=torch.long, device=self.lm.device), 1)[0]
+        self.lm.note_fed(ids)
+        self.fed = path
+        return probabilities(logits, self.sampling)
+
+    def finish(self) -> None:
+        self.lm.rollback(self.base)
+
+
+ModelDrafter.tree_stepper = ModelStepper

@@ -8,6 +8,8 @@ from typing import Sequence
 import torch
 
 from .base import Drafter, Proposal, top_ids
+from ..sampling import SamplingConfig
+from ..tree import DraftTree
 
 
 class NgramTable:
@@ -118,3 +120,26 @@ class NgramDrafter(Drafter):
             # Best first, so that among equal counts the target's top-1 was seen first.
             for token in tokens:
                 self.table.add(context, token)
+
+
+class NgramStepper:
+    """NASD's trees (`tree_drafting`): the continuations seen after the node's context, each a
+    point mass (no q), ranked by count."""
+
+    point_masses = True
+
+    def __init__(self, drafter: NgramDrafter, context: list[int], sampling: SamplingConfig):
+        self.table, self.context = drafter.table, list(context)
+        self.root_q = self._counts(self.context)
+
+    def _counts(self, context: list[int]) -> dict[int, int] | None:
+        return self.table.continuations(context[-(self.table.n - 1) :] if self.table.n > 1 else []) or None
+
+    def q_at(self, tree: DraftTree, node: int) -> dict[int, int] | None:
+        return self._counts(self.context + [tree.tokens[n] for n in tree.path_to(node)])
+
+    def finish(self) -> None:
+        pass
+
+
+NgramDrafter.tree_stepper = NgramStepper

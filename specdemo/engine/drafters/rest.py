@@ -25,6 +25,8 @@ import numpy as np
 import torch
 
 from .base import Drafter, Proposal
+from ..sampling import SamplingConfig
+from ..tree import DraftTree
 
 MIN_MATCH, MAX_MATCH = 2, 16
 MAX_OCCURRENCES = 64
@@ -181,3 +183,29 @@ class RestDrafter(Drafter):
         gamma = policy.round_gamma(None)
         tokens = self.draft(context, min(gamma, limit)) if limit > 0 else []
         return Proposal(gamma, torch.tensor(tokens, dtype=torch.long, device=self.device), None, None, None)
+
+
+class RestStepper:
+    """REST's tree: the continuations of the longest match's occurrences, a trie ranked by how
+    many occurrences share each branch (point masses, as NASD's table)."""
+
+    point_masses = True
+
+    def __init__(self, drafter: RestDrafter, context: list[int], sampling: SamplingConfig):
+        self.tokens, self.starts = drafter.match(context)
+        self.root_q = self._counts(self.starts)
+
+    def _counts(self, starts) -> dict[int, int] | None:
+        return dict(next_counts(self.tokens, starts)) or None
+
+    def q_at(self, tree: DraftTree, node: int) -> dict[int, int] | None:
+        starts = self.starts
+        for token in (tree.tokens[n] for n in tree.path_to(node)):
+            starts = follow(self.tokens, starts, token)
+        return self._counts(starts)
+
+    def finish(self) -> None:
+        pass
+
+
+RestDrafter.tree_stepper = RestStepper

@@ -11,16 +11,20 @@ children a node gets and how deep the tree may go:
             (EGAG's rule for γ), and a node's width its own entropy: exp(H) children, the
             number of tokens the drafter hesitates between (see docs/trees.md).
 
-A stepper answers "q at this node?" for one drafter; the cache of a draft model or feature
-head holds the path to the node it answered last, so moving to a sibling or a child feeds one
-or a few tokens after a rollback (positions are indexed, so rollback is free):
-  `ModelStepper`    a draft LM (`ModelDrafter`);
-  `FeatureStepper`  a feature head (`FeatureDrafter`): a drafted node's input is its parent's
-                    predicted feature, so each expanded node keeps its own prediction;
-  `NgramStepper`    NASD's table: the continuations seen after the node's context, each a point
-                    mass (no q), ranked by count;
-  `RestStepper`     REST: the continuations of the longest match's occurrences along the node's
-                    path, point masses ranked by how many occurrences share them.
+A stepper answers "q at this node?" for one drafter, and lives beside it (the drafter's
+`tree_stepper`); the cache of a draft model or feature head holds the path to the node it
+answered last, so moving to a sibling or a child feeds one or a few tokens after a rollback
+(positions are indexed, so rollback is free):
+  `model.ModelStepper`              a draft LM (`ModelDrafter`);
+  `feature_drafter.FeatureStepper`  a feature head (`FeatureDrafter`): a drafted node's input is
+                                    its parent's predicted feature, so each expanded node keeps
+                                    its own prediction;
+  `ngram.NgramStepper`              NASD's table: the continuations seen after the node's
+                                    context, each a point mass (no q), ranked by count;
+  `rest.RestStepper`                REST: the continuations of the longest match's occurrences
+                                    along the node's path, point masses ranked by how many
+                                    occurrences share them;
+  `published.medusa.MedusaStepper`  Medusa's heads: one q per depth.
 """
 
 from __future__ import annotations
@@ -32,12 +36,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .base import Drafter, WrappedDrafter
-from .model import ModelDrafter
-from .ngram import NgramDrafter
-from .feature_drafter import FeatureDrafter
 from .policies import _Policy, gamma_from_entropy
-from .rest import RestDrafter, follow, next_counts
-from ..sampling import SamplingConfig, normalized_entropy, probabilities
+from ..sampling import SamplingConfig, normalized_entropy
 from ..trace import DRAFTED, StopNote
 from ..tree import ROOT, DraftTree
 from ..tree_verify import draw_children
@@ -122,104 +122,7 @@ class StopRuleTree(DynamicTree):
         return StopNote(self.rule.rule, value, self.rule.threshold, depth) if self.rule.crosses(value) else None
 
 
-# -- steppers --------------------------------------------------------------------------------
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-class ModelStepper:
-    point_masses = False
-
-    def __init__(self, drafter: ModelDrafter, context: list[int], sampling: SamplingConfig):
-        self.lm, self.sampling, self.base = drafter.lm, sampling, len(context)
-        self.fed: list[int] = []  # the nodes fed after the context
-        drafter._fed = 0  # the cache ends at the context (see `finish`): nothing for observe to note
-        self.root_q = probabilities(self.lm.logits(context, 1)[0], sampling)
-
-    def q_at(self, tree: DraftTree, node: int) -> torch.Tensor:
-        path = tree.path_to(node)
-        common = _common_prefix(self.fed, path)
-        self.lm.rollback(self.base + common)
-        ids = [tree.tokens[n] for n in path[common:]]
-        logits = self.lm.feed(torch.tensor(ids, dtype=torch.long, device=self.lm.device), 1)[0]
-        self.lm.note_fed(ids)
-        self.fed = path
-        return probabilities(logits, self.sampling)
-
-    def finish(self) -> None:
-        self.lm.rollback(self.base)
-
-
-class FeatureStepper:
-    point_masses = False
-
-    def __init__(self, drafter: FeatureDrafter, context: list[int], sampling: SamplingConfig):
-        self.drafter, self.sampling = drafter, sampling
-        predicted = drafter.catch_up(context)
-        self.features = {ROOT: predicted}
-        self.fed: list[int] = []
-        self.root_q = None if predicted is None else drafter._probs(predicted, sampling)
-
-    def q_at(self, tree: DraftTree, node: int) -> torch.Tensor:
-        d = self.drafter
-        path = tree.path_to(node)
-        common = _common_prefix(self.fed, path)
-        d.cache.rollback(d.committed + common)
-        # The head's prediction at each parent stands in for the target's feature there.
-        inputs = torch.stack([self.features[tree.parents[n]] for n in path[common:]])
-        outputs = d._step(inputs, [tree.tokens[n] for n in path[common:]], d.committed + common)
-        for n, predicted in zip(path[common:], outputs):
-            self.features[n] = predicted
-        self.fed = path
-        return d._probs(outputs[-1], self.sampling)
-
-    def finish(self) -> None:
-        pass  # the next proposal rolls the head back to what the target verified
-
-
-class NgramStepper:
-    point_masses = True
-
-    def __init__(self, drafter: NgramDrafter, context: list[int], sampling: SamplingConfig):
-        self.table, self.context = drafter.table, list(context)
-        self.root_q = self._counts(self.context)
-
-    def _counts(self, context: list[int]) -> dict[int, int] | None:
-        return self.table.continuations(context[-(self.table.n - 1) :] if self.table.n > 1 else []) or None
-
-    def q_at(self, tree: DraftTree, node: int) -> dict[int, int] | None:
-        return self._counts(self.context + [tree.tokens[n] for n in tree.path_to(node)])
-
-    def finish(self) -> None:
-        pass
-
-
-class RestStepper:
-    """REST's tree: the continuations of the longest match's occurrences, a trie ranked by how
-    many occurrences share each branch (point masses, as NASD's table)."""
-
-    point_masses = True
-
-    def __init__(self, drafter: RestDrafter, context: list[int], sampling: SamplingConfig):
-        self.tokens, self.starts = drafter.match(context)
-        self.root_q = self._counts(self.starts)
-
-    def _counts(self, starts) -> dict[int, int] | None:
-        return dict(next_counts(self.tokens, starts)) or None
-
-    def q_at(self, tree: DraftTree, node: int) -> dict[int, int] | None:
-        starts = self.starts
-        for token in (tree.tokens[n] for n in tree.path_to(node)):
-            starts = follow(self.tokens, starts, token)
-        return self._counts(starts)
-
-    def finish(self) -> None:
-        pass
-
-
+# -- growing a tree from a drafter's stepper -------------------------------------------------
 def _expand(stepper, q, width_of, depth: int, sampling, generator):
     """(tokens, keys, q kept for verification, normalised entropy or None) for one node."""
     if stepper.point_masses:
@@ -287,10 +190,6 @@ def grow_tree(stepper, policy: _TreePolicy, limit: int, sampling: SamplingConfig
     return tree, root_entropy
 
 
-_STEPPERS = ((FeatureDrafter, FeatureStepper), (ModelDrafter, ModelStepper), (NgramDrafter, NgramStepper),
-             (RestDrafter, RestStepper))
-
-
 @dataclass
 class TreeProposal:
     tree: DraftTree
@@ -306,7 +205,7 @@ class TreeDrafter(WrappedDrafter):
 
     def __init__(self, inner: Drafter):
         super().__init__(inner)
-        self.stepper = inner.tree_stepper or next((s for kind, s in _STEPPERS if isinstance(inner, kind)), None)
+        self.stepper = inner.tree_stepper
         if self.stepper is None:
             raise ValueError(f"trees: no tree drafting for {type(inner).__name__}")
 

@@ -147,10 +147,10 @@ class OnnxFeatureDrafter(FeatureDrafter):
         self.session = session
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # (predicted row, its subset logits)
 
-    def _step(self, features: torch.Tensor, next_ids, first_position: int) -> torch.Tensor:
+    def head_step(self, features: torch.Tensor, next_ids, first_position: int) -> torch.Tensor:
         cache = self.cache
         if cache.length == 0:  # the prompt's read: once a generation, in torch
-            return super()._step(features, next_ids, first_position)
+            return super().head_step(features, next_ids, first_position)
         ids = torch.as_tensor(next_ids).view(-1)
         t = ids.shape[0]
         cache.ensure(cache.length + t)
@@ -164,17 +164,18 @@ class OnnxFeatureDrafter(FeatureDrafter):
         cache.v[:, :, cache.length : cache.length + t] = torch.from_numpy(v)
         cache.length += t
         self._forwards += 1
+        self._counts.add(t, 1)
         rows = torch.from_numpy(predicted)[0]
         self._last = (rows[-1], torch.from_numpy(logits)[0, -1])
         return rows
 
-    def _probs(self, predicted: torch.Tensor, sampling):
+    def q_of(self, predicted: torch.Tensor, sampling):
         from ..sampling import probabilities
 
         last = self._last
         if last is not None and predicted.shape == last[0].shape and predicted.data_ptr() == last[0].data_ptr():
             return probabilities(self.head.scattered(self._last[1]).float(), sampling)
-        return super()._probs(predicted, sampling)
+        return super().q_of(predicted, sampling)
 
 
 def runs_on_the_runtime(head: FeatureHead) -> bool:

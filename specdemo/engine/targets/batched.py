@@ -27,6 +27,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .lm import forward_with_features
+from ..tokens import common_prefix_length
 
 # A layer's buffer grows to at least this many slots, and then by doubling.
 FIRST_CAPACITY = 64
@@ -80,7 +81,7 @@ class BatchedLM:
         for row, feed in feeds.items():
             sequence, then = feed if isinstance(feed, tuple) else (feed, None)
             k = 0 if then is None else then.shape[0]
-            keep = _common_prefix_length(self.cached_ids[row], sequence)
+            keep = common_prefix_length(self.cached_ids[row], sequence)
             keep = min(keep, len(sequence) + k - max(n_out[row], 1 if k or not all_states else 0))
             self._rollback(row, max(keep, 0))
             new = torch.tensor(sequence[keep:], dtype=torch.long, device=self.device)
@@ -246,12 +247,3 @@ class GrowingLayer(DynamicLayer):
     def _hold(self, slots: int) -> None:
         self.held = slots
         self.keys, self.values = (b[:, :, :slots] for b in self.buffers)
-
-
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

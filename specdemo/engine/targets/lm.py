@@ -42,6 +42,8 @@ from transformers.cache_utils import StaticLayer
 
 from .kv_policy import KVPolicy, check_cache_takes, compress, kv_bytes, track_attention
 from .lean import causal_mask, lean_forward_fits, lean_logits
+from ..tokens import common_prefix_length
+from ..trace import FedCounts
 
 CACHE_KINDS = ("dynamic", "static")
 
@@ -145,6 +147,7 @@ class CachedLM:
         self.cached_ids: list[int] = []
         self.length = 0  # positions the cache holds (cached_ids may lag behind until `note_fed`)
         self.forwards = 0
+        self.counts = FedCounts()  # forwards, tokens fed and logit rows, prefill included
         self.hidden: torch.Tensor | None = None  # see feed(n_hidden=...)
         self.feature_layers: tuple[int, ...] = ()  # see read_features
         self.compiled = compile
@@ -307,6 +310,7 @@ class CachedLM:
             logits = self._forward_eagerly(new_ids.view(1, -1), n_logits, n_hidden)
         self.length += n
         self.forwards += 1
+        self.counts.add(n, n_logits)
         self._note_kv()
         if self.vocab_size is not None:
             logits = logits[..., : self.vocab_size]
@@ -366,7 +370,7 @@ class CachedLM:
         them to `note_fed` once they are on the host.
         """
         k = 0 if then is None else then.shape[0]
-        keep = _common_prefix_length(self.cached_ids, sequence)
+        keep = common_prefix_length(self.cached_ids, sequence)
         # At least n_logits (n_hidden) tokens must go through the model to get their outputs.
         keep = min(keep, len(sequence) + k - max(n_logits, n_hidden))
         self.rollback(keep)
@@ -420,7 +424,7 @@ class CachedLM:
             raise ValueError("trees need the model's attention to take a custom mask (sdpa or eager); "
                              f"this model uses {self.model.config._attn_implementation!r}")
         n = tree_tokens.shape[0]
-        keep = min(_common_prefix_length(self.cached_ids, sequence), len(sequence) - 1)
+        keep = min(common_prefix_length(self.cached_ids, sequence), len(sequence) - 1)
         self.rollback(keep)
         new = sequence[keep:]
         m, context = len(new), len(sequence)
@@ -444,6 +448,7 @@ class CachedLM:
         if n_hidden:
             self.hidden = hidden[0, m - 1 :]
         self.forwards += 1
+        self.counts.add(m + n, n + 1)
         self.length += m + n
         self._note_kv()
         self.cached_ids.extend(new)
@@ -470,13 +475,3 @@ class CachedLM:
                     layer.keys.index_copy_(2, target, layer.keys.index_select(2, source))
                     layer.values.index_copy_(2, target, layer.values.index_select(2, source))
         self.rollback(context + len(rows))
-
-
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    i = 0
-    while a[i] == b[i]:
-        i += 1
-    return i
