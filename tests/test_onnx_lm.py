@@ -419,6 +419,46 @@ def test_the_benchmark_adds_the_torch_copys_ar_for_a_method_that_runs_there_and_
     assert summary.loc["sd", "speedup_vs_ar"] == pytest.approx(per_token["ar"] / per_token["sd"])
 
 
+def test_transformers_peers_run_on_the_torch_copy_against_its_ar_and_every_contender_is_warmed_first(lm_pair,
+                                                                                                     monkeypatch):
+    """generate needs torch weights, so beside a runtime target it runs on the torch copy: its row says so, the
+    torch copy's AR joins the run, and its ratios are over that AR, never the runtime's (nor the runtime's AR set
+    against it). Every contender, ours and the peers, is warmed up before its first timed call."""
+    from specdemo import bench
+    from specdemo.bench.measure import benchmark
+    from specdemo.cli.bench import reference_lines
+
+    calls, run = [], benchmark._Session.run
+
+    def recorded(self, method, ids, seed, max_new_tokens=None):
+        calls.append((method, "warm-up" if max_new_tokens is not None else "timed"))  # a warm-up is cut short
+        return run(self, method, ids, seed, max_new_tokens)
+
+    monkeypatch.setattr(benchmark._Session, "run", recorded)
+    suite = [{"prompt": "w5 w6 w7 w8 w9 w10 w5 w6 w7 w8", "category": "chat"}]
+    result = bench.run_benchmark(lm_pair, suite, ["ar", "hf-generate"], repeats=1, max_new_tokens=12, temperature=0.0)
+    rows = result.rows.set_index("method")
+    assert set(rows.index) == {"ar", "hf-generate", "torch-ar"}
+    assert rows.loc["ar", "runtime"] == rows.loc["ar", "reference_runtime"] == "onnx fp32"
+    assert rows.loc["hf-generate", "runtime"] == rows.loc["hf-generate", "reference_runtime"] == "torch copy"
+    assert rows.loc["hf-generate", "threads"] == rows.loc["torch-ar", "threads"]
+    assert rows.loc["hf-generate", "matches_ar"]  # the torch copy's AR tokens
+    per_token = rows["seconds"] / rows["new_tokens"]
+    summary = result.summary.set_index(["category", "method"]).loc["all"]
+    assert summary.loc["hf-generate", "speedup_vs_ar"] == pytest.approx(per_token["torch-ar"] / per_token["hf-generate"])
+    assert summary.loc["torch-ar", "speedup_vs_hf"] == pytest.approx(per_token["hf-generate"] / per_token["torch-ar"])
+    assert pd.isna(summary.loc["ar", "speedup_vs_hf"])  # the runtime's AR against generate on torch: no ratio
+    assert summary.loc["hf-generate", "reference_runtime"] == "torch copy"
+    lines = reference_lines(result.summary[result.summary.category == "all"])
+    assert any(line.startswith("hf-generate (torch copy) vs AR (torch copy): speedup_vs_ar ") for line in lines)
+    assert any("not for ar" in line for line in lines)
+    first = {}
+    for method, kind in calls:
+        first.setdefault(method, kind)
+    assert first == {"ar": "warm-up", "hf-generate": "warm-up", "torch-ar": "warm-up"}
+    assert {method for method, kind in calls if kind == "timed"} == set(first)
+
+
 def test_a_sweep_on_the_runtime_runs_a_tree_on_the_torch_copy_against_that_copys_ar(lm_pair):
     """A tree the runtime cannot verify runs on the torch copy, as the benchmark runs it, and AR on that copy
     runs beside it as its reference: its speedup and its match are over that AR, never the runtime's."""
@@ -688,7 +728,7 @@ def test_the_served_page_runs_on_the_runtime_it_is_asked_for(onnx_folders, page_
     with serve(onnx_folders[0].parent, presets=page_presets, loader=float32_loader) as (url, _):
         client = gradio_client.Client(url, verbose=False)
         for runtime, ran_on in (("", "onnx fp32"), ("onnx", "onnx fp32"), ("torch", "torch")):  # "": the default
-            summary, *_ = client.predict(prompt="w5 w6 w7 w8 w9 w10 w5 w6", preset="tiny-onnx", methods="ar,sd",
+            summary, *_ = client.predict(prompt="w5 w6 w7 w8 w9 w10 w5 w6", preset="tiny-onnx", methods=["ar", "sd"],
                                          max_new_tokens=12, temperature=0.0, chat=False, runtime=runtime,
                                          api_name="/compare")
             rows = [dict(zip(summary["headers"], row)) for row in summary["data"]]

@@ -20,11 +20,11 @@ import pandas as pd
 from .. import bench
 from ..bench.measure.batch_charts import batch_figures
 from ..bench.measure.batching import batch_verdict, parse_batch_sizes
-from ..bench.measure.runners import ONNX_GENERATE
+from ..bench.measure.runners import HF_METHODS, ONNX_GENERATE
 from ..engine.params import PARAMS
 from ..models.loading import Preset
 from ..engine.runtimes import TORCH
-from . import handlers
+from . import forms, handlers
 from .forms import param_control
 from .limits import Limits
 from .page import TabContext, session_id, wire_stop
@@ -165,12 +165,14 @@ def build_tab(ctx: TabContext) -> None:
 
     # The parameter names are the /benchmark endpoint's, as gradio_client shows them.
     # runtime, then batch_sizes last, so that the parameters before them keep their places.
-    def run(preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
-            ngram_n_, seed_, suite_file=None, group_mt_bench=False, runtime=None, batch_sizes="1",
+    def run(preset, category, prompts_per_category, repeats, max_new_tokens, methods, temperature, gamma,
+            ngram_n, seed, suite_file=None, group_mt_bench=False, runtime=None, batch_sizes="1",
             request: gr.Request = None, progress=gr.Progress()):
-        args = (preset_name, category_name, prompts_per_category, repeats_, tokens, chosen, temperature_, gamma_,
-                ngram_n_, seed_, suite_file, group_mt_bench, runtime, batch_sizes)
+        args = (preset, category, prompts_per_category, repeats, max_new_tokens, methods, temperature, gamma,
+                ngram_n, seed, suite_file, group_mt_bench, runtime, batch_sizes)
         yield from streams.every_output(updates(args, request, progress))
+
+    run.__doc__ = forms.api_docstring(API_SUMMARY, API_PARAMETERS, API_HELP)
 
     def run_on_page(values: dict, request: gr.Request, progress=gr.Progress()):
         args = tuple(values[component] for component in inputs)
@@ -186,6 +188,32 @@ def build_tab(ctx: TabContext) -> None:
         api_btn = gr.Button("benchmark")
     api_btn.click(run, inputs=inputs, outputs=outputs, api_name="benchmark", concurrency_id=ctx.queue_id,
                   show_progress="hidden")
+    forms.describe_inputs(run, inputs)
+
+
+API_SUMMARY = ("Run the prompt suite through each method, as the Run benchmark button does: streams the status "
+               "line, then every output at the end: the summary table, one Plotly figure a chart, the runs, summary, "
+               "report and drafted-token files, and the batch sizes' verdict and charts.")
+API_PARAMETERS = ("preset", "category", "prompts_per_category", "repeats", "max_new_tokens", "methods", "temperature",
+                  "gamma", "ngram_n", "seed", "suite_file", "group_mt_bench", "runtime", "batch_sizes")
+API_HELP = {
+    "preset": "the model pair (target + draft) by its preset's name",
+    "category": "the suite's category to run (all: every category; an uploaded suite may bring its own)",
+    "prompts_per_category": "how many of each category's prompts to run",
+    "repeats": "how many times each method runs each prompt (the runs are interleaved across methods)",
+    "methods": "the methods to time, by their names: our decoders and the peers (hf-generate, hf-assisted, "
+               "prompt lookup, the runtime's own); ar is the reference of speedup_vs_ar",
+    "gamma": "draft length γ for SD and NASD, and the candidates of HF assisted generation and prompt lookup",
+    "ngram_n": "n of NASD's n-gram table and of prompt lookup's match",
+    "seed": "random seed of the first run (sampling); the same seed gives the same runs",
+    "suite_file": "your own suite instead of the built-in one: JSONL, one {\"prompt\", \"category\"} a line "
+                  "(optional \"reference\"), or a Spec-Bench / MT-bench question.jsonl (None: the built-in suite)",
+    "group_mt_bench": "read MT-bench's eight categories as one multi_turn category, as Spec-Bench does",
+    "runtime": "what runs the target's forwards: torch, or onnx where the page offers it (then the runtime's "
+               "own decoders and AR on torch's copy of the target join the methods)",
+    "batch_sizes": "comma-separated batch sizes, e.g. 1,2,4: the suite run at each batch size, one target forward "
+                   "a round for the whole batch",
+}
 
 
 def _inputs(ctx: TabContext) -> list[Any]:
@@ -237,8 +265,11 @@ def _wire_pair_and_runtime(ctx: TabContext, preset: gr.Dropdown, runtime: gr.Dro
 
 
 def default_methods(runtime: str = TORCH) -> tuple[str, ...]:
-    """The methods checked at first: the benchmark's defaults, and on another runtime its own search."""
-    return bench.DEFAULT_BENCH_METHODS if runtime == TORCH else (*bench.DEFAULT_BENCH_METHODS, ONNX_GENERATE)
+    """The methods checked at first: the benchmark's defaults; on another runtime its own search in place of
+    transformers' peers, which stay offered there and run on the torch copy beside that copy's AR."""
+    if runtime == TORCH:
+        return bench.DEFAULT_BENCH_METHODS
+    return (*(n for n in bench.DEFAULT_BENCH_METHODS if n not in HF_METHODS), ONNX_GENERATE)
 
 
 def method_choices(preset: Preset, checked: list[str] | None = None, runtime: str = TORCH,
@@ -284,17 +315,20 @@ def _outputs() -> list[Any]:
     """status, the summary table, the charts (`CHARTS` order), the four downloads, the placeholder and
     the results column it stands in for until a run finishes, then the batch sizes' verdict and charts
     (`BATCH_CHARTS` order)."""
-    status = gr.Markdown("", elem_id="bench-status")
-    placeholder = gr.Markdown(PLACEHOLDER, elem_id="bench-placeholder")
+    status = gr.Markdown("", label="status", elem_id="bench-status")
+    placeholder = gr.Markdown(PLACEHOLDER, label="placeholder", elem_id="bench-placeholder")
     with gr.Column(visible=False, elem_id="bench-results") as results:
-        summary_table = gr.Dataframe(interactive=False, show_label=False, elem_id="bench-table", wrap=True)
+        summary_table = gr.Dataframe(interactive=False, label="summary", show_label=False, elem_id="bench-table",
+                                     wrap=True)
         plots = []
         for i in range(0, len(CHARTS), 2):
             with gr.Row(equal_height=True):
-                plots += [gr.Plot(show_label=False, elem_id=f"bench-chart-{name}") for name in CHARTS[i : i + 2]]
-        batch_verdict = gr.Markdown("", elem_id="bench-batch-verdict")
+                plots += [gr.Plot(label=f"{name}_chart", show_label=False, elem_id=f"bench-chart-{name}")
+                          for name in CHARTS[i : i + 2]]
+        batch_verdict = gr.Markdown("", label="batch_verdict", elem_id="bench-batch-verdict")
         with gr.Row(equal_height=True):
-            batch_plots = [gr.Plot(show_label=False, elem_id=f"bench-chart-{name}") for name in BATCH_CHARTS]
+            batch_plots = [gr.Plot(label=f"{name}_chart", show_label=False, elem_id=f"bench-chart-{name}")
+                           for name in BATCH_CHARTS]
     with gr.Row():
         files = [gr.DownloadButton("Runs (CSV)", interactive=False, elem_id="bench-rows-csv"),
                  gr.DownloadButton("Summary (CSV)", interactive=False, elem_id="bench-summary-csv"),

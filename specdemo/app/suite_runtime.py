@@ -74,7 +74,8 @@ def suite_threads(ctx: TabContext, runtime: str) -> ThreadPlan | None:
 BESIDE_RUNTIME = "run beside a target on another runtime: choose the onnx target runtime"
 NOT_OFFERED = "run beside a target on another runtime, which this page does not offer for this pair"
 # transformers' peers call generate on the torch copy a runtime pair keeps: their speed is torch's, and the
-# runtime's own decoders are the yardstick there, AR (torch copy) the torch one.
+# runtime's own decoders are the yardstick there, AR (torch copy) the torch one. The benchmark runs them there
+# beside that AR; a sweep, which sets every setting against one AR, refuses them.
 TRANSFORMERS_ON_RUNTIME = ("run transformers on the torch copy of the target, not on {runtime} (AR (torch copy) "
                            "times that copy here): choose the torch target runtime")
 # The registry's tree methods are named after their chain method with this suffix; the runtime refuses them
@@ -87,7 +88,8 @@ def unavailable_methods(draft_kind: str | None, runtime: str = TORCH,
     """The methods a pair drafting with `draft_kind` cannot run with its target on `runtime`, each with the
     reason the page gives (runtimes: those the tab offers the pair, which decide what the reason suggests).
     torch_copy: the suite runs a method the runtime cannot run on the pair's torch copy, beside that copy's
-    AR (the benchmark does); a sweep sets every setting against one AR, so it refuses them instead."""
+    AR (the benchmark does, transformers' peers too); a sweep sets every setting against one AR, so it refuses
+    them instead."""
     missing = dict(bench.unavailable_bench_methods(draft_kind))
     if runtime == TORCH:
         reason = BESIDE_RUNTIME if ONNX in runtimes else NOT_OFFERED
@@ -97,7 +99,7 @@ def unavailable_methods(draft_kind: str | None, runtime: str = TORCH,
         refused = rules.refusal(trees=name.endswith(TREE_SUFFIX), torch_loop=method.torch_loop)
         if refused and not torch_copy:
             missing.setdefault(name, refused)
-    for name in HF_METHODS:
+    for name in () if torch_copy else HF_METHODS:
         missing.setdefault(name, TRANSFORMERS_ON_RUNTIME.format(runtime=runtime))
     return missing
 

@@ -212,7 +212,8 @@ def _print_overhead(report: OverheadReport, csv: str | None) -> None:
 def _print_summary(result: BenchResult) -> None:
     shown = ["category", "method", "tokens_per_s_mean", "tokens_per_s_std", "speedup_vs_ar", "speedup_vs_hf",
              "speedup_vs_hf_static", "acceptance_rate", "mean_accepted_tokens", "exact_match_pct", "first_divergence",
-             "divergence_margin", "predicted_speedup", "cache", "runtime", "compile_seconds", "errors"]
+             "divergence_margin", "predicted_speedup", "cache", "runtime", "reference_runtime", "compile_seconds",
+             "errors"]
     overall = result.summary[result.summary.category == ALL]
     shown = [c for c in shown if c not in ("speedup_vs_hf", "speedup_vs_hf_static") or overall[c].notna().any()]
     shown[shown.index("predicted_speedup"):shown.index("predicted_speedup")] = [
@@ -226,6 +227,8 @@ def _print_summary(result: BenchResult) -> None:
         print(overall[shown].to_string(index=False))
     print(f"target {meta.get('target_dtype')}" + (f", draft {meta['draft_dtype']}" if meta.get("draft_dtype") else "")
           + f": speedup_vs_ar is over AR with the {meta.get('target_dtype')} target")
+    for line in reference_lines(overall):
+        print(line)
     if meta.get("exactness"):
         print(f"exactness {meta['exactness']}: {exactness_sentence(meta['exactness'])}")
     if "fp32_reference" in meta:
@@ -243,6 +246,27 @@ def _print_summary(result: BenchResult) -> None:
     errors = result.rows[result.rows.error.fillna("") != ""]
     for _, row in errors.drop_duplicates("method").iterrows():
         print(f"warning: {row.method} failed on {len(errors[errors.method == row.method])} run(s): {row.error}")
+
+
+def reference_lines(overall: pd.DataFrame) -> list[str]:
+    """Where a method's speedup_vs_ar is over an AR on another runtime than the runtime's own (a peer on the
+    torch copy of a runtime target, against AR on that copy; the torch copy's AR against the runtime's), one
+    line that names both sides; and which methods speedup_vs_hf leaves out, being on another runtime."""
+    rows = overall.set_index("method")
+    if "reference_runtime" not in rows or "ar" not in rows.index:
+        return []
+    lines, own = [], str(rows.loc["ar", "runtime"] or "")
+    for method, row in rows.iterrows():
+        mine, theirs = str(row.get("runtime") or ""), str(row.get("reference_runtime") or "")
+        if method != "ar" and theirs and mine != own:
+            lines.append(f"{method} ({mine}) vs AR ({theirs}): speedup_vs_ar {row.speedup_vs_ar:.2f}×")
+    if "hf-generate" in rows.index:
+        apart = [m for m in rows.index if m != "hf-generate" and pd.isna(rows.loc[m, "speedup_vs_hf"])
+                 and rows.loc[m, "runtime"] != rows.loc["hf-generate", "runtime"]]
+        if apart:
+            lines.append(f"speedup_vs_hf is over hf-generate ({rows.loc['hf-generate', 'runtime']}) for methods on that "
+                         f"runtime only; not for {', '.join(apart)} (on {own})")
+    return lines
 
 
 def print_batches(result: BenchResult) -> None:

@@ -19,6 +19,7 @@ import torch
 
 from ...engine.divergence import DIVERGENCE_COLUMNS, divergence_where_compared
 from ...engine.targets.memory import MEMORY_STATS
+from ...engine.trace import leviathan_alpha
 from ...engine.methods import is_lossless, matches_reference
 from ...engine.params import DecodeParams, EngineOptions
 from .runners import (HF_METHODS, RUNTIME_PEERS, TORCH_AR, HFRunner, Run, bench_methods, measured_on,
@@ -40,9 +41,12 @@ ROW_COLUMNS = [
     "repeat", "prompt_index", "prompt_id", "turn", "category", "method", "label", "drafter", "order", "seed", "threads", "prompt_tokens",
     "new_tokens", "seconds", "tokens_per_s", "engine_seconds", "ttft_s", "prefill_s", "rounds", "copied_rounds", "drafted",
     "accepted", "rejected_rounds", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards",
-    "draft_forwards", "target_forwards_per_token", "mean_gamma", "mean_drafted", "mean_entropy",
+    "draft_forwards", "target_forwards_per_token",
+    "draft_forwards_per_token", "target_flops_per_token", "draft_flops_per_token", "mean_gamma", "mean_drafted", "mean_entropy",
     "draft_seconds", "verify_seconds", "matches_ar", *DIVERGENCE_COLUMNS, "perplexity", *QUALITY_COLUMNS, "stop_reason",
-    "cache", "runtime", "exactness", *MEMORY_STATS, "compile_seconds", "error", "note", "node", "device", "output_ids", "text",
+    # runtime: what ran the row's target forwards; reference_runtime: what ran the AR its speedup is over (its
+    # own runtime's AR, or the torch copy's AR for a row on the torch copy: transformers' peers beside a runtime).
+    "cache", "runtime", "reference_runtime", "exactness", *MEMORY_STATS, "compile_seconds", "error", "note", "node", "device", "output_ids", "text",
     # Against float32 AR of the same target weights on the same prompt and repeat, where a model runs below
     # float32 (bench.vs_float32): that run's seconds and tokens (for speedup_vs_fp32_ar) and the agreement.
     "fp32_ar_seconds", "fp32_ar_new_tokens", *AGREEMENT_COLUMNS,
@@ -286,8 +290,9 @@ class _Session:
             if result is not None:
                 # A method that ran on the torch copy owes the torch copy's AR its tokens, not the runtime's.
                 on_copy = result.stats.get("runtime") == TORCH_COPY and method != TORCH_AR
-                _fill_row(row, result, self.pair, self.decode, ids, torch_copy_ar if on_copy else reference,
-                          self.decode.sampling.greedy)
+                ar = torch_copy_ar if on_copy else reference
+                _fill_row(row, result, self.pair, self.decode, ids, ar, self.decode.sampling.greedy)
+                row["reference_runtime"] = ar.stats.get("runtime", "") if ar is not None else ""
                 row.update(reference_scores(row["text"], item.references_for(turn)))
                 if float32_ar is not None:
                     row.update(fp32_ar_seconds=float32_ar.seconds, fp32_ar_new_tokens=len(float32_ar.token_ids),
@@ -378,8 +383,7 @@ def _fill_row(row: dict, run: Run, pair, decode: DecodeParams, prompt_ids, refer
     # A peer that reports totals only (the runtime's speculative loop) says how many rounds it rejected.
     rejected = stats.get("rejected_rounds", sum(1 for d, a in run.rounds if a < d))
     row["rejected_rounds"] = rejected
-    trials = row["accepted"] + rejected
-    row["alpha"] = row["accepted"] / trials if trials else math.nan
+    row["alpha"] = leviathan_alpha(row["accepted"], rejected)
     compared = greedy and reference is not None and is_lossless(row["method"])
     ran_with = run.result.params if run.result is not None else {}
     row["matches_ar"] = matches_reference(run.token_ids, ran_with, reference.token_ids) if compared else None

@@ -113,7 +113,7 @@ def _predicted_vs_measured(summary: pd.DataFrame):
                         mode="markers+text", text=part.category, textposition="top center", marker_size=10,
                         customdata=part[["alpha", "cost_ratio"]].to_numpy(),
                         hovertemplate="%{text}<br>predicted %{x:.2f}×, measured %{y:.2f}×"
-                                      "<br>α=%{customdata[0]:.2f}, c=%{customdata[1]:.3f}<extra></extra>")
+                                      "<br>α (Leviathan, per token)=%{customdata[0]:.2f}, c=%{customdata[1]:.3f}<extra></extra>")
         fig.add_scatter(name=f"{bench_methods().get(method, method)}, measured verify cost",
                         x=part.predicted_speedup_v, y=part.speedup_vs_ar, mode="markers", text=part.category,
                         marker=dict(size=10, symbol="circle-open"), customdata=part[["verify_cost_ratio"]].to_numpy(),
@@ -135,7 +135,7 @@ _REPORT_SECTIONS = [
     ("predicted_vs_measured", "Predicted vs measured speedup"),
     ("entropy_acceptance", "Does the drafter's entropy predict acceptance?"),
     ("position_acceptance", "Acceptance by draft position"),
-    ("break_even", "Break-even: what acceptance beats AR at the measured costs"),
+    ("break_even", "Break-even: what α (Leviathan, per token) beats AR at the measured costs"),
 ]
 
 
@@ -206,7 +206,8 @@ def _summary_table(summary: pd.DataFrame) -> str:
     shown = ["category", "method", "runs", "tokens_per_s_mean", "tokens_per_s_std", "speedup_vs_ar",
              "speedup_vs_hf", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token",
              "mean_gamma", "exact_match_pct", "first_divergence", "divergence_margin", "perplexity", "cost_ratio",
-             "verify_cost_ratio", "predicted_speedup", "predicted_speedup_v", "cache", "compile_seconds", "errors"]
+             "verify_cost_ratio", "predicted_speedup", "predicted_speedup_v", "cache", "runtime", "reference_runtime", "compile_seconds",
+             "errors"]
     if summary.speedup_vs_hf_static.notna().any():
         shown.insert(shown.index("speedup_vs_hf") + 1, "speedup_vs_hf_static")
     shown += [c for c in QUALITY_COLUMNS if c in summary and summary[c].notna().any()]

@@ -140,9 +140,17 @@ def quiet_gc():
 
 def with_torch_copy_reference(names: Sequence[str], pair, decode: DecodeParams, compile: bool = False) -> list[str]:
     """`names`, with the torch copy's AR (TORCH_AR) added where one of them runs on the torch copy of a runtime
-    target: the reference those rows' speedups are over, never the runtime's AR."""
-    on_copy = [n for n in names if n in METHODS and runtime_refusal(pair, n, decode, compile)]
+    target (a method of ours the runtime refuses, or any of transformers' peers, which call generate on that
+    copy): the reference those rows' speedups are over, never the runtime's AR."""
+    on_copy = [n for n in names if (n in METHODS and runtime_refusal(pair, n, decode, compile))
+               or (n in HF_METHODS and runs_peers_on_torch_copy(pair))]
     return [*names, TORCH_AR] if on_copy and TORCH_AR not in names else list(names)
+
+
+def runs_peers_on_torch_copy(pair) -> bool:
+    """Whether transformers' peers run on the torch copy of this pair's target: its target runs on another
+    runtime, and `generate` needs the torch weights the pair keeps beside it."""
+    return getattr(pair, "target_runtime", None) is not None
 
 
 def measured_on(device: torch.device) -> dict[str, str]:
@@ -348,7 +356,8 @@ class HFRunner:
         stats.update(stop_reason=stop, engine_seconds=math.nan, ttft_s=math.nan, prefill_s=math.nan,
                      draft_seconds=math.nan, verify_seconds=math.nan, mean_entropy=math.nan,
                      cache="static" if method == "hf-generate-static" else "dynamic", compile_seconds=math.nan,
-                     runtime="torch")  # transformers' generate runs the torch copy beside a runtime target too
+                     # Beside a runtime target, generate runs on its torch copy: set against that copy's AR.
+                     runtime=TORCH_COPY if runs_peers_on_torch_copy(pair) else "torch")
         return Run(new_ids, seconds, stats, rounds)
 
 

@@ -24,10 +24,18 @@ Definitions used in the tables (written into the report too):
                   match) this is exactly the ratio of per-prompt times. Its std is over
                   repeats of the same statistic computed per repeat.
   speedup vs hf / hf_static   the same against transformers' hf-generate and
-                  hf-generate-static (its static cache and compiled forward).
-  α (alpha)       Leviathan's per-token acceptance probability: accepted / (accepted +
-                  rounds that ended in a rejection), the maximum-likelihood estimate
-                  under their i.i.d. model. `acceptance_rate` is accepted / drafted.
+                  hf-generate-static (its static cache and compiled forward), only for a
+                  method whose runs ran on the peer's runtime: beside a target on ONNX
+                  Runtime the peers run on its torch copy, so there the torch copy's AR
+                  (torch-ar) has these ratios and the runtime's methods have none.
+  reference_runtime  what ran the AR that speedup_vs_ar is over: the method's own
+                  runtime's AR, or, for a method on the torch copy of a runtime target
+                  (transformers' peers, what the runtime cannot run), the torch copy's AR.
+  α (alpha)       "α (Leviathan, per token)": Leviathan's per-token acceptance probability,
+                  accepted / (accepted + rounds that ended in a rejection), the maximum-
+                  likelihood estimate under their i.i.d. model (`engine.trace.leviathan_alpha`,
+                  over the runs' summed counts). Not `acceptance_rate`, "acceptance
+                  (accepted ÷ drafted)", which counts every drafted token.
   c (cost_ratio)  drafting time per draft token / time of one AR target step, both from
                   the traces of the same run (SD's draft_seconds / draft_forwards against
                   AR's verify_seconds / target_forwards, per category).
@@ -80,6 +88,7 @@ from .quality import QUALITY_COLUMNS
 from .runners import TORCH_AR, bench_methods
 from ...engine.divergence import DIVERGENCE_COLUMNS
 from ...engine.targets.memory import MEMORY_STATS
+from ...engine.trace import leviathan_alpha
 from ...models.torch_copy import TORCH_COPY
 from ..suite import ALL
 from .vs_float32 import AGREEMENT_COLUMNS, VS_FLOAT32_COLUMNS
@@ -93,7 +102,7 @@ SUMMARY_COLUMNS = [
     "speedup_vs_hf_static", "speedup_vs_hf_static_std", "acceptance_rate", "alpha", "mean_accepted_tokens", "target_forwards_per_token", "mean_gamma",
     "mean_drafted", "copied_share", "exact_match_pct", *DIVERGENCE_COLUMNS, "perplexity", "cost_ratio", "verify_cost_ratio", "predicted_speedup",
     "predicted_speedup_v", "break_even_tokens", "entropy_auc", "entropy_auc_n", *QUALITY_COLUMNS, "cache",
-    "runtime", "exactness", "compile_seconds", *MEMORY_STATS, *VS_FLOAT32_COLUMNS,
+    "runtime", "reference_runtime", "exactness", "compile_seconds", *MEMORY_STATS, *VS_FLOAT32_COLUMNS,
 ]
 
 
@@ -105,7 +114,7 @@ def distinct_values(rows: pd.DataFrame, column: str) -> str:
     return ",".join(dict.fromkeys(value for value in rows[column].dropna().astype(str) if value))
 
 
-def _geomean(values) -> float:
+def geomean(values) -> float:
     values = [v for v in values if v > 0 and math.isfinite(v)]
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
@@ -118,6 +127,9 @@ class _PerToken:
 
     def __init__(self, sub: pd.DataFrame):
         self.repeats = sorted(sub.repeat.unique())
+        # What ran each method's target forwards: a peer's ratio is like for like only on the same runtime.
+        self.runtimes = ({m: distinct_values(g, "runtime") for m, g in sub.groupby("method", sort=False)}
+                         if "runtime" in sub else {})
         self.overall = self._by_prompt(sub, ["method"])
         self.by_repeat = self._by_prompt(sub, ["method", "repeat"])
 
@@ -144,14 +156,21 @@ class _PerToken:
         and its spread over repeats."""
         if method not in self.overall or reference not in self.overall:
             return math.nan, math.nan
-        overall = _geomean(self._ratios(self.overall[reference], self.overall[method]))
+        overall = geomean(self._ratios(self.overall[reference], self.overall[method]))
         per_repeat = []
         for repeat in self.repeats:
             r = self._ratios(self.by_repeat.get((reference, repeat), {}), self.by_repeat.get((method, repeat), {}))
             if r:
-                per_repeat.append(_geomean(r))
+                per_repeat.append(geomean(r))
         spread = float(pd.Series(per_repeat).std()) if len(per_repeat) > 1 else math.nan
         return overall, spread
+
+    def same_runtime_speedup(self, method: str, reference: str) -> tuple[float, float]:
+        """`speedup`, where both ran on one runtime; NaN where they did not (the runtime's AR against
+        transformers' generate on the torch copy is no like-for-like ratio)."""
+        if self.runtimes.get(method, "") != self.runtimes.get(reference, ""):
+            return math.nan, math.nan
+        return self.speedup(method, reference)
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -175,7 +194,7 @@ def break_even(runs: pd.DataFrame, ar_step_seconds: float) -> BreakEven | None:
     return BreakEven.measure(
         draft_seconds=float(runs.draft_seconds.sum()), verify_seconds=float(runs.verify_seconds.sum()),
         rounds=int(runs.rounds.sum()), drafted=int(drafted), new_tokens=int(runs.new_tokens.sum()),
-        alpha=_ratio(accepted, accepted + rejected), ar_step_seconds=ar_step_seconds)
+        alpha=leviathan_alpha(accepted, rejected), ar_step_seconds=ar_step_seconds)
 
 
 def break_evens(rows: pd.DataFrame, summary: pd.DataFrame) -> dict[str, tuple[BreakEven, float]]:
@@ -244,11 +263,11 @@ def _measured(per_token: _PerToken, mine: pd.DataFrame, everything: pd.DataFrame
     tps = per_repeat.new_tokens / per_repeat.seconds
     # A method that ran on the torch copy of a runtime target is set against the torch copy's AR.
     on_copy = method != TORCH_AR and not mine.empty and "runtime" in mine and (mine.runtime == TORCH_COPY).all()
-    speed_ar, speed_ar_std = per_token.speedup(method, TORCH_AR if on_copy else "ar")
-    speed_hf, speed_hf_std = per_token.speedup(method, "hf-generate")
-    speed_hfs, speed_hfs_std = per_token.speedup(method, "hf-generate-static")
+    reference = TORCH_AR if on_copy else "ar"
+    speed_ar, speed_ar_std = per_token.speedup(method, reference)
+    speed_hf, speed_hf_std = per_token.same_runtime_speedup(method, "hf-generate")
+    speed_hfs, speed_hfs_std = per_token.same_runtime_speedup(method, "hf-generate-static")
     drafted, accepted = mine.drafted.sum(), mine.accepted.sum()
-    trials = accepted + mine.rejected_rounds.sum()
     matches = mine.matches_ar.dropna()
     return {
         "label": bench_methods().get(method, method),
@@ -260,7 +279,7 @@ def _measured(per_token: _PerToken, mine: pd.DataFrame, everything: pd.DataFrame
         "speedup_vs_hf": speed_hf, "speedup_vs_hf_std": speed_hf_std,
         "speedup_vs_hf_static": speed_hfs, "speedup_vs_hf_static_std": speed_hfs_std,
         "acceptance_rate": _ratio(accepted, drafted) if drafted else math.nan,
-        "alpha": _ratio(accepted, trials) if trials else math.nan,
+        "alpha": leviathan_alpha(accepted, mine.rejected_rounds.sum()),
         "mean_accepted_tokens": _ratio(mine.new_tokens.sum(), mine.rounds.sum()),
         "target_forwards_per_token": _ratio(mine.target_forwards.sum(), mine.new_tokens.sum()),
         "mean_gamma": mine.mean_gamma.mean(),
@@ -278,6 +297,7 @@ def _measured(per_token: _PerToken, mine: pd.DataFrame, everything: pd.DataFrame
         "cache": distinct_values(everything, "cache"),
         # What ran the target's forwards ("torch", "onnx fp32"), per method: a torch-ar row beside onnx rows.
         "runtime": distinct_values(mine, "runtime"),
+        "reference_runtime": per_token.runtimes.get(reference, ""),
         # What its greedy output promises against AR ("bit-exact", "up to near-ties at bfloat16"); empty for peers.
         "exactness": distinct_values(mine, "exactness"),
         "compile_seconds": mine.compile_seconds.mean() if "compile_seconds" in mine else math.nan,
@@ -299,7 +319,7 @@ def _speedup_vs_float32(mine: pd.DataFrame) -> float:
     grouped = runs.groupby("prompt_index")[["seconds", "new_tokens", "fp32_ar_seconds", "fp32_ar_new_tokens"]].sum()
     ratio = ((grouped.fp32_ar_seconds / grouped.fp32_ar_new_tokens.where(grouped.fp32_ar_new_tokens > 0))
              / (grouped.seconds / grouped.new_tokens.where(grouped.new_tokens > 0)))
-    return _geomean(ratio.dropna().tolist())
+    return geomean(ratio.dropna().tolist())
 
 
 def _predicted(method: str, mine: pd.DataFrame, sd: pd.DataFrame, ar_step: float, sd_cost: float,
