@@ -227,18 +227,6 @@ def test_should_stop_ends_the_sweep_after_the_current_run(tiny_pair):
     assert blocking.stopped and len(blocking.rows) == 1
 
 
-def test_closing_the_iterator_removes_the_counting_hooks(tiny_pair):
-    events = iter_sweep(tiny_pair, PROMPTS, expand_grid(gamma=[1], methods="sd"), repeats=1, max_new_tokens=4,
-                        warmup=False)
-    def hooked(model):
-        return [m for m in (model.get_decoder(), model.get_output_embeddings()) if m._forward_pre_hooks]
-
-    next(events)
-    assert hooked(tiny_pair.target) and hooked(tiny_pair.draft)
-    events.close()
-    assert not hooked(tiny_pair.target) and not hooked(tiny_pair.draft)
-
-
 def test_sweep_refuses_draft_methods_without_a_draft(tiny_pair):
     from dataclasses import replace
 

@@ -247,3 +247,58 @@ def test_the_charts_placeholder_is_a_chart_without_axes_that_says_what_comes():
 def test_byte_counts_read_in_decimal_units():
     assert [viz.byte_size(n) for n in (950, 73_728, 12_300_000, 1_400_000_000, float("nan"))] == [
         "950 B", "73.7 kB", "12.3 MB", "1.4 GB", "–"]
+
+
+def test_the_table_shows_speed_and_verdict_first_and_every_other_column_in_its_details(results, tiny_pair):
+    table = viz.display_table(tabulate(tiny_pair, results).summary)
+    table.loc[1, ["quality", "first divergence"]] = ["differs from AR", "token 3: near-tie (margin 0.01)"]
+    first, details = viz.split_table(table)
+    assert list(first.columns) == viz.FIRST_COLUMNS
+    assert list(details.columns) == ["method", *(c for c in viz.DISPLAY_COLUMNS if c not in viz.FIRST_COLUMNS)]
+    assert list(first["method"]) == list(details["method"]) == ["AR", "SD", "NASD", "EGAG"]
+    # The verdict says where the output left AR's; a row equal to AR's keeps its plain verdict.
+    assert first["quality"].tolist() == ["reference (exact at float64)", "differs from AR at token 3: near-tie "
+                                         "(margin 0.01)", "identical to AR", "identical to AR"]
+    assert details.loc[1, "first divergence"] == "token 3: near-tie (margin 0.01)"
+
+
+def test_the_details_carry_the_float32_columns_and_the_first_table_the_renamed_speedup():
+    table = pd.DataFrame([["AR", "1.00×", "0.95×", "–"]],
+                         columns=["method", "speedup vs bfloat16 AR", "speedup vs fp32 AR", "first divergence"])
+    first, details = viz.split_table(table)
+    assert list(first.columns) == ["method", "speedup vs bfloat16 AR"]
+    assert list(details.columns) == ["method", "speedup vs fp32 AR", "first divergence"]
+
+
+def test_special_tokens_show_as_markers_in_kept_and_rejected_spans(tiny_pair):
+    """The tiny tokenizer's specials are <unk>, <s> and </s>: a rejected draft of <s> and an output </s> read
+    as ⟨s⟩ and ⟨/s⟩ chips, never as raw markup, while text that only looks like a tag stays escaped text."""
+    assert viz.special_tokens(tiny_pair.tokenizer) == ("<unk>", "</s>", "<s>")
+    assert viz.special_marker("<|im_start|>") == "⟨im_start⟩" and viz.special_marker("</s>") == "⟨/s⟩"
+    result = GenerationResult("sd", {"temperature": 0.0}, [3, 4])
+    result.rounds = [Round(0, 3, None, [5, 1, 7], 1, 2, [0.2, 0.7, 0.9], 0.01, 0.02, 0.05, [5, 2])]
+    result.tokens = [TokenRecord(5, "<b>w5</b>", "accepted", 0), TokenRecord(2, " </s>", "corrected", 0)]
+    html = viz.render_tokens(result, tiny_pair.tokenizer)
+    spans = re.findall(r'<span class="sd-tok sd-(\w+)"[^>]*>(.*?)</span>(?=<span class="sd-tok|$)', html)
+    assert [origin for origin, _ in spans] == ["accepted", "rejected", "rejected", "corrected"]
+    marker = '<span class="sd-special">{}</span>'
+    assert spans[1][1].strip() == marker.format("⟨s⟩")  # the rejected draft <s>
+    assert spans[3][1] == " " + marker.format("⟨/s⟩")
+    assert spans[0][1] == "&lt;b&gt;w5&lt;/b&gt;"  # not a special token: escaped as it is
+    assert "&lt;s&gt;" not in html and "&lt;/s&gt;" not in html
+    assert ".sd-special{" in viz.TOKEN_CSS
+
+
+def test_the_tables_acceptance_and_the_charts_alpha_are_two_named_figures(results, tiny_pair):
+    from specdemo.engine.trace import ACCEPTANCE_LABEL, ALPHA_LABEL
+
+    sd = results[1].stats
+    assert sd["alpha"] != pytest.approx(sd["acceptance_rate"]), "SD's run tells the two apart"
+    summary = tabulate(tiny_pair, results).summary
+    table = viz.display_table(summary).set_index("method")
+    assert table.loc["SD", ACCEPTANCE_LABEL] == f"{sd['acceptance_rate']:.0%}"
+    assert table.loc["SD", ALPHA_LABEL] == f"{sd['alpha']:.2f}"
+    figure = viz.break_even_figure(results)
+    marker = next(t for t in figure.data if t.name == "SD this run")
+    assert list(marker.x) == [pytest.approx(sd["alpha"])]  # the chart's α is the trace's alpha, not acceptance
+    assert figure.layout.xaxis.title.text == ALPHA_LABEL and "α (Leviathan)" in marker.hovertemplate

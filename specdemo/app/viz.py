@@ -21,8 +21,8 @@ from ..engine.methods import METHODS, is_lossless
 from ..engine.divergence import describe_margin
 from ..models.precision import mismatch_reading
 from ..models.torch_copy import TORCH_COPY, TORCH_COPY_AR
-from ..engine.trace import (ACCEPTED, BONUS, COPIED, CORRECTED, REJECTED, TARGET, DraftDecision, GenerationResult,
-                            Round, StopNote)
+from ..engine.trace import (ACCEPTANCE_LABEL, ACCEPTED, ALPHA_LABEL, BONUS, COPIED, CORRECTED, REJECTED, TARGET,
+                            DraftDecision, GenerationResult, Round, StopNote)
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ FALLBACK_COLORS = ("#0f766e", "#9333ea", "#b45309", "#be123c", "#1d4ed8")
 
 TOKEN_CLASS = "sd-tok"
 DIVERGES_CLASS = "sd-diverges"  # the first output token unlike AR's (engine.divergence)
+SPECIAL_CLASS = "sd-special"  # a special token's marker inside a token's span
 
 # Styles for the spans this module writes. Scoped by class names only, so the same string
 # works as page-wide CSS and as a component's own stylesheet.
@@ -79,6 +80,9 @@ TOKEN_CSS = "\n".join(
         f".{TOKEN_CLASS}{{border-radius:3px;padding:.1em 0;box-decoration-break:clone;"
         "-webkit-box-decoration-break:clone;cursor:help;}",
         ".sd-nl{opacity:.45;font-size:.8em;}",
+        # A special token (<|im_start|>, </s>): a small chip, not its raw markup.
+        f".{SPECIAL_CLASS}{{font-family:ui-monospace,monospace;font-size:.78em;padding:0 .3em;margin:0 .1em;"
+        "border:1px solid currentColor;border-radius:4px;opacity:.75;}",
         # The first token unlike AR's: its title says whether AR's choice there was a near-tie.
         f".{TOKEN_CLASS}.{DIVERGES_CLASS}{{outline:2px dashed #b91c1c;outline-offset:1px;}}",
         *(
@@ -144,10 +148,43 @@ def legend_html() -> str:
     return f'<div class="sd-legend">{"".join(items)}{note}</div>'
 
 
-def _token_span(text: str, origin: str, title: str, extra_class: str = "") -> str:
+def special_tokens(tokenizer) -> tuple[str, ...]:
+    """The texts of the tokenizer's special tokens (its named ones and the added tokens marked special),
+    longest first, so that a marker replaces the whole of `<|im_start|>` and never a part of it."""
+    if tokenizer is None:
+        return ()
+    texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False):
+            texts.add(str(added))
+    return tuple(sorted((t for t in texts if t), key=lambda t: (-len(t), t)))
+
+
+def special_marker(token: str) -> str:
+    """A special token as the page writes it: `<|im_start|>` → ⟨im_start⟩, `</s>` → ⟨/s⟩."""
+    name = token.strip("<>|").strip() or token
+    return f"⟨{name}⟩"
+
+
+def _marked_body(text: str, specials: Sequence[str]) -> str:
+    """`text` as escaped HTML, each special token in it a marker chip rather than its raw markup."""
+    pieces, rest = [], text
+    while rest:
+        found = min(((rest.find(t), t) for t in specials if t in rest), default=None, key=lambda f: (f[0], -len(f[1])))
+        if found is None:
+            pieces.append(html.escape(rest))
+            break
+        at, token = found
+        pieces.append(html.escape(rest[:at]))
+        pieces.append(f'<span class="{SPECIAL_CLASS}">{html.escape(special_marker(token))}</span>')
+        rest = rest[at + len(token):]
+    return "".join(pieces)
+
+
+def _token_span(text: str, origin: str, title: str, extra_class: str = "", specials: Sequence[str] = ()) -> str:
     # Newlines stay real newlines (the container is pre-wrap) with a faint marker, so a
     # token that is only "\n" is still visible and hoverable.
-    body = html.escape(text).replace("\n", '<span class="sd-nl">↵</span>\n')
+    body = _marked_body(text, specials).replace("\n", '<span class="sd-nl">↵</span>\n')
     if not body:
         body = "∅"
     classes = f"{TOKEN_CLASS} sd-{origin}" + (f" {extra_class}" if extra_class else "")
@@ -240,6 +277,7 @@ def render_tokens(result: GenerationResult, tokenizer=None, cache: dict | None =
     is outlined, and its tooltip says whether AR's choice there was a near-tie.
     """
     diverges_at, margin = divergence if divergence is not None else (None, math.nan)
+    specials = special_tokens(tokenizer)
     parts: list[str] = []
     position = 0
     ids = result.token_ids
@@ -270,7 +308,8 @@ def render_tokens(result: GenerationResult, tokenizer=None, cache: dict | None =
                     k = r.accepted + j
                     entropy = entropies[k] if k < len(entropies) else None
                     title = _round_title(r, f"rejected draft {k + 1} (not in the output)", entropy)
-                    parts.append(_token_span(text, REJECTED, title + why(k, record.text if j == 0 else None)))
+                    parts.append(_token_span(text, REJECTED, title + why(k, record.text if j == 0 else None),
+                                             specials=specials))
             if record.origin == ACCEPTED:
                 entropy = entropies[i] if i < len(entropies) else None
                 what = f"accepted draft {i + 1}" + why(i)
@@ -283,7 +322,7 @@ def render_tokens(result: GenerationResult, tokenizer=None, cache: dict | None =
             if diverges_at == position + i:
                 title += "\n" + divergence_title(margin)
             parts.append(_token_span(record.text, record.origin, title, DIVERGES_CLASS if diverges_at == position + i
-                                     else ""))
+                                     else "", specials))
         position += count
     return "".join(parts)
 
@@ -294,7 +333,7 @@ def _panel_meta(result: GenerationResult) -> str:
     if stats["seconds"] > 0:
         bits.append(f"{stats['tokens_per_s']:.1f} tok/s")
     if stats["drafted"]:
-        bits.append(f"α {stats['acceptance_rate']:.0%}")
+        bits.append(f"acceptance {stats['acceptance_rate']:.0%}")
     if result.note and method_capped(result.method):  # it ran fewer tokens than asked; the title says why
         bits.append(f"capped at {result.params['max_new_tokens']} tokens")
     if result.lesson is not None:  # OSD: which request of its head's stream this was; the title says more
@@ -347,7 +386,7 @@ _AXIS = dict(gridcolor="#e8edf3", linecolor="#cbd5e1", zeroline=False, rangemode
              title=dict(font=dict(size=12)))
 
 
-def _figure(traces: list[dict], title: str, x_title: str, y_title: str, **layout) -> go.Figure:
+def plain_figure(traces: list[dict], title: str, x_title: str, y_title: str, **layout) -> go.Figure:
     # Plain dicts without plotly's validation: building validated figures after every
     # round cost ~30 ms each, more than a round of the small models.
     base = dict(
@@ -367,7 +406,7 @@ def _figure(traces: list[dict], title: str, x_title: str, y_title: str, **layout
     return go.Figure(data=traces, layout=base, _validate=False)
 
 
-def _hover(label: str, body: str) -> str:
+def hover_with_label(label: str, body: str) -> str:
     return body + "<extra>" + html.escape(label) + "</extra>"
 
 
@@ -382,9 +421,9 @@ def gamma_figure(results: Sequence[GenerationResult]) -> go.Figure:
             legendgroup=result.method, mode="lines",
             line=dict(color=method_color(result.method), shape="hv", width=2, dash=_dash(result.method)),
             customdata=[[len(r.drafted), r.accepted] for r in rounds],
-            hovertemplate=_hover(label, "round %{x}<br>γ=%{y}<br>drafted %{customdata[0]}, accepted %{customdata[1]}"),
+            hovertemplate=hover_with_label(label, "round %{x}<br>γ=%{y}<br>drafted %{customdata[0]}, accepted %{customdata[1]}"),
         ))
-    return _figure(traces, "Draft length γ per round", "round", "γ")
+    return plain_figure(traces, "Draft length γ per round", "round", "γ")
 
 
 def entropy_figure(results: Sequence[GenerationResult]) -> go.Figure:
@@ -403,7 +442,7 @@ def entropy_figure(results: Sequence[GenerationResult]) -> go.Figure:
         traces.append(dict(
             type="scatter", x=[r.index for r in rounds], y=per_round, name=label, legendgroup=result.method,
             mode="lines", line=dict(color=color, width=2, dash=_dash(result.method)),
-            hovertemplate=_hover(label, "round %{x}<br>entropy %{y:.3f}"),
+            hovertemplate=hover_with_label(label, "round %{x}<br>entropy %{y:.3f}"),
         ))
         xs, ys, texts = [], [], []
         for r in rounds:
@@ -415,9 +454,9 @@ def entropy_figure(results: Sequence[GenerationResult]) -> go.Figure:
         traces.append(dict(
             type="scatter", x=xs, y=ys, name=f"{label} per token", legendgroup=result.method, showlegend=False,
             mode="markers", marker=dict(color=color, size=4, opacity=0.4), text=texts,
-            hovertemplate=_hover(label, "%{text}<br>entropy %{y:.3f}"),
+            hovertemplate=hover_with_label(label, "%{text}<br>entropy %{y:.3f}"),
         ))
-    return _figure(traces, "Drafter entropy (line: per round · dots: per drafted token)", "round",
+    return plain_figure(traces, "Drafter entropy (line: per round · dots: per drafted token)", "round",
                    "normalised entropy", yaxis=dict(range=[0, 1.02], rangemode="normal"))
 
 
@@ -432,9 +471,9 @@ def accepted_figure(results: Sequence[GenerationResult]) -> go.Figure:
             legendgroup=result.method, mode="lines+markers",
             line=dict(color=method_color(result.method), width=1.5, dash=_dash(result.method)), marker=dict(size=4),
             customdata=[len(r.drafted) for r in rounds],
-            hovertemplate=_hover(label, "round %{x}<br>accepted %{y} of %{customdata}"),
+            hovertemplate=hover_with_label(label, "round %{x}<br>accepted %{y} of %{customdata}"),
         ))
-    return _figure(traces, "Accepted drafts per round", "round", "accepted tokens")
+    return plain_figure(traces, "Accepted drafts per round", "round", "accepted tokens")
 
 
 def race_figure(results: Sequence[GenerationResult]) -> go.Figure:
@@ -453,9 +492,9 @@ def race_figure(results: Sequence[GenerationResult]) -> go.Figure:
         traces.append(dict(
             type="scatter", x=xs, y=ys, name=label, legendgroup=result.method, mode="lines",
             line=dict(color=method_color(result.method), shape="hv", width=2.5, dash=_dash(result.method)),
-            hovertemplate=_hover(label, "%{x:.2f} s<br>%{y} tokens"),
+            hovertemplate=hover_with_label(label, "%{x:.2f} s<br>%{y} tokens"),
         ))
-    return _figure(traces, "The race: tokens generated over time", "seconds since the start (prefill included)",
+    return plain_figure(traces, "The race: tokens generated over time", "seconds since the start (prefill included)",
                    "tokens")
 
 
@@ -480,7 +519,8 @@ def position_acceptance_figure(results: Sequence[GenerationResult]) -> go.Figure
 
 
 def break_even_figure(results: Sequence[GenerationResult]) -> go.Figure:
-    """Predicted speedup against α at each drafting method's measured costs, with the run's point."""
+    """Predicted speedup against α (Leviathan, per token: the summary's `alpha`) at each drafting method's
+    measured costs, with the run's point; the table's acceptance is accepted ÷ drafted, another quantity."""
     return acceptance_charts.break_even_figure(acceptance.comparison_break_evens(summary_frame(results)), label=method_label,
                                                color=method_color)
 
@@ -499,7 +539,8 @@ def all_figures(results: Sequence[GenerationResult]) -> dict[str, go.Figure]:
 
 
 DISPLAY_COLUMNS = [
-    "method", "drafter", "tokens", "tokens/s", "speedup vs AR", "TTFT (s)", "acceptance α", "tokens per round",
+    "method", "drafter", "tokens", "tokens/s", "speedup vs AR", "TTFT (s)", ACCEPTANCE_LABEL, ALPHA_LABEL,
+    "tokens per round",
     "target forwards / token", "mean γ", "nodes / round", "KV cache peak (target / draft)", "first divergence",
     "quality",
 ]
@@ -593,7 +634,8 @@ def display_table(summary: pd.DataFrame) -> pd.DataFrame:
             "speedup vs AR": _num(row["speedup_vs_ar"], ".2f") + ("×" if not _isnan(row["speedup_vs_ar"]) else "")
                              + (f" over AR ({TORCH_COPY})" if _on_torch_copy(row) else ""),
             "TTFT (s)": _num(row["ttft_s"], ".3f"),
-            "acceptance α": _num(row["acceptance_rate"], ".0%"),
+            ACCEPTANCE_LABEL: _num(row["acceptance_rate"], ".0%"),
+            ALPHA_LABEL: _num(row.get("alpha"), ".2f"),
             "tokens per round": _num(row["mean_accepted_tokens"], ".2f"),
             "target forwards / token": _num(row["target_forwards_per_token"], ".3f"),
             "mean γ": _num(row["mean_gamma"], ".2f"),
@@ -609,6 +651,31 @@ def display_table(summary: pd.DataFrame) -> pd.DataFrame:
         own = summary.target_dtype.dropna().iloc[0] if summary.target_dtype.notna().any() else "its own precision"
         frame = frame.rename(columns={"speedup vs AR": f"speedup vs {own} AR"})
     return frame
+
+
+# The comparison as the page lays it out: FIRST_COLUMNS in one table that fits a 1,280 px window (the verdict
+# against AR's text, where the output first left AR's, beside the speed), every other column of `display_table`
+# in a details table below it. The CSV download is the summary itself, every column in full.
+FIRST_COLUMNS = ["method", "tokens/s", "speedup vs AR", ACCEPTANCE_LABEL, "tokens per round", "quality"]
+
+
+def _first(column: str) -> bool:
+    # "speedup vs AR" is renamed after AR's precision where a float32 AR ran ("speedup vs bfloat16 AR").
+    return column in FIRST_COLUMNS or (column.startswith("speedup vs ") and column.endswith(" AR")
+                                       and "fp32" not in column)
+
+
+def split_table(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`display_table`'s frame as the page's two tables: the first columns, whose quality cell also says where
+    the output first left AR's ("differs from AR at token 12: near-tie (margin 0.12)"), and the details
+    (method, then every column not among the first)."""
+    first = [c for c in table.columns if _first(c)]
+    details = ["method", *(c for c in table.columns if not _first(c))]
+    shown = table[first].copy()
+    if "first divergence" in table and "quality" in table:
+        shown["quality"] = [quality if where in ("–", "", None) else f"{quality}{', at' if ':' in quality else ' at'} {where}"
+                            for quality, where in zip(table["quality"], table["first divergence"])]
+    return shown, table[details].copy()
 
 
 def _vs_float32_cells(row: pd.Series) -> dict[str, str]:

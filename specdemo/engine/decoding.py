@@ -32,7 +32,8 @@ from .params import DecodeParams, EngineOptions
 from .rounds import Decoding, RoundOutcome
 from .targets.seq2seq import cached_lm, decoder_start, is_encoder_decoder
 from .tokens import token_text
-from .trace import GenerationResult, Round, TokenRecord
+from .flops import matmul_parameters
+from .trace import FedCounts, GenerationResult, Round, TokenRecord
 from .tree_round import tree_round
 
 
@@ -107,6 +108,7 @@ def _rounds(pair: Pair, drafter: Drafter | None, policy, params: DecodeParams, s
                            method)
     play = tree_round if run.drafter.drafts_trees else chain_round
     prefill_forwards = run.writer.forwards
+    prefill = (run.writer.counts.copy(), run.drafter.counts.copy())  # what decoding feeds is counted from here
     # A target on another runtime keeps the thread count for its own pool, and has torch's work between
     # its forwards run on the count it names (onnx_lm.TORCH_THREADS_BETWEEN_FORWARDS).
     between_forwards = run.writer.torch_threads
@@ -122,11 +124,11 @@ def _rounds(pair: Pair, drafter: Drafter | None, policy, params: DecodeParams, s
                 sequence.extend(outcome.new_tokens)
                 run.drafter.observe(sequence, verified_from, **outcome.shown_to_drafter())
                 run.policy.update(len(outcome.drafts), outcome.accepted)
-                _record(result, outcome, run.clock.stop(), pair, sequence)
-                _count_forwards(result, run, prefill_forwards, method)
-                _check_stop(result, params.max_new_tokens, pair)
+                record_round(result, outcome, run.clock.stop(), pair, sequence)
+                _count_forwards(result, run, prefill_forwards, prefill, method)
+                check_stop(result, params.max_new_tokens, pair)
             yield result
-        _learn(result, run.drafter, pair, sequence)
+        learn_after_request(result, run.drafter, pair, sequence)
     finally:
         # Drop the caches now rather than whenever the generator is collected.
         run.writer.close()
@@ -157,6 +159,8 @@ def _start(pair: Pair, drafter: Drafter, policy, params: DecodeParams, seed: int
     generator.manual_seed(seed)
     run = Decoding(writer, drafter, policy, params.sampling, generator, phase_clock(pair.device), pair.eos_ids)
     result.cache, result.drafter = writer.kind, drafter.describe(pair.drafter_name)
+    # The torch weights the pair keeps, also where another runtime runs the target (the same weights).
+    result.parameters = {"target": matmul_parameters(pair.target), "draft": matmul_parameters(pair.draft)}
     if writer.model is pair.target:
         result.exactness = pair.exactness
     if pair.target_runtime is not None and writer.model is pair.target:
@@ -184,15 +188,20 @@ def _writer(pair: Pair, drafter: Drafter, longest_chain: int, max_length: int, c
     return cached_lm(model, pair.vocab_size, cache=cache, max_length=max_length, compile=compile, buckets=buckets)
 
 
-def _count_forwards(result: GenerationResult, run: Decoding, prefill_forwards: int, method: Method | None) -> None:
+def _count_forwards(result: GenerationResult, run: Decoding, prefill_forwards: int,
+                    prefill: tuple[FedCounts, FedCounts], method: Method | None) -> None:
+    """The trace's counts so far: each model's forwards, and what decoding fed it (`GenerationResult.fed`)."""
     writer_forwards = run.writer.forwards - prefill_forwards
+    writer, drafter = run.writer.counts.since(prefill[0]), run.drafter.counts.since(prefill[1])
     if method is not None and method.decoder == "draft":  # the draft wrote every token; the target never ran
         result.target_forwards, result.draft_forwards = 0, writer_forwards
+        result.fed = {"target": FedCounts(), "draft": writer}
     else:
         result.target_forwards, result.draft_forwards = writer_forwards, run.drafter.forwards
+        result.fed = {"target": writer, "draft": drafter}
 
 
-def _learn(result: GenerationResult, drafter: Drafter, pair: Pair, sequence: list[int]) -> None:
+def learn_after_request(result: GenerationResult, drafter: Drafter, pair: Pair, sequence: list[int]) -> None:
     """A finished request taught to a drafter that adapts between requests (OSD), after the last
     round was yielded and its time recorded: the lesson is reported, never timed as decoding."""
     if not drafter.learns_online:
@@ -204,7 +213,7 @@ def _learn(result: GenerationResult, drafter: Drafter, pair: Pair, sequence: lis
         result.note = " ".join(filter(None, (result.note, result.lesson.describe())))
 
 
-def _check_stop(result: GenerationResult, max_new_tokens: int, pair: Pair) -> None:
+def check_stop(result: GenerationResult, max_new_tokens: int, pair: Pair) -> None:
     last = result.rounds[-1].new_tokens
     if last and last[-1] in pair.eos_ids:
         result.stop_reason = "eos"
@@ -226,7 +235,7 @@ def top2_margins(verified_logits: torch.Tensor | None, count: int) -> torch.Tens
     return torch.cat([margins, margins.new_full((count - len(margins),), math.nan)]) if len(margins) < count else margins
 
 
-def _record(result: GenerationResult, outcome: RoundOutcome, phases: list[float], pair: Pair,
+def record_round(result: GenerationResult, outcome: RoundOutcome, phases: list[float], pair: Pair,
             sequence: list[int]) -> None:
     """The round into the trace: its `Round` (with the round's note on where drafting stopped
     early, if it did), and a `TokenRecord` per new token."""

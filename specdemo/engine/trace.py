@@ -94,6 +94,47 @@ class TreeRecord:
 
 
 @dataclass
+class FedCounts:
+    """What one model computed: its forwards, the tokens fed through its body and the rows of logits its
+    output head computed (the rows a forward asked for). Each model wrapper counts its own, on every runtime."""
+
+    forwards: int = 0
+    tokens: int = 0
+    logit_rows: int = 0
+
+    def add(self, tokens: int, logit_rows: int) -> None:
+        """One forward that fed `tokens` and computed `logit_rows` rows of logits."""
+        self.forwards += 1
+        self.tokens += tokens
+        self.logit_rows += logit_rows
+
+    def copy(self) -> FedCounts:
+        return FedCounts(self.forwards, self.tokens, self.logit_rows)
+
+    def since(self, earlier: FedCounts) -> FedCounts:
+        """What was counted after `earlier` (a copy taken then)."""
+        return FedCounts(self.forwards - earlier.forwards, self.tokens - earlier.tokens,
+                         self.logit_rows - earlier.logit_rows)
+
+    def flops(self, parameters: tuple[int, int]) -> float:
+        """An estimate of the multiply-adds, ×2: (body, head) matmul parameters × the tokens each saw."""
+        body, head = parameters
+        return 2.0 * (body * self.tokens + head * self.logit_rows)
+
+
+# Two different quantities, each with its own name on every surface (tables, charts, CSVs, CLI).
+ACCEPTANCE_LABEL = "acceptance (accepted ÷ drafted)"  # the stats' `acceptance_rate`
+ALPHA_LABEL = "α (Leviathan, per token)"  # the stats' `alpha` (`leviathan_alpha`)
+
+
+def leviathan_alpha(accepted: float, rejected_rounds: float) -> float:
+    """Leviathan's per-token α: each round is a run of kept drafts ended by one rejection or by none, so α is
+    accepted / (accepted + rounds that ended in a rejection). Not `acceptance_rate` (accepted ÷ drafted)."""
+    trials = accepted + rejected_rounds
+    return accepted / trials if trials else math.nan
+
+
+@dataclass
 class Round:
     index: int
     gamma: int  # the policy's draft length for this round (0 for AR)
@@ -172,6 +213,11 @@ class GenerationResult:
     # The writer's top-1 minus top-2 logit where it chose each new token, a round's worth at a time, left on the
     # device so that a round still reads back once; `top2_margins` reads them all when asked.
     margin_parts: list = field(default_factory=list, repr=False)
+    # What decoding fed each model ("target", "draft"; the prompt's prefill not counted), counted by the model
+    # wrappers the loop runs, and each model's matmul parameters (body, head): the FLOP estimates come from these
+    # two alone. Empty where a run did not count them (a batch, whose forwards feed every request at once).
+    fed: dict[str, FedCounts] = field(default_factory=dict)
+    parameters: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def output_context(self) -> list[int]:
@@ -221,13 +267,13 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "drafted": drafted,
         "accepted": accepted,
         "acceptance_rate": accepted / drafted if drafted else math.nan,
-        # Leviathan's α: each round is a run of kept drafts ended by one rejection, or by none.
-        "alpha": accepted / (accepted + rejected_rounds) if accepted + rejected_rounds else math.nan,
+        "alpha": leviathan_alpha(accepted, rejected_rounds),
         "rejected_rounds": rejected_rounds,
         "mean_accepted_tokens": sum(len(r.new_tokens) for r in rounds) / len(rounds) if rounds else math.nan,
         "target_forwards": result.target_forwards,
         "draft_forwards": result.draft_forwards,
         "target_forwards_per_token": result.target_forwards / new_tokens if new_tokens else math.nan,
+        **fed_figures(result, new_tokens),
         "copied_rounds": sum(1 for r in rounds if r.source == COPIED),
         "mean_gamma": sum(r.gamma for r in drafting_rounds) / len(drafting_rounds) if drafting_rounds else 0.0,
         "mean_drafted": drafted / len(rounds) if rounds else math.nan,
@@ -247,3 +293,21 @@ def summarize(result: GenerationResult) -> dict[str, Any]:
         "note": result.note,
         **{name: result.memory.get(name, 0) for name in MEMORY_STATS},
     }
+
+
+def fed_figures(result: GenerationResult, new_tokens: int) -> dict[str, float]:
+    """Per new token, decoding only: the draft's forwards, and each model's FLOPs (an estimate: 2 × matmul
+    parameters × tokens fed, the head's only for the logit rows computed; attention over the context is not
+    counted; a drafter without a model, NASD's table, computes none). FLOPs are NaN where the run did not count
+    what it fed (a batch), and the draft's forwards then its trace's count (`draft_forwards`, prefill included)."""
+    def per_token(value: float) -> float:
+        return value / new_tokens if new_tokens else math.nan
+
+    draft = result.fed.get("draft")
+    forwards = draft.forwards if draft is not None else result.draft_forwards
+    figures = {"draft_forwards_decoding": forwards, "draft_forwards_per_token": per_token(forwards)}
+    for role in ("target", "draft"):
+        fed = result.fed.get(role)
+        figures[f"{role}_flops_per_token"] = (per_token(fed.flops(result.parameters.get(role, (0, 0))))
+                                              if fed is not None else math.nan)
+    return figures

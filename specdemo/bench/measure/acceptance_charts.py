@@ -21,6 +21,7 @@ except ImportError:  # a bare GPU image has no plotly: the benchmark still runs,
     go = None
 
 from .acceptance import BreakEven, describe_auc, entropy_auc, entropy_bins, position_acceptance
+from ...engine.trace import ALPHA_LABEL
 
 Namer = Callable[[str], str]
 PALETTE = ("#7c3aed", "#0e7490", "#db2777", "#4338ca", "#a16207", "#0f766e", "#be123c", "#1d4ed8")
@@ -98,8 +99,10 @@ def position_acceptance_figure(positions: pd.DataFrame, label: Namer = str, colo
 
 def break_even_figure(evens: Mapping[str, tuple[BreakEven, float]], label: Namer = str,
                       color: Namer | None = None) -> go.Figure:
-    """Predicted speedup over AR against α at each method's measured c, v and γ̄ (a curve), the
-    line where it matches AR, and the run's point: (measured α, measured speedup)."""
+    """Predicted speedup over AR against α (Leviathan's, per token: `BreakEven.alpha`, from
+    `engine.trace.leviathan_alpha`) at each method's measured c, v and γ̄ (a curve), the line where it
+    matches AR, and the run's point: (measured α, measured speedup). Not the acceptance (accepted ÷ drafted)
+    the tables show beside it."""
     color = color or _default_colors(evens)
     alphas = [i / 50 for i in range(51)]
     traces = []
@@ -109,20 +112,20 @@ def break_even_figure(evens: Mapping[str, tuple[BreakEven, float]], label: Namer
             type="scatter", x=alphas, y=[even.predicted_speedup(a) for a in alphas], mode="lines",
             name=f"{label(method)} predicted", legendgroup=method, line=dict(color=c, width=2),
             hovertemplate=(f"γ̄ {even.gamma:.1f}, c {even.draft_cost:.2f}, v {even.verify_cost:.2f}"
-                           "<br>α %{x:.2f} → %{y:.2f}× AR<extra>" + label(method) + "</extra>"),
+                           "<br>α (Leviathan) %{x:.2f} → %{y:.2f}× AR<extra>" + label(method) + "</extra>"),
         ))
         if even.alpha == even.alpha and measured == measured:
             traces.append(dict(
                 type="scatter", x=[even.alpha], y=[measured], mode="markers", name=f"{label(method)} this run",
                 legendgroup=method, marker=dict(color=c, size=11, symbol="diamond", line=dict(color="#111", width=1)),
                 customdata=[[even.obtained, even.needed]],
-                hovertemplate=("α %{x:.2f}, measured %{y:.2f}× AR<br>%{customdata[0]:.2f} tokens per round, "
+                hovertemplate=("α (Leviathan) %{x:.2f}, measured %{y:.2f}× AR<br>%{customdata[0]:.2f} tokens per round, "
                                "%{customdata[1]:.2f} needed<extra>" + label(method) + "</extra>"),
             ))
     if traces:
         traces.append(dict(type="scatter", x=[0, 1], y=[1, 1], mode="lines", name="AR", hoverinfo="skip",
                            line=dict(color="#64748b", dash="dot", width=1)))
-    return _figure(traces, "Break-even: predicted speedup against acceptance α", "acceptance α (per draft)",
+    return _figure(traces, "Break-even: predicted speedup against α (Leviathan, per token)", ALPHA_LABEL,
                    "speedup over AR", xaxis=dict(range=[0, 1]), yaxis=dict(rangemode="tozero"))
 
 

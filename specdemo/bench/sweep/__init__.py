@@ -21,7 +21,7 @@ The pieces, each importing only those before it:
 """
 
 from .charts import FIGURES, acceptance_figure, flops_figure, predicted_figure, speedup_figure, sweep_figures
-from .flops import matmul_parameters
+from ...engine.flops import matmul_parameters
 from .grid import (
     ADAPTIVE_METHODS, AR, DEFAULT_EMAS, DEFAULT_GAMMA_MAXES, DEFAULT_GAMMAS, DEFAULT_NGRAM_NS, SETTING_COLUMNS, SWEEP_METHODS, Setting,
     copy_phrase, expand_grid,

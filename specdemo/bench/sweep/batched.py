@@ -4,12 +4,12 @@ batch, through `specdemo.generate_batch`; one row per request, compared with AR'
 prompt in the same batch.
 
 A batch's forwards feed every row at once, so the per-row FLOP estimates are left empty; the forwards
-per token are each row's own (`GenerationResult.target_forwards`, `draft_forwards`).
+per token are each row's own (`GenerationResult.target_forwards`, `draft_forwards`), as its trace's
+statistics give them.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Iterator, Sequence
 
 from ...engine.params import DecodeParams
@@ -63,9 +63,7 @@ def _rows(items, prompts, index, repeat, seed, ids, runs, done, greedy, batch, w
         group = []
         for setting in ranked:
             position, batch_runs, _ = done[setting]
-            result = batch_runs[row_index].result
-            group.append((setting, position, batch_runs[row_index], (result.target_forwards, math.nan, math.nan),
-                          (result.draft_forwards, math.nan, math.nan)))
+            group.append((setting, position, batch_runs[row_index]))
         rows = group_rows(items[prompt], prompt, repeat, seed + row_index, ids[row_index], group, greedy)
         for row in rows:
             row.update(where, batch=batch, batch_index=index, batch_row=row_index,

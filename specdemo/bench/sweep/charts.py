@@ -90,7 +90,7 @@ def acceptance_figure(summary: pd.DataFrame):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance rate", "tokens per round"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance (accepted ÷ drafted)", "tokens per round"))
     lines = _sd_lines(summary)
     egag = summary[summary.method == "egag"]
     for col, metric in ((1, "acceptance_rate"), (2, "mean_accepted_tokens")):
@@ -126,7 +126,7 @@ def predicted_figure(summary: pd.DataFrame):
     low, high = (min(0.5, values.min()), max(1.5, values.max())) if len(values) else (0.5, 1.5)
     fig.add_scatter(name="measured = predicted", x=[low, high], y=[low, high], mode="lines",
                     line=dict(dash="dot", color="grey"))
-    return _layout(fig, "Measured against predicted speedup (Leviathan, measured α and c)",
+    return _layout(fig, "Measured against predicted speedup (Leviathan, measured α per token and c)",
                    "predicted (× AR)", "measured (× AR)")
 
 
@@ -167,7 +167,7 @@ def temperature_figure(summary: pd.DataFrame):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance rate", "speedup over AR at that temperature"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance (accepted ÷ drafted)", "speedup over AR at that temperature"))
     shown = summary[(summary.method != "ar") & summary.temperature.notna()] if "temperature" in summary else summary.iloc[:0]
     for setting in dict.fromkeys(shown.setting):
         part = shown[shown.setting == setting].sort_values("temperature")

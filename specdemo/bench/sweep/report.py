@@ -20,7 +20,7 @@ _SHOWN = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s",
 WHY_TITLES = {
     "entropy_acceptance": "Does the drafter's entropy predict acceptance? (SD and EGAG runs)",
     "position_acceptance": "Acceptance by draft position",
-    "break_even": "Break-even of each method's fastest setting: predicted speedup against acceptance",
+    "break_even": "Break-even of each method's fastest setting: predicted speedup against α (Leviathan, per token)",
 }
 
 

@@ -4,19 +4,22 @@ become rows, each compared with AR's run on the same prompt in the same repeat.
 Definitions of the row columns (one row per method, setting, prompt and repeat):
   tokens_per_s        new tokens / wall seconds of the call (prompt ids in → ids out).
   speedup_vs_ar       AR's seconds per new token / this run's, same prompt and repeat.
-  acceptance_rate     accepted / drafted tokens.
+  acceptance_rate     accepted ÷ drafted tokens ("acceptance" on every surface); not α.
   mean_accepted_tokens  new tokens per round (tokens per target forward).
   mean_gamma          mean γ over the rounds that drafted (0 for AR).
   wasted_drafts_per_token  rejected draft tokens per new token.
   *_forwards_per_token  forwards of that model per new token, decoding only (the
-                      prompt's prefill is not counted).
+                      prompt's prefill is not counted), as the decode loop counted them.
   *_flops_per_token   an ESTIMATE: 2 × parameters × tokens fed to that model ÷ new
                       tokens, decoding only. Parameters are the matmul weights (the input
                       embedding is left out unless tied to the output head), and the head
                       is charged only for the positions whose logits were asked for;
                       attention over the context is not counted. NASD's drafter is a table
-                      lookup: 0 draft FLOPs.
-  alpha               accepted / (accepted + rounds that ended in a rejection), Leviathan's α.
+                      lookup: 0 draft FLOPs. The tokens and logit rows are counted by the model
+                      wrappers the decode loop runs, so on every runtime alike (`engine.trace.FedCounts`);
+                      empty at a batch above 1, whose forwards feed every request at once.
+  alpha               α (Leviathan, per token): accepted / (accepted + rounds that ended in a
+                      rejection) (`engine.trace.leviathan_alpha`), not acceptance_rate.
   cost_ratio          c: seconds per draft forward (NASD: per draft slot) / seconds per AR
                       target step, both from the traces of this prompt and repeat.
   predicted_speedup   Leviathan: (1 − α^(γ+1)) / ((1 − α)(γc + 1)); EGAG uses its mean γ,
@@ -67,13 +70,16 @@ ROW_COLUMNS = [
     # The sampling temperature every method ran at, and the batch the request ran in (measure.batching).
     "temperature", "ttft_s", *BATCH_COLUMNS,
 ]
+# Read from the trace's statistics (`engine.trace.summarize`), as every other surface reads them.
+FED_COLUMNS = ("target_forwards_per_token", "draft_forwards_per_token", "draft_flops_per_token",
+               "target_flops_per_token")
 # Methods that stop drafting as they go: Leviathan's prediction reads their mean drafts per drafting round.
 _VARYING_GAMMA = ("adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic")
 
 
 def _reference(group, method: str) -> tuple:
     """(the run of `method` in the group or None, its seconds per target step, its seconds per new token)."""
-    ar = next((run for setting, _, run, _, _ in group if setting.method == method), None)
+    ar = next((run for setting, _, run in group if setting.method == method), None)
     if ar is None:
         return None, math.nan, math.nan
     return ar, ratio(ar.stats["verify_seconds"], ar.stats["target_forwards"]), ratio(ar.seconds, len(ar.token_ids))
@@ -84,14 +90,13 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
     run on the torch copy of a runtime target, AR on that copy (`models.torch_copy`)."""
     references = {False: _reference(group, "ar"), True: _reference(group, TORCH_COPY_AR)}
     rows = []
-    for setting, position, run, (t_forwards, _, t_flops), (d_forwards, _, d_flops) in group:
+    for setting, position, run in group:
         stats, result = run.stats, run.result
         on_copy = stats.get("runtime") == TORCH_COPY and setting.method != TORCH_COPY_AR
         ar, ar_step, ar_per_token = references[on_copy]
         new = len(run.token_ids)
         drafted, accepted = stats["drafted"], stats["accepted"]
-        rejected_rounds = sum(1 for r in result.rounds if r.accepted < len(r.drafted))
-        alpha = ratio(accepted, accepted + rejected_rounds)
+        alpha = stats["alpha"]
         mean_gamma = stats["mean_gamma"]
         if setting.method == "nasd":
             slots = sum(r.gamma for r in result.rounds)
@@ -99,7 +104,7 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
         elif setting.method in ("ar", TORCH_COPY_AR):
             cost = math.nan
         else:
-            cost = ratio(ratio(stats["draft_seconds"], d_forwards), ar_step)
+            cost = ratio(ratio(stats["draft_seconds"], stats["draft_forwards_decoding"]), ar_step)
         gamma = (mean_gamma if setting.method == "egag" else _mean_drafts(result) if setting.method in _VARYING_GAMMA
                  else setting.gamma)
         predicted = (leviathan_speedup(alpha, float(gamma), cost) if setting.method not in ("ar", TORCH_COPY_AR)
@@ -111,14 +116,14 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
             "acceptance_rate": ratio(accepted, drafted), "mean_accepted_tokens": ratio(new, stats["rounds"]),
             "nodes_per_round": ratio(drafted, stats["rounds"]),
             "mean_gamma": mean_gamma, "wasted_drafts_per_token": ratio(drafted - accepted, new),
-            "target_forwards_per_token": ratio(t_forwards, new), "draft_forwards_per_token": ratio(d_forwards, new),
-            "draft_flops_per_token": ratio(d_flops, new), "target_flops_per_token": ratio(t_flops, new),
+            **{name: stats[name] for name in FED_COLUMNS},
             "predicted_speedup": predicted,
             "matches_ar": (matches_reference(run.token_ids, result.params, ar.token_ids) if greedy and ar is not None
                            and is_lossless(setting.method) and setting.method != TORCH_COPY_AR else None),
             "setting": setting.key, "label": setting.label, "category": item.category, "prompt_index": index,
             "order": position, "seed": seed, "prompt_tokens": len(ids), "new_tokens": new, "seconds": run.seconds,
-            "rounds": stats["rounds"], "copied_rounds": stats["copied_rounds"], "drafted": drafted, "accepted": accepted, "rejected_rounds": rejected_rounds,
+            "rounds": stats["rounds"], "copied_rounds": stats["copied_rounds"], "drafted": drafted, "accepted": accepted,
+            "rejected_rounds": stats["rejected_rounds"],
             "alpha": alpha, "cost_ratio": cost, "draft_seconds": stats["draft_seconds"],
             "verify_seconds": stats["verify_seconds"], "stop_reason": stats["stop_reason"],
             "target_kv_bytes_peak": stats.get("target_kv_bytes_peak", math.nan),

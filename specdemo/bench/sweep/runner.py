@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ...engine.methods import METHODS
-from ...engine.drafters.online import online_head
 from ...engine.params import DecodeParams
 from ..measure.schedule import interleaved, turn_seed
 from ..measure.runners import measured_on, run_ours, run_torch_copy_ar
@@ -22,7 +21,6 @@ from ...models.torch_copy import TORCH_COPY_AR, runtime_refusal
 from ..measure.tables import tokens_frame
 from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, prompts_label, select_prompts
 from .batched import sweep_in_batches
-from .flops import FedCounter
 from .grid import AR, TORCH_COPY_AR_SETTING, Setting
 from .rows import group_rows, rows_frame
 from .summary import SweepResult, merged_result, sweep_meta, sweep_result
@@ -110,7 +108,7 @@ def iter_sweep(
 
 def _check_batchable(pair, setting: Setting, params: DecodeParams) -> None:
     """A setting a batch cannot run (a tree, a method with its own loop) refused before any run, with the reason."""
-    from ...engine.batch import _check_batchable as refuse_unbatchable
+    from ...engine.batch import check_batchable as refuse_unbatchable
 
     try:
         refuse_unbatchable(pair, METHODS[setting.method], params)
@@ -156,53 +154,39 @@ def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: Decod
     total = len(warm) + -(-len(items) // batch) * len(runs) * repeats  # a run a prompt, or a run a batch
     rows: list[dict] = []
     tokens: list[dict] = []
-    target = FedCounter(pair.target)
-    draft = FedCounter(pair.draft if pair.draft is not pair.target else None)
     where = measured_on(pair.device)  # each row names the node and device that measured it
-    try:
-        done, stopped = yield from _warm_up(pair, warm, encoded[0], shared, base, base_seed, should_stop, total,
-                                            rows, tokens)
-        if stopped:
-            return
-        if batch > 1:
-            yield from _batched(pair, items, encoded, runs, repeats, batch, base, should_stop, where, rows, tokens, done,
-                                total)
-            return
-        for repeat, index, (item, ids), order in interleaved(list(zip(items, encoded)), runs, repeats, indices):
-            seed = turn_seed(base_seed, repeat, index)
-            group = []
-            stop = False
-            for position, setting in enumerate(order):
-                target.calls.clear()
-                draft.calls.clear()
-                params = {**shared, **setting.params()}
-                if setting.method == "osd":  # OSD drafts with the online copy of the pair's head
-                    draft.follow(online_head(pair.draft, pair.target, DecodeParams.resolve(None, **params).osd_lr).head)
-                run = _run(pair, setting, ids, params, seed)
-                drafts = setting.method in METHODS and METHODS[setting.method].needs_draft
-                group.append((setting, position, run, target.decoding(1 if len(ids) > 1 else 0),
-                              draft.decoding(1 if len(ids) > 1 and drafts else 0)))
-                done += 1
-                stop = bool(should_stop and should_stop())
-                last = position == len(order) - 1 or stop
-                ranked = sorted(group, key=lambda g: runs.index(g[0]))  # rows in grid order
-                new = group_rows(item, index, repeat, seed, ids, ranked, greedy) if last else []
-                for row in new:
-                    row.update(where, **_alone(base, index, row))
-                rows.extend(new)
-                if last:
-                    tokens.extend(_token_rows(ranked, item, repeat))
-                message = f"{item.id} {setting.label} (repeat {repeat + 1}/{repeats})"
-                yield SweepEvent(done, total, message, rows, new, tokens=tokens)
-                if stop:
-                    break
+    done, stopped = yield from _warm_up(pair, warm, encoded[0], shared, base, base_seed, should_stop, total,
+                                        rows, tokens)
+    if stopped:
+        return
+    if batch > 1:
+        yield from _batched(pair, items, encoded, runs, repeats, batch, base, should_stop, where, rows, tokens, done,
+                            total)
+        return
+    for repeat, index, (item, ids), order in interleaved(list(zip(items, encoded)), runs, repeats, indices):
+        seed = turn_seed(base_seed, repeat, index)
+        group = []
+        stop = False
+        for position, setting in enumerate(order):
+            group.append((setting, position, _run(pair, setting, ids, {**shared, **setting.params()}, seed)))
+            done += 1
+            stop = bool(should_stop and should_stop())
+            last = position == len(order) - 1 or stop
+            ranked = sorted(group, key=lambda g: runs.index(g[0]))  # rows in grid order
+            new = group_rows(item, index, repeat, seed, ids, ranked, greedy) if last else []
+            for row in new:
+                row.update(where, **_alone(base, index, row))
+            rows.extend(new)
+            if last:
+                tokens.extend(_token_rows(ranked, item, repeat))
+            message = f"{item.id} {setting.label} (repeat {repeat + 1}/{repeats})"
+            yield SweepEvent(done, total, message, rows, new, tokens=tokens)
             if stop:
-                yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True, tokens=tokens)
-                return
-        yield SweepEvent(done, total, "done", rows, finished=True, tokens=tokens)
-    finally:
-        target.close()
-        draft.close()
+                break
+        if stop:
+            yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True, tokens=tokens)
+            return
+    yield SweepEvent(done, total, "done", rows, finished=True, tokens=tokens)
 
 
 def _warm_up(pair, warm, ids, shared, base: DecodeParams, seed, should_stop, total, rows,
@@ -251,7 +235,7 @@ TOKEN_COLUMNS = ["setting", "label", "prompt_id", "repeat", *tokens_frame([]).co
 def _token_rows(group, item, repeat) -> list[dict]:
     """The drafted tokens of one (prompt, repeat)'s runs, each marked with its setting."""
     out = []
-    for setting, _, run, _, _ in group:
+    for setting, _, run in group:
         if run.result is not None and run.result.rounds:
             frame = tokens_frame([run.result])
             frame = frame.assign(setting=setting.key, label=setting.label, prompt_id=item.id, repeat=repeat)

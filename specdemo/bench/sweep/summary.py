@@ -21,9 +21,10 @@ from ...engine.methods import METHODS
 from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR
 from ..measure.acceptance import describe_auc, entropy_auc
 from ..measure.acceptance_charts import why_figures
-from ..measure.statistics import _geomean, break_even, distinct_values
+from ..measure.statistics import geomean, break_even, distinct_values
 from .charts import sweep_figures
-from .flops import matmul_parameters
+from ...engine.flops import matmul_parameters
+from ...engine.trace import leviathan_alpha
 from .grid import AR, SETTING_COLUMNS, Setting, copy_phrase, fmt
 from .rows import ratio, rows_frame, typed_settings
 from .verdict import policy_sentence, policy_verdict
@@ -136,13 +137,13 @@ def merged_result(parts: Sequence[tuple[Sequence[str], dict | None]], failures: 
 
 def _per_repeat(part: pd.DataFrame, metric: str, how: str) -> float:
     if how == "geomean":
-        return _geomean(part[metric].dropna().tolist())
+        return geomean(part[metric].dropna().tolist())
     if how == "tokens/seconds":
         return ratio(part.new_tokens.sum(), part.seconds.sum())
     if how == "accepted/drafted":
         return ratio(part.accepted.sum(), part.drafted.sum())
     if how == "alpha":
-        return ratio(part.accepted.sum(), part.accepted.sum() + part.rejected_rounds.sum())
+        return leviathan_alpha(part.accepted.sum(), part.rejected_rounds.sum())
     if how == "tokens/rounds":
         return ratio(part.new_tokens.sum(), part.rounds.sum())
     if how == "drafted/rounds":

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling import SamplingConfig, normalized_entropy, pick
-from ..trace import DRAFTED
+from ..trace import DRAFTED, FedCounts
 
 
 @dataclass
@@ -68,6 +68,13 @@ class Drafter:
     def forwards(self) -> int:
         """Forward passes of a draft model so far (0 for a drafter without one)."""
         return 0
+
+    @property
+    def counts(self) -> FedCounts:
+        """What its draft model was fed so far, as the decode loop counts FLOPs (`trace.FedCounts`): where a
+        drafter reads the prompt in its first round, that read is left out as prefill; nothing for a drafter
+        without a model."""
+        return FedCounts()
 
     @property
     def draft_lm(self):
@@ -144,6 +151,10 @@ class WrappedDrafter(Drafter):
     @property
     def forwards(self) -> int:
         return self.inner.forwards
+
+    @property
+    def counts(self) -> FedCounts:
+        return self.inner.counts
 
     @property
     def draft_lm(self):

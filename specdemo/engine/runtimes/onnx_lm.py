@@ -27,6 +27,7 @@ import torch
 
 from ..targets.kv_policy import KVPolicy
 from ..targets.lm import CachedLM
+from ..trace import FedCounts
 from . import ONNX, runtime_named
 
 RUNTIME_NAME = ONNX
@@ -171,6 +172,7 @@ class OnnxCachedLM(CachedLM):
         self.cached_ids: list[int] = []
         self.length = 0
         self.forwards = 0
+        self.counts = FedCounts()  # forwards, tokens fed and logit rows, as `CachedLM.counts`
         self.hidden: torch.Tensor | None = None
         self.feature_layers: tuple[int, ...] = ()
         self.compiled = False
@@ -228,6 +230,7 @@ class OnnxCachedLM(CachedLM):
             raise ValueError(f"onnx runtime cache: {self.length} + {n} positions exceed its max_length {self.max_length}")
         self.generator.append_tokens(new_ids.to(torch.int32).numpy().reshape(1, n))
         self.forwards += 1
+        self.counts.add(n, n_logits)
         self.length += n
         self._note_kv()
         logits = torch.from_numpy(np.asarray(self.generator.get_output("logits"))[0, n - n_logits:])

@@ -17,6 +17,7 @@ import torch
 
 from .lm import forward_with_features
 from .seq2seq import is_encoder_decoder
+from ..trace import FedCounts
 
 KIND = "none"  # what a trace records as its cache kind
 
@@ -30,6 +31,7 @@ class RecomputingLM:
         self.vocab_size = vocab_size
         self.device = next(model.parameters()).device
         self.forwards = 0
+        self.counts = FedCounts()  # as `CachedLM.counts`: each step feeds the whole sequence again
         self.hidden: torch.Tensor | None = None
         self.feature_layers: tuple[int, ...] = ()
         self.source: torch.Tensor | None = None  # an encoder-decoder's input, encoded again at every step
@@ -64,6 +66,7 @@ class RecomputingLM:
         else:
             logits = self.model(input_ids=ids.view(1, -1), use_cache=False, logits_to_keep=n_logits).logits[0]
         self.forwards += 1
+        self.counts.add(ids.shape[0], n_logits)
         if self.vocab_size is not None:
             logits = logits[..., : self.vocab_size]
         return logits
@@ -109,6 +112,7 @@ class EncoderDecoderRecomputingLM(RecomputingLM):
             ids = torch.cat([ids, then])
         output = self.model(encoder_outputs=self.encoder_output, decoder_input_ids=ids.view(1, -1), use_cache=False)
         self.forwards += 1
+        self.counts.add(ids.shape[0], n_logits)
         logits = output.logits[0, -n_logits:]
         if self.vocab_size is not None:
             logits = logits[..., : self.vocab_size]

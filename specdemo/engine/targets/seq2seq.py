@@ -119,6 +119,7 @@ class EncoderDecoderLM(CachedLM):
         output = self.model(encoder_outputs=self.encoder_output, decoder_input_ids=new_ids.view(1, -1),
                             cache=self.cache, use_cache=True)
         self.forwards += 1
+        self.counts.add(n, n_logits)
         self.length += n
         self._note_kv()
         logits = output.logits[0, -n_logits:]

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base import Drafter, Proposal, draft_round
+from ...trace import FedCounts
 from ...sampling import SamplingConfig, probabilities
 from ...tree import DraftTree
 from .base import PublishedHead
@@ -82,10 +83,15 @@ class MedusaDrafter(Drafter):
         self.head = head
         self.state: torch.Tensor | None = None  # [d]: the target's state before the context's last token
         self._forwards = 0
+        self._counts = FedCounts()  # one state in, each head's row of logits out: one row a step
 
     @property
     def forwards(self) -> int:
         return self._forwards
+
+    @property
+    def counts(self) -> FedCounts:
+        return self._counts
 
     def start(self, prompt_ids, features=None) -> None:
         self.state = features[-1] if features is not None and features.shape[0] else None
@@ -95,6 +101,7 @@ class MedusaDrafter(Drafter):
         if self.state is None:
             return None
         self._forwards += 1
+        self._counts.add(1, 1)
         return probabilities(self.head.logits(self.state).float(), sampling)
 
     def propose(self, context, policy, limit, sampling, generator) -> Proposal:
