@@ -45,7 +45,7 @@ def compare(client, **kwargs):
 
 
 def test_compare_gives_a_row_per_method_and_the_cli_csvs(client):
-    summary, summary_csv, rounds_csv, texts, tokens_csv = compare(client, methods="ar,sd,nasd,egag")
+    summary, summary_csv, rounds_csv, texts, tokens_csv = compare(client, methods=["ar", "sd", "nasd", "egag"])
     assert summary["headers"] == SUMMARY_COLUMNS
     rows = [dict(zip(summary["headers"], row)) for row in summary["data"]]
     assert [r["method"] for r in rows] == ["ar", "sd", "nasd", "egag"]
@@ -96,7 +96,7 @@ def test_a_draft_with_another_tokenizer_is_refused(client, server, tmp_path_fact
     write_tokenizer(root, vocab=40)
     tiny_target = server[1].specdemo_presets[TINY].target
     with pytest.raises(AppError, match="draft tokenizer differs"):
-        compare(client, target=tiny_target, draft=str(root), methods="sd")
+        compare(client, target=tiny_target, draft=str(root), methods=["sd"])
 
 
 def test_run_sends_the_panels_and_the_charts_once_at_the_end(client):
@@ -147,13 +147,13 @@ def test_run_shows_a_bad_precision_on_the_page(client):
 
 
 def test_a_chosen_precision_loads_the_pair_at_it_and_greedy_sd_still_equals_ar(client, server):
-    summary, *_ = compare(client, methods="ar,sd", target_dtype="bfloat16")
+    summary, *_ = compare(client, methods=["ar", "sd"], target_dtype="bfloat16")
     rows = [dict(zip(summary["headers"], row)) for row in summary["data"]]
     assert [(r["target_dtype"], r["draft_dtype"]) for r in rows] == [("bfloat16", "float64")] * 2
     assert rows[1]["matches_ar"] is True  # lossless against the target as loaded
     (pair,) = server[1].specdemo_cache._pairs.values()
     assert pair.target.dtype == torch.bfloat16 and pair.draft.dtype == torch.float64
-    summary, *_ = compare(client, methods="ar")  # auto: the page's own precision again
+    summary, *_ = compare(client, methods=["ar"])  # auto: the page's own precision again
     assert summary["data"][0][summary["headers"].index("target_dtype")] == "float64"
 
 
@@ -167,7 +167,7 @@ def test_the_default_precision_finds_the_preloaded_pair(tmp_path):
     with serve(tmp_path, loader=loader, preload=True) as (url, demo):
         client = gradio_client.Client(url, verbose=False)
         for precisions in ({}, {"target_dtype": "auto", "draft_dtype": "auto"}):
-            summary, *_ = compare(client, methods="ar", max_new_tokens=4, **precisions)
+            summary, *_ = compare(client, methods=["ar"], max_new_tokens=4, **precisions)
             assert summary["data"][0][0] == "ar"
     assert loads == [{"device": None, "dtype": None}]  # the preload only: every run was a cache hit
 
@@ -179,7 +179,7 @@ def test_stop_cancels_and_the_app_keeps_serving(client):
         time.sleep(0.05)
     job.cancel()
     started = time.time()
-    summary, *_ = compare(client, methods="ar", max_new_tokens=4)
+    summary, *_ = compare(client, methods=["ar"], max_new_tokens=4)
     assert summary["data"][0][0] == "ar"
     assert time.time() - started < 60
 
@@ -282,7 +282,7 @@ def test_the_page_decodes_each_method_on_its_planned_threads(tiny_pair):
 
     before = torch.get_num_threads()
     request = handlers.make_request("w3 w4 w5", "tiny", "", "", {"max_new_tokens": 6, "chat": False},
-                                    {"tiny": Preset("tiny", "target", "draft", "")}, methods=["ar", "sd"])
+                                    {"tiny": Preset("tiny", "target", "draft", "")}, methods="ar,sd")
     try:
         last = list(handlers.decode_methods(tiny_pair, request, threads=ui.ThreadPlan(count=None, cores=2)))[-1]
         assert {r.method: r.threads for r in last.results} == {"ar": 1, "sd": 2}
@@ -330,7 +330,7 @@ def test_zero_gpu_is_a_no_op_off_spaces(monkeypatch):
 
 
 def test_stop_ends_the_decoding_loop_not_just_the_stream(client, server):
-    compare(client, methods="ar", max_new_tokens=2)  # the pair is loaded and cached
+    compare(client, methods=["ar"], max_new_tokens=2)  # the pair is loaded and cached
     # 480 paused forwards last ≥ 4.8 s, longer than Stop may take: the loop meets Stop at its next
     # status line, at most STATUS_INTERVAL_S later, so an unpaused tiny model could finish first
     with counting_target_forwards(server[1], pause_s=0.01) as forwards:
@@ -345,7 +345,7 @@ def test_stop_ends_the_decoding_loop_not_just_the_stream(client, server):
         assert forwards[0] == stopped_at, "the target kept decoding after Stop"
         assert len(job.outputs()) == updates, "the trace kept growing after Stop"
         assert stopped_at < 480
-    summary, *_ = compare(client, methods="ar,sd", max_new_tokens=6)
+    summary, *_ = compare(client, methods=["ar", "sd"], max_new_tokens=6)
     assert [row[0] for row in summary["data"]] == ["ar", "sd"]
 
 
@@ -368,7 +368,7 @@ def public_client(tmp_path_factory):
 def test_public_mode_serves_allowed_presets_within_the_caps(public_client):
     client, demo = public_client
     assert list(demo.specdemo_presets) == [TINY]
-    summary, *_ = compare(client, methods="ar,sd", max_new_tokens=24)
+    summary, *_ = compare(client, methods=["ar", "sd"], max_new_tokens=24)
     assert [row[0] for row in summary["data"]] == ["ar", "sd"]
 
 

@@ -26,7 +26,7 @@ BUSY = "Queue is full"
 def request(k: int) -> dict:
     """Visitor k's request: own prompt and seed; odd visitors sample, even ones decode greedily."""
     return dict(prompt=" ".join(f"w{3 + (k * 7 + i) % 50}" for i in range(3 + k % 4)), preset=TINY,
-                methods="ar,sd,nasd,egag", max_new_tokens=24, temperature=0.9 if k % 2 else 0.0, seed=100 + k,
+                methods=["ar", "sd", "nasd", "egag"], max_new_tokens=24, temperature=0.9 if k % 2 else 0.0, seed=100 + k,
                 gamma=2 + k % 3)
 
 

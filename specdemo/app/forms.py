@@ -6,16 +6,22 @@
 shows: the page's own inputs before and after the schema's parameters, in the schema's
 order. A parameter added to `engine.params.SCHEMA` thus appears on the page, in /run and
 /compare, on the command line and in validation without another line written.
+
+`api_docstring` writes the docstring Gradio reads an endpoint's description from, one line a
+parameter taken from the schema's help texts, and `describe_inputs` shows those lines beside
+the parameters in gradio_client's `view_api()`.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import gradio as gr
+import gradio.utils
 
-from ..engine.params import PARAMS, SCHEMA, Param
+from ..engine.params import ENGINE_PARAMS, PARAMS, SCHEMA, Param
 
 # The page shows max_new_tokens beside the Run button; the rest go in "Advanced settings".
 MAIN_PARAMS = ("max_new_tokens",)
@@ -65,14 +71,74 @@ def param_controls(names: Iterable[str], initial: Mapping[str, Any], row_width: 
     return controls
 
 
+# Gradio fills these in itself: they are no parameters of an endpoint.
+GRADIO_ARGUMENTS = ("request", "progress")
+
+
+def api_docstring(summary: str, names: Sequence[str], helps: Mapping[str, str] | None = None) -> str:
+    """The docstring Gradio reads for an endpoint: `summary` (view_api's description of it), then a
+    "Parameters:" section with one `name: meaning` line a parameter, in `names`' order. The meaning is
+    helps[name], else the schema's help text (the engine options' included); a name with neither
+    raises KeyError, so no endpoint parameter goes without a description."""
+    helps = helps or {}
+    lines = [" ".join(summary.split()), "", "Parameters:"]
+    for name in names:
+        if name in helps:
+            text = helps[name]
+        elif name in PARAMS or name in ENGINE_PARAMS:
+            text = schema_help(PARAMS.get(name) or ENGINE_PARAMS[name])
+        else:
+            raise KeyError(f"the endpoint parameter {name!r} has no description")
+        lines.append(f"    {name}: {' '.join(text.split())}")
+    return "\n".join(lines)
+
+
+def schema_help(spec: Param) -> str:
+    """A schema parameter's help text, led by the methods its page label names ("EGAG: …")."""
+    methods = spec.label.split(":")[0] if ":" in spec.label else ""
+    named = re.match(r"[A-Z][\w+\-. /]{0,23}: ", spec.help)  # the help text names its methods itself ("REST: …")
+    return f"{methods}: {spec.help}" if methods and not named else spec.help
+
+
+def summary_of(docstring: str | None) -> str:
+    """A docstring's first paragraph (what an endpoint does), on one line."""
+    return " ".join(re.split(r"\n\s*\n", (docstring or "").strip())[0].split())
+
+
+def describe_inputs(fn: Callable, components: Sequence[Any]) -> None:
+    """Show each parameter's line of fn's docstring (`api_docstring`) beside that parameter in
+    view_api(): gradio_client prints an input's `additional_description` there. components are
+    the event's inputs, in fn's parameter order. A component shared by several endpoints keeps
+    the last description given to it."""
+    _, texts, _ = gradio.utils.get_function_description(fn)
+    names = [n for n in inspect.signature(fn).parameters if n not in GRADIO_ARGUMENTS]
+    if len(names) != len(components):
+        raise ValueError(f"{len(components)} inputs for the {len(names)} parameters of {fn.__name__}")
+    for name, component in zip(names, components):
+        if not texts.get(name):
+            raise KeyError(f"{fn.__name__}'s docstring does not describe {name!r}")
+        _describe(component, texts[name])
+
+
+def _describe(component: Any, text: str) -> None:
+    as_input = type(component).api_info_as_input
+
+    def api_info_as_input() -> dict[str, Any]:
+        return {**as_input(component), "additional_description": text}
+
+    component.api_info_as_input = api_info_as_input
+
+
 def endpoint(handler: Callable[[dict[str, Any], gr.Request | None], Any], before: Sequence[str] = (),
              after: Sequence[str] = (), params: Sequence[str] = tuple(PARAMS), name: str | None = None,
-             generator: bool = False, progress: bool = False) -> Callable:
+             generator: bool = False, progress: bool = False, helps: Mapping[str, str] | None = None) -> Callable:
     """An event function whose parameters are `before`, the schema's `params`, then `after`
     (the names the API and gradio_client show), followed by Gradio's request. It calls
     handler(form, request) with form = {name: value}; with generator=True it streams
     what the handler yields (Gradio streams only from generator functions). progress=True
-    adds Gradio's progress tracker: handler(form, request, progress)."""
+    adds Gradio's progress tracker: handler(form, request, progress). Its docstring is
+    `api_docstring` of the handler's first paragraph: `helps` describes the names outside
+    the schema."""
     names = [*before, *params, *after]
     extra = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)]
     if progress:
@@ -97,7 +163,7 @@ def endpoint(handler: Callable[[dict[str, Any], gr.Request | None], Any], before
     fn.__signature__ = signature  # type: ignore[attr-defined]
     fn.__annotations__ = {"request": gr.Request}
     fn.__name__ = fn.__qualname__ = name or getattr(handler, "__name__", "endpoint")
-    fn.__doc__ = handler.__doc__
+    fn.__doc__ = api_docstring(summary_of(handler.__doc__), names, helps)
     return fn
 
 

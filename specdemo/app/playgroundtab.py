@@ -33,6 +33,20 @@ log = logging.getLogger(__name__)
 
 # The endpoints' own inputs around the schema's parameters, in the API's order.
 FORM_BEFORE, FORM_AFTER = ("prompt", "preset", "methods"), ("target", "draft", *ENGINE_NAMES, *PRECISION_NAMES, RUNTIME)
+# What those inputs mean, as /run's and /compare's docstrings say it (the schema's come from its help texts).
+FORM_HELP = {
+    "prompt": "the text to continue; wrapped in the tokenizer's chat template when chat is on",
+    "preset": "the model pair (target + draft) by its preset's name",
+    "methods": "the methods to decode with, one after another, by their registry names; ar is the reference "
+               "every other method is timed and compared against",
+    "target": "a target that overrides the preset's: a Hub id, a local folder or a .gguf file (empty: the preset's)",
+    "draft": "the draft for that target, sharing its tokenizer, or a published EAGLE, EAGLE-3 or Medusa head "
+             "for it (empty: no draft, so AR and NASD only)",
+    "target_dtype": "the target's precision: auto (bfloat16 on a GPU, float32 on a CPU) or one the device serves",
+    "draft_dtype": "the draft's precision: auto (the target's default) or one the device serves",
+    RUNTIME: "what runs the target's forwards: auto (ONNX Runtime where it runs the target, else torch), torch, or "
+             "onnx where the page offers it",
+}
 CHARTS = charts_module.CHART_NAMES
 # Where each chart sits: how the methods ran (two rows of two), why drafts were kept, the trees of
 # tree methods, and the break-even beside the reading under the table.
@@ -287,13 +301,14 @@ def _offer_methods(ctx: TabContext, preset_name: str, chosen: list[str] | None):
 
 def _outputs(initial: Mapping[str, Any], warming: str = "") -> Outputs:
     """warming: the status line while the default pair warms up ("" when it is loaded on demand)."""
-    status = gr.Markdown(warming or READY, elem_id="sd-status")
+    status = gr.Markdown(warming or READY, label="status", elem_id="sd-status")
     gr.HTML(viz.legend_html(), css_template=viz.TOKEN_CSS, elem_id="sd-legend")
     with gr.Column(elem_id="sd-panels"):
         shown = viz.method_order(initial["methods"])
         panels = [
             gr.HTML(viz.render_panel(name, message="Press Run.") if k < len(shown) else "",
-                    visible=k < len(shown), css_template=viz.TOKEN_CSS, elem_classes=["sd-slot"])
+                    visible=k < len(shown), css_template=viz.TOKEN_CSS, elem_classes=["sd-slot"],
+                    label=f"tokens_{k + 1}", show_label=False)
             for k, name in enumerate(shown + [m for m in METHODS if m not in shown])
         ][:len(METHODS)]
     plots: dict[str, gr.Plot] = {}
@@ -301,12 +316,14 @@ def _outputs(initial: Mapping[str, Any], warming: str = "") -> Outputs:
     def chart_rows(names: tuple[str, ...]) -> None:
         for i in range(0, len(names), 2):
             with gr.Row(equal_height=True):
-                plots.update({name: gr.Plot(show_label=False, elem_classes=["sd-chart"], elem_id=f"sd-chart-{name}")
+                plots.update({name: gr.Plot(label=f"{name}_chart", show_label=False, elem_classes=["sd-chart"],
+                                            elem_id=f"sd-chart-{name}")
                               for name in names[i : i + 2]})
 
     # A chart of its own, not a line of text: the browser loads and compiles plotly.js while the page
     # opens, not while it draws the first run's charts.
-    placeholder = gr.Plot(viz.placeholder_figure(PLACEHOLDER), show_label=False, elem_id="sd-charts-placeholder")
+    placeholder = gr.Plot(viz.placeholder_figure(PLACEHOLDER), label="charts_placeholder", show_label=False,
+                          elem_id="sd-charts-placeholder")
     with gr.Column(visible=False, elem_id="sd-run-charts") as run_charts:
         gr.Markdown("### How each method ran", elem_classes=["sd-section"])
         chart_rows(RUN_CHARTS)
@@ -316,9 +333,9 @@ def _outputs(initial: Mapping[str, Any], warming: str = "") -> Outputs:
         gr.Markdown("### Trees of drafts (tree methods)", elem_classes=["sd-section"])
         chart_rows(TREE_CHARTS)
     gr.Markdown("### Comparison", elem_classes=["sd-section"])
-    table = gr.Dataframe(viz.display_table(summary_frame([])), interactive=False, show_label=False,
+    table = gr.Dataframe(viz.display_table(summary_frame([])), interactive=False, label="comparison", show_label=False,
                          elem_id="sd-table", wrap=True)
-    why = gr.Markdown("")
+    why = gr.Markdown("", label="reading")
     with gr.Column(visible=False, elem_id="sd-table-charts") as table_charts:
         chart_rows(TABLE_CHARTS)
     with gr.Row():
@@ -402,7 +419,9 @@ def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs, shown: BySessio
     streams = RunStreams(ctx, outputs, shown)
 
     def run(form: dict, request: gr.Request):
-        """Decode with each method in turn; streams the status line, and everything at the end."""
+        """Decode the prompt with each method in turn, as the Run button does: streams the status line, then
+        every output at the end: tokens_k the k-th method's tokens (AR first) as HTML, one Plotly figure a
+        chart, the comparison table, its reading and the three CSV files."""
         yield from ctx.follow(request, streams.every_output(form, session_id(request)))
 
     def run_on_page(form: dict, request: gr.Request):
@@ -410,7 +429,7 @@ def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs, shown: BySessio
 
     event_inputs = inputs.event_inputs(inputs.methods)
     event = inputs.run_btn.click(
-        forms.endpoint(run_on_page, FORM_BEFORE, FORM_AFTER, name="run_on_page", generator=True),
+        forms.endpoint(run_on_page, FORM_BEFORE, FORM_AFTER, name="run_on_page", generator=True, helps=FORM_HELP),
         inputs=event_inputs, outputs=[outputs.status], api_visibility="private",
         # No status tracker: one tracked as pending runs an animation timer in the browser for the
         # whole run, on the cores the decoders are timed on; the status line says how far it is.
@@ -420,9 +439,10 @@ def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs, shown: BySessio
     wire_stop(inputs.stop_btn, outputs.status, event)
     with gr.Column(visible=False):
         api_btn = gr.Button("run")
-    api_btn.click(forms.endpoint(run, FORM_BEFORE, FORM_AFTER, name="run", generator=True),
-                  inputs=event_inputs, outputs=outputs.all(), api_name="run", show_progress="hidden",
+    api_run = forms.endpoint(run, FORM_BEFORE, FORM_AFTER, name="run", generator=True, helps=FORM_HELP)
+    api_btn.click(api_run, inputs=event_inputs, outputs=outputs.all(), api_name="run", show_progress="hidden",
                   concurrency_id=ctx.queue_id)
+    forms.describe_inputs(api_run, event_inputs)
 
 
 READY = "Press **Run** to decode the prompt with every selected method."
@@ -447,7 +467,7 @@ def _wire_ready(ctx: TabContext, status: gr.Markdown) -> None:
 def _wire_compare(ctx: TabContext, inputs: Inputs) -> None:
     """The scripted /compare: its outputs are components never shown on the page."""
     with gr.Column(visible=False):
-        api_methods = gr.JSON(list(DEFAULT_METHODS), label="methods")
+        api_methods = gr.CheckboxGroup(list(METHODS), value=list(DEFAULT_METHODS), label="methods")
         api_outputs = [gr.Dataframe(label="summary"), gr.File(label="summary_csv"), gr.File(label="rounds_csv"),
                        gr.JSON(label="texts"), gr.File(label="tokens_csv")]
         compare_btn = gr.Button("compare")
@@ -467,6 +487,8 @@ def _wire_compare(ctx: TabContext, inputs: Inputs) -> None:
             raise gr.Error(handlers.readable_failure(error), print_exception=False) from None
         return outcome.table, outcome.summary_csv, outcome.rounds_csv, outcome.texts, outcome.tokens_csv
 
-    compare_btn.click(forms.endpoint(compare, FORM_BEFORE, FORM_AFTER, name="compare"),
-                      inputs=inputs.event_inputs(api_methods), outputs=api_outputs, api_name="compare",
+    api_compare = forms.endpoint(compare, FORM_BEFORE, FORM_AFTER, name="compare", helps=FORM_HELP)
+    compare_inputs = inputs.event_inputs(api_methods)
+    compare_btn.click(api_compare, inputs=compare_inputs, outputs=api_outputs, api_name="compare",
                       concurrency_id=ctx.queue_id)
+    forms.describe_inputs(api_compare, compare_inputs)

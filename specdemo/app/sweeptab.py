@@ -56,6 +56,21 @@ AXIS_LABELS = {"target_dtype": "Target precisions", "draft_dtype": "Draft precis
 FORM = ("preset", "methods", *GRID, "categories", "prompts_per_category", "repeats",
         *AXIS_FIELDS.values())  # before SHARED_PARAMS
 FORM_AFTER = ("runtime", TEMPERATURE_AXIS)  # after SHARED_PARAMS, so that the parameters before them keep their places
+# What the form's names outside the shared schema parameters mean, as /sweep's docstring says it.
+FORM_HELP = {
+    "preset": "the model pair (target + draft) by its preset's name",
+    "methods": "the methods to sweep, by their names (AR always runs, as every point's reference)",
+    **{name: f"comma-separated values of {name} for the grid: {forms.schema_help(PARAMS[name])} "
+             "(read only by the methods that take it)" for name in GRID},
+    "categories": "the suite's categories to take prompts from",
+    "prompts_per_category": "how many of each category's prompts every point runs",
+    "repeats": "how many times every point runs each prompt",
+    **{field_name: f"comma-separated values of {name} as an axis: the grid runs once per value, AR included "
+                   "(empty: not an axis)" for name, field_name in AXIS_FIELDS.items()},
+    "runtime": "what runs the target's forwards: torch, or onnx where the page offers it",
+    TEMPERATURE_AXIS: "comma-separated temperatures, e.g. 0,0.7,1.0: the grid runs at each, AR included as that "
+                      "temperature's reference (empty: the shared temperature)",
+}
 RUNTIME_INFO = ("onnx: the target on ONNX Runtime (the CPU), exported on first use (about 30 s); trees, beam "
                 "search and AR without a cache run on its torch copy, set against AR on that copy; compressing "
                 "target KV caches and target precisions other than float32, int8 and int4 run on torch only")
@@ -387,7 +402,7 @@ class SweepForm:
 
     def inputs(self, methods: Any = None, categories: Any = None) -> list[Any]:
         """The event's inputs in `forms.endpoint(…, FORM, FORM_AFTER, params=SHARED_PARAMS)` order;
-        methods and categories replace the page's own (the API takes them as JSON)."""
+        methods and categories replace the page's own (the API's, with every choice offered)."""
         return [self.preset, self.methods if methods is None else methods, *self.grid.values(),
                 self.categories if categories is None else categories,
                 self.prompts, self.repeats, *self.axes.values(),
@@ -511,7 +526,7 @@ def _wire_page(ctx: TabContext, form: SweepForm, run_btn: Any, stop_btn: Any, ou
 
     event = run_btn.click(
         forms.endpoint(run, FORM, FORM_AFTER, params=SHARED_PARAMS, name="sweep_page", generator=True,
-                       progress=True),
+                       progress=True, helps=FORM_HELP),
         inputs=form.inputs(), outputs=[outputs[0]], api_visibility="private", concurrency_id=ctx.queue_id,
         show_progress_on=[outputs[0]],  # the status line alone, as on the Benchmark tab
     )
@@ -522,8 +537,9 @@ def _wire_page(ctx: TabContext, form: SweepForm, run_btn: Any, stop_btn: Any, ou
 def _wire_api(ctx: TabContext, form: SweepForm, initial: Mapping[str, Any]) -> None:
     """The scripted /sweep: its outputs are components never shown on the page."""
     with gr.Column(visible=False):
-        api_methods = gr.JSON(initial["methods"], label="methods")
-        api_categories = gr.JSON(initial["categories"], label="categories")
+        api_methods = gr.CheckboxGroup([value for _, value in form.methods.choices], value=initial["methods"],
+                                       label="methods")
+        api_categories = gr.CheckboxGroup(list(SUITE_CATEGORIES), value=initial["categories"], label="categories")
         api_outputs = [gr.Dataframe(label="summary"), gr.File(label="csv"), gr.Textbox(label="verdict")]
         api_btn = gr.Button("sweep")
 
@@ -537,6 +553,8 @@ def _wire_api(ctx: TabContext, form: SweepForm, initial: Mapping[str, Any]) -> N
         summary = last.result.summary
         return summary.astype(object).where(summary.notna(), None), last.files.rows_csv, last.verdict
 
-    api_btn.click(forms.endpoint(sweep_api, FORM, FORM_AFTER, params=SHARED_PARAMS, name="sweep"),
-                  inputs=form.inputs(api_methods, api_categories), outputs=api_outputs, api_name="sweep",
+    api_sweep = forms.endpoint(sweep_api, FORM, FORM_AFTER, params=SHARED_PARAMS, name="sweep", helps=FORM_HELP)
+    api_inputs = form.inputs(api_methods, api_categories)
+    forms.describe_inputs(api_sweep, api_inputs)
+    api_btn.click(api_sweep, inputs=api_inputs, outputs=api_outputs, api_name="sweep",
                   concurrency_id=ctx.queue_id)
