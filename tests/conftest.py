@@ -34,12 +34,13 @@ SERIAL_UNIT = "served-timed-or-browser"
 # worker starts a long one when the rest of the suite is nearly done; the other modules (under
 # 35 s each) follow, those with the most tests first.
 SLOWEST_UNITS_SECONDS = {
-    SERIAL_UNIT: 250, "test_precision": 180, "test_tree_decoding": 140,
+    SERIAL_UNIT: 250, "test_install": 240,  # the README's examples, each command its own process, from a temporary folder
+    "test_precision": 180, "test_tree_decoding": 140,
     "test_cluster": 115,  # Ray's workers each import torch and load the tiny pair
     "test_gpu_suite": 110, "test_lossless_sampling": 110,
     "test_static_cache": 100,  # the first compile of a run, the inductor's cache cold
     "test_onnx_lm": 90, "test_embedded": 60, "test_fused_head": 60, "test_encoder_decoder": 60,
-    "test_published_drafters": 40, "test_decoding": 40, "test_batch": 40, "test_install": 35, "test_forced": 35,
+    "test_published_drafters": 40, "test_decoding": 40, "test_batch": 40, "test_forced": 35,
 }
 
 

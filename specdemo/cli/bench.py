@@ -225,9 +225,11 @@ def _print_summary(result: BenchResult) -> None:
     meta = result.meta
     with pd.option_context("display.max_columns", None, "display.width", 200, "display.float_format", "{:.3f}".format):
         print(overall[shown].to_string(index=False))
+    others = reference_lines(overall)
     print(f"target {meta.get('target_dtype')}" + (f", draft {meta['draft_dtype']}" if meta.get("draft_dtype") else "")
-          + f": speedup_vs_ar is over AR with the {meta.get('target_dtype')} target")
-    for line in reference_lines(overall):
+          + f": speedup_vs_ar is over AR with the {meta.get('target_dtype')} target"
+          + (", except where reference_runtime names another:" if others else ""))
+    for line in others:
         print(line)
     if meta.get("exactness"):
         print(f"exactness {meta['exactness']}: {exactness_sentence(meta['exactness'])}")
