@@ -62,7 +62,7 @@ def target(fresh_cache):
 def test_target_loads_offline_and_second_load_uses_the_cache(target, fresh_cache, monkeypatch):
     model, tokenizer, first = target
     assert model.config.vocab_size == 49152 and model.config.num_hidden_layers == 30
-    assert embedded._cache_is_complete(embedded.cache_dir())
+    assert embedded.cache_is_complete(embedded.cache_dir())
     assert not list(embedded.cache_dir().parent.glob("*.tmp-*"))  # the temp folder was renamed away
     import gguf  # the conversion parses the file once, and leaves gguf's own reader behind it
 

@@ -21,7 +21,7 @@ def _smollm2_tokenizer():
     from transformers import AutoTokenizer
 
     cached = embedded.cache_dir()
-    if embedded._cache_is_complete(cached):
+    if embedded.cache_is_complete(cached):
         return AutoTokenizer.from_pretrained(cached)
     gguf = embedded.gguf_path()
     if gguf is None:

@@ -99,13 +99,13 @@ def test_asking_for_more_requests_grows_the_plan_at_its_end_and_keeps_what_was_a
     out = tmp_path / "corpus"
     build(model, tokenizer, out, shards=2)
     corpus = corpus_module.Corpus(out)
-    plan = corpus_module._read_jsonl(corpus.requests_path)
+    plan = corpus_module.read_jsonl(corpus.requests_path)
     assert corpus_module.requests_for(corpus, 40, [], 0) == plan  # the same ask adds nothing
     grown = corpus_module.requests_for(corpus, 400, [], 0)
     assert grown[: len(plan)] == plan and len(grown) > len(plan)
     keys = [str(r["messages"]).lower() for r in grown]
     assert len(set(keys)) == len(keys)
-    assert corpus_module._read_jsonl(corpus.requests_path) == grown
+    assert corpus_module.read_jsonl(corpus.requests_path) == grown
     shard = corpus.load_shard(0)
     corpus_module.build(model, tokenizer, out, prompts=400, self_instruct_count=3, batch=6, derived_per_shard=2,
                         max_new_tokens=4, max_shards=3, log=lambda m: None)
@@ -164,7 +164,7 @@ def test_the_time_budget_also_bounds_the_requests_the_target_writes(tmp_path):
     spent = corpus_module.build(model, tokenizer, out, prompts=40, self_instruct_count=50, batch=6,
                                 max_new_tokens=8, minutes=0.0, log=said.append)
     corpus = corpus_module.Corpus(out)
-    assert spent["shards"] == 0 and not corpus_module._read_jsonl(corpus.self_instruct_path)
+    assert spent["shards"] == 0 and not corpus_module.read_jsonl(corpus.self_instruct_path)
     assert not [m for m in said if m.startswith("self-instruct:")]  # not one batch of requests was asked for
     resumed = build(model, tokenizer, out, shards=1)
     assert resumed["shards"] == 1
@@ -239,7 +239,7 @@ def test_requests_built_on_earlier_answers_take_turns_as_follow_up_summary_passa
     texts = [f"Tides rise twice a day near harbour {i}. The Moon pulls the sea toward it. Sailors plan their trips by "
              f"the tide tables. Fishing boats wait for high water." for i in range(8)]
     corpus = corpus_module.Corpus(tmp_path)
-    corpus_module._save_atomic({"messages": [[{"role": "user", "content": f"Tell me about tides, part {i}."}]
+    corpus_module.save_atomic({"messages": [[{"role": "user", "content": f"Tell me about tides, part {i}."}]
                                              for i in range(8)],
                                 "answers": [[100 + i] * 30 for i in range(8)], "max_new_tokens": 32},
                                corpus.shard_path(0))

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import plotly.graph_objects as go
 
 from ..engine.trace import ACCEPTED, REJECTED, GenerationResult, Round, TreeRecord
-from .viz import ORIGIN_STYLES, _figure, _hover, method_color, method_label, stop_text
+from .viz import ORIGIN_STYLES, plain_figure, hover_with_label, method_color, method_label, stop_text
 
 UNVISITED = "#cbd5e1"  # a node the walk never reached: its branch was cut above it
 ROOT_COLOR = "#334155"
@@ -138,14 +138,14 @@ def tree_rounds_figure(results: Sequence[GenerationResult]) -> go.Figure:
         traces += [
             dict(type="bar", x=x, y=[r.tree.nodes for r in rounds], name=f"{label} nodes drafted",
                  legendgroup=result.method, marker=dict(color=color, opacity=0.3),
-                 hovertemplate=_hover(label, "round %{x}<br>%{y} nodes drafted")),
+                 hovertemplate=hover_with_label(label, "round %{x}<br>%{y} nodes drafted")),
             dict(type="scatter", x=x, y=[r.tree.depth for r in rounds], name=f"{label} depth reached",
                  legendgroup=result.method, mode="lines", line=dict(color=color, dash="dot", width=1.5),
-                 hovertemplate=_hover(label, "round %{x}<br>depth %{y}")),
+                 hovertemplate=hover_with_label(label, "round %{x}<br>depth %{y}")),
             dict(type="scatter", x=x, y=[r.accepted for r in rounds], name=f"{label} accepted",
                  legendgroup=result.method, mode="lines+markers", line=dict(color=color, width=2),
-                 marker=dict(size=4), hovertemplate=_hover(label, "round %{x}<br>%{y} drafts kept")),
+                 marker=dict(size=4), hovertemplate=hover_with_label(label, "round %{x}<br>%{y} drafts kept")),
         ]
-    return _figure(traces, "Trees per round: nodes drafted, depth reached, drafts kept", "round", "count",
+    return plain_figure(traces, "Trees per round: nodes drafted, depth reached, drafts kept", "round", "count",
                    barmode="overlay")
 

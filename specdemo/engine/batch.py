@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 
 from .chain_round import settle_chain
-from .decoding import _check_stop, _learn, _record, generate
+from .decoding import check_stop, learn_after_request, record_round, generate
 from .drafters.base import Drafter, NoDrafter
 from .methods import get_method
 from .params import DecodeParams
@@ -56,7 +56,7 @@ def generate_batch(pair, prompts: Sequence[str | Sequence[int]], method: str = "
     if len(prompts) == 1:
         return [generate(pair, prompts[0], method, limits, decode_params)]
     spec = get_method(method)
-    _check_batchable(pair, spec, decode_params)
+    check_batchable(pair, spec, decode_params)
     decode_params, note = spec.fit(decode_params)
     encoded = []
     for row, prompt in enumerate(prompts):
@@ -72,7 +72,7 @@ def generate_batch(pair, prompts: Sequence[str | Sequence[int]], method: str = "
     return _decode(pair, spec, decode_params, encoded, seed, note)
 
 
-def _check_batchable(pair, spec, params: DecodeParams) -> None:
+def check_batchable(pair, spec, params: DecodeParams) -> None:
     refused = spec.unavailable(pair) or runtime_named(pair.runtime).refusal(batch=True)
     if refused:
         raise ValueError(refused)
@@ -133,7 +133,7 @@ def _decode(pair, spec, params: DecodeParams, encoded: list[list[int]], seed: in
         while running:
             _round(pair, params, target, running, started, features)
         for row in rows:
-            _learn(row.result, row.run.drafter, pair, row.sequence)
+            learn_after_request(row.result, row.run.drafter, pair, row.sequence)
     finally:
         target.close()
         for drafter in drafters:
@@ -182,12 +182,12 @@ def _round(pair, params: DecodeParams, target: BatchedLM, running: dict[int, _Ro
             row.run.policy.update(len(outcome.drafts), outcome.accepted)
             _wait(pair.device)
             elapsed = time.perf_counter() - started
-            _record(row.result, outcome, [row.draft_seconds, elapsed - row.result.seconds - row.draft_seconds],
+            record_round(row.result, outcome, [row.draft_seconds, elapsed - row.result.seconds - row.draft_seconds],
                     pair, row.sequence)
             row.result.target_forwards += 1
             row.result.draft_forwards = row.run.drafter.forwards
             row.result.memory["target_kv_bytes_peak"] = target.kv_bytes_peak
-            _check_stop(row.result, params.max_new_tokens, pair)
+            check_stop(row.result, params.max_new_tokens, pair)
             if row.result.done:
                 finished.append(i)
     target.drop(*finished)

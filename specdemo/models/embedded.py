@@ -76,7 +76,7 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "specdemo" / "smollm2-135m-instruct"
 
 
-def _cache_is_complete(path: Path) -> bool:
+def cache_is_complete(path: Path) -> bool:
     marker = path / ".specdemo-cache"
     return marker.is_file() and marker.read_text().strip() == _CACHE_VERSION
 
@@ -185,7 +185,7 @@ def _write_cache(model, tokenizer, target: Path) -> None:
             os.replace(tmp, target)
         except OSError:
             # Another process won the race and its cache is just as good.
-            if not _cache_is_complete(target):
+            if not cache_is_complete(target):
                 raise
     finally:
         if tmp.exists():
@@ -204,7 +204,7 @@ def load_embedded_target(device=None, dtype=None):
     dtype = resolve_dtype(dtype, device)
     cached = cache_dir()
 
-    if _cache_is_complete(cached):
+    if cache_is_complete(cached):
         tokenizer = AutoTokenizer.from_pretrained(cached)
         model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
     elif (gguf := gguf_path()) is not None:

@@ -304,12 +304,12 @@ def _export_source(target: str, target_model, tokenizer) -> Path | str:
     """The transformers folder the target is exported from (the embedded target's converted cache, else a
     copy written next to the exports; a local folder; a Hub model's snapshot in the Hub cache), or a
     sentence saying why there is none."""
-    from .embedded import _cache_is_complete, cache_dir
+    from .embedded import cache_is_complete, cache_dir
     from ..engine.runtimes.onnx_export import export_root
 
     if target == EMBEDDED:
         source = cache_dir()
-        if not _cache_is_complete(source):  # a read-only cache or a Hub copy: write a folder to export from
+        if not cache_is_complete(source):  # a read-only cache or a Hub copy: write a folder to export from
             source = export_root() / "sources" / "smollm2-135m-instruct"
             if not (source / "config.json").is_file():
                 target_model.save_pretrained(source)

@@ -101,19 +101,19 @@ class Corpus:
         return manifest
 
 
-def _save_atomic(obj, path: Path) -> None:
+def save_atomic(obj, path: Path) -> None:
     partial = path.with_suffix(".partial")
     torch.save(obj, partial)
     partial.replace(path)
 
 
-def _append_jsonl(path: Path, records: list[dict]) -> None:
+def append_jsonl(path: Path, records: list[dict]) -> None:
     with open(path, "a", encoding="utf-8") as f:
         for record in records:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -123,7 +123,7 @@ def self_instruct(model, tokenizer, corpus: Corpus, count: int, *, batch: int, s
                   pad_id: int, deadline: float | None = None, log=print) -> list[dict]:
     """Requests the target writes itself, appended batch by batch so a stop loses one batch. Stops
     at `deadline` (a `time.monotonic()` value) too; a later run writes the rest."""
-    found = _read_jsonl(corpus.self_instruct_path)
+    found = read_jsonl(corpus.self_instruct_path)
     seen = request_source.NearDuplicates()
     for text in [r["messages"][0]["content"] for r in found] + request_source.heldout_prompts():
         seen.add(text)
@@ -156,7 +156,7 @@ def self_instruct(model, tokenizer, corpus: Corpus, count: int, *, batch: int, s
             if 12 <= len(first) <= 300 and first.endswith(("?", ".", "!")) and not seen.is_near(first):
                 seen.add(first)
                 fresh.append({"category": "self-instruct", "messages": [{"role": "user", "content": first}]})
-        _append_jsonl(corpus.self_instruct_path, fresh)
+        append_jsonl(corpus.self_instruct_path, fresh)
         rounds_path.write_text(str(round_index - 1000))
         found += fresh
         log(f"self-instruct: {len(found)}/{count} requests")
@@ -177,7 +177,7 @@ def requests_for(corpus: Corpus, count: int, extra: list[dict], seed: int) -> li
     with open(corpus.root / ".requests.lock", "w") as lock:
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)
-        plan = _read_jsonl(corpus.requests_path)
+        plan = read_jsonl(corpus.requests_path)
         seen = {json.dumps(r["messages"]).lower() for r in plan}
         fresh = []
         for r in request_source.build_prompts(count, seed) + extra:
@@ -186,7 +186,7 @@ def requests_for(corpus: Corpus, count: int, extra: list[dict], seed: int) -> li
                 seen.add(key)
                 fresh.append(r)
         random.Random(seed + len(plan)).shuffle(fresh)
-        _append_jsonl(corpus.requests_path, fresh)
+        append_jsonl(corpus.requests_path, fresh)
     return plan + fresh
 
 
@@ -260,7 +260,7 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
         extra = self_instruct(model, tokenizer, corpus, self_instruct_count, batch=batch, seed=seed,
                               stops=stops, pad_id=pad_id, deadline=deadline, log=log)
     else:  # the other workers take the requests worker 0 has written so far rather than write the same ones
-        extra = _read_jsonl(corpus.self_instruct_path)[:self_instruct_count]
+        extra = read_jsonl(corpus.self_instruct_path)[:self_instruct_count]
     requests = requests_for(corpus, prompts, extra, seed)
     base_per_shard = max(1, batch - derived_per_shard)
     index = 0
@@ -285,7 +285,7 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
         answers = writer(model, prefixes, batch=batch, max_new_tokens=max_new_tokens, stops=stops,
                          pad_id=pad_id, temperature=temperature, generator=generator,
                          feature_layers=feature_layers)
-        _save_atomic(shard_record(chosen, prefixes, answers, temperature, max_new_tokens, feature_layers),
+        save_atomic(shard_record(chosen, prefixes, answers, temperature, max_new_tokens, feature_layers),
                      corpus.shard_path(index))
         made = sum(len(a.tokens) for a in answers)
         log(f"shard {index}: {len(chosen)} answers, {made} tokens, T={temperature}, "

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .corpus import Corpus, _save_atomic, load_teacher, parse_layers
+from .corpus import Corpus, save_atomic, load_teacher, parse_layers
 
 
 def layers_dir(corpus: Corpus, layers: tuple[int, ...]) -> Path:
@@ -83,7 +83,7 @@ def add_layers(model, corpus: Corpus, layers: tuple[int, ...], *, minutes: float
         started = time.monotonic()
         sequences = [prefix + answer for prefix, answer in zip(shard["prefixes"], shard["answers"])]
         states = teacher_forced_layers(model, sequences, layers, tokens_per_batch)
-        _save_atomic({"feature_layers": list(layers), "layer_features": states}, folder / path.name)
+        save_atomic({"feature_layers": list(layers), "layer_features": states}, folder / path.name)
         positions = sum(len(s) for s in sequences)
         log(f"{path.name}: {len(sequences)} sequences, {positions} positions, "
             f"{positions / (time.monotonic() - started):.0f} positions/s")

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .corpus import Corpus, _append_jsonl, _read_jsonl, _save_atomic, encode_chat
+from .corpus import Corpus, append_jsonl, read_jsonl, save_atomic, encode_chat
 from .corpus import default_dir as answers_dir
 from .generation import padding_id
 
@@ -187,14 +187,14 @@ def plan(corpus: Corpus, sources, seed: int, log=print) -> list[dict]:
     `sources()` gives the passages and the licence of each source (`gather`)."""
     path = corpus.root / "passages.jsonl"
     if path.is_file():
-        return _read_jsonl(path)
+        return read_jsonl(path)
     passages, licences = sources()
     rng = random.Random(seed)
     rng.shuffle(passages)
     records = [{**asdict(p), "messages": as_messages(p, rng)} for p in passages]
     corpus.root.mkdir(parents=True, exist_ok=True)
     (corpus.root / "sources.json").write_text(json.dumps(licences, indent=1))
-    _append_jsonl(path, records)
+    append_jsonl(path, records)
     log(f"planned {len(records)} passages from {len(licences)} sources")
     return records
 
@@ -205,7 +205,7 @@ def build(model, tokenizer, out: Path, *, sources=gather, passages_per_shard: in
     """Read passages into shards under `out` until they run out, `minutes` pass or `max_shards` exist."""
     deadline = None if minutes is None else time.monotonic() + 60 * minutes
     corpus = Corpus(out)
-    records = plan(corpus, sources, seed, log) if worker == 0 else _read_jsonl(corpus.root / "passages.jsonl")
+    records = plan(corpus, sources, seed, log) if worker == 0 else read_jsonl(corpus.root / "passages.jsonl")
     pad_id = padding_id(tokenizer)
     for index in range(0, -(-len(records) // passages_per_shard)):
         if max_shards is not None and index >= max_shards:
@@ -243,7 +243,7 @@ def build(model, tokenizer, out: Path, *, sources=gather, passages_per_shard: in
             "temperature": None,
             "max_new_tokens": max_answer_tokens,
         }
-        _save_atomic(shard, corpus.shard_path(index))
+        save_atomic(shard, corpus.shard_path(index))
         read = sum(len(answers[i]) for i in keep)
         log(f"shard {index}: {len(keep)} passages, {read} tokens, {read / (time.monotonic() - started):.0f} tokens/s")
     return corpus.write_manifest()

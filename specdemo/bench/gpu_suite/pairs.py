@@ -72,7 +72,7 @@ def run_synthetic_unit(ctx: StageContext, shape: tuple[str, str, str], mode: Mod
         ctx.note(f"Random weights with forced acceptance: both models follow one planted text, the draft at "
                  f"{s.rate:.0%} of positions (seed {s.seed}), so SD's rounds accept as a trained draft's would.")
     label = shape[0]
-    target, draft = _random_weights(ctx, *shape)
+    target, draft = random_weight_folders(ctx, *shape)
     pair = load_pair(str(target), str(draft), device=s.device, dtype=s.dtype, runtime="torch")
     try:
         _synthetic_pair(ctx, pair, label, mode)
@@ -80,7 +80,7 @@ def run_synthetic_unit(ctx: StageContext, shape: tuple[str, str, str], mode: Mod
         pair.close()
 
 
-def _random_weights(ctx: StageContext, label: str, target_size: str, draft_size: str):
+def random_weight_folders(ctx: StageContext, label: str, target_size: str, draft_size: str):
     """The shape's folders, written once and kept for its other mode until the stage ends."""
     s = ctx.settings
     if label not in ctx.shared:

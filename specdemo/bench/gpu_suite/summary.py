@@ -40,7 +40,7 @@ def environment(device: str, dtype: str) -> list[tuple[str, str]]:
             ("transformers", transformers.__version__), ("python", platform.python_version())]
 
 
-def _cell(value) -> str:
+def table_cell(value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if isinstance(value, float):
@@ -54,7 +54,7 @@ def headline_table(rows: list[dict], facts: list[tuple[str, str]], command: str)
     lines.append("| " + " | ".join(label for _, label in HEADLINE) + " |")
     lines.append("|" + "---|" * len(HEADLINE))
     for row in rows:
-        lines.append("| " + " | ".join(_cell(row.get(key)) for key, _ in HEADLINE) + " |")
+        lines.append("| " + " | ".join(table_cell(row.get(key)) for key, _ in HEADLINE) + " |")
     if not rows:
         lines.append("| " + " | ".join([NOT_MEASURED] + ["–"] * (len(HEADLINE) - 1)) + " |")
     return lines + [END]
@@ -82,8 +82,8 @@ def markdown(outcomes, facts: list[tuple[str, str]], command: str, out: Path) ->
                   "Each method's first call (the warm-up, as long as a timed one) against its timed calls: the "
                   "difference is what compiling and first-call start-up cost.", "",
                   "| unit | method | warm-up (s) | timed call, median (s) | compile (s) |", "|---|---|---|---|---|"]
-        lines += [f"| {r['unit']} | {r['method']} | {_cell(r['warmup_s'])} | {_cell(r['timed_s'])} | "
-                  f"{_cell(r['compile_s'])} |" for r in compiled]
+        lines += [f"| {r['unit']} | {r['method']} | {table_cell(r['warmup_s'])} | {table_cell(r['timed_s'])} | "
+                  f"{table_cell(r['compile_s'])} |" for r in compiled]
     for outcome in outcomes:
         if outcome.context and (outcome.context.lines or outcome.context.files):
             lines += ["", f"## {outcome.stage.name}: {outcome.stage.title}", ""] + outcome.context.lines

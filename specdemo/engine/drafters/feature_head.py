@@ -77,7 +77,7 @@ def rms_normalised(x: torch.Tensor, eps: float) -> torch.Tensor:
     return (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -220,7 +220,7 @@ class FeatureHead(nn.Module):
         k = self.k_proj(h).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
         cos, sin = self._rope(positions, q.dtype)
-        return x, q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+        return x, q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
     def finish(self, residual: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                mask: torch.Tensor) -> torch.Tensor:

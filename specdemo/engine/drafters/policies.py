@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..trace import StopNote
 
 
-class _Policy:
+class Policy:
     """What a policy does unless it says otherwise: no per-token stop, nothing learnt per round."""
 
     needs_first_entropy = False
@@ -43,7 +43,7 @@ class _Policy:
 
 
 @dataclass
-class FixedGamma(_Policy):
+class FixedGamma(Policy):
     """SD and NASD: always γ drafts (AR is γ = 0)."""
 
     gamma: int
@@ -53,7 +53,7 @@ class FixedGamma(_Policy):
 
 
 @dataclass
-class EntropyGamma(_Policy):
+class EntropyGamma(Policy):
     """EGAG: γ_t = clamp(floor((1 − Ĥ_t)·γ_max), γ_min, γ_max) with Ĥ_t an EMA of H_t.
 
     Ĥ_t = β·Ĥ_{t−1} + (1 − β)·H_t, β = ema (0 disables smoothing). The first round has
@@ -82,7 +82,7 @@ def gamma_from_entropy(entropy: float, gamma_min: int, gamma_max: int) -> int:
 
 
 @dataclass
-class HeuristicGamma(_Policy):
+class HeuristicGamma(Policy):
     """transformers' assisted-generation schedule: +2 after a fully accepted round, −1 otherwise."""
 
     gamma: int
@@ -98,7 +98,7 @@ class HeuristicGamma(_Policy):
             self.gamma = max(1, self.gamma - 1)
 
 
-class _TokenStop(_Policy):
+class _TokenStop(Policy):
     """Draft up to γ_max tokens, asking `stop_value` at each position after the first; the round
     ends where it crosses the threshold. `stops` keeps, per round, where and why it ended (None
     when it ran to its cap); `early_stop` hands the round's note to the trace."""

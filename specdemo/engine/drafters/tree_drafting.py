@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .base import Drafter, WrappedDrafter
-from .policies import _Policy, gamma_from_entropy
+from .policies import Policy, gamma_from_entropy
 from ..sampling import SamplingConfig, normalized_entropy
 from ..trace import DRAFTED, StopNote
 from ..tree import ROOT, DraftTree
@@ -44,7 +44,7 @@ from ..tree_verify import draw_children
 
 
 # -- policies --------------------------------------------------------------------------------
-class _TreePolicy(_Policy):
+class _TreePolicy(Policy):
     budget: int
 
     def begin_round(self, root_entropy: float) -> int:
@@ -110,7 +110,7 @@ class StopRuleTree(DynamicTree):
     whose q crosses the rule's threshold gets no children, as a chain would stop drafting there.
     The root is exempt unless the rule reads the first token too (as a chain's first draft is)."""
 
-    rule: _Policy = None
+    rule: Policy = None
     vocab: int = 0
 
     def stop_note(self, depth: int, entropy_nats: float) -> StopNote | None:

@@ -11,7 +11,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from ..feature_head import HeadCache, RMSNorm, _rotate_half
+from ..feature_head import HeadCache, RMSNorm, rotate_half
 
 # The kinds a published checkpoint is recognised as, and how tables and the page name them.
 PUBLISHED_KINDS = ("eagle", "eagle3", "medusa")
@@ -131,7 +131,7 @@ class DecoderLayer(nn.Module):
         k = attn.k_proj(attention_input).view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
         v = attn.v_proj(attention_input).view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
         cos, sin = self._rope(positions, q.dtype)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v, mask = _cached(k, v, cache, t, q.device)
         groups = s.num_heads // s.num_kv_heads
         if groups > 1:
