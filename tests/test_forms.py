@@ -62,21 +62,24 @@ def test_view_api_shows_each_inputs_meaning_beside_it():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    with serve(tmp_path_factory.mktemp("api-pair")) as (url, _):
+    with serve(tmp_path_factory.mktemp("api-pair")) as (url, demo):
         client = gradio_client.Client(url, verbose=False)
-        yield client, client.view_api(return_format="dict", print_info=False)
+        yield client, client.view_api(return_format="dict", print_info=False), demo
 
 
 def test_the_page_exposes_four_endpoints_each_described(served):
-    _, api = served
+    _, api, demo = served
     assert list(api["named_endpoints"]) == ["/run", "/compare", "/benchmark", "/sweep"]
     assert api["unnamed_endpoints"] == {}
+    # Nor is any of the page's own events callable unlisted (Gradio's "undocumented", e.g. the examples').
+    assert [fn.api_name for fn in demo.fns.values() if fn.api_visibility != "private"] == [
+        "run", "compare", "benchmark", "sweep"]
     for path, endpoint in api["named_endpoints"].items():
         assert len(endpoint["description"].split()) >= 8, path
 
 
 def test_every_parameter_is_named_plainly_and_says_what_it_means(served):
-    _, api = served
+    _, api, _ = served
     for path, endpoint in api["named_endpoints"].items():
         for p in endpoint["parameters"]:
             name = p["parameter_name"]
@@ -85,7 +88,7 @@ def test_every_parameter_is_named_plainly_and_says_what_it_means(served):
 
 
 def test_every_output_is_named(served):
-    client, api = served
+    client, api, _ = served
     for path, endpoint in api["named_endpoints"].items():
         labels = [sanitize_parameter_names(r["label"]) for r in endpoint["returns"]]
         assert labels and all(label and not re.fullmatch(r"value_\d+", label) for label in labels), path
@@ -94,7 +97,7 @@ def test_every_output_is_named(served):
 
 
 def test_methods_is_a_list_of_method_names(served):
-    _, api = served
+    _, api, _ = served
     for path, endpoint in api["named_endpoints"].items():
         (methods,) = [p for p in endpoint["parameters"] if p["parameter_name"] == "methods"]
         assert methods["component"] == "Checkboxgroup", path
@@ -105,12 +108,12 @@ def test_methods_is_a_list_of_method_names(served):
 
 
 def test_docs_api_md_says_what_view_api_says(served):
-    _, api = served
+    _, api, _ = served
     assert api_doc.written() == api_doc.section(api), "docs/api.md is out of date: python -m tests.api_doc"
 
 
 def test_the_reference_names_the_runtimes_default_as_view_api_does(served):
-    _, api = served
+    _, api, _ = served
     for path, default in (("/run", "auto"), ("/compare", "auto"), ("/benchmark", "torch"), ("/sweep", "torch")):
         (runtime,) = [p for p in api["named_endpoints"][path]["parameters"] if p["parameter_name"] == "runtime"]
         assert runtime["parameter_default"] == default, path
@@ -119,7 +122,7 @@ def test_the_reference_names_the_runtimes_default_as_view_api_does(served):
 
 
 def test_compare_and_benchmark_run_through_gradio_client_with_the_documented_names(served):
-    client, _ = served
+    client, _, _ = served
     summary, summary_csv, _, texts, _ = client.predict(prompt="w3 w4 w5 w6", preset=TINY, methods=["ar", "sd"],
                                                       max_new_tokens=4, api_name="/compare")
     assert [row[0] for row in summary["data"]] == ["ar", "sd"]

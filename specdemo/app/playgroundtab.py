@@ -184,7 +184,8 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> Inputs:
             prompt = gr.Textbox(label="Prompt", value=initial["prompt"], lines=5, max_lines=14, elem_id="sd-prompt",
                                 placeholder="Type a prompt, or pick an example below")
             gr.Examples([[text] for _, text in EXAMPLES], inputs=[prompt],
-                        example_labels=[label for label, _ in EXAMPLES], label="Examples")
+                        example_labels=[label for label, _ in EXAMPLES], label="Examples",
+                        api_visibility="private")  # the page's own event, never an endpoint
         with gr.Column(scale=3, min_width=300):
             preset = gr.Dropdown(label="Model pair (target + draft)", value=ctx.default_preset, interactive=True,
                                  choices=[(preset_label(p), name) for name, p in ctx.presets.items()])
@@ -192,7 +193,7 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> Inputs:
             if paired:  # choosing one also picks its pair
                 gr.Examples([[text, name] for _, text, name in paired], inputs=[prompt, preset],
                             example_labels=[label for label, _, _ in paired],
-                            label="Encoder-decoder examples (pick their pair)")
+                            label="Encoder-decoder examples (pick their pair)", api_visibility="private")
             methods = gr.CheckboxGroup(label="Methods", value=initial["methods"],
                                        choices=method_choices(ctx.presets[ctx.default_preset].draft),
                                        info="run one after another on the same prompt; AR is the baseline; "
