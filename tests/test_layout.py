@@ -225,3 +225,89 @@ def test_the_layout_doc_names_every_module():
     unnamed = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "specdemo").rglob("*.py"))
                if path.name != "__init__.py" and path.name not in doc and path.stem not in words]
     assert not unnamed, f"docs/layout.md does not name {unnamed}"
+
+
+# --------------------------------------------------------------------------- private names stay home
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_members(tree: ast.AST) -> set[str]:
+    """The private methods and attributes a module's classes define (`def _x`, `self._x = …`, `_x = …`);
+    `other._x = …` defines nothing, it reaches in."""
+    names: set[str] = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for node in ast.walk(cls):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_private(node.name):
+                names.add(node.name)
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_private(node.attr)
+                  and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and _is_private(node.id):
+                names.add(node.id)
+    return names
+
+
+def private_reach_ins() -> list[str]:
+    """Each use of another specdemo module's private name: `from m import _x`, `m._x` on an imported
+    module, and `obj._x` where `_x` is a private member of a class another module defines (and no
+    class of this module defines it); `self`, `cls` and `super()` reach only their own class."""
+    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    trees = {name: ast.parse(path.read_text(encoding="utf-8")) for name, path in paths.items()}
+    members = {name: _private_members(tree) for name, tree in trees.items()}
+    hits = []
+    for name, tree in sorted(trees.items()):
+        package = name if paths[name].name == "__init__.py" else name.rpartition(".")[0]
+        elsewhere = set().union(*(m for other, m in members.items() if other != name)) - members[name]
+        bound: set[str] = set()  # names this module binds to specdemo modules
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = package
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                source = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
+                if source.split(".")[0] != "specdemo":
+                    continue
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in paths:
+                        bound.add(alias.asname or alias.name)
+                    if _is_private(alias.name):
+                        hits.append(f"{name}:{node.lineno} from {source} import {alias.name}")
+            elif isinstance(node, ast.Import):
+                bound.update(alias.asname or alias.name for alias in node.names if alias.name in paths)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+                continue
+            if (isinstance(owner, ast.Name) and owner.id in bound) or node.attr in elsewhere:
+                hits.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+    return hits
+
+
+def test_the_walk_finds_a_reach_in(tmp_path, monkeypatch):
+    """The walk over a two-module package of its own: each kind of reach-in is found, and a module's
+    use of its own private names is not."""
+    package = tmp_path / "specdemo"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def _helper():\n    pass\n\n\nclass A:\n    def _step(self):\n        return 1\n\n"
+                                  "    def run(self, other):\n        return self._step() + other._step()\n")
+    (package / "c.py").write_text("def reset(x):\n    x._step = None\n")
+    (package / "b.py").write_text("from .a import _helper\nfrom . import a\n\n\ndef use(x):\n"
+                                  "    return a._helper(), x._step()\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert private_reach_ins() == ["specdemo.b:1 from specdemo.a import _helper", "specdemo.b:6 a._helper",
+                                   "specdemo.b:6 x._step", "specdemo.c:2 x._step"]
+
+
+def test_no_module_uses_another_modules_private_name():
+    """A name with a leading underscore is its module's own: a helper two modules share is public,
+    under one name, where it belongs (the tree steppers live beside the drafters whose state they read)."""
+    hits = private_reach_ins()
+    assert not hits, "private names used across modules: " + ", ".join(hits)
