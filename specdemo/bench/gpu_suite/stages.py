@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ class Settings:
     device: str
     dtype: str
     tiny: bool = False
-    budget_minutes: float = 9.0  # the whole run's
+    budget_minutes: float = math.inf  # the whole run's (no limit unless --budget sets one)
     minutes: float | None = None  # a cap on every stage, within the run's budget (None: none)
     head_minutes: float = 0.0
     stage_minutes: dict[str, float] = field(default_factory=dict)  # caps given by stage name
