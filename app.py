@@ -43,13 +43,15 @@ def main(argv: list[str] | None = None) -> None:
         runtime = page_runtimes(default_device(), args.runtime)[0]
     except ValueError as error:
         build_parser().error(str(error))
-    on = runtime
+    on, resolved = runtime, runtime
     if runtime == "auto":  # what auto gives the default pair's target here, before it loads
         from specdemo.engine.runtimes.onnx_export import resolve_runtime
 
-        on = f"auto ({resolve_runtime('auto', str(default_device()), 'float32').runtime} here)"
-    print(f"decoding with {threads.describe()}, compile {compiling}, the target on {on}; loading and warming "
-          "the default pair …", flush=True)
+        resolved = resolve_runtime('auto', str(default_device()), 'float32').runtime
+        on = f"auto ({resolved} here)"
+    # The plan for the target's runtime, in the words the page's status line uses after a Run.
+    print(f"decoding with {threads.for_runtime(resolved).describe()}, compile {compiling}, the target on {on}; "
+          "loading and warming the default pair (a line starting with ready: says when it is done) …", flush=True)
     demo = build_demo(public=args.public, default_preset=default_preset(), preload=True, threads=threads,
                       compile=compiling, runtime=runtime)
     launch(demo, server_name=args.host, server_port=args.port, share=args.share)

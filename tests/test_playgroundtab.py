@@ -86,3 +86,17 @@ def test_each_visitor_has_their_own_page_until_their_tab_closes():
     assert sessions.get("b") == Shown(panels=4)  # as the page opened
     assert sessions.pop("a") == Shown(panels=2, charts=True)
     assert sessions.get("a") == Shown(panels=4)
+
+
+def test_a_runs_table_goes_to_the_first_table_and_its_details_below_it(outputs):
+    import pandas as pd
+
+    from specdemo.app import viz
+
+    table = pd.DataFrame([{column: f"{column} of AR" for column in viz.DISPLAY_COLUMNS}])
+    table["first divergence"] = "–"
+    out, _ = outputs.apply(RunUpdate(table=table), Shown(panels=4))
+    assert list(out[outputs.table].columns) == viz.FIRST_COLUMNS
+    assert list(out[outputs.details].columns)[0] == "method"
+    assert set(out[outputs.table].columns) | set(out[outputs.details].columns) == set(viz.DISPLAY_COLUMNS)
+    assert outputs.details in outputs.all()  # /run sends the details too

@@ -287,9 +287,41 @@ def test_the_page_decodes_each_method_on_its_planned_threads(tiny_pair):
     try:
         last = list(handlers.decode_methods(tiny_pair, request, threads=ui.ThreadPlan(count=None, cores=2)))[-1]
         assert {r.method: r.threads for r in last.results} == {"ar": 1, "sd": 2}
-        assert "1, 2 torch threads" in last.status
+        # The status line's words are the server log's (ThreadPlan.describe, after its "auto: ").
+        assert "1 torch thread for AR, 2 for the drafting methods" in last.status
+        assert ui.ThreadPlan(count=None, cores=2).describe() == "auto: 1 torch thread for AR, 2 for the drafting methods"
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_intro_says_what_the_page_does_and_names_the_registrys_default_methods():
+    from specdemo.engine.methods import DEFAULT_METHODS, METHODS
+
+    intro = ui.intro_text()
+    assert intro == ui.INTRO
+    body = intro.split("\n", 1)[1]
+    assert body.count(". ") + body.endswith(".") == 2  # two sentences
+    for name in DEFAULT_METHODS:
+        assert f"**{METHODS[name].label}**: {METHODS[name].description}" in intro
+    assert sum(f"**{m.label}**" in intro for m in METHODS.values()) == len(DEFAULT_METHODS)  # only the ticked ones
+    assert f"{len(METHODS) - len(DEFAULT_METHODS)} more" in intro
+    # From the registry it is given, not from a list of its own.
+    fewer = ui.intro_text({name: METHODS[name] for name in ("ar", "sd", "beam")}, ticked=("ar", "sd"))
+    assert "**AR**" in fewer and "**SD**" in fewer and "**NASD**" not in fewer and "1 more" in fewer
+
+
+def test_the_log_says_in_one_line_when_the_preloaded_pair_is_ready(capsys):
+    from types import SimpleNamespace
+
+    pair = SimpleNamespace(draft=None, draft_kind=None, runtime="torch", target=torch.nn.Linear(2, 2),
+                           close=lambda: None)
+    cache = ui.PairCache(lambda target, draft, **_: pair, limit=1, warm_up=False)
+    ready = ui.preload_pair(cache, Preset("p", "target", "draft", ""), threads=ui.ThreadPlan(count=None, cores=2))
+    assert ready.wait(30)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ready:")]
+    assert len(lines) == 1
+    assert lines[0].startswith("ready: p on torch/cpu, loaded and warmed in ")
+    assert "Runs decode on auto: 1 torch thread for AR, 2 for the drafting methods" in lines[0]
 
 
 def test_app_applies_threads_and_preloads_the_default_pair(monkeypatch):

@@ -27,7 +27,7 @@ from ..engine.runtimes import TORCH
 from . import forms, handlers
 from .forms import param_control
 from .limits import Limits
-from .page import TabContext, session_id, wire_stop
+from .page import TabContext, session_id, shown_choices, wire_stop
 from .playgroundtab import runtime_control
 from .streams import StatusThenDraw, wire_status_then_draw
 from .suite_runtime import (chosen_runtime, offer_runtime, pair_runtimes, refuse_unavailable, suite_threads,
@@ -223,7 +223,7 @@ def _inputs(ctx: TabContext) -> list[Any]:
                              choices=list(ctx.presets), elem_id="bench-preset")
         runtime = runtime_control(ctx, "bench-runtime", RUNTIME_INFO, pair_runtimes(ctx, ctx.default_preset))
         # Custom values: an uploaded suite brings its own categories.
-        category = gr.Dropdown(label="Category", value=bench.ALL, choices=[bench.ALL, *bench.SUITE_CATEGORIES],
+        category = gr.Dropdown(label="Category", value=bench.ALL, choices=shown_choices([bench.ALL, *bench.SUITE_CATEGORIES]),
                                elem_id="bench-category", allow_custom_value=True)
         prompts = gr.Number(value=1, precision=0, label="Prompts per category")
         repeats = gr.Number(value=1, precision=0, label="Repeats", elem_id="bench-repeats")
@@ -315,7 +315,7 @@ def _outputs() -> list[Any]:
     """status, the summary table, the charts (`CHARTS` order), the four downloads, the placeholder and
     the results column it stands in for until a run finishes, then the batch sizes' verdict and charts
     (`BATCH_CHARTS` order)."""
-    status = gr.Markdown("", label="status", elem_id="bench-status")
+    status = gr.Markdown("", label="status_line", elem_id="bench-status")
     placeholder = gr.Markdown(PLACEHOLDER, label="placeholder", elem_id="bench-placeholder")
     with gr.Column(visible=False, elem_id="bench-results") as results:
         summary_table = gr.Dataframe(interactive=False, label="summary", show_label=False, elem_id="bench-table",

@@ -26,6 +26,7 @@ from . import charts, viz
 from ..bench.measure.compare import run_comparison, tabulate
 from ..bench.measure.vs_float32 import Float32Reference, reference_for, runs_below_float32
 from ..bench.measure.runners import quiet_gc
+from ..bench.measure.threads import drafts, threads_sentence
 from ..models.torch_copy import TORCH_COPY, TORCH_COPY_AR, iter_generate, needs_torch_copy_ar, runtime_refusal, torch_copy_ar
 from ..engine.methods import available_methods, parse_methods
 from ..engine.params import PARAMS, DecodeParams, EngineOptions
@@ -390,9 +391,8 @@ class RunProgress:
 def done_status(request: Request, results: list[GenerationResult], errors: list[str], elapsed: float) -> str:
     """The status line of a finished run: how long it took, on how many threads, and what to do next."""
     decoding = sum(r.seconds for r in results)
-    threads = ", ".join(sorted({str(r.threads) for r in results}))
-    done = (f"Done in {elapsed:.1f} s{request.note} ({decoding:.1f} s decoding, {threads} torch "
-            f"thread{'' if threads == '1' else 's'}; the charts and panels were drawn after the timed rounds). "
+    done = (f"Done in {elapsed:.1f} s{request.note} ({decoding:.1f} s decoding, {run_threads(results)}; the charts "
+            "and panels were drawn after the timed rounds). "
             "Hover a token for its round and what decided it; download the numbers below.")
     inexact = next((r.exactness for r in results if not is_exact(r.exactness)), None)
     if inexact:
@@ -405,6 +405,17 @@ def done_status(request: Request, results: list[GenerationResult], errors: list[
     if errors:
         done += " ⚠️ " + "; ".join(errors)
     return done
+
+
+def run_threads(results: list[GenerationResult]) -> str:
+    """The run's torch threads in the server log's words (`threads_sentence`): "2 torch threads", or "1 torch
+    thread for AR, 2 for the drafting methods" where the plan gave them apart."""
+    one_token = sorted({r.threads for r in results if not drafts(r.method)})
+    drafting = sorted({r.threads for r in results if drafts(r.method)})
+    if len(one_token) <= 1 and len(drafting) <= 1 and (one_token or drafting):
+        return threads_sentence((one_token or drafting)[0], (drafting or one_token)[0])
+    counts = ", ".join(str(n) for n in sorted({r.threads for r in results}))
+    return f"{counts} torch threads"
 
 
 def runtime_sentence(results: list[GenerationResult]) -> str:

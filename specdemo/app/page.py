@@ -49,6 +49,26 @@ AUTO = "auto"  # a model's precision left to `dtype`, else to the loader's defau
 EngineDefaults = Callable[[bool], EngineOptions]
 
 
+# The browser side of Gradio looks every label and choice up among its own messages first, and a few plain
+# words name whole groups of them there ("code", "status"): such a word on the page makes the console warn
+# (`[svelte-i18n] Message with id "code" must be of type "string"`). A label or choice the page shows is
+# never one of them; a value keeps its name, only what is shown differs.
+GRADIO_MESSAGE_GROUPS = frozenset({
+    "annotated_image", "audio", "blocks", "chat_interface", "chatbot", "checkbox", "code", "color_picker", "common",
+    "dataframe", "dropdown", "errors", "file", "highlighted_text", "image", "image_editor", "label", "login",
+    "number", "plot", "radio", "slider", "status", "upload_text", "video",
+})
+
+
+SHOWN_AS = {"code": "code (programming)"}  # the suite's one category that is such a word
+
+
+def shown_choices(names) -> list[tuple[str, str]]:
+    """(label, value) choices for `names` (the suite's categories): each shown by its name, but a name that is
+    one of Gradio's message groups shown as `SHOWN_AS` says ("code (programming)")."""
+    return [(SHOWN_AS.get(name, f"{name} (name)") if name in GRADIO_MESSAGE_GROUPS else name, name) for name in names]
+
+
 def no_engine_defaults(encoder_decoder: bool) -> EngineOptions:
     """The schema's engine options for every pair (a page that never compiles by default)."""
     return EngineOptions()

@@ -98,7 +98,7 @@ class Outputs:
     status: gr.Markdown
     panels: list[gr.HTML]
     charts: list[gr.Plot]  # in CHARTS order
-    table: gr.Dataframe
+    table: gr.Dataframe  # viz.FIRST_COLUMNS
     why: gr.Markdown
     summary_file: gr.DownloadButton
     rounds_file: gr.DownloadButton
@@ -106,6 +106,7 @@ class Outputs:
     placeholder: gr.Plot  # stands in for the charts until a run ends
     chart_groups: list[gr.Column]  # shown once a run ends
     trees: gr.Column  # shown once a run of a tree method ends
+    details: gr.Dataframe  # the comparison's other columns (viz.split_table)
 
     @property
     def files(self) -> tuple[gr.DownloadButton, ...]:
@@ -113,7 +114,7 @@ class Outputs:
 
     def all(self) -> list[Any]:
         return [self.status, *self.panels, *self.charts, self.table, self.why, *self.files, self.placeholder,
-                *self.chart_groups, self.trees]
+                *self.chart_groups, self.trees, self.details]
 
     def apply(self, update: RunUpdate, shown: Shown) -> tuple[dict, Shown]:
         """A handler's RunUpdate mapped onto these components (the ones it leaves as None stay),
@@ -144,7 +145,7 @@ class Outputs:
             out[self.trees] = gr.update(visible=update.trees_shown)
             shown = replace(shown, trees=update.trees_shown)
         if update.table is not None:
-            out[self.table] = update.table
+            out[self.table], out[self.details] = viz.split_table(update.table)
         if update.why is not None:
             out[self.why] = update.why
         if update.files is not None:
@@ -167,10 +168,10 @@ def build_tab(ctx: TabContext, initial: Mapping[str, Any]) -> None:
 
 
 def preset_label(preset: Preset) -> str:
-    offline = {"embedded": "its default draft, the feature head", "embedded-head": "feature-level draft head",
-               "embedded-lm": "draft LM (the previous draft)"}
+    """A pair as the dropdown names it, short enough to read whole in the box beside the prompt."""
+    offline = {"embedded": "feature head", "embedded-head": "feature head", "embedded-lm": "draft LM"}
     if preset.name in offline:
-        return f"{preset.name} — SmolLM2-135M-Instruct + {offline[preset.name]} (offline)"
+        return f"{preset.name} — SmolLM2-135M + {offline[preset.name]}"
     draft = preset.draft.split("/")[-1] if preset.draft else "no draft"
     return f"{preset.name} — {preset.target.split('/')[-1]} + {draft}"
 
@@ -188,7 +189,8 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> Inputs:
                         api_visibility="private")  # the page's own event, never an endpoint
         with gr.Column(scale=3, min_width=300):
             preset = gr.Dropdown(label="Model pair (target + draft)", value=ctx.default_preset, interactive=True,
-                                 choices=[(preset_label(p), name) for name, p in ctx.presets.items()])
+                                 choices=[(preset_label(p), name) for name, p in ctx.presets.items()],
+                                 elem_id="sd-preset")
             paired = encoder_decoder_examples(ctx.presets)
             if paired:  # choosing one also picks its pair
                 gr.Examples([[text, name] for _, text, name in paired], inputs=[prompt, preset],
@@ -302,7 +304,7 @@ def _offer_methods(ctx: TabContext, preset_name: str, chosen: list[str] | None):
 
 def _outputs(initial: Mapping[str, Any], warming: str = "") -> Outputs:
     """warming: the status line while the default pair warms up ("" when it is loaded on demand)."""
-    status = gr.Markdown(warming or READY, label="status", elem_id="sd-status")
+    status = gr.Markdown(warming or READY, label="status_line", elem_id="sd-status")
     gr.HTML(viz.legend_html(), css_template=viz.TOKEN_CSS, elem_id="sd-legend")
     with gr.Column(elem_id="sd-panels"):
         shown = viz.method_order(initial["methods"])
@@ -334,8 +336,12 @@ def _outputs(initial: Mapping[str, Any], warming: str = "") -> Outputs:
         gr.Markdown("### Trees of drafts (tree methods)", elem_classes=["sd-section"])
         chart_rows(TREE_CHARTS)
     gr.Markdown("### Comparison", elem_classes=["sd-section"])
-    table = gr.Dataframe(viz.display_table(summary_frame([])), interactive=False, label="comparison", show_label=False,
-                         elem_id="sd-table", wrap=True)
+    first, rest = viz.split_table(viz.display_table(summary_frame([])))
+    table = gr.Dataframe(first, interactive=False, label="comparison", show_label=False, elem_id="sd-table", wrap=True)
+    with gr.Accordion("Details: drafter, tokens, time to first token, forwards, γ, KV cache, first divergence",
+                      open=False, elem_id="sd-table-details"):
+        details = gr.Dataframe(rest, interactive=False, label="comparison_details", show_label=False,
+                               elem_id="sd-details", wrap=True)
     why = gr.Markdown("", label="reading")
     with gr.Column(visible=False, elem_id="sd-table-charts") as table_charts:
         chart_rows(TABLE_CHARTS)
@@ -345,7 +351,7 @@ def _outputs(initial: Mapping[str, Any], warming: str = "") -> Outputs:
         tokens_file = gr.DownloadButton("Per-token decisions (CSV)", interactive=False, elem_id="sd-tokens-csv")
     charts = [plots[name] for name in CHARTS]
     return Outputs(status, panels, charts, table, why, summary_file, rounds_file, tokens_file, placeholder,
-                   [run_charts, table_charts], trees)
+                   [run_charts, table_charts], trees, details)
 
 
 # --------------------------------------------------------------------------- events

@@ -38,7 +38,7 @@ from ..models.loading import ModelPair, Preset
 from ..engine.runtimes import TORCH, runtime_named
 from ..models.precision import resolve_precision
 from .limits import Limits
-from .page import TabContext, session_id, wire_stop
+from .page import TabContext, session_id, shown_choices, wire_stop
 from .playgroundtab import runtime_control
 from .streams import StatusThenDraw, wire_status_then_draw
 from .suite_runtime import (chosen_runtime, offer_runtime, pair_runtimes, refuse_unavailable, suite_threads,
@@ -428,7 +428,7 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
         grid = {name: gr.Textbox(initial[name], label=GRID_LABELS[name], elem_id=f"sweep-{name.replace('_', '-')}",
                                  info="comma-separated") for name in GRID}
     with gr.Row():
-        categories = gr.CheckboxGroup(label="Categories", value=initial["categories"], choices=list(SUITE_CATEGORIES),
+        categories = gr.CheckboxGroup(label="Categories", value=initial["categories"], choices=shown_choices(SUITE_CATEGORIES),
                                       elem_id="sweep-categories")
         prompts = gr.Number(value=initial["prompts_per_category"], precision=0, label="Prompts per category")
         repeats = gr.Number(value=initial["repeats"], precision=0, label="Repeats")
@@ -539,7 +539,7 @@ def _wire_api(ctx: TabContext, form: SweepForm, initial: Mapping[str, Any]) -> N
     with gr.Column(visible=False):
         api_methods = gr.CheckboxGroup([value for _, value in form.methods.choices], value=initial["methods"],
                                        label="methods")
-        api_categories = gr.CheckboxGroup(list(SUITE_CATEGORIES), value=initial["categories"], label="categories")
+        api_categories = gr.CheckboxGroup(shown_choices(SUITE_CATEGORIES), value=initial["categories"], label="categories")
         api_outputs = [gr.Dataframe(label="summary"), gr.File(label="csv"), gr.Textbox(label="verdict")]
         api_btn = gr.Button("sweep")
 

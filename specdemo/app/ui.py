@@ -13,7 +13,8 @@ import inspect
 import logging
 import os
 import threading
-from typing import Any, Mapping
+import time
+from typing import Any, Mapping, Sequence
 
 import gradio as gr
 import torch
@@ -36,7 +37,7 @@ from ..models.precision import served_precisions
 from ..engine.runtimes import AUTO, ONNX, runtime_named
 from ..engine.runtimes.onnx_export import onnx_runtime_missing, resolve_runtime, served_runtimes
 from ..models.tokens import default_device
-from ..engine.methods import DEFAULT_METHODS
+from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..engine.params import DecodeParams
 
 log = logging.getLogger(__name__)
@@ -50,18 +51,21 @@ THREADS_ENV = "SPECDEMO_THREADS"
 # cores keeps torch's choice.
 SMALL_MACHINE_CORES = 2
 SMALL_MACHINE_THREADS = "auto"
-INTRO = (
-    "# Speculative decoding playground\n"
-    "One target model, four ways to decode it: **AR** (the target alone), **SD** (a small draft model "
-    "proposes γ tokens, the target checks them in one forward; where the text repeats itself, the round "
-    "copies from it instead), **NASD** (drafts from an n-gram table, "
-    "no draft model) and **EGAG** (SD with γ set each round by the drafter's entropy); **SD-tree** and "
-    "**EGAG-tree** draft a tree of guesses instead of a chain. "
-    "All are lossless: greedy runs give AR's text exactly. Beam search, the draft alone and AR without a "
-    "cache run beside them as baselines. While the methods decode, only the status line moves; when the last "
-    "one ends, each method's panel shows every round it took (nothing is drawn while a method is timed). "
-    "Then read why each was fast or slow, and hover a token for what decided it."
-)
+def intro_text(methods: Mapping[str, Any] | None = None, ticked: Sequence[str] = DEFAULT_METHODS) -> str:
+    """The page's intro, two sentences from the method registry: what the page does, and which methods are
+    ticked by default (each with its registry description), out of how many the Methods box offers."""
+    methods = METHODS if methods is None else methods
+    named = "; ".join(f"**{methods[name].label}**: {methods[name].description}" for name in ticked if name in methods)
+    more = len(methods) - len([name for name in ticked if name in methods])
+    return ("# Speculative decoding playground\n"
+            "The page decodes your prompt with each ticked method in turn on the same target model, then shows every "
+            "token each one kept or refused, its speed against AR's and whether its text is AR's (hover a token "
+            "for what decided it). "
+            f"Ticked by default — {named}; {more} more methods and baselines wait in the Methods box, where the "
+            "chosen pair can run them.")
+
+
+INTRO = intro_text()
 
 
 def build_demo(
@@ -103,7 +107,8 @@ def build_demo(
         default = default_preset if default_preset in served else next(iter(served))
         runtimes = page_runtimes(device or default_device(), runtime)
         auto = resolve_runtime(AUTO, str(device or default_device()), "float32")  # before any target is loaded
-        ready = preload_pair(cache, served[default], device=device, dtype=dtype, runtime=runtimes[0]) if preload else None
+        ready = (preload_pair(cache, served[default], device=device, dtype=dtype, runtime=runtimes[0], threads=threads)
+                 if preload else None)
         ctx = TabContext(
             presets=served, default_preset=default,
             load=functools.partial(cache.get, device=device, dtype=dtype),
@@ -143,16 +148,29 @@ def page_runtimes(device, runtime: str | None = None) -> tuple[str, ...]:
     return (runtime, *(r for r in served if r != runtime))
 
 
+def ready_line(preset: Preset, pair, seconds: float, threads: ThreadPlan | None = None) -> str:
+    """The server log's line once the default pair is loaded and warmed: what is ready, on what, in what time,
+    and on how many torch threads its Runs decode (the status line's words, `threads_sentence`)."""
+    runtime = getattr(pair, "runtime", "torch")
+    device = next(pair.target.parameters()).device.type if hasattr(pair.target, "parameters") else "cpu"
+    line = f"ready: {preset.name} on {runtime}/{device}, loaded and warmed in {seconds:.0f} s"
+    if threads is not None:
+        line += f"; Runs decode on {threads.for_runtime(runtime).describe()}"
+    return line + "; a Run now decodes at once"
+
+
 def preload_pair(cache: PairCache, preset: Preset, device: str | None = None, dtype: str | None = None,
-                 runtime: str | None = None) -> threading.Event:
+                 runtime: str | None = None, threads: ThreadPlan | None = None) -> threading.Event:
     """Load and warm `preset`'s pair in a background thread, under the key a Run with the default
     ("auto") precisions looks up; the event is set when it is done (also when it failed: the first
-    Run then loads it and reports the error)."""
+    Run then loads it and reports the error). Once ready, the server's log says so in one line (`ready_line`)."""
     ready = threading.Event()
 
     def load() -> None:
+        started = time.perf_counter()
         try:
-            cache.get(preset.target, preset.draft, device=device, dtype=dtype, runtime=runtime)
+            pair = cache.get(preset.target, preset.draft, device=device, dtype=dtype, runtime=runtime)
+            print(ready_line(preset, pair, time.perf_counter() - started, threads), flush=True)
         except Exception:
             log.exception("preloading %s failed", preset.name)
         finally:
@@ -214,6 +232,11 @@ PAGE_CSS = viz.TOKEN_CSS + """
 @media (max-width: 900px) { #sd-panels { grid-template-columns: minmax(0, 1fr); } }
 .sd-section { margin-top: 0.6em; }
 #sd-table table { font-variant-numeric: tabular-nums; }
+/* A pair's name longer than the box ends in an ellipsis before the arrow, never under it. */
+#sd-preset input { text-overflow: ellipsis; }
+/* A header wraps between its words only ("speedup vs AR", never "speedu p"): Gradio's cells break anywhere. */
+.gradio-container th .header, .gradio-container th .header-content {
+  word-break: normal !important; overflow-wrap: normal !important; hyphens: none !important; }
 """
 
 # System fonts only: the theme's default Google fonts would be fetched from the internet,

@@ -77,8 +77,10 @@ class ThreadPlan:
         return self if self.count is not None else ThreadPlan(count=1)
 
     def describe(self) -> str:
-        return (f"{self.count} torch thread{'s' if self.count != 1 else ''}" if self.count is not None
-                else f"auto: 1 torch thread for AR, {self.cores} for drafting methods")
+        """The plan in the words the page's status line uses for a run's threads (`threads_sentence`)."""
+        if self.count is not None:
+            return threads_sentence(self.count, self.count)
+        return f"auto: {threads_sentence(1, self.cores)}"
 
     @contextlib.contextmanager
     def applied(self, name: str) -> Iterator[int]:
@@ -90,6 +92,13 @@ class ThreadPlan:
             yield count
         finally:
             torch.set_num_threads(before)
+
+
+def threads_sentence(one_token: int, drafting: int) -> str:
+    """The threads of a run as the server's log and the page say them: "2 torch threads" where every method
+    had the same count, else "1 torch thread for AR, 2 for the drafting methods"."""
+    first = f"{one_token} torch thread{'s' if one_token != 1 else ''}"
+    return first if one_token == drafting else f"{first} for AR, {drafting} for the drafting methods"
 
 
 def threads_text(threads: int | dict[str, int] | None) -> str:
