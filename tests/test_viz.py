@@ -302,3 +302,9 @@ def test_the_tables_acceptance_and_the_charts_alpha_are_two_named_figures(result
     marker = next(t for t in figure.data if t.name == "SD this run")
     assert list(marker.x) == [pytest.approx(sd["alpha"])]  # the chart's α is the trace's alpha, not acceptance
     assert figure.layout.xaxis.title.text == ALPHA_LABEL and "α (Leviathan)" in marker.hovertemplate
+
+
+def test_chart_labels_write_special_tokens_as_their_markers_too(tiny_pair):
+    specials = viz.special_tokens(tiny_pair.tokenizer)
+    assert viz.marked_text("w5 </s><s> w6", specials) == "w5 ⟨/s⟩⟨s⟩ w6"
+    assert viz.marked_text("<b>", specials) == "<b>"

@@ -21,6 +21,7 @@ def all_charts(results: Sequence[GenerationResult], tokenizer=None, trees: bool 
         return figures
     figures["tree_rounds"] = tree_rounds_figure(results)
     with_trees = next((r for r in results if any(round_.tree is not None for round_ in r.rounds)), None)
-    decode = (lambda token: tokenizer.decode([token])) if tokenizer is not None else str
+    specials = viz.special_tokens(tokenizer)  # a special token in a tree reads as its marker, as in the panels
+    decode = (lambda token: viz.marked_text(tokenizer.decode([token]), specials)) if tokenizer is not None else str
     figures["tree"] = tree_figure(with_trees, decode)
     return figures

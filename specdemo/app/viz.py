@@ -166,6 +166,13 @@ def special_marker(token: str) -> str:
     return f"⟨{name}⟩"
 
 
+def marked_text(text: str, specials: Sequence[str]) -> str:
+    """`text` as plain text (a chart's labels), each special token in it written as its marker."""
+    for token in specials:  # longest first, so a longer special is never cut by a shorter one
+        text = text.replace(token, special_marker(token))
+    return text
+
+
 def _marked_body(text: str, specials: Sequence[str]) -> str:
     """`text` as escaped HTML, each special token in it a marker chip rather than its raw markup."""
     pieces, rest = [], text
