@@ -399,6 +399,9 @@ def test_the_default_run_of_the_real_app_reads_at_1280_by_800_without_scrolling_
                     if message.type in ("error", "warning") else None)
             page.on("pageerror", lambda error: said.append(f"pageerror: {error}"))
             page.goto(url, wait_until="domcontentloaded")
+            pair_name = page.locator("#sd-preset input")
+            pair_name.wait_for(timeout=60_000)
+            assert pair_name.evaluate("e => e.scrollWidth <= e.clientWidth"), "the pair's name is cut under the arrow"
             page.locator("#sd-run").click(timeout=60_000)
             page.get_by_text("Done in", exact=False).wait_for(timeout=900_000)
             page.locator("#sd-chart-race .js-plotly-plot").wait_for(timeout=60_000)
