@@ -263,7 +263,7 @@ def test_endpoints_take_the_schemas_parameters_in_order():
     def handler(form, request):
         return form
 
-    fn = forms.endpoint(handler, ("prompt",), ("target",))
+    fn = forms.endpoint(handler, ("prompt",), ("target",), helps={"prompt": "the text", "target": "a model id"})
     names = list(inspect.signature(fn).parameters)
     assert names == ["prompt", *PARAMS, "target", "request"]
     form = fn("hi", *[p.default for p in SCHEMA], "t", None)
@@ -272,7 +272,8 @@ def test_endpoints_take_the_schemas_parameters_in_order():
     def streaming(form, request):
         yield form["prompt"]
 
-    assert inspect.isgeneratorfunction(forms.endpoint(streaming, ("prompt",), generator=True))
+    assert inspect.isgeneratorfunction(forms.endpoint(streaming, ("prompt",), generator=True,
+                                                      helps={"prompt": "the text"}))
 
 
 def test_every_schema_parameter_gets_a_page_control():
