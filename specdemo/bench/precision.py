@@ -260,5 +260,4 @@ def show_table(frame: pd.DataFrame, csv: str | None) -> None:
     if csv:
         frame.to_csv(csv, index=False)
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__": raise SystemExit(main())

@@ -92,5 +92,4 @@ def main(argv: list[str] | None = None) -> None:
         print(describe(load_datastore(args.path)))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__": main()

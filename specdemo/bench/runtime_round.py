@@ -106,5 +106,4 @@ def main(argv: list[str] | None = None) -> None:
               f"{t.get('head step', float('nan')):.2f} |", flush=True)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__": main()

@@ -1,8 +1,11 @@
 """`python -m specdemo <command>`: the command line.
 
 Subcommands are listed explicitly in `SUBCOMMANDS` (name → (add_arguments, run)); adding one
-is writing a module with those two functions and adding its entry here. May import every
-layer below it (engine, models, bench); nothing imports it but ``specdemo.__main__``.
+is writing a module with those two functions and adding its entry here. The package's other
+commands (the bench suites, and the training modules as `train COMMAND`) are modules with their
+own `main`, listed in `commands.py` and run as `python -m <module>` would run them. May import
+every layer below it (engine, models, bench), and names the training modules only to run them;
+nothing imports it but ``specdemo.__main__``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import sys
 from typing import Callable
 
 from ..models.errors import ModelLoadError
-from . import bench, compare, sweep
+from . import bench, commands, compare, sweep
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
@@ -25,17 +28,23 @@ SUBCOMMANDS: dict[str, tuple[AddArguments, Run]] = {
 
 
 def build_parser(subcommands: dict[str, tuple[AddArguments, Run]] | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m specdemo", description="Compare AR, SD, NASD and EGAG decoding.")
+    parser = argparse.ArgumentParser(prog="python -m specdemo", description="Compare AR, SD, NASD and EGAG decoding.",
+                                     epilog=commands.epilog(), formatter_class=commands.formatter)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, (add_arguments, run) in (subcommands or SUBCOMMANDS).items():
         summary = (run.__doc__ or "").strip().splitlines()[0] if run.__doc__ else None
         sub = subparsers.add_parser(name, help=summary, description=summary)
         add_arguments(sub)
         sub.set_defaults(run=run)
+    commands.add_to(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    status = commands.dispatch(argv)
+    if status is not None:
+        return status
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

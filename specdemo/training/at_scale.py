@@ -211,5 +211,4 @@ def main(argv=None) -> int:
     return 0 if summary["finished"] else 1
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__": raise SystemExit(main())

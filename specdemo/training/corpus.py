@@ -360,5 +360,4 @@ def load_teacher(target: str | None, device: str, dtype: torch.dtype):
     return model.to(device).eval(), tokenizer
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__": raise SystemExit(main())

@@ -142,5 +142,4 @@ def main(argv=None) -> int:
     return 0 if decision["better"] else 1
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__": raise SystemExit(main())

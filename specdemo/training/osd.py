@@ -124,5 +124,4 @@ def main(argv: list[str] | None = None) -> None:
     print(first_last(frame).to_string(index=False, float_format="{:.3f}".format))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__": main()

@@ -180,5 +180,4 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({"recipe": recipe, **report}, indent=1))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__": main()
