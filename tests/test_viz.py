@@ -289,6 +289,20 @@ def test_special_tokens_show_as_markers_in_kept_and_rejected_spans(tiny_pair):
     assert ".sd-special{" in viz.TOKEN_CSS
 
 
+def test_a_refused_drafts_tooltip_names_a_special_correction_by_its_marker(tiny_pair):
+    """The target's choice in place of a refused draft reads "the target chose ' ⟨/s⟩'", not its raw markup."""
+    from specdemo.engine.trace import DraftDecision
+
+    result = GenerationResult("sd", {"temperature": 0.0}, [3, 4])
+    result.rounds = [Round(0, 2, None, [5, 7], 1, 2, [0.2, 0.7], 0.01, 0.02, 0.05, [5, 2])]
+    result.rounds[0].decisions = [DraftDecision(5, 0.9, 0.8, 1.0, True),
+                                  DraftDecision(7, 0.6, 0.1, 0.0, False, correction=2, correction_p=0.7)]
+    result.tokens = [TokenRecord(5, "w5", "accepted", 0), TokenRecord(2, " </s>", "corrected", 0)]
+    html = viz.render_tokens(result, tiny_pair.tokenizer)
+    assert "the target chose &#x27; ⟨/s⟩&#x27;" in html or "the target chose ' ⟨/s⟩'" in html
+    assert "&lt;/s&gt;" not in html
+
+
 def test_the_tables_acceptance_and_the_charts_alpha_are_two_named_figures(results, tiny_pair):
     from specdemo.engine.trace import ACCEPTANCE_LABEL, ALPHA_LABEL
 

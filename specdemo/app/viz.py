@@ -315,7 +315,7 @@ def render_tokens(result: GenerationResult, tokenizer=None, cache: dict | None =
                     k = r.accepted + j
                     entropy = entropies[k] if k < len(entropies) else None
                     title = _round_title(r, f"rejected draft {k + 1} (not in the output)", entropy)
-                    parts.append(_token_span(text, REJECTED, title + why(k, record.text if j == 0 else None),
+                    parts.append(_token_span(text, REJECTED, title + why(k, marked_text(record.text, specials) if j == 0 else None),
                                              specials=specials))
             if record.origin == ACCEPTED:
                 entropy = entropies[i] if i < len(entropies) else None
