@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdemo.engine.sampling import SamplingConfig, normalized_entropy, probabilities, verify
+from specdemo.engine.sampling import SamplingConfig, normalized_entropy, probabilities, verify_on_device
 
 # Ten times what the bugs need: with 400 draws, over eight generator seeds, a correction redrawn
 # from p (test_a_correction_redrawn_from_p_would_be_caught) still gives p ≤ 2e-15 against its 1e-6,
@@ -47,13 +47,14 @@ def test_normalized_entropy_spans_zero_to_one():
 
 
 def test_greedy_verification_keeps_the_argmax_prefix_and_returns_the_argmax():
+    # The chain round's own rule (`verify_on_device`): (accepted, next token) on the device.
     # argmax at each position: 2, 0, 1, then 3 after the last draft.
     target = torch.tensor([[0, 1, 5, 0], [5, 0, 0, 1], [0, 5, 1, 0], [0, 0, 1, 5]], dtype=torch.float32)
     config = SamplingConfig(0.0)
-    assert verify(target, torch.tensor([2, 0, 1]), None, config).__dict__ == {"accepted": 3, "next_token": 3}
-    assert verify(target, torch.tensor([2, 3, 1]), None, config).__dict__ == {"accepted": 1, "next_token": 0}
-    assert verify(target, torch.tensor([1, 0, 1]), None, config).__dict__ == {"accepted": 0, "next_token": 2}
-    assert verify(target[:1], torch.tensor([], dtype=torch.long), None, config).__dict__ == {"accepted": 0, "next_token": 2}
+    assert verify_on_device(target, torch.tensor([2, 0, 1]), None, config).tolist() == [3, 3]
+    assert verify_on_device(target, torch.tensor([2, 3, 1]), None, config).tolist() == [1, 0]
+    assert verify_on_device(target, torch.tensor([1, 0, 1]), None, config).tolist() == [0, 2]
+    assert verify_on_device(target[:1], torch.tensor([], dtype=torch.long), None, config).tolist() == [0, 2]
 
 
 P = _distribution([0.4, 0.3, 0.2, 0.1, 0.0])
@@ -71,13 +72,13 @@ def _first_token_counts(draw_round, samples=SAMPLES):
 
 def _model_round(generator):
     draft = torch.multinomial(Q, 1, generator=generator)
-    verdict = verify(torch.stack([P, P_NEXT]), draft, Q.unsqueeze(0), SamplingConfig(1.0), generator)
-    return int(draft) if verdict.accepted else verdict.next_token
+    accepted, next_token = verify_on_device(torch.stack([P, P_NEXT]), draft, Q.unsqueeze(0), SamplingConfig(1.0), generator).tolist()
+    return int(draft) if accepted else next_token
 
 
 def _point_mass_round(generator, draft_token=0):
-    verdict = verify(torch.stack([P, P_NEXT]), torch.tensor([draft_token]), None, SamplingConfig(1.0), generator)
-    return draft_token if verdict.accepted else verdict.next_token
+    accepted, next_token = verify_on_device(torch.stack([P, P_NEXT]), torch.tensor([draft_token]), None, SamplingConfig(1.0), generator).tolist()
+    return draft_token if accepted else next_token
 
 
 def _assert_distributed_as(counts, expected):
@@ -102,8 +103,8 @@ def test_a_correction_redrawn_from_p_would_be_caught():
     The test above must be able to see it, or it proves nothing."""
 
     def biased_round(generator):
-        verdict = verify(torch.stack([P, P_NEXT]), torch.tensor([0]), None, SamplingConfig(1.0), generator)
-        return 0 if verdict.accepted else int(torch.multinomial(P, 1, generator=generator))
+        accepted, next_token = verify_on_device(torch.stack([P, P_NEXT]), torch.tensor([0]), None, SamplingConfig(1.0), generator).tolist()
+        return 0 if accepted else int(torch.multinomial(P, 1, generator=generator))
 
     counts = _first_token_counts(biased_round)
     _, p_value = chisquare(counts[:4].numpy(), (P[:4] * counts.sum()).numpy())
@@ -115,7 +116,7 @@ def test_bonus_token_is_sampled_from_the_next_position_when_every_draft_is_kept(
     generator = torch.Generator().manual_seed(7)
     counts = torch.zeros(5)
     for _ in range(SAMPLES // 2):
-        verdict = verify(target, torch.tensor([1]), _distribution([0, 1, 0, 0, 0]).unsqueeze(0), SamplingConfig(1.0), generator)
-        assert verdict.accepted == 1
-        counts[verdict.next_token] += 1
+        accepted, next_token = verify_on_device(target, torch.tensor([1]), _distribution([0, 1, 0, 0, 0]).unsqueeze(0), SamplingConfig(1.0), generator).tolist()
+        assert accepted == 1
+        counts[next_token] += 1
     _assert_distributed_as(counts, P_NEXT)

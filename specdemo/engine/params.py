@@ -80,9 +80,6 @@ class Param:
         if low_bad or high_bad:
             raise ValueError(f"{name} must be {allowed}, got {value}")
 
-    def applies_to(self, method: str) -> bool:
-        return not self.methods or method in self.methods
-
 
 _GAMMA = dict(low=1, high=64, allowed="an integer from 1 to 64")
 TREE_POLICIES = ("dynamic", "static")

@@ -68,20 +68,16 @@ def pick(probs: torch.Tensor, config: SamplingConfig, generator: torch.Generator
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
-@dataclass(frozen=True)
-class Verdict:
-    accepted: int  # how many drafts, from the first, the target keeps
-    next_token: int  # the correction (after a rejection) or the bonus (all accepted)
-
-
-def verify(
+def verify_on_device(
     target_probs: torch.Tensor,
     drafts: torch.Tensor,
     draft_probs: torch.Tensor | None,
     config: SamplingConfig,
     generator: torch.Generator | None = None,
-) -> Verdict:
-    """Decide which drafts the target accepts and the token that follows them.
+) -> torch.Tensor:
+    """Decide which drafts the target accepts and the token that follows them, without reading
+    anything back: a [2] long tensor (accepted, next token) on the device, so the caller reads the
+    whole round back in one go.
 
     target_probs: [k+1, V], p at each draft position plus the one after the last draft.
     drafts: [k] token ids.
@@ -92,23 +88,9 @@ def verify(
     Sampling: draft x is kept with probability min(1, p(x)/q(x)); on the first rejection
     the next token is drawn from norm(max(p − q, 0)) — for a point mass, p without x —
     and after all are kept, from p. This leaves the output distributed exactly as p.
-    """
-    accepted, next_token = verify_on_device(target_probs, drafts, draft_probs, config, generator).tolist()
-    return Verdict(accepted, next_token)
 
-
-def verify_on_device(
-    target_probs: torch.Tensor,
-    drafts: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    config: SamplingConfig,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """`verify` without reading anything back: a [2] long tensor (accepted, next token)
-    on the device, so the caller reads the whole round back in one go.
-
-    Both branches' draws are made in the same order as a host-side verification would
-    make them (k uniforms, then one multinomial draw), so a seed gives the same tokens.
+    Both branches' draws are made in the same order, k uniforms then one multinomial draw
+    (as a host-side verification would make them) (k uniforms, then one multinomial draw), so a seed gives the same tokens.
     """
     k = drafts.shape[0]
     if config.greedy:

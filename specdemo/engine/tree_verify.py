@@ -14,7 +14,7 @@ Each step is one ordinary speculative-sampling step of a draft x ~ q_j against p
 output is distributed as p_j; by induction the node's output is distributed as p. A point-mass
 child (an n-gram draft, q_j = δ_x) is the same step: kept with probability p_j(x), and the
 residual is p_j without x. The chain is the tree with one child per node, and for it this
-is exactly `sampling.verify` (same draws in the same order: one uniform per draft, then one
+is exactly `sampling.verify_on_device` (same draws in the same order: one uniform per draft, then one
 multinomial draw).
 
 Under greedy decoding the walk follows the target's argmax: a child is kept iff its token is

@@ -134,10 +134,6 @@ def local_folder(ref: str) -> Path:
                              f"{type(error).__name__}: {error}") from error
 
 
-def is_published(ref: str | None) -> bool:
-    return published_kind(ref) is not None
-
-
 def load_published(ref: str, target_model, target_ref: str, device, dtype: torch.dtype) -> PublishedHead:
     """The published head at `ref`, checked against the target, at `dtype` on `device`, bound to it."""
     folder = local_folder(ref)

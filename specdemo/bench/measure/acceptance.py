@@ -91,17 +91,6 @@ def entropy_auc(tokens: pd.DataFrame) -> tuple[float, int]:
     return float(u) / (len(positive) * len(negative)), len(judged)
 
 
-def entropy_auc_by(tokens: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """`entropy_auc` per group: keys + entropy_auc, entropy_auc_n."""
-    rows = []
-    if not tokens.empty:
-        for values, part in tokens.groupby(keys, sort=False):
-            values = values if isinstance(values, tuple) else (values,)
-            auc, n = entropy_auc(part)
-            rows.append({**dict(zip(keys, values)), "entropy_auc": auc, "entropy_auc_n": n})
-    return pd.DataFrame(rows, columns=[*keys, "entropy_auc", "entropy_auc_n"])
-
-
 def describe_auc(auc: float, n: int) -> str:
     """The AUC as a sentence's clause, e.g. 'entropy ranks acceptances with AUC 0.71 (n = 2,310)'."""
     if n == 0:

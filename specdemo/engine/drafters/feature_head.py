@@ -342,11 +342,6 @@ class FeatureHead(nn.Module):
         layer = d * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * d
         return 2 * d * d + layer + 3 * d * c.intermediate_size + c.subset_size * d
 
-    def fuse_macs(self) -> int:
-        """Multiply-accumulates of fusing one verified position's states (0 for an unfused head);
-        paid once per position the target verifies, not per drafted token."""
-        return self.feature_width * self.config.hidden_size if self.config.feature_layers else 0
-
 
 def is_feature_head(folder) -> bool:
     return Path(folder, CONFIG_NAME).is_file()
