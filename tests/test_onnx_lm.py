@@ -188,12 +188,12 @@ def test_the_heads_steps_run_on_the_runtime_and_draft_what_torchs_head_drafts(he
         drafter.pending = [features[5:]]
     again = [drafter.catch_up(prompt) for drafter in (runtime_drafter, torch_drafter)]
     # A draft step: one position, fed the head's own prediction.
-    drafted = [drafter._step(predicted.view(1, -1), [7], len(prompt) - 1)[-1]
+    drafted = [drafter.head_step(predicted.view(1, -1), [7], len(prompt) - 1)[-1]
                for predicted, drafter in zip(again, (runtime_drafter, torch_drafter))]
     for ours, theirs in (((steps[0][0], runtime_drafter), (steps[1][0], torch_drafter)),
                          ((again[0], runtime_drafter), (again[1], torch_drafter)),
                          ((drafted[0], runtime_drafter), (drafted[1], torch_drafter))):
-        q, p = ours[1]._probs(ours[0], config), theirs[1]._probs(theirs[0], config)
+        q, p = ours[1].q_of(ours[0], config), theirs[1].q_of(theirs[0], config)
         assert torch.allclose(q, p, atol=1e-5), float((q - p).abs().max())
     assert runtime_drafter.cache.length == torch_drafter.cache.length == len(prompt)
     assert torch.allclose(runtime_drafter.cache.k[:, :, : len(prompt)], torch_drafter.cache.k[:, :, : len(prompt)],
@@ -349,17 +349,18 @@ def test_beam_search_and_graph_capture_run_on_the_torch_copy(lm_pair):
     beam = greedy(lm_pair, PROMPTS[0], "beam", num_beams=2)
     assert beam.runtime == "torch copy" and "beam search" in beam.runtime_reason
     from specdemo.engine.params import DecodeParams
-    from specdemo.models.torch_copy import runtime_refusal
+    from specdemo.engine.runtimes import runtime_reason
 
-    assert "graph capture is torch's" in runtime_refusal(lm_pair, "ar", DecodeParams(), compile=True)
-    assert runtime_refusal(lm_pair, "sd", DecodeParams()) is None
+    assert "graph capture is torch's" in runtime_reason(lm_pair, "ar", DecodeParams(), compile=True)
+    assert runtime_reason(lm_pair, "sd", DecodeParams()) is None
 
 
 def test_verifies_a_tree_says_what_building_each_method_says(lm_pair):
     """The torch copy's rule for trees is decided before any drafter is built; it must agree with the drafters."""
     from specdemo.engine.methods import METHODS
     from specdemo.engine.params import DecodeParams
-    from specdemo.models.torch_copy import on_torch, verifies_a_tree
+    from specdemo.engine.runtimes import drafts_a_tree as verifies_a_tree
+    from specdemo.models.torch_copy import on_torch
 
     torch_pair = on_torch(lm_pair)
     for name, method in METHODS.items():
