@@ -85,13 +85,12 @@ def build_demo(
 ) -> gr.Blocks:
     """The page's Blocks, queued so GPU work runs one request at a time.
 
-    pair_loader: called as loader(target, draft, device=..., dtype=...) (default `load_pair`), plus target_dtype,
-    draft_dtype and runtime where a visitor chose other than auto; tests pass presets with a tiny local pair. public:
-    public mode (also on for a Space or with SPECDEMO_PUBLIC=1); limits: the deployment's, else from the environment. preload: load and warm the default pair in the background from
-    the start, so that the first Run is timed like the second. threads: torch's threads per method
-    (`serving_threads`; None leaves them as they are). defaults: initial values of the page's inputs by parameter name (prompt, methods,
-    max_new_tokens, temperature, ...), e.g. a shorter run for a slow machine. compile: auto, on or off
-    (`engine_controls.compile_setting`, `page_engine_defaults`): the engine controls' default. runtime: the target's.
+    pair_loader: loader(target, draft, device=..., dtype=...) (default `load_pair`), plus target_dtype, draft_dtype and
+    runtime where a visitor chose other than auto; tests pass presets with a tiny local pair. public: public mode (also
+    on for a Space or with SPECDEMO_PUBLIC=1); limits: the deployment's, else from the environment. preload: load and
+    warm the default pair in the background from the start, so the first Run is timed like the second. threads: torch's
+    threads per method (`serving_threads`; None leaves them). defaults: the inputs' initial values by parameter name
+    (e.g. a shorter run for a slow machine). compile: auto, on or off (`engine_controls.compile_setting`). runtime: the target's.
     """
     limits = limits or Limits.from_env(public=True if public else None)
     served = served_presets(limits, presets if presets is not None else PRESETS)
