@@ -6,7 +6,8 @@ import pytest
 
 import specdemo
 from specdemo.bench.measure.tables import summary_frame
-from specdemo.engine.methods import BASELINES, METHODS, NOCACHE_MAX_NEW_TOKENS, available_methods
+from specdemo.engine.methods import BASELINES, METHODS, NOCACHE_MAX_NEW_TOKENS
+from specdemo.engine.runtimes import available_methods
 from specdemo.engine.trace import TARGET
 from tests.test_feature_drafter import with_head
 

@@ -10,7 +10,7 @@ import torch
 
 import specdemo
 from specdemo.engine.drafters import online
-from specdemo.engine.methods import METHODS
+from specdemo.engine.runtimes import refusal
 from tests.test_feature_drafter import head_pair, with_head  # noqa: F401 (a fixture)
 from tests.test_lossless_sampling import joint_p_value, small_vocab_pair  # noqa: F401 (a fixture)
 
@@ -82,7 +82,7 @@ def test_zero_steps_keep_the_head_frozen(fresh):
 
 
 def test_a_pair_with_a_draft_model_is_told_osd_needs_a_feature_head(tiny_pair):
-    assert "feature head" in METHODS["osd"].unavailable(tiny_pair)
+    assert "feature head" in refusal(tiny_pair, "osd")
     with pytest.raises(ValueError, match="adapts the pair's feature head"):
         specdemo.generate(tiny_pair, "w1 w2", method="osd", max_new_tokens=4)
 

@@ -359,12 +359,12 @@ def test_verifies_a_tree_says_what_building_each_method_says(lm_pair):
     """The torch copy's rule for trees is decided before any drafter is built; it must agree with the drafters."""
     from specdemo.engine.methods import METHODS
     from specdemo.engine.params import DecodeParams
-    from specdemo.engine.runtimes import drafts_a_tree as verifies_a_tree
+    from specdemo.engine.runtimes import drafts_a_tree as verifies_a_tree, refusal
     from specdemo.models.torch_copy import on_torch
 
     torch_pair = on_torch(lm_pair)
     for name, method in METHODS.items():
-        if method.run is not None or method.decoder == "draft" or method.unavailable(torch_pair):
+        if method.run is not None or method.decoder == "draft" or refusal(torch_pair, name):
             continue
         for switches in ({}, {"nasd_tree": True, "rest_tree": True}):
             params = DecodeParams.from_values(**switches)

@@ -17,7 +17,7 @@ import torch
 import specdemo
 from specdemo.engine.runtimes.onnx_export import onnx_runtime_missing
 from specdemo.engine.drafters.feature_head import FeatureHead, HeadConfig
-from specdemo.engine.methods import available_methods
+from specdemo.engine.runtimes import available_methods
 from specdemo.engine.drafters.published.eagle import eagle_layout
 from specdemo.models.loading import draft_kind_of, load_pair
 from specdemo.models.published import save_eagle

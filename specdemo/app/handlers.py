@@ -27,12 +27,12 @@ from ..bench.measure.compare import run_comparison, tabulate
 from ..bench.measure.vs_float32 import Float32Reference, reference_for, runs_below_float32
 from ..bench.measure.runners import quiet_gc
 from ..bench.measure.threads import drafts, threads_sentence
-from ..models.torch_copy import TORCH_COPY, TORCH_COPY_AR, iter_generate, needs_torch_copy_ar, runtime_refusal, torch_copy_ar
-from ..engine.methods import available_methods, parse_methods
+from ..models.torch_copy import TORCH_COPY, TORCH_COPY_AR, iter_generate, needs_torch_copy_ar, torch_copy_ar
+from ..engine.methods import parse_methods
 from ..engine.params import PARAMS, DecodeParams, EngineOptions
 from ..engine.trace import GenerationResult
 from ..models.loading import ModelPair, Preset, draft_kind_of
-from ..engine.runtimes import AUTO as AUTO_RUNTIME, ONNX, TORCH
+from ..engine.runtimes import AUTO as AUTO_RUNTIME, ONNX, TORCH, available_methods, runtime_reason
 from ..engine.runtimes.onnx_export import resolve_runtime
 from ..models.tokens import default_device
 from ..models.precision import PRECISIONS, exactness_sentence, is_exact
@@ -278,7 +278,7 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
         if request.engine.first_round_note:
             yield RunUpdate(status=progress.line(k, first_round_status(request.engine)))
         # A method the runtime cannot run runs on the torch copy, on torch's thread plan.
-        on_copy = runtime_refusal(pair, name, request.params, request.engine.compile) is not None
+        on_copy = runtime_reason(pair, name, request.params, compile=request.engine.compile) is not None
         count = (plan.for_runtime(TORCH) if on_copy else threads).for_method(name) if threads is not None else None
         try:
             result = yield from decode_one(pair, request, limits, k, progress, status_interval_s, count)

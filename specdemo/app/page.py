@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from ..engine.decoding import generate
 from ..bench.measure.threads import ThreadPlan
-from ..engine.methods import DEFAULT_METHODS, METHODS
+from ..engine.methods import DEFAULT_METHODS
 from ..engine.params import EngineOptions
+from ..engine.runtimes import refusal
 from ..models.loading import ModelPair, Preset, load_pair
 from ..models.precision import PRECISIONS
 from .limits import Limits
@@ -161,7 +162,7 @@ def _warm_up(pair: ModelPair, engine: EngineOptions | None = None) -> None:
     OpenMP pools per thread, so what is warmed on another thread is warmed for nobody."""
     engine = engine or EngineOptions()
     for name in DEFAULT_METHODS:
-        if METHODS[name].unavailable(pair) is not None:
+        if refusal(pair, name, compile=engine.compile) is not None:
             continue
         try:
             decoding_thread().submit(generate, pair, WARM_UP_PROMPT, name, max_new_tokens=16, seed=0, chat=False,

@@ -5,6 +5,7 @@ runtime, and the methods the runtime refuses, each with the reason the page give
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 import gradio as gr
@@ -13,7 +14,7 @@ from .. import bench
 from ..bench.measure.runners import HF_METHODS, RUNTIME_PEERS
 from ..bench.measure.threads import ThreadPlan
 from ..engine.methods import METHODS
-from ..engine.runtimes import AUTO, ONNX, TORCH, runtime_named
+from ..engine.runtimes import AUTO, ONNX, TORCH, refusal, runtime_reason
 from ..engine.runtimes.onnx_export import resolve_runtime
 from . import handlers
 from .page import TabContext
@@ -78,9 +79,6 @@ NOT_OFFERED = "run beside a target on another runtime, which this page does not 
 # beside that AR; a sweep, which sets every setting against one AR, refuses them.
 TRANSFORMERS_ON_RUNTIME = ("run transformers on the torch copy of the target, not on {runtime} (AR (torch copy) "
                            "times that copy here): choose the torch target runtime")
-# The registry's tree methods are named after their chain method with this suffix; the runtime refuses them
-# once their drafter is built, which the page cannot do before loading the pair.
-TREE_SUFFIX = "-tree"
 
 
 def unavailable_methods(draft_kind: str | None, runtime: str = TORCH,
@@ -94,11 +92,12 @@ def unavailable_methods(draft_kind: str | None, runtime: str = TORCH,
     if runtime == TORCH:
         reason = BESIDE_RUNTIME if ONNX in runtimes else NOT_OFFERED
         return {**missing, **{name: reason for name in RUNTIME_PEERS if name not in missing}}
-    rules = runtime_named(runtime)
-    for name, method in METHODS.items():
-        refused = rules.refusal(trees=name.endswith(TREE_SUFFIX), torch_loop=method.torch_loop)
-        if refused and not torch_copy:
-            missing.setdefault(name, refused)
+    # The pair as far as the page knows it before loading: its draft's kind, its target on `runtime`.
+    before_loading = SimpleNamespace(runtime=runtime, target_runtime=runtime, target=None,
+                                     draft=object() if draft_kind else None, draft_kind=draft_kind)
+    for name in () if torch_copy else METHODS:
+        if runtime_reason(before_loading, name) is not None:
+            missing.setdefault(name, refusal(before_loading, name))
     for name in () if torch_copy else HF_METHODS:
         missing.setdefault(name, TRANSFORMERS_ON_RUNTIME.format(runtime=runtime))
     return missing

@@ -29,10 +29,9 @@ from .drafters.base import Drafter, NoDrafter
 from .methods import get_method
 from .params import DecodeParams
 from .rounds import Decoding
-from .runtimes import runtime_named
+from .runtimes import refusal
 from .targets.batched import BatchedLM
 from .targets.kv_policy import prepare_caches
-from .targets.seq2seq import is_encoder_decoder
 from .trace import GenerationResult
 
 # What a batch row promises against AR on a target whose rows were bit-exact alone: its attention runs
@@ -56,7 +55,9 @@ def generate_batch(pair, prompts: Sequence[str | Sequence[int]], method: str = "
     if len(prompts) == 1:
         return [generate(pair, prompts[0], method, limits, decode_params)]
     spec = get_method(method)
-    check_batchable(pair, spec, decode_params)
+    refused = refusal(pair, method, decode_params, batch=len(prompts))
+    if refused:
+        raise ValueError(refused)
     decode_params, note = spec.fit(decode_params)
     encoded = []
     for row, prompt in enumerate(prompts):
@@ -70,19 +71,6 @@ def generate_batch(pair, prompts: Sequence[str | Sequence[int]], method: str = "
             raise ValueError(f"prompt {row + 1} of {len(prompts)}: {error}") from error
     seed = decode_params.seed if decode_params.seed is not None else random.randrange(2**31)
     return _decode(pair, spec, decode_params, encoded, seed, note)
-
-
-def check_batchable(pair, spec, params: DecodeParams) -> None:
-    refused = spec.unavailable(pair) or runtime_named(pair.runtime).refusal(batch=True)
-    if refused:
-        raise ValueError(refused)
-    if spec.run is not None or not spec.cached or spec.decoder != "target":
-        raise ValueError(f"method {spec.name!r} runs its own loop over one request; a batch runs the chain methods "
-                         "(ar, sd, egag, nasd, rest, the adaptive stops): pick one of those, or one prompt")
-    if is_encoder_decoder(pair.target):
-        raise ValueError("a batch runs decoder-only pairs; this pair is encoder-decoder: give one prompt at a time")
-    if params.target_kv != "full" or params.draft_kv != "full":
-        raise ValueError("target_kv/draft_kv: a batch keeps full caches: use full, or one prompt at a time")
 
 
 @dataclass
@@ -111,10 +99,6 @@ def _decode(pair, spec, params: DecodeParams, encoded: list[list[int]], seed: in
     target = BatchedLM(pair.target, len(encoded), pair.vocab_size)
     rows = [_start_row(pair, spec, params, ids, seed + i, target, i, note) for i, ids in enumerate(encoded)]
     drafters = [row.run.drafter for row in rows]
-    if drafters[0].drafts_trees:
-        target.close()
-        raise ValueError(f"method {spec.name!r} drafts a tree; a batch runs chain methods: pick sd, egag, nasd or rest "
-                         "(without nasd_tree or rest_tree), or one prompt")
     features = drafters[0].reads_target_features
     if features:
         target.read_features(drafters[0].feature_layers)

@@ -25,7 +25,7 @@ from .targets.kv_policy import prepare_caches
 from .targets.lm import CACHE_KINDS, CachedLM, buckets_up_to
 from .methods import Method, get_method
 from .targets.nocache import recomputing_lm
-from .runtimes import runtime_named
+from .runtimes import refusal
 from .runtimes.onnx_lm import torch_threads
 from .pair import Pair
 from .params import DecodeParams, EngineOptions
@@ -51,10 +51,11 @@ def iter_generate(
     compile) and `compile` choose the engine's KV cache and graph capture (see
     `EngineOptions`); they never change the tokens.
     """
-    cache = _check_engine(pair, cache, compile)
+    cache = EngineOptions.from_values(cache=cache, compile=compile).cache_for(pair.device)
+    assert cache in CACHE_KINDS
     spec = get_method(method)
     decode_params = DecodeParams.resolve(decode, **params)
-    refused = spec.unavailable(pair)
+    refused = refusal(pair, method, decode_params, compile=compile)
     if refused:
         raise ValueError(refused)
     decode_params, note = spec.fit(decode_params)
@@ -68,13 +69,6 @@ def iter_generate(
     if spec.run is not None:  # a method not made of the loop's rounds (beam search)
         return spec.run(pair, decode_params, seed, result)
     drafter, policy = spec.build(pair, decode_params)
-    drafts_trees = drafter is not None and drafter.drafts_trees
-    refused = runtime_named(pair.runtime).refusal(trees=drafts_trees)
-    if refused:
-        raise ValueError(f"method {method!r}: {refused}")
-    if drafts_trees and is_encoder_decoder(pair.target):
-        raise ValueError(f"method {method!r} drafts a tree, which runs on decoder-only pairs only; "
-                         "this pair is encoder-decoder: pick sd, egag, nasd or rest (without nasd_tree or rest_tree)")
     return _rounds(pair, drafter, policy, decode_params, seed, result, cache=cache, compile=compile,
                    method=spec)
 
@@ -89,16 +83,6 @@ def generate(
         pass
     assert result is not None
     return result
-
-
-def _check_engine(pair: Pair, cache: str | None, compile: bool) -> str:
-    """The concrete cache kind for these options on the pair's device (ValueError if invalid)."""
-    cache = EngineOptions.from_values(cache=cache, compile=compile).cache_for(pair.device)
-    assert cache in CACHE_KINDS
-    if compile and is_encoder_decoder(pair.target):  # refused before the first round, not during it
-        raise ValueError("compile: graph capture runs decoder-only models; this pair's target is an "
-                         "encoder-decoder model: turn compile off")
-    return cache
 
 
 def _rounds(pair: Pair, drafter: Drafter | None, policy, params: DecodeParams, seed: int,

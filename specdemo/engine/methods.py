@@ -22,7 +22,6 @@ from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.feature_drafter import FeatureDrafter
 from .drafters.feature_head import FeatureHead
-from .runtimes import TORCH, runtime_named
 from .params import DecodeParams
 from .drafters.published import PUBLISHED_KINDS, PublishedHead
 from .params import parse_shape
@@ -55,20 +54,6 @@ class Method:
     run: Callable | None = None  # (pair, params, seed, result) → iterator of results, for a method not made of rounds
     drafts: bool = True  # False: every step writes one token (AR and the baselines), bound by memory, not compute
     needs_feature_head: bool = False  # drafts with the pair's feature head only (OSD adapts it online)
-
-    def unavailable(self, pair) -> str | None:
-        """Why this pair cannot run the method (a sentence for the user), or None."""
-        if self.needs_draft and pair.draft is None:
-            return f"method {self.name!r} needs a draft model; load the pair with draft=... or pick ar or nasd"
-        if self.needs_feature_head and getattr(pair, "draft_kind", None) != FEATURE_HEAD:
-            return (f"method {self.name!r} adapts the pair's feature head while serving, and this pair drafts with "
-                    "a draft model; load a pair with a feature head (e.g. the embedded preset)")
-        if self.decoder == "draft" and getattr(pair, "draft_kind", None) in HEAD_KINDS:
-            return (f"method {self.name!r} runs the pair's draft model alone, and this pair drafts with a feature "
-                    "head, which cannot write without the target's hidden states; load a pair with a draft model "
-                    "(e.g. the embedded-lm preset)")
-        refused = runtime_named(getattr(pair, "runtime", TORCH)).refusal(torch_loop=self.torch_loop)
-        return f"method {self.name!r}: {refused}" if refused else None
 
     @property
     def torch_loop(self) -> str | None:
@@ -224,11 +209,6 @@ def matches_reference(tokens: list[int], params: dict, reference: list[int]) -> 
     method ran fewer tokens than AR (a capped `ar-nocache`)."""
     limit = params.get("max_new_tokens")
     return tokens == (reference[:limit] if isinstance(limit, int) else reference)
-
-
-def available_methods(pair) -> list[str]:
-    """The registry's methods this pair can run, in order."""
-    return [name for name, method in METHODS.items() if method.unavailable(pair) is None]
 
 
 def parse_methods(value: str | list[str] | tuple[str, ...] | None) -> list[str]:

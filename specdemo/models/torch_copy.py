@@ -19,11 +19,9 @@ from typing import Iterator, Sequence
 
 from ..engine.batch import generate_batch as engine_generate_batch
 from ..engine.decoding import iter_generate as engine_iter_generate
-from ..engine.drafters.feature_head import FeatureHead
-from ..engine.methods import get_method
 from ..engine.params import DecodeParams
 from ..engine.trace import GenerationResult
-from ..engine.runtimes import TORCH, runtime_named
+from ..engine.runtimes import TORCH, runtime_reason
 from .precision import resolve_precision
 
 TORCH_COPY = "torch copy"  # a result's `runtime` where it ran on the torch copy of a runtime target
@@ -43,29 +41,10 @@ def on_torch(pair):
                                runtime_reason=f"the {TORCH_COPY} of a target that runs on {pair.runtime}")
 
 
-def verifies_a_tree(method: str, params: DecodeParams) -> bool:
-    """Whether this method with these parameters drafts a tree (the tree methods, NASD and REST with their
-    tree switches on): what the runtime cannot verify."""
-    return method.endswith("-tree") or (method == "nasd" and params.nasd_tree) or (method == "rest" and params.rest_tree)
-
-
-def runtime_refusal(pair, method: str, params: DecodeParams, compile: bool = False, batch: bool = False) -> str | None:
-    """Why the pair's target runtime cannot run `method` with these settings (its rule's clause,
-    `Runtime.reason`), or None; None always for a pair whose target runs on torch."""
-    if pair.target_runtime is None:
-        return None
-    spec = get_method(method)
-    on_target = spec.decoder == "target"
-    inner_layers = spec.needs_draft and isinstance(pair.draft, FeatureHead) and bool(pair.draft.config.feature_layers)
-    return runtime_named(pair.runtime).reason(
-        trees=verifies_a_tree(method, params), torch_loop=spec.torch_loop, compile=compile, inner_layers=inner_layers,
-        target_kv=params.target_kv if on_target else "full", batch=batch)
-
-
 def pair_for(pair, method: str, params: DecodeParams, compile: bool = False, batch: bool = False):
     """(the pair `method` runs on, why it is the torch copy or ""): the pair itself where its runtime runs
     the method, else `on_torch(pair)`."""
-    why = runtime_refusal(pair, method, params, compile, batch)
+    why = runtime_reason(pair, method, params, batch=2 if batch else 1, compile=compile)
     return (on_torch(pair), f"on the torch copy of the target: {why}") if why else (pair, "")
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 
 from ...engine.methods import METHODS
+from ...engine.runtimes import refusal
 from ...models.loading import load_pair
 from .measure import bench, decode_params, prompt_ids
 from .pairs import suite_prompts
@@ -32,7 +33,7 @@ LOSSLESS_COLUMNS = ["pair", "mode", "method", "prompt_id", "repeat", "matches_ar
 def lossless_methods(pair, pair_name: str, with_peers: bool, tiny: bool = False) -> list[str]:
     if tiny:
         return TINY_METHODS
-    ours = [n for n, m in METHODS.items() if m.lossless and m.unavailable(pair) is None]
+    ours = [n for n, m in METHODS.items() if m.lossless and refusal(pair, n) is None]
     return ours + (HF_GREEDY[pair_name] if with_peers else [])
 
 

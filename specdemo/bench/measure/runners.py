@@ -19,10 +19,11 @@ from typing import Any, Sequence
 
 import torch
 
-from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR_REASON, generate, on_torch, runtime_refusal
+from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR_REASON, generate, on_torch
 from ...engine.targets.seq2seq import decoder_start
 from ...engine.methods import HEAD_KINDS, METHODS
 from ...engine.params import DecodeParams
+from ...engine.runtimes import refusal, runtime_reason
 from ...engine.tokens import cut_at_eos
 from ...engine.trace import GenerationResult, TokenRecord
 from ...models.tokens import device_name
@@ -92,7 +93,7 @@ def parse_bench_methods(value: str | Sequence[str] | None, pair=None) -> list[st
                          "--runtime onnx or drop them")
     if pair is not None:
         for name in names:  # a method the target's runtime cannot run runs on the torch copy (models.torch_copy)
-            refused = METHODS[name].unavailable(on_torch(pair)) if name in METHODS else None
+            refused = refusal(on_torch(pair), name) if name in METHODS else None
             if refused:
                 raise ValueError(refused)
     if pair is not None and getattr(pair, "draft_kind", None) in HEAD_KINDS:
@@ -142,7 +143,7 @@ def with_torch_copy_reference(names: Sequence[str], pair, decode: DecodeParams, 
     """`names`, with the torch copy's AR (TORCH_AR) added where one of them runs on the torch copy of a runtime
     target (a method of ours the runtime refuses, or any of transformers' peers, which call generate on that
     copy): the reference those rows' speedups are over, never the runtime's AR."""
-    on_copy = [n for n in names if (n in METHODS and runtime_refusal(pair, n, decode, compile))
+    on_copy = [n for n in names if (n in METHODS and runtime_reason(pair, n, decode, compile=compile))
                or (n in HF_METHODS and runs_peers_on_torch_copy(pair))]
     return [*names, TORCH_AR] if on_copy and TORCH_AR not in names else list(names)
 

@@ -17,7 +17,8 @@ from ...engine.methods import METHODS
 from ...engine.params import DecodeParams
 from ..measure.schedule import interleaved, turn_seed
 from ..measure.runners import measured_on, run_ours, run_torch_copy_ar
-from ...models.torch_copy import TORCH_COPY_AR, runtime_refusal
+from ...engine.runtimes import refusal, runtime_reason
+from ...models.torch_copy import TORCH_COPY_AR, on_torch
 from ..measure.tables import tokens_frame
 from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, prompts_label, select_prompts
 from .batched import sweep_in_batches
@@ -93,7 +94,7 @@ def iter_sweep(
     if batch > 1:
         for setting in runs:
             checked = DecodeParams.from_values(**{**base.as_dict(), **setting.params()})
-            _check_batchable(pair, setting, checked)
+            _check_batchable(pair, setting, checked, batch)
     items = _prompts(prompts, categories, limit)
     encoded = []
     for item in items:
@@ -106,21 +107,16 @@ def iter_sweep(
     return _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base, prompt_indices, batch)
 
 
-def _check_batchable(pair, setting: Setting, params: DecodeParams) -> None:
+def _check_batchable(pair, setting: Setting, params: DecodeParams, batch: int) -> None:
     """A setting a batch cannot run (a tree, a method with its own loop) refused before any run, with the reason."""
-    from ...engine.batch import check_batchable as refuse_unbatchable
-
-    try:
-        refuse_unbatchable(pair, METHODS[setting.method], params)
-        if setting.method.endswith("-tree") or params.nasd_tree or params.rest_tree:
-            raise ValueError("a batch runs chain methods, and this one drafts a tree")
-    except ValueError as error:
-        raise ValueError(f"sweep: {setting.label} at a batch above 1: {error}") from None
+    refused = refusal(pair, setting.method, params, batch=batch)
+    if refused:
+        raise ValueError(f"sweep: {setting.label} at a batch above 1: {refused}")
 
 
 def sweep_runs(pair, settings: Sequence[Setting], base: DecodeParams) -> list[Setting]:
     """AR, then each setting once, checked against the pair; where one runs on the torch copy of a runtime
-    target (a tree the runtime cannot verify: `models.torch_copy.runtime_refusal`, as the benchmark decides
+    target (a tree the runtime cannot verify: `engine.runtimes.runtime_reason`, as the benchmark decides
     it), AR on that copy last, the reference its speedup and its tokens are set against."""
     runs = [AR] + [s for s in dict.fromkeys(settings) if s.method not in ("ar", TORCH_COPY_AR)]
     on_copy = False
@@ -129,11 +125,14 @@ def sweep_runs(pair, settings: Sequence[Setting], base: DecodeParams) -> list[Se
             raise ValueError(f"sweep: unknown method {setting.method!r}")
         if METHODS[setting.method].needs_draft and pair.draft is None:
             raise ValueError(f"sweep: {setting.label} needs a draft model; load the pair with a draft or drop it")
-        refused = METHODS[setting.method].unavailable(pair)
+        checked = DecodeParams.from_values(**{**base.as_dict(), **setting.params()})
+        # What torch runs the runtime refuses runs on the torch copy, except torch's own loops: a sweep refuses those.
+        copied = runtime_reason(pair, setting.method, checked)
+        refused = refusal(pair, setting.method, checked) if METHODS[setting.method].torch_loop or not copied \
+            else refusal(on_torch(pair), setting.method, checked)
         if refused:
             raise ValueError(f"sweep: {refused}")
-        checked = DecodeParams.from_values(**{**base.as_dict(), **setting.params()})
-        on_copy = on_copy or bool(runtime_refusal(pair, setting.method, checked))
+        on_copy = on_copy or bool(copied)
     return [*runs, TORCH_COPY_AR_SETTING] if on_copy else runs
 
 

@@ -3,9 +3,12 @@
 LM's feed / score / roll-back calls (`onnx_lm`) and the feature head's steps beside it (`onnx_head`).
 A further runtime goes here, as one more set of these modules and one more `Runtime` below.
 
-`Runtime.reason` is the one rule saying what a runtime cannot run, each reason written once, here:
-`refusal` adds what to choose instead (loading, the decode loop and the tabs refuse with it), and the
-torch copy (`models.torch_copy`) says it when a method runs on the pair's torch weights instead.
+`refusal(pair, method, params, batch=, compile=)` is the one rule saying whether a method runs here: what
+the pair lacks, what its target's runtime cannot run (`Runtime.reason`, each reason written once; its
+`refusal` adds what to choose instead) and what a batch cannot run, each as the sentence the user reads.
+The decode loop, `generate_batch`, the benchmark, the sweep and the page ask it; the torch copy
+(`models.torch_copy`) runs a method on the pair's torch weights where `runtime_reason` says the runtime
+refuses it, and says that reason.
 """
 
 from __future__ import annotations
@@ -87,3 +90,89 @@ def runtime_named(name: str) -> Runtime:
     if name not in _BY_NAME:
         raise ValueError(f"runtime: {name!r} is not one of {', '.join(RUNTIME_CHOICES)}")
     return _BY_NAME[name]
+
+
+def drafts_a_tree(method: str, params) -> bool:
+    """Whether `method` with these parameters drafts a tree (the tree methods, NASD and REST with their tree
+    switches on): what a runtime without tree attention cannot verify, and a batch does not run."""
+    return method.endswith("-tree") or (method == "nasd" and params.nasd_tree) or (method == "rest" and params.rest_tree)
+
+
+def runtime_reason(pair, method: str, params=None, *, batch: int = 1, compile: bool = False) -> str | None:
+    """The clause of the pair's target runtime (`Runtime.reason`) that refuses `method` with these settings, or
+    None; None always for a pair whose target runs on torch. What the torch copy (`models.torch_copy`) says
+    when it runs the method on the pair's torch weights instead."""
+    if getattr(pair, "target_runtime", None) is None:
+        return None
+    return runtime_named(pair.runtime).reason(**_asked(pair, method, params, batch, compile))
+
+
+def refusal(pair, method: str, params=None, *, batch: int = 1, compile: bool = False) -> str | None:
+    """Why `pair` cannot run `method` with `params` (a `DecodeParams`; None: the defaults) in a batch of `batch`
+    prompts, with graph capture where `compile`: the one sentence the user reads, or None when it runs. The
+    decode loop, `generate_batch`, the benchmark, the sweep, the torch copy and the page all ask this."""
+    from ..methods import FEATURE_HEAD, HEAD_KINDS, get_method  # the registry imports this module
+    from ..params import DecodeParams
+
+    spec, params = get_method(method), params if params is not None else DecodeParams()
+    kind = getattr(pair, "draft_kind", None)
+    if compile and _encoder_decoder(pair):
+        return ("compile: graph capture runs decoder-only models; this pair's target is an encoder-decoder model: "
+                "turn compile off")
+    if spec.needs_draft and pair.draft is None:
+        return f"method {method!r} needs a draft model; load the pair with draft=... or pick ar or nasd"
+    if spec.needs_feature_head and kind != FEATURE_HEAD:
+        return (f"method {method!r} adapts the pair's feature head while serving, and this pair drafts with "
+                "a draft model; load a pair with a feature head (e.g. the embedded preset)")
+    if spec.decoder == "draft" and kind in HEAD_KINDS:
+        return (f"method {method!r} runs the pair's draft model alone, and this pair drafts with a feature "
+                "head, which cannot write without the target's hidden states; load a pair with a draft model "
+                "(e.g. the embedded-lm preset)")
+    refused = runtime_named(getattr(pair, "runtime", TORCH)).refusal(**_asked(pair, method, params, batch, compile))
+    if refused:
+        return f"method {method!r}: {refused}"
+    tree = drafts_a_tree(method, params)
+    if tree and _encoder_decoder(pair):
+        return (f"method {method!r} drafts a tree, which runs on decoder-only pairs only; this pair is "
+                "encoder-decoder: pick sd, egag, nasd or rest (without nasd_tree or rest_tree)")
+    if batch <= 1:
+        return None
+    if spec.run is not None or not spec.cached or spec.decoder != "target":
+        return (f"method {method!r} runs its own loop over one request; a batch runs the chain methods "
+                "(ar, sd, egag, nasd, rest, the adaptive stops): pick one of those, or one prompt")
+    if _encoder_decoder(pair):
+        return "a batch runs decoder-only pairs; this pair is encoder-decoder: give one prompt at a time"
+    if params.target_kv != "full" or params.draft_kv != "full":
+        return "target_kv/draft_kv: a batch keeps full caches: use full, or one prompt at a time"
+    if tree:
+        return (f"method {method!r} drafts a tree; a batch runs chain methods: pick sd, egag, nasd or rest "
+                "(without nasd_tree or rest_tree), or one prompt")
+    return None
+
+
+def available_methods(pair) -> list[str]:
+    """The registry's methods `pair` runs at their default parameters (`refusal` says None)."""
+    from ..methods import METHODS  # the registry imports this module
+
+    return [name for name in METHODS if refusal(pair, name) is None]
+
+
+def _asked(pair, method: str, params, batch: int, compile: bool) -> dict:
+    """What running `method` asks of the target's runtime (`Runtime.reason`'s keywords)."""
+    from ..drafters.feature_head import FeatureHead
+    from ..methods import get_method
+    from ..params import DecodeParams
+
+    spec, params = get_method(method), params if params is not None else DecodeParams()
+    draft = getattr(pair, "draft", None)
+    inner_layers = spec.needs_draft and isinstance(draft, FeatureHead) and bool(draft.config.feature_layers)
+    return dict(trees=drafts_a_tree(method, params), torch_loop=spec.torch_loop, compile=compile,
+                inner_layers=inner_layers, target_kv=params.target_kv if spec.decoder == "target" else "full",
+                batch=batch > 1)
+
+
+def _encoder_decoder(pair) -> bool:
+    from ..targets.seq2seq import is_encoder_decoder
+
+    target = getattr(pair, "target", None)
+    return target is not None and is_encoder_decoder(target)
