@@ -31,4 +31,5 @@ def test_a_run_with_medusa_heads_typed_as_the_draft_shows_their_rounds(tmp_path)
             assert titles and all("round" in t for t in titles)
             drafted = sd.locator(".sd-text .sd-tok.sd-accepted, .sd-text .sd-tok.sd-rejected")
             assert drafted.count() > 0, "the heads' drafts are shown, kept or refused"
-            assert "Medusa heads (" in page.locator("#sd-table").inner_text()
+            page.locator("#sd-table-details").get_by_text("Details", exact=False).first.click()  # the drafter's column
+            assert "Medusa heads (" in page.locator("#sd-details").inner_text()

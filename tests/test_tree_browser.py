@@ -29,5 +29,6 @@ def test_the_tree_view_renders_after_a_run(tree_page_url):
         assert chart.locator(".slider-container").count() == 1
         assert chart.locator(".scatterlayer .point").count() >= 3
         assert "round" in chart.locator(".gtitle").text_content()
-        table_text = page.locator("#sd-table").inner_text()
+        page.locator("#sd-table-details").get_by_text("Details", exact=False).first.click()  # nodes per round is a detail
+        table_text = page.locator("#sd-table").inner_text() + page.locator("#sd-details").inner_text()
         assert "SD-tree" in table_text and "nodes / round" in table_text
