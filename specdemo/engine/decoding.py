@@ -91,7 +91,6 @@ def _rounds(pair: Pair, drafter: Drafter | None, policy, params: DecodeParams, s
     run, sequence = _start(pair, drafter or NoDrafter(pair.device), policy, params, seed, result, cache, compile,
                            method)
     play = tree_round if run.drafter.drafts_trees else chain_round
-    prefill_forwards = run.writer.forwards
     prefill = (run.writer.counts.copy(), run.drafter.counts.copy())  # what decoding feeds is counted from here
     # A target on another runtime keeps the thread count for its own pool, and has torch's work between
     # its forwards run on the count it names (onnx_lm.TORCH_THREADS_BETWEEN_FORWARDS).
@@ -109,7 +108,7 @@ def _rounds(pair: Pair, drafter: Drafter | None, policy, params: DecodeParams, s
                 run.drafter.observe(sequence, verified_from, **outcome.shown_to_drafter())
                 run.policy.update(len(outcome.drafts), outcome.accepted)
                 record_round(result, outcome, run.clock.stop(), pair, sequence)
-                _count_forwards(result, run, prefill_forwards, prefill, method)
+                _count_forwards(result, run, prefill, method)
                 check_stop(result, params.max_new_tokens, pair)
             yield result
         learn_after_request(result, run.drafter, pair, sequence)
@@ -172,11 +171,11 @@ def _writer(pair: Pair, drafter: Drafter, longest_chain: int, max_length: int, c
     return cached_lm(model, pair.vocab_size, cache=cache, max_length=max_length, compile=compile, buckets=buckets)
 
 
-def _count_forwards(result: GenerationResult, run: Decoding, prefill_forwards: int,
-                    prefill: tuple[FedCounts, FedCounts], method: Method | None) -> None:
+def _count_forwards(result: GenerationResult, run: Decoding, prefill: tuple[FedCounts, FedCounts],
+                    method: Method | None) -> None:
     """The trace's counts so far: each model's forwards, and what decoding fed it (`GenerationResult.fed`)."""
-    writer_forwards = run.writer.forwards - prefill_forwards
     writer, drafter = run.writer.counts.since(prefill[0]), run.drafter.counts.since(prefill[1])
+    writer_forwards = writer.forwards
     if method is not None and method.decoder == "draft":  # the draft wrote every token; the target never ran
         result.target_forwards, result.draft_forwards = 0, writer_forwards
         result.fed = {"target": FedCounts(), "draft": writer}

@@ -171,7 +171,6 @@ class OnnxCachedLM(CachedLM):
         self.max_length = max_length
         self.cached_ids: list[int] = []
         self.length = 0
-        self.forwards = 0
         self.counts = FedCounts()  # forwards, tokens fed and logit rows, as `CachedLM.counts`
         self.hidden: torch.Tensor | None = None
         self.feature_layers: tuple[int, ...] = ()
@@ -229,7 +228,6 @@ class OnnxCachedLM(CachedLM):
         if self.length + n > self.max_length:
             raise ValueError(f"onnx runtime cache: {self.length} + {n} positions exceed its max_length {self.max_length}")
         self.generator.append_tokens(new_ids.to(torch.int32).numpy().reshape(1, n))
-        self.forwards += 1
         self.counts.add(n, n_logits)
         self.length += n
         self._note_kv()

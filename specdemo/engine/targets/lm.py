@@ -146,7 +146,6 @@ class CachedLM:
         self.max_length = max_length
         self.cached_ids: list[int] = []
         self.length = 0  # positions the cache holds (cached_ids may lag behind until `note_fed`)
-        self.forwards = 0
         self.counts = FedCounts()  # forwards, tokens fed and logit rows, prefill included
         self.hidden: torch.Tensor | None = None  # see feed(n_hidden=...)
         self.feature_layers: tuple[int, ...] = ()  # see read_features
@@ -179,6 +178,11 @@ class CachedLM:
             # model's own head shapes and dtype; from then on their addresses never change.
         else:
             self.cache = DynamicCache(config=model.config)
+
+    @property
+    def forwards(self) -> int:
+        """Forwards so far, prefill included: `counts.forwards`."""
+        return self.counts.forwards
 
     def __len__(self) -> int:
         return len(self.cached_ids)
@@ -309,7 +313,6 @@ class CachedLM:
         else:
             logits = self._forward_eagerly(new_ids.view(1, -1), n_logits, n_hidden)
         self.length += n
-        self.forwards += 1
         self.counts.add(n, n_logits)
         self._note_kv()
         if self.vocab_size is not None:
@@ -447,7 +450,6 @@ class CachedLM:
             logits, hidden = self._transformers_forward(n + 1, n_hidden, **inputs)
         if n_hidden:
             self.hidden = hidden[0, m - 1 :]
-        self.forwards += 1
         self.counts.add(m + n, n + 1)
         self.length += m + n
         self._note_kv()

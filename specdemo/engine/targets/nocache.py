@@ -30,11 +30,15 @@ class RecomputingLM:
         self.model = model
         self.vocab_size = vocab_size
         self.device = next(model.parameters()).device
-        self.forwards = 0
         self.counts = FedCounts()  # as `CachedLM.counts`: each step feeds the whole sequence again
         self.hidden: torch.Tensor | None = None
         self.feature_layers: tuple[int, ...] = ()
         self.source: torch.Tensor | None = None  # an encoder-decoder's input, encoded again at every step
+
+    @property
+    def forwards(self) -> int:
+        """Forwards so far, prefill included: `counts.forwards`."""
+        return self.counts.forwards
 
     def set_source(self, source: list[int]) -> None:
         """An encoder-decoder model's input: with no cache, every step runs the encoder over it again."""
@@ -65,7 +69,6 @@ class RecomputingLM:
             logits = logits[0, -n_logits:]
         else:
             logits = self.model(input_ids=ids.view(1, -1), use_cache=False, logits_to_keep=n_logits).logits[0]
-        self.forwards += 1
         self.counts.add(ids.shape[0], n_logits)
         if self.vocab_size is not None:
             logits = logits[..., : self.vocab_size]
@@ -111,7 +114,6 @@ class EncoderDecoderRecomputingLM(RecomputingLM):
         if then is not None and then.shape[0]:
             ids = torch.cat([ids, then])
         output = self.model(encoder_outputs=self.encoder_output, decoder_input_ids=ids.view(1, -1), use_cache=False)
-        self.forwards += 1
         self.counts.add(ids.shape[0], n_logits)
         logits = output.logits[0, -n_logits:]
         if self.vocab_size is not None:

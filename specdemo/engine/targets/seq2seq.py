@@ -118,7 +118,6 @@ class EncoderDecoderLM(CachedLM):
             raise ValueError(f"static cache: {self.length} + {n} positions exceed its max_length {self.max_length}")
         output = self.model(encoder_outputs=self.encoder_output, decoder_input_ids=new_ids.view(1, -1),
                             cache=self.cache, use_cache=True)
-        self.forwards += 1
         self.counts.add(n, n_logits)
         self.length += n
         self._note_kv()
