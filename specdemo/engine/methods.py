@@ -41,6 +41,17 @@ HEAD_KINDS = (FEATURE_HEAD, *PUBLISHED_KINDS)
 
 
 @dataclass(frozen=True)
+class Sweep:
+    """How a sweep grids a method: the parameters it varies (each given a list of values, crossed
+    in this order) and a setting's label, formatted from the setting's values ({label} is the
+    method's label, {copy} its copy phrase)."""
+
+    axes: tuple[str, ...]
+    label: str
+    by_default: bool = False  # swept when the sweep names no methods and the grids of its axes are given
+
+
+@dataclass(frozen=True)
 class Method:
     name: str
     label: str
@@ -54,6 +65,12 @@ class Method:
     run: Callable | None = None  # (pair, params, seed, result) → iterator of results, for a method not made of rounds
     drafts: bool = True  # False: every step writes one token (AR and the baselines), bound by memory, not compute
     needs_feature_head: bool = False  # drafts with the pair's feature head only (OSD adapts it online)
+    params: tuple[str, ...] = ()  # the parameters of its own it reads (the schema's others every method reads)
+    sweep: Sweep | None = None  # how a sweep grids it; None: a sweep never runs it as a contender
+    adapts: bool = False  # sets its draft length (or its tree) as it goes: judged against the best fixed γ
+    default_on: bool = False  # ticked by default on the page, the CLI and the API
+    baseline: bool = False  # a reference beside AR (beam search, the draft alone, no cache), run once per prompt
+    color: str | None = None  # its colour on the page's panels and charts (None: one from a fixed cycle)
 
     @property
     def torch_loop(self) -> str | None:
@@ -135,61 +152,81 @@ def register(method: Method) -> Method:
 
 
 register(Method("ar", "AR", False, "the target alone, one token per forward",
-                lambda pair, p: (None, FixedGamma(0)), drafts=False))
+                lambda pair, p: (None, FixedGamma(0)), drafts=False,
+                default_on=True, color="#64748b"))
 register(Method("sd", "SD", True, "the pair's draft (a model or a feature head) or a copy from the context, fixed γ",
-                lambda pair, p: (_model_drafter(pair, p), FixedGamma(p.gamma))))
+                lambda pair, p: (_model_drafter(pair, p), FixedGamma(p.gamma)),
+                params=("gamma", "copy_n", "draft_kv"), sweep=Sweep(("copy_n", "gamma"), "SD γ={gamma}{copy}", by_default=True), default_on=True, color="#7c3aed"))
 register(Method("nasd", "NASD", False, "n-gram table drafts, fixed γ (or, with nasd_tree, a tree of its continuations)",
-                lambda pair, p: _nasd(pair, p)))
+                lambda pair, p: _nasd(pair, p),
+                params=("gamma", "ngram_n", "ngram_storage", "top_k_filler", "nasd_tree", "tree_policy", "node_budget", "max_depth", "max_width", "tree_shape"), sweep=Sweep(("ngram_n",), "NASD n={ngram_n} (γ={gamma})", by_default=True), default_on=True, color="#db2777"))
 register(Method("egag", "EGAG", True, "the pair's draft, γ from the drafter's entropy",
-                lambda pair, p: (_model_drafter(pair, p), EntropyGamma(p.gamma_min, p.gamma_max, p.ema))))
+                lambda pair, p: (_model_drafter(pair, p), EntropyGamma(p.gamma_min, p.gamma_max, p.ema)),
+                params=("gamma_min", "gamma_max", "ema", "copy_n", "draft_kv"), sweep=Sweep(("copy_n", "gamma_max", "ema"), "EGAG γmax/EMA {gamma_max}/{ema}{copy}", by_default=True), adapts=True, default_on=True, color="#0e7490"))
 register(Method("sd-heuristic", "SD (+2/−1)", True, "the pair's draft, transformers' +2/−1 γ schedule",
-                lambda pair, p: (_model_drafter(pair, p), HeuristicGamma(p.gamma))))
+                lambda pair, p: (_model_drafter(pair, p), HeuristicGamma(p.gamma)),
+                params=("gamma", "copy_n", "draft_kv"), sweep=Sweep((), "{label} γ={gamma}"), adapts=True, color="#4338ca"))
 register(Method("sd-confidence", "SD (confidence)", True, "the pair's draft, stop drafting when its top probability < 0.4",
-                lambda pair, p: (_model_drafter(pair, p), ConfidenceStop(p.gamma_max))))
+                lambda pair, p: (_model_drafter(pair, p), ConfidenceStop(p.gamma_max)),
+                params=("gamma_max", "copy_n", "draft_kv"), sweep=Sweep((), "{label} (γ ≤ {gamma_max})"), adapts=True, color="#a16207"))
 register(Method("adaedl", "AdaEDL", True, "the pair's draft up to γ_max, stopping when AdaEDL's entropy bound on "
                 "the next draft's acceptance falls below λ", lambda pair, p: (
-                    _model_drafter(pair, p), AdaEDLStop(p.gamma_max, p.adaedl_lambda, p.adaedl_scale))))
+                    _model_drafter(pair, p), AdaEDLStop(p.gamma_max, p.adaedl_lambda, p.adaedl_scale)),
+                params=("gamma_max", "adaedl_lambda", "adaedl_scale", "copy_n", "draft_kv"), sweep=Sweep(("adaedl_lambda",), "{label} λ {adaedl_lambda} (γ ≤ {gamma_max})", by_default=True), adapts=True))
 register(Method("egag-token", "EGAG-token", True, "the pair's draft up to γ_max, stopping when a position's "
                 "(smoothed) normalised entropy exceeds a threshold", lambda pair, p: (
-                    _model_drafter(pair, p), TokenEntropyStop(p.gamma_max, p.entropy_stop, p.token_ema))))
+                    _model_drafter(pair, p), TokenEntropyStop(p.gamma_max, p.entropy_stop, p.token_ema)),
+                params=("gamma_max", "entropy_stop", "token_ema", "copy_n", "draft_kv"), sweep=Sweep(("entropy_stop",), "{label} H > {entropy_stop} (γ ≤ {gamma_max})", by_default=True), adapts=True))
 register(Method("specdecpp", "SpecDec++", True, "the pair's draft up to γ_max, stopping when a trained head's "
                 "predicted probability of a rejection so far exceeds a threshold", lambda pair, p: (
                     _model_drafter(pair, p), PredictedRejectionStop(
                         p.gamma_max, cached_acceptance_head(p.specdecpp_head or None), round_features,
-                        p.specdecpp_threshold))))
+                        p.specdecpp_threshold)),
+                params=("gamma_max", "specdecpp_threshold", "specdecpp_head", "copy_n", "draft_kv"), sweep=Sweep(("specdecpp_threshold",), "{label} P(reject) > {specdecpp_threshold} (γ ≤ {gamma_max})", by_default=True), adapts=True))
 register(Method("rest", "REST", False, "retrieval: the continuation of the longest match of the context's end in a "
                 "datastore (rest_datastore) or earlier in the context, fixed γ (or, with rest_tree, a tree of "
-                "its occurrences' continuations)", lambda pair, p: _rest(pair, p)))
+                "its occurrences' continuations)", lambda pair, p: _rest(pair, p),
+                params=("gamma", "rest_datastore", "rest_tree", "tree_policy", "node_budget", "max_depth", "max_width", "tree_shape"), sweep=Sweep((), "{label} γ={gamma}")))
 register(Method("osd", "OSD", True, "online speculative decoding: the pair's feature head, fixed γ, distilled on the "
                 "target's verified tokens after each request (off the clock), so later requests draft with what "
                 "earlier ones taught", lambda pair, p: (_osd_drafter(pair, p), FixedGamma(p.gamma)),
-                needs_feature_head=True))
+                needs_feature_head=True,
+                params=("gamma", "copy_n", "osd_lr", "osd_steps", "draft_kv"), sweep=Sweep((), "{label} γ={gamma}"), adapts=True))
 
 register(Method("beam", "Beam search", False, "the target alone, beam search (num_beams) through transformers' "
                 "generate; not greedy decoding, so its text differs from AR's",
-                lambda pair, p: (None, FixedGamma(0)), lossless=False, run=run_beam, drafts=False))
+                lambda pair, p: (None, FixedGamma(0)), lossless=False, run=run_beam, drafts=False,
+                params=("num_beams",), baseline=True))
 register(Method("draft", "Draft alone", True, "the pair's draft model writing by itself, one token per forward, "
                 "with its cache and the same sampling settings", lambda pair, p: (None, FixedGamma(0)),
-                decoder="draft", lossless=False, drafts=False))
+                decoder="draft", lossless=False, drafts=False,
+                params=("draft_kv",), baseline=True))
 register(Method("ar-nocache", "AR (no cache)", False, "the target alone without a KV cache: every token "
                 f"recomputes the whole prefix (at most {NOCACHE_MAX_NEW_TOKENS} new tokens)",
                 lambda pair, p: (None, FixedGamma(0)), cached=False, new_tokens_cap=NOCACHE_MAX_NEW_TOKENS,
-                drafts=False))
+                drafts=False,
+                baseline=True))
 register(Method("sd-tree", "SD-tree", True, "the pair's draft as a tree (dynamic or static shape), verified in one forward",
-                lambda pair, p: (TreeDrafter(_plain_drafter(pair)), _tree_policy(p))))
+                lambda pair, p: (TreeDrafter(_plain_drafter(pair)), _tree_policy(p)),
+                params=("tree_policy", "node_budget", "max_depth", "max_width", "tree_shape"), sweep=Sweep(("node_budget",), "SD-tree {node_budget} nodes", by_default=True)))
 register(Method("egag-tree", "EGAG-tree", True, "the pair's draft as a tree: depth from the smoothed entropy, "
                 "width from each node's entropy", lambda pair, p: (TreeDrafter(_plain_drafter(pair)),
-                EntropyTree(p.gamma_min, p.gamma_max, p.ema, p.max_width, p.node_budget))))
+                EntropyTree(p.gamma_min, p.gamma_max, p.ema, p.max_width, p.node_budget)),
+                params=("gamma_min", "gamma_max", "ema", "node_budget", "max_width")))
 
 register(Method("adaedl-tree", "AdaEDL-tree", True, "the pair's draft as a dynamic tree, a node's children dropped "
                 "where AdaEDL's bound on their acceptance falls below λ", lambda pair, p: _stop_rule_tree(
-                    pair, p, AdaEDLStop(p.max_depth, p.adaedl_lambda, p.adaedl_scale))))
+                    pair, p, AdaEDLStop(p.max_depth, p.adaedl_lambda, p.adaedl_scale)),
+                params=("adaedl_lambda", "adaedl_scale", "node_budget", "max_depth", "max_width"), sweep=Sweep(("adaedl_lambda",), "{label} λ {adaedl_lambda} ({node_budget} nodes)"), adapts=True))
 register(Method("egag-token-tree", "EGAG-token-tree", True, "the pair's draft as a dynamic tree, a node's children "
                 "dropped where its normalised entropy exceeds a threshold", lambda pair, p: _stop_rule_tree(
-                    pair, p, TokenEntropyStop(p.max_depth, p.entropy_stop))))
+                    pair, p, TokenEntropyStop(p.max_depth, p.entropy_stop)),
+                params=("entropy_stop", "node_budget", "max_depth", "max_width"), sweep=Sweep(("entropy_stop",), "{label} H > {entropy_stop} ({node_budget} nodes)"), adapts=True))
 
-DEFAULT_METHODS = ("ar", "sd", "nasd", "egag")
-BASELINES = ("beam", "draft", "ar-nocache")
+REFERENCE = "ar"  # the method every other is measured against and, under greedy decoding, must equal
+DEFAULT_METHODS = tuple(name for name, method in METHODS.items() if method.default_on)
+BASELINES = tuple(name for name, method in METHODS.items() if method.baseline)
+SWEPT = tuple(name for name, method in METHODS.items() if method.sweep is not None)
 
 
 def get_method(name: str) -> Method:

@@ -8,6 +8,11 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
+# The two models of a pair by their role, where a column, a key or a label names one of them
+# (the role "draft" is not the method "draft", the draft model writing alone).
+TARGET_ROLE = "target"
+DRAFT_ROLE = "draft"
+
 
 @runtime_checkable
 class Pair(Protocol):
