@@ -26,8 +26,8 @@ from .params import DecodeParams
 from .drafters.published import PUBLISHED_KINDS, PublishedHead
 from .params import parse_shape
 from .drafters.acceptance_head import cached_acceptance_head, round_features
-from .drafters.policies import (AdaEDLStop, ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma, PredictedRejectionStop,
-                       TokenEntropyStop)
+from .drafters.policies import (AdaEDLStop, ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma,
+                                PredictedRejectionStop, TokenEntropyStop)
 from .drafters.online import OnlineDrafter, online_head
 from .drafters.rest import RestDrafter, load_datastore
 from .drafters.tree_drafting import DynamicTree, EntropyTree, StaticTree, StopRuleTree, TreeDrafter
@@ -156,59 +156,88 @@ register(Method("ar", "AR", False, "the target alone, one token per forward",
                 default_on=True, color="#64748b"))
 register(Method("sd", "SD", True, "the pair's draft (a model or a feature head) or a copy from the context, fixed γ",
                 lambda pair, p: (_model_drafter(pair, p), FixedGamma(p.gamma)),
-                params=("gamma", "copy_n", "draft_kv"), sweep=Sweep(("copy_n", "gamma"), "SD γ={gamma}{copy}", by_default=True), default_on=True, color="#7c3aed"))
-register(Method("nasd", "NASD", False, "n-gram table drafts, fixed γ (or, with nasd_tree, a tree of its continuations)",
+                params=("gamma", "copy_n", "draft_kv"),
+                sweep=Sweep(("copy_n", "gamma"), "SD γ={gamma}{copy}", by_default=True),
+                default_on=True, color="#7c3aed"))
+register(Method("nasd", "NASD", False,
+                "n-gram table drafts, fixed γ (or, with nasd_tree, a tree of its continuations)",
                 lambda pair, p: _nasd(pair, p),
-                params=("gamma", "ngram_n", "ngram_storage", "top_k_filler", "nasd_tree", "tree_policy", "node_budget", "max_depth", "max_width", "tree_shape"), sweep=Sweep(("ngram_n",), "NASD n={ngram_n} (γ={gamma})", by_default=True), default_on=True, color="#db2777"))
+                params=("gamma", "ngram_n", "ngram_storage", "top_k_filler", "nasd_tree", "tree_policy",
+                        "node_budget", "max_depth", "max_width", "tree_shape"),
+                sweep=Sweep(("ngram_n",), "NASD n={ngram_n} (γ={gamma})", by_default=True),
+                default_on=True, color="#db2777"))
 register(Method("egag", "EGAG", True, "the pair's draft, γ from the drafter's entropy",
                 lambda pair, p: (_model_drafter(pair, p), EntropyGamma(p.gamma_min, p.gamma_max, p.ema)),
-                params=("gamma_min", "gamma_max", "ema", "copy_n", "draft_kv"), sweep=Sweep(("copy_n", "gamma_max", "ema"), "EGAG γmax/EMA {gamma_max}/{ema}{copy}", by_default=True), adapts=True, default_on=True, color="#0e7490"))
+                params=("gamma_min", "gamma_max", "ema", "copy_n", "draft_kv"),
+                sweep=Sweep(("copy_n", "gamma_max", "ema"), "EGAG γmax/EMA {gamma_max}/{ema}{copy}",
+                            by_default=True),
+                adapts=True, default_on=True, color="#0e7490"))
 register(Method("sd-heuristic", "SD (+2/−1)", True, "the pair's draft, transformers' +2/−1 γ schedule",
                 lambda pair, p: (_model_drafter(pair, p), HeuristicGamma(p.gamma)),
-                params=("gamma", "copy_n", "draft_kv"), sweep=Sweep((), "{label} γ={gamma}"), adapts=True, color="#4338ca"))
-register(Method("sd-confidence", "SD (confidence)", True, "the pair's draft, stop drafting when its top probability < 0.4",
+                params=("gamma", "copy_n", "draft_kv"),
+                sweep=Sweep((), "{label} γ={gamma}"),
+                adapts=True, color="#4338ca"))
+register(Method("sd-confidence", "SD (confidence)", True,
+                "the pair's draft, stop drafting when its top probability < 0.4",
                 lambda pair, p: (_model_drafter(pair, p), ConfidenceStop(p.gamma_max)),
-                params=("gamma_max", "copy_n", "draft_kv"), sweep=Sweep((), "{label} (γ ≤ {gamma_max})"), adapts=True, color="#a16207"))
+                params=("gamma_max", "copy_n", "draft_kv"),
+                sweep=Sweep((), "{label} (γ ≤ {gamma_max})"),
+                adapts=True, color="#a16207"))
 register(Method("adaedl", "AdaEDL", True, "the pair's draft up to γ_max, stopping when AdaEDL's entropy bound on "
                 "the next draft's acceptance falls below λ", lambda pair, p: (
                     _model_drafter(pair, p), AdaEDLStop(p.gamma_max, p.adaedl_lambda, p.adaedl_scale)),
-                params=("gamma_max", "adaedl_lambda", "adaedl_scale", "copy_n", "draft_kv"), sweep=Sweep(("adaedl_lambda",), "{label} λ {adaedl_lambda} (γ ≤ {gamma_max})", by_default=True), adapts=True))
+                params=("gamma_max", "adaedl_lambda", "adaedl_scale", "copy_n", "draft_kv"),
+                sweep=Sweep(("adaedl_lambda",), "{label} λ {adaedl_lambda} (γ ≤ {gamma_max})", by_default=True),
+                adapts=True))
 register(Method("egag-token", "EGAG-token", True, "the pair's draft up to γ_max, stopping when a position's "
                 "(smoothed) normalised entropy exceeds a threshold", lambda pair, p: (
                     _model_drafter(pair, p), TokenEntropyStop(p.gamma_max, p.entropy_stop, p.token_ema)),
-                params=("gamma_max", "entropy_stop", "token_ema", "copy_n", "draft_kv"), sweep=Sweep(("entropy_stop",), "{label} H > {entropy_stop} (γ ≤ {gamma_max})", by_default=True), adapts=True))
+                params=("gamma_max", "entropy_stop", "token_ema", "copy_n", "draft_kv"),
+                sweep=Sweep(("entropy_stop",), "{label} H > {entropy_stop} (γ ≤ {gamma_max})", by_default=True),
+                adapts=True))
 register(Method("specdecpp", "SpecDec++", True, "the pair's draft up to γ_max, stopping when a trained head's "
                 "predicted probability of a rejection so far exceeds a threshold", lambda pair, p: (
                     _model_drafter(pair, p), PredictedRejectionStop(
                         p.gamma_max, cached_acceptance_head(p.specdecpp_head or None), round_features,
                         p.specdecpp_threshold)),
-                params=("gamma_max", "specdecpp_threshold", "specdecpp_head", "copy_n", "draft_kv"), sweep=Sweep(("specdecpp_threshold",), "{label} P(reject) > {specdecpp_threshold} (γ ≤ {gamma_max})", by_default=True), adapts=True))
+                params=("gamma_max", "specdecpp_threshold", "specdecpp_head", "copy_n", "draft_kv"),
+                sweep=Sweep(("specdecpp_threshold",), "{label} P(reject) > {specdecpp_threshold} (γ ≤ {gamma_max})",
+                            by_default=True),
+                adapts=True))
 register(Method("rest", "REST", False, "retrieval: the continuation of the longest match of the context's end in a "
                 "datastore (rest_datastore) or earlier in the context, fixed γ (or, with rest_tree, a tree of "
                 "its occurrences' continuations)", lambda pair, p: _rest(pair, p),
-                params=("gamma", "rest_datastore", "rest_tree", "tree_policy", "node_budget", "max_depth", "max_width", "tree_shape"), sweep=Sweep((), "{label} γ={gamma}")))
+                params=("gamma", "rest_datastore", "rest_tree", "tree_policy", "node_budget", "max_depth",
+                        "max_width", "tree_shape"),
+                sweep=Sweep((), "{label} γ={gamma}")))
 register(Method("osd", "OSD", True, "online speculative decoding: the pair's feature head, fixed γ, distilled on the "
                 "target's verified tokens after each request (off the clock), so later requests draft with what "
                 "earlier ones taught", lambda pair, p: (_osd_drafter(pair, p), FixedGamma(p.gamma)),
                 needs_feature_head=True,
-                params=("gamma", "copy_n", "osd_lr", "osd_steps", "draft_kv"), sweep=Sweep((), "{label} γ={gamma}"), adapts=True))
+                params=("gamma", "copy_n", "osd_lr", "osd_steps", "draft_kv"),
+                sweep=Sweep((), "{label} γ={gamma}"),
+                adapts=True))
 
 register(Method("beam", "Beam search", False, "the target alone, beam search (num_beams) through transformers' "
                 "generate; not greedy decoding, so its text differs from AR's",
                 lambda pair, p: (None, FixedGamma(0)), lossless=False, run=run_beam, drafts=False,
-                params=("num_beams",), baseline=True))
+                params=("num_beams",),
+                baseline=True))
 register(Method("draft", "Draft alone", True, "the pair's draft model writing by itself, one token per forward, "
                 "with its cache and the same sampling settings", lambda pair, p: (None, FixedGamma(0)),
                 decoder="draft", lossless=False, drafts=False,
-                params=("draft_kv",), baseline=True))
+                params=("draft_kv",),
+                baseline=True))
 register(Method("ar-nocache", "AR (no cache)", False, "the target alone without a KV cache: every token "
                 f"recomputes the whole prefix (at most {NOCACHE_MAX_NEW_TOKENS} new tokens)",
                 lambda pair, p: (None, FixedGamma(0)), cached=False, new_tokens_cap=NOCACHE_MAX_NEW_TOKENS,
                 drafts=False,
                 baseline=True))
-register(Method("sd-tree", "SD-tree", True, "the pair's draft as a tree (dynamic or static shape), verified in one forward",
+register(Method("sd-tree", "SD-tree", True,
+                "the pair's draft as a tree (dynamic or static shape), verified in one forward",
                 lambda pair, p: (TreeDrafter(_plain_drafter(pair)), _tree_policy(p)),
-                params=("tree_policy", "node_budget", "max_depth", "max_width", "tree_shape"), sweep=Sweep(("node_budget",), "SD-tree {node_budget} nodes", by_default=True)))
+                params=("tree_policy", "node_budget", "max_depth", "max_width", "tree_shape"),
+                sweep=Sweep(("node_budget",), "SD-tree {node_budget} nodes", by_default=True)))
 register(Method("egag-tree", "EGAG-tree", True, "the pair's draft as a tree: depth from the smoothed entropy, "
                 "width from each node's entropy", lambda pair, p: (TreeDrafter(_plain_drafter(pair)),
                 EntropyTree(p.gamma_min, p.gamma_max, p.ema, p.max_width, p.node_budget)),
@@ -217,11 +246,15 @@ register(Method("egag-tree", "EGAG-tree", True, "the pair's draft as a tree: dep
 register(Method("adaedl-tree", "AdaEDL-tree", True, "the pair's draft as a dynamic tree, a node's children dropped "
                 "where AdaEDL's bound on their acceptance falls below λ", lambda pair, p: _stop_rule_tree(
                     pair, p, AdaEDLStop(p.max_depth, p.adaedl_lambda, p.adaedl_scale)),
-                params=("adaedl_lambda", "adaedl_scale", "node_budget", "max_depth", "max_width"), sweep=Sweep(("adaedl_lambda",), "{label} λ {adaedl_lambda} ({node_budget} nodes)"), adapts=True))
+                params=("adaedl_lambda", "adaedl_scale", "node_budget", "max_depth", "max_width"),
+                sweep=Sweep(("adaedl_lambda",), "{label} λ {adaedl_lambda} ({node_budget} nodes)"),
+                adapts=True))
 register(Method("egag-token-tree", "EGAG-token-tree", True, "the pair's draft as a dynamic tree, a node's children "
                 "dropped where its normalised entropy exceeds a threshold", lambda pair, p: _stop_rule_tree(
                     pair, p, TokenEntropyStop(p.max_depth, p.entropy_stop)),
-                params=("entropy_stop", "node_budget", "max_depth", "max_width"), sweep=Sweep(("entropy_stop",), "{label} H > {entropy_stop} ({node_budget} nodes)"), adapts=True))
+                params=("entropy_stop", "node_budget", "max_depth", "max_width"),
+                sweep=Sweep(("entropy_stop",), "{label} H > {entropy_stop} ({node_budget} nodes)"),
+                adapts=True))
 
 REFERENCE = "ar"  # the method every other is measured against and, under greedy decoding, must equal
 DEFAULT_METHODS = tuple(name for name, method in METHODS.items() if method.default_on)
