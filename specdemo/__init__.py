@@ -28,6 +28,7 @@ _EXPORTS = {
     "GenerationResult": "engine.trace", "Round": "engine.trace", "TokenRecord": "engine.trace",
     "PRESETS": "models.loading", "ModelPair": "models.loading", "load_pair": "models.loading",
     "ModelLoadError": "models.errors",
+    "record": "engine.replay", "replay": "engine.replay",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from .engine.params import DecodeParams
     from .engine.trace import GenerationResult, Round, TokenRecord
     from .models.errors import ModelLoadError
+    from .engine.replay import record, replay
     from .models.loading import PRESETS, ModelPair, load_pair
 
 

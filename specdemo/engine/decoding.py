@@ -87,9 +87,10 @@ def generate(
 
 def _rounds(pair: Pair, drafter: Drafter | None, policy, params: DecodeParams, seed: int,
             result: GenerationResult, cache: str = "dynamic", compile: bool = False,
-            method: Method | None = None) -> Iterator[GenerationResult]:
+            method: Method | None = None, writer: CachedLM | None = None) -> Iterator[GenerationResult]:
+    """writer: a target given in the pair's target's place (a recorded one, `engine.replay`); None: the pair's."""
     run, sequence = _start(pair, drafter or NoDrafter(pair.device), policy, params, seed, result, cache, compile,
-                           method)
+                           method, writer)
     play = tree_round if run.drafter.drafts_trees else chain_round
     prefill = (run.writer.counts.copy(), run.drafter.counts.copy())  # what decoding feeds is counted from here
     # A target on another runtime keeps the thread count for its own pool, and has torch's work between
@@ -119,7 +120,8 @@ def _rounds(pair: Pair, drafter: Drafter | None, policy, params: DecodeParams, s
 
 
 def _start(pair: Pair, drafter: Drafter, policy, params: DecodeParams, seed: int, result: GenerationResult,
-           cache: str, compile: bool, method: Method | None) -> tuple[Decoding, list[int]]:
+           cache: str, compile: bool, method: Method | None,
+           given_writer: CachedLM | None = None) -> tuple[Decoding, list[int]]:
     """The writer and the drafter with their caches, the prompt prefilled (timed) and, with compile,
     the steps captured (outside the timed phases); returns the decoding and the sequence to grow."""
     # An encoder-decoder reads the prompt as its source; its decoder starts from its own start token.
@@ -129,7 +131,7 @@ def _start(pair: Pair, drafter: Drafter, policy, params: DecodeParams, seed: int
     # A static cache holds the whole generation; the slack covers padded verification (or a whole tree).
     longest_chain = max(params.gamma, params.gamma_max) + 1
     max_length = len(sequence) + params.max_new_tokens + max(longest_chain, policy.budget + 1)
-    writer = _writer(pair, drafter, longest_chain, max_length, cache, compile, method)
+    writer = given_writer or _writer(pair, drafter, longest_chain, max_length, cache, compile, method)
     # The drafter feeds one token at a time, and one or two to catch up after a round.
     drafter.use_cache(writer.kind, max_length, compile=compile, buckets=(1, 2))
     if source is not None:

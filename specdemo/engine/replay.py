@@ -1,0 +1,406 @@
+"""A recorded target: one greedy AR run kept, and any chain method's rounds replayed from it exactly.
+
+Under greedy decoding a lossless method's output is AR's whatever it drafts, so every round starts on a
+prefix of AR's text, and a drafter's proposal depends only on that prefix (for a feature head, on the
+target's states over it, which AR's run computed). `record` runs AR once through the decode loop and keeps,
+per position, what every verification of a later round can ask of the target there: its best ids and
+logits, the normaliser of its softmax, and the states the pair's drafter reads. `replay` then runs the
+same decode loop, the real drafter and the real γ policy, against a `RecordedTarget` that answers each
+verification from the recording: the replay costs the draft steps alone.
+
+Where a replay is exact, and where it refuses (`replay_refusal` says why, in the sentence the user reads):
+- Rows of a verification after the first draft that leaves AR's path are never read by greedy
+  verification (the round keeps the prefix before it and adds the target's token there, which is on the
+  path). The recorded target answers them with NaN logits and zero states, so that a reader of them would
+  show rather than silently agree.
+- What the drafter is shown after a round (`RoundOutcome.shown_to_drafter`) is the kept rows: on the path.
+  NASD's top-k filler reads the target's best ids there, which the recording holds up to its `top_k`;
+  a filler wider than that is refused.
+- Sampling is refused: a sampled output leaves AR's path, where nothing was recorded.
+- A method that teaches its drafter from the target after the request (OSD) is refused: it would teach
+  the shared drafter from a run that never happened. So are tree rounds (verified by another forward),
+  methods not made of the loop's rounds (beam search), the draft alone and the cache-less AR, and a target
+  KV policy that evicts (it changes what the target computes).
+- On a pair whose verification is not AR's step bit for bit (`Pair.exactness` other than bit-exact), a
+  real run's verification can round a near-tie the other way; the replay follows AR's choice and is
+  labelled an estimate (`ReplayedResult.estimate`).
+
+A replayed result is a `GenerationResult` (a `ReplayedResult`): tokens, rounds with their drafts,
+accepted counts, γ, sources (copied or drafted), decisions, counts of what each model was fed, as a real
+run fills them. Its time fields are NaN: nothing of the target was timed. The p of a draft in a round's
+decisions is exact for the recording's `top_k` best tokens of each position and, for a rejected draft
+below them, the mean of the rest (the recording keeps the softmax's normaliser, not the whole row).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .decoding import _rounds
+from .drafters.base import NoDrafter, top_ids
+from .drafters.policies import FixedGamma
+from .methods import REFERENCE, _plain_drafter, get_method
+from .params import DecodeParams, EngineOptions
+from .runtimes import refusal
+from .targets.seq2seq import is_encoder_decoder
+from .tokens import common_prefix_length
+from .trace import FedCounts, GenerationResult
+
+# The target's best ids (and their logits) kept per position: NASD's top-k filler reads up to this many.
+RECORDED_TOP_K = 8
+# What a Pair.exactness says when each verified row computes as AR's step (models.precision).
+BIT_EXACT = "bit-exact"
+# Parameters that change what the target computes or what it is asked: a replay runs with the recording's.
+TARGET_PARAMS = ("chat", "temperature", "top_k", "top_p", "target_kv", "kv_budget", "kv_sinks")
+RECORDING_FORMAT = 1
+
+
+def pair_key(pair) -> dict[str, Any]:
+    """What a recording checks a pair against before it replays on it: the target, its runtime, the draft."""
+    config = getattr(pair.target, "config", None)
+    return {"target": getattr(config, "_name_or_path", "") or type(pair.target).__name__,
+            "runtime": str(getattr(pair, "runtime", "")), "draft": str(pair.drafter_name or "")}
+
+
+@dataclass
+class Recording:
+    """One greedy AR run on a pair, kept for replays (`record` makes it, `replay` reads it).
+
+    prompt_ids: the prompt as encoded; tokens: AR's new tokens (n of them);
+    top_ids / top_logits [n, k]: the target's k best ids and their logits at the row that chose each
+    new token, best first; log_normaliser [n]: that row's logsumexp; vocab: the row's width;
+    margins [n]: AR's top-1 minus top-2 logit there (`GenerationResult.top2_margins`);
+    features [len(prompt_ids) + n − 1, d] or None: the target's states at every position the run fed
+    (the prompt's but the last from the prefill, then one per AR step), at `feature_layers` and the
+    final state, as the pair's drafter reads them; params: the AR run's `DecodeParams.as_dict()`;
+    cache, runtime, exactness: the AR run's; ar_seconds, ar_prefill_seconds: what AR's run measured;
+    pair: the pair it was recorded on (not saved: `load` takes it again).
+    """
+
+    prompt_ids: list[int]
+    tokens: list[int]
+    top_ids: torch.Tensor
+    top_logits: torch.Tensor
+    log_normaliser: torch.Tensor
+    vocab: int
+    margins: list[float]
+    features: torch.Tensor | None
+    feature_layers: tuple[int, ...]
+    params: dict[str, Any]
+    cache: str
+    runtime: str
+    exactness: str
+    stop_reason: str | None
+    key: dict[str, Any]
+    ar_seconds: float = math.nan
+    ar_prefill_seconds: float = math.nan
+    pair: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def sequence(self) -> list[int]:
+        """The prompt and AR's output: the path every replayed round stays on."""
+        return list(self.prompt_ids) + list(self.tokens)
+
+    @property
+    def max_new_tokens(self) -> int:
+        return int(self.params["max_new_tokens"])
+
+    def save(self, path: str | Path) -> None:
+        """One file (torch.save): the tensors and a JSON header; the pair is not saved."""
+        header = {name: getattr(self, name) for name in (
+            "prompt_ids", "tokens", "vocab", "margins", "params", "cache", "runtime", "exactness",
+            "stop_reason", "key", "ar_seconds", "ar_prefill_seconds")}
+        header["feature_layers"] = list(self.feature_layers)
+        header["format"] = RECORDING_FORMAT
+        torch.save({"header": json.dumps(header), "top_ids": self.top_ids, "top_logits": self.top_logits,
+                    "log_normaliser": self.log_normaliser, "features": self.features}, Path(path))
+
+    @classmethod
+    def load(cls, path: str | Path, pair=None) -> "Recording":
+        """A saved recording, attached to `pair` (the one it was recorded on: checked by `replay`)."""
+        stored = torch.load(Path(path), map_location="cpu", weights_only=True)
+        header = json.loads(stored["header"])
+        if header.pop("format") != RECORDING_FORMAT:
+            raise ValueError(f"{path}: a recording of another format")
+        header["feature_layers"] = tuple(header["feature_layers"])
+        return cls(**header, top_ids=stored["top_ids"], top_logits=stored["top_logits"],
+                   log_normaliser=stored["log_normaliser"], features=stored["features"], pair=pair)
+
+
+class _Recorder(NoDrafter):
+    """AR's drafter (it drafts nothing) that keeps what the target showed it: the prompt's states from the
+    prefill, then each AR step's row of logits and its state."""
+
+    def __init__(self, device, feature_layers: tuple[int, ...] | None, top_k: int):
+        super().__init__(device)
+        self.reads_target_features = feature_layers is not None
+        self.feature_layers = tuple(feature_layers or ())
+        self.top_k = top_k
+        self.states: list[torch.Tensor] = []
+        self.rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.vocab = 0  # the width of the target's rows of logits
+
+    def start(self, prompt_ids, features=None) -> None:
+        if features is not None:
+            self.states.append(features.detach().float().cpu())
+
+    def observe(self, sequence, verified_from, target_logits, target_features=None, target_top=None) -> None:
+        row = target_logits[-1:].float()
+        self.vocab = row.shape[-1]
+        self.rows.append((top_ids(row, self.top_k)[0].cpu(), row.topk(min(self.top_k, row.shape[-1]), dim=-1)
+                          .values[0].cpu(), torch.logsumexp(row, dim=-1).double().cpu()))
+        if target_features is not None:
+            self.states.append(target_features[-1:].detach().float().cpu())
+
+
+def drafter_feature_layers(pair) -> tuple[int, ...] | None:
+    """The target's layers the pair's drafter reads beside its final state, () for the final state alone;
+    None where its drafter reads no states (a draft LM, or no draft)."""
+    if pair.draft is None:
+        return None
+    drafter = _plain_drafter(pair)
+    try:
+        return tuple(drafter.feature_layers) if drafter.reads_target_features else None
+    finally:
+        drafter.close()
+
+
+def record(pair, prompt: str | Sequence[int], *, max_new_tokens: int = 128, chat: bool = False,
+           top_k: int = RECORDED_TOP_K, seed: int = 0, cache: str | None = None, **params) -> Recording:
+    """Run greedy AR once on `pair` through the decode loop, on whatever runtime runs the pair's target,
+    and keep what replays need (`Recording`): per new token the target's `top_k` best ids and logits and
+    its softmax's normaliser, AR's top-2 margins, and the target's states at every position fed, at the
+    layers the pair's drafter reads (none where it reads no states). `params` are further `DecodeParams`
+    (a target KV policy, ...); sampling is refused (a replay follows AR's greedy path).
+
+    The AR run is the real one: its tokens are `generate(pair, prompt, "ar", ...)`'s, and its measured
+    seconds are kept (`ar_seconds`) beside the recording.
+    """
+    from .decoding import iter_generate  # the validation every run gets, before the recording's own loop
+
+    spec = get_method(REFERENCE)
+    decode = DecodeParams.resolve(None, max_new_tokens=max_new_tokens, chat=chat, seed=seed, **params)
+    if not decode.sampling.greedy:
+        raise ValueError(f"record: temperature {decode.temperature} samples; a replay follows greedy AR's path, "
+                         "so record at temperature 0")
+    iter_generate(pair, prompt, REFERENCE, decode=decode, cache=cache).close()
+    decode, _ = spec.fit(decode)
+    if is_encoder_decoder(pair.target):
+        raise ValueError("record: an encoder-decoder pair's decoder is not recorded; record a causal LM's pair")
+    prompt_ids = pair.encode(prompt, chat=decode.chat)
+    recorder = _Recorder(pair.device, drafter_feature_layers(pair), top_k)
+    result = GenerationResult(REFERENCE, {**decode.as_dict(), "seed": seed}, prompt_ids,
+                              threads=torch.get_num_threads())
+    kind = EngineOptions.from_values(cache=cache, compile=False).cache_for(pair.device)
+    for result in _rounds(pair, recorder, FixedGamma(0), decode, seed, result, cache=kind, method=spec):
+        pass
+    ids, logits, normaliser = (torch.stack(part) if part else torch.empty(0) for part in zip(*recorder.rows)) \
+        if recorder.rows else (torch.empty(0, top_k, dtype=torch.long), torch.empty(0, top_k), torch.empty(0))
+    features = torch.cat(recorder.states) if recorder.states else None
+    return Recording(
+        prompt_ids=list(prompt_ids), tokens=result.token_ids, top_ids=ids, top_logits=logits,
+        log_normaliser=normaliser.reshape(-1), vocab=recorder.vocab or int(pair.vocab_size or pair.target.config.vocab_size),
+        margins=[float(m) for m in result.top2_margins], features=features,
+        feature_layers=recorder.feature_layers, params=dict(result.params), cache=result.cache,
+        runtime=result.runtime, exactness=result.exactness, stop_reason=result.stop_reason, key=pair_key(pair),
+        ar_seconds=result.seconds, ar_prefill_seconds=result.prefill_seconds, pair=pair)
+
+
+class RecordedTarget:
+    """The target's calls the decode loop makes (`CachedLM`'s feed / score / roll back, its states and its
+    counts), answered from a `Recording`. It keeps which ids "its cache" holds as a `CachedLM` does, so
+    what it counts as fed is what the real target would have been fed."""
+
+    torch_threads = None
+
+    def __init__(self, recording: Recording, model: torch.nn.Module):
+        self.recording = recording
+        self.model = model  # the pair's torch target: the trace's weight count and exactness read it
+        self.kind = recording.cache
+        self.path = recording.sequence
+        self.prompt_length = len(recording.prompt_ids)
+        self.cached_ids: list[int] = []
+        self.counts = FedCounts()
+        self.hidden: torch.Tensor | None = None
+        self.feature_layers: tuple[int, ...] = ()
+        self.kv_bytes_peak = 0
+        self._rows = self._synthetic_rows()
+
+    @property
+    def forwards(self) -> int:
+        return self.counts.forwards
+
+    def _synthetic_rows(self) -> torch.Tensor:
+        """[n, vocab] logits whose argmax, top-k (ids, order, logits) and logsumexp are the recorded ones:
+        the top-k in place, every other entry the one value that gives the row its normaliser (never above
+        the k-th logit, since it is the log of a mean of entries that were not)."""
+        r = self.recording
+        n, k = r.top_ids.shape if r.top_ids.dim() == 2 else (0, 0)
+        rows = torch.empty(n, r.vocab)
+        if not n:
+            return rows
+        kept = torch.logsumexp(r.top_logits.double(), dim=-1)
+        rest = torch.log(torch.clamp(-torch.expm1(kept - r.log_normaliser.double()), min=0.0)) + r.log_normaliser
+        rest = rest - math.log(max(r.vocab - k, 1))
+        rest = torch.minimum(rest, r.top_logits[:, -1].double())
+        rows[:] = rest.float().view(-1, 1)
+        rows.scatter_(1, r.top_ids.long(), r.top_logits.float())
+        return rows
+
+    def read_features(self, layers: tuple[int, ...]) -> None:
+        recorded = self.recording.feature_layers
+        if self.recording.features is None or tuple(layers) != tuple(recorded):
+            raise ValueError(f"the drafter reads the target's layers {list(layers)} and its final state; the "
+                             "recording kept " + ("no states" if self.recording.features is None else
+                                                  f"layers {list(recorded)}") + ": record again for this drafter")
+        self.feature_layers = tuple(layers)
+
+    def prefill(self, sequence: list[int], hidden: bool = False) -> torch.Tensor | None:
+        self._check_on_path(sequence, len(sequence))
+        self.cached_ids = list(sequence)
+        if sequence:
+            self.counts.add(len(sequence), 1)
+        if hidden and sequence:
+            return self.recording.features[: len(sequence)]
+        return None
+
+    def logits(self, sequence: list[int], n_logits: int = 1, n_hidden: int = 0,
+               then: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows a verification asks for: row i after `sequence` and the first i drafts of `then`; the
+        recorded row where those drafts are AR's tokens, NaN after the first that is not."""
+        drafts = [] if then is None else [int(t) for t in then.tolist()]
+        k = len(drafts)
+        keep = min(common_prefix_length(self.cached_ids, sequence), len(sequence) + k - max(n_logits, n_hidden))
+        del self.cached_ids[keep:]
+        self.counts.add(len(sequence) - keep + k, n_logits)
+        self.cached_ids.extend(sequence[keep:])
+        self._check_on_path(sequence, len(sequence))
+        full = list(sequence) + drafts
+        last = len(full) - 1
+        on_path = len(sequence) + common_prefix_length(drafts, self.path[len(sequence):len(sequence) + k])
+        positions = range(last - n_logits + 1, last + 1)
+        rows = torch.full((n_logits, self.recording.vocab), math.nan)
+        for row, position in enumerate(positions):
+            chosen = position - (self.prompt_length - 1)  # the new token this row chooses
+            if position < on_path and 0 <= chosen < len(self._rows):
+                rows[row] = self._rows[chosen]
+        if n_hidden:
+            features = self.recording.features
+            self.hidden = torch.zeros(n_hidden, features.shape[-1])
+            for row, position in enumerate(range(last - n_hidden + 1, last + 1)):
+                if position < min(on_path, features.shape[0]):
+                    self.hidden[row] = features[position]
+        return rows
+
+    def _check_on_path(self, sequence: list[int], length: int) -> None:
+        if list(sequence[:length]) != self.path[:length]:
+            raise RuntimeError("a replayed round left the recorded path: the recording is not this pair's AR run")
+
+    def note_fed(self, ids: list[int]) -> None:
+        self.cached_ids.extend(ids)
+
+    def warm_up(self) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        self._rows = torch.empty(0)
+
+
+@dataclass
+class ReplayedResult(GenerationResult):
+    """A `GenerationResult` whose rounds were replayed from a `Recording`, not decoded: its time fields are
+    NaN (nothing of the target ran); `estimate` is True where the pair's verification is not AR's step
+    bit for bit (a real run can round a near-tie the other way), and `replayed` says so in one line."""
+
+    replayed: str = ""
+    estimate: bool = False
+
+
+def replay_refusal(recording: Recording, method: str, params: DecodeParams) -> str:
+    """Why this method with these parameters cannot be replayed from this recording, in the sentence the
+    user reads; "" where it can (exactly, or as an estimate on a pair that is not bit-exact)."""
+    spec = get_method(method)
+    if spec.run is not None or spec.decoder != "target" or not spec.cached:
+        return (f"{spec.label} is not made of the decode loop's rounds over the target with its cache, so "
+                "a recorded target cannot stand in for it")
+    if not params.sampling.greedy:
+        return (f"temperature {params.temperature} samples: a sampled output leaves greedy AR's path, where "
+                "nothing was recorded, so the replay would have to guess the target's answers")
+    if params.max_new_tokens > recording.max_new_tokens:
+        return (f"max_new_tokens {params.max_new_tokens} runs past the recording's {recording.max_new_tokens}: "
+                "record a longer run")
+    for name in TARGET_PARAMS:
+        if name in recording.params and getattr(params, name) != recording.params[name]:
+            return (f"{name}={getattr(params, name)!r} changes what the target computes or is asked; the "
+                    f"recording ran with {name}={recording.params[name]!r}")
+    return ""
+
+
+def _drafter_refusal(drafter, recording: Recording, label: str) -> str:
+    if drafter.drafts_trees:
+        return f"{label} verifies a tree of drafts in another forward, which the recorded target does not answer"
+    if drafter.learns_online:
+        return (f"{label} teaches its drafter from the target after each request, and a replay would teach "
+                "the shared drafter from a run that never happened")
+    if drafter.target_top_k > recording.top_ids.shape[-1]:
+        return (f"{label} reads the target's {drafter.target_top_k} best ids at each kept position; the "
+                f"recording kept {recording.top_ids.shape[-1]}: record with top_k={drafter.target_top_k}")
+    return ""
+
+
+def replay(recording: Recording, method: str, *, pair=None, **params) -> ReplayedResult:
+    """The rounds `generate(pair, prompt, method, **params)` would decode, replayed from `recording`: the
+    decode loop, the method's real drafter and γ policy run against a `RecordedTarget`, so only the draft
+    steps run. `params` are `DecodeParams` names (γ, γ_max, EMA, copy_n, ...); those the recording does
+    not set come from its AR run (max_new_tokens, chat, seed), and those that change the target must equal
+    the recording's. `pair` defaults to the recording's own (a loaded recording needs one).
+
+    Raises ValueError with the reason where the replay would not be exact by design (`replay_refusal`,
+    and the runtime's own `refusal` for the method on this pair). The result's rounds, tokens, sources
+    and counts are the real run's; its times are NaN; `replayed` and `note` say it was replayed.
+    """
+    pair = pair if pair is not None else recording.pair
+    if pair is None:
+        raise ValueError("replay: this recording was loaded without its pair: Recording.load(path, pair)")
+    if pair_key(pair) != recording.key:
+        raise ValueError(f"replay: the recording was made on {recording.key}, not on {pair_key(pair)}")
+    spec = get_method(method)
+    inherited = {name: value for name, value in recording.params.items() if name != "seed"}
+    decode = DecodeParams.resolve(None, **{**inherited, **params})
+    refused = replay_refusal(recording, method, decode) or refusal(pair, method, decode)
+    if refused:
+        raise ValueError(refused)
+    decode, note = spec.fit(decode)
+    seed = decode.seed if decode.seed is not None else int(recording.params.get("seed") or 0)
+    drafter, policy = spec.build(pair, decode)
+    if drafter is not None:
+        refused = _drafter_refusal(drafter, recording, spec.label)
+        if refused:
+            drafter.close()
+            raise ValueError(refused)
+    estimate = recording.exactness != BIT_EXACT
+    replayed = (f"replayed from a recorded AR run on {recording.runtime} (draft steps only, no time measured)"
+                + (f"; an estimate: this target is {recording.exactness or 'of unstated exactness'}, so a real "
+                   "run may round a near-tie the other way" if estimate else ""))
+    result = ReplayedResult(method, {**decode.as_dict(), "seed": seed}, list(recording.prompt_ids),
+                            note=" ".join(filter(None, (note, replayed + "."))), threads=torch.get_num_threads(),
+                            replayed=replayed, estimate=estimate)
+    writer = RecordedTarget(recording, pair.target)
+    for result in _rounds(pair, drafter, policy, decode, seed, result, cache=recording.cache, method=spec,
+                          writer=writer):
+        pass
+    _unmeasured(result)
+    return result
+
+
+def _unmeasured(result: GenerationResult) -> None:
+    """No time figure of a replay was measured on the target: NaN, never a draft-only time passed as a run's."""
+    result.prefill_seconds = result.seconds = math.nan
+    for round_ in result.rounds:
+        round_.draft_seconds = round_.verify_seconds = round_.end_seconds = math.nan
