@@ -45,7 +45,9 @@ import torch
 from .decoding import _rounds
 from .drafters.base import NoDrafter, top_ids
 from .drafters.policies import FixedGamma
-from .methods import REFERENCE, _plain_drafter, get_method
+from .drafters.feature_head import FeatureHead
+from .drafters.published import PublishedHead
+from .methods import REFERENCE, get_method
 from .params import DecodeParams, EngineOptions
 from .runtimes import refusal
 from .targets.seq2seq import is_encoder_decoder
@@ -162,13 +164,15 @@ class _Recorder(NoDrafter):
 def drafter_feature_layers(pair) -> tuple[int, ...] | None:
     """The target's layers the pair's drafter reads beside its final state, () for the final state alone;
     None where its drafter reads no states (a draft LM, or no draft)."""
-    if pair.draft is None:
-        return None
-    drafter = _plain_drafter(pair)
-    try:
-        return tuple(drafter.feature_layers) if drafter.reads_target_features else None
-    finally:
-        drafter.close()
+    if isinstance(pair.draft, FeatureHead):
+        return tuple(pair.draft.config.feature_layers)
+    if isinstance(pair.draft, PublishedHead):
+        drafter = pair.draft.drafter()
+        try:
+            return tuple(drafter.feature_layers) if drafter.reads_target_features else None
+        finally:
+            drafter.close()
+    return None
 
 
 def record(pair, prompt: str | Sequence[int], *, max_new_tokens: int = 128, chat: bool = False,
