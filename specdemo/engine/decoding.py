@@ -69,7 +69,7 @@ def iter_generate(
     if spec.run is not None:  # a method not made of the loop's rounds (beam search)
         return spec.run(pair, decode_params, seed, result)
     drafter, policy = spec.build(pair, decode_params)
-    return _rounds(pair, drafter, policy, decode_params, seed, result, cache=cache, compile=compile,
+    return decode_rounds(pair, drafter, policy, decode_params, seed, result, cache=cache, compile=compile,
                    method=spec)
 
 
@@ -85,10 +85,12 @@ def generate(
     return result
 
 
-def _rounds(pair: Pair, drafter: Drafter | None, policy, params: DecodeParams, seed: int,
+def decode_rounds(pair: Pair, drafter: Drafter | None, policy, params: DecodeParams, seed: int,
             result: GenerationResult, cache: str = "dynamic", compile: bool = False,
             method: Method | None = None, writer: CachedLM | None = None) -> Iterator[GenerationResult]:
-    """writer: a target given in the pair's target's place (a recorded one, `engine.replay`); None: the pair's."""
+    """The loop's rounds for a drafter and policy already built, yielding the result after each (what
+    `iter_generate` returns once it has validated a request). writer: a target given in the place of the
+    pair's (the recorded target of `engine.replay`); None: the pair's own, cached as `cache` says."""
     run, sequence = _start(pair, drafter or NoDrafter(pair.device), policy, params, seed, result, cache, compile,
                            method, writer)
     play = tree_round if run.drafter.drafts_trees else chain_round

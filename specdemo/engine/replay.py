@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .decoding import _rounds
+from .decoding import decode_rounds
 from .drafters.base import NoDrafter, top_ids
 from .drafters.policies import FixedGamma
 from .drafters.feature_head import FeatureHead
@@ -202,7 +202,7 @@ def record(pair, prompt: str | Sequence[int], *, max_new_tokens: int = 128, chat
     result = GenerationResult(REFERENCE, {**decode.as_dict(), "seed": seed}, prompt_ids,
                               threads=torch.get_num_threads())
     kind = EngineOptions.from_values(cache=cache, compile=False).cache_for(pair.device)
-    for result in _rounds(pair, recorder, FixedGamma(0), decode, seed, result, cache=kind, method=spec):
+    for result in decode_rounds(pair, recorder, FixedGamma(0), decode, seed, result, cache=kind, method=spec):
         pass
     ids, logits, normaliser = (torch.stack(part) if part else torch.empty(0) for part in zip(*recorder.rows)) \
         if recorder.rows else (torch.empty(0, top_k, dtype=torch.long), torch.empty(0, top_k), torch.empty(0))
@@ -396,7 +396,7 @@ def replay(recording: Recording, method: str, *, pair=None, **params) -> Replaye
                             note=" ".join(filter(None, (note, replayed + "."))), threads=torch.get_num_threads(),
                             replayed=replayed, estimate=estimate)
     writer = RecordedTarget(recording, pair.target)
-    for result in _rounds(pair, drafter, policy, decode, seed, result, cache=recording.cache, method=spec,
+    for result in decode_rounds(pair, drafter, policy, decode, seed, result, cache=recording.cache, method=spec,
                           writer=writer):
         pass
     _unmeasured(result)
