@@ -21,9 +21,10 @@ Where a replay is exact, and where it refuses (`replay_refusal` says why, in the
   the shared drafter from a run that never happened. So are tree rounds (verified by another forward),
   methods not made of the loop's rounds (beam search), the draft alone and the cache-less AR, and a target
   KV policy that evicts (it changes what the target computes).
-- On a pair whose verification is not AR's step bit for bit (`Pair.exactness` other than bit-exact), a
-  real run's verification can round a near-tie the other way; the replay follows AR's choice and is
-  labelled an estimate (`ReplayedResult.estimate`).
+- On a pair whose verification is exact only up to near-ties (`Pair.exactness`: a reduced precision),
+  a real run's verification can round a near-tie the other way; the replay follows AR's choice and is
+  labelled an estimate (`ReplayedResult.estimate`). A bit-exact or full-precision float target (whose
+  rows differ from AR's step in their last bits at most) replays as exact.
 
 A replayed result is a `GenerationResult` (a `ReplayedResult`): tokens, rounds with their drafts,
 accepted counts, γ, sources (copied or drafted), decisions, counts of what each model was fed, as a real
@@ -56,8 +57,9 @@ from .trace import FedCounts, GenerationResult
 
 # The target's best ids (and their logits) kept per position: NASD's top-k filler reads up to this many.
 RECORDED_TOP_K = 8
-# What a Pair.exactness says when each verified row computes as AR's step (models.precision).
-BIT_EXACT = "bit-exact"
+# How a Pair.exactness label begins where rounding can flip a near-tie (models.precision.NEAR_TIES_AT,
+# which this layer cannot import): there a real run may leave AR's path where the replay keeps to it.
+NEAR_TIES_LABEL = "up to near-ties"
 # Parameters that change what the target computes or what it is asked: a replay runs with the recording's.
 TARGET_PARAMS = ("chat", "temperature", "top_k", "top_p", "target_kv", "kv_budget", "kv_sinks")
 RECORDING_FORMAT = 1
@@ -103,6 +105,7 @@ class Recording:
     ar_seconds: float = math.nan
     ar_prefill_seconds: float = math.nan
     pair: Any = field(default=None, repr=False, compare=False)
+    rows: torch.Tensor | None = field(default=None, repr=False, compare=False)  # built once (`RecordedTarget`)
 
     @property
     def sequence(self) -> list[int]:
@@ -234,7 +237,9 @@ class RecordedTarget:
         self.hidden: torch.Tensor | None = None
         self.feature_layers: tuple[int, ...] = ()
         self.kv_bytes_peak = 0
-        self._rows = self._synthetic_rows()
+        if recording.rows is None:
+            recording.rows = self._synthetic_rows()
+        self._rows = recording.rows
 
     @property
     def forwards(self) -> int:
@@ -313,14 +318,14 @@ class RecordedTarget:
         return 0.0
 
     def close(self) -> None:
-        self._rows = torch.empty(0)
+        self.hidden = None
 
 
 @dataclass
 class ReplayedResult(GenerationResult):
     """A `GenerationResult` whose rounds were replayed from a `Recording`, not decoded: its time fields are
-    NaN (nothing of the target ran); `estimate` is True where the pair's verification is not AR's step
-    bit for bit (a real run can round a near-tie the other way), and `replayed` says so in one line."""
+    NaN (nothing of the target ran); `estimate` is True where the pair's verification is exact only up to
+    near-ties (a real run can round one the other way), and `replayed` says so in one line."""
 
     replayed: str = ""
     estimate: bool = False
@@ -388,10 +393,10 @@ def replay(recording: Recording, method: str, *, pair=None, **params) -> Replaye
         if refused:
             drafter.close()
             raise ValueError(refused)
-    estimate = recording.exactness != BIT_EXACT
+    estimate = recording.exactness.startswith(NEAR_TIES_LABEL)
     replayed = (f"replayed from a recorded AR run on {recording.runtime} (draft steps only, no time measured)"
-                + (f"; an estimate: this target is {recording.exactness or 'of unstated exactness'}, so a real "
-                   "run may round a near-tie the other way" if estimate else ""))
+                + (f"; an estimate: this target is exact {recording.exactness}, so a real run may round a "
+                   "near-tie the other way" if estimate else ""))
     result = ReplayedResult(method, {**decode.as_dict(), "seed": seed}, list(recording.prompt_ids),
                             note=" ".join(filter(None, (note, replayed + "."))), threads=torch.get_num_threads(),
                             replayed=replayed, estimate=estimate)
@@ -408,3 +413,12 @@ def _unmeasured(result: GenerationResult) -> None:
     result.prefill_seconds = result.seconds = math.nan
     for round_ in result.rounds:
         round_.draft_seconds = round_.verify_seconds = round_.end_seconds = math.nan
+
+
+def replay_grid(recording: Recording, settings: Sequence[tuple[str, dict[str, Any]]], *,
+                pair=None) -> list[ReplayedResult]:
+    """`replay(recording, method, **params)` for each (method, params) of `settings`, in order: one result
+    each, equal to that setting's own replay round by round. The recorded target's rows are built once
+    for the whole grid; each setting still runs its own draft steps (its chains are not yet shared across
+    settings), and a refused setting raises as `replay` does."""
+    return [replay(recording, method, pair=pair, **params) for method, params in settings]
