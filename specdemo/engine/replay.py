@@ -49,6 +49,7 @@ from .drafters.policies import FixedGamma
 from .drafters.feature_head import FeatureHead
 from .drafters.published import PublishedHead
 from .methods import REFERENCE, get_method
+from .pair import DRAFT_ROLE, TARGET_ROLE
 from .params import DecodeParams, EngineOptions
 from .runtimes import refusal
 from .targets.seq2seq import is_encoder_decoder
@@ -68,8 +69,8 @@ RECORDING_FORMAT = 1
 def pair_key(pair) -> dict[str, Any]:
     """What a recording checks a pair against before it replays on it: the target, its runtime, the draft."""
     config = getattr(pair.target, "config", None)
-    return {"target": getattr(config, "_name_or_path", "") or type(pair.target).__name__,
-            "runtime": str(getattr(pair, "runtime", "")), "draft": str(pair.drafter_name or "")}
+    return {TARGET_ROLE: getattr(config, "_name_or_path", "") or type(pair.target).__name__,
+            "runtime": str(getattr(pair, "runtime", "")), DRAFT_ROLE: str(pair.drafter_name or "")}
 
 
 @dataclass
@@ -335,7 +336,7 @@ def replay_refusal(recording: Recording, method: str, params: DecodeParams) -> s
     """Why this method with these parameters cannot be replayed from this recording, in the sentence the
     user reads; "" where it can (exactly, or as an estimate on a pair that is not bit-exact)."""
     spec = get_method(method)
-    if spec.run is not None or spec.decoder != "target" or not spec.cached:
+    if spec.run is not None or spec.decoder != TARGET_ROLE or not spec.cached:
         return (f"{spec.label} is not made of the decode loop's rounds over the target with its cache, so "
                 "a recorded target cannot stand in for it")
     if not params.sampling.greedy:
