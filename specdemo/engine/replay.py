@@ -43,7 +43,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .decoding import decode_rounds
+from .decoding import decode_rounds, iter_generate
 from .drafters.base import NoDrafter, top_ids
 from .drafters.policies import FixedGamma
 from .drafters.feature_head import FeatureHead
@@ -190,14 +190,12 @@ def record(pair, prompt: str | Sequence[int], *, max_new_tokens: int = 128, chat
     The AR run is the real one: its tokens are `generate(pair, prompt, "ar", ...)`'s, and its measured
     seconds are kept (`ar_seconds`) beside the recording.
     """
-    from .decoding import iter_generate  # the validation every run gets, before the recording's own loop
-
     spec = get_method(REFERENCE)
     decode = DecodeParams.resolve(None, max_new_tokens=max_new_tokens, chat=chat, seed=seed, **params)
     if not decode.sampling.greedy:
         raise ValueError(f"record: temperature {decode.temperature} samples; a replay follows greedy AR's path, "
                          "so record at temperature 0")
-    iter_generate(pair, prompt, REFERENCE, decode=decode, cache=cache).close()
+    iter_generate(pair, prompt, REFERENCE, decode=decode, cache=cache).close()  # the checks every run gets
     decode, _ = spec.fit(decode)
     if is_encoder_decoder(pair.target):
         raise ValueError("record: an encoder-decoder pair's decoder is not recorded; record a causal LM's pair")
