@@ -9,7 +9,7 @@ import contextlib
 from typing import Sequence
 
 from ..bench.measure.cluster import DEFAULT_RETRIES, Cluster
-from ..engine.methods import DEFAULT_METHODS, METHODS
+from ..engine.methods import DEFAULT_METHODS, METHODS, methods_reading
 from ..engine.params import ENGINE_SCHEMA, SCHEMA, DecodeParams, EngineOptions, Param
 from ..models.loading import EMBEDDED, PRESETS
 from ..engine.runtimes import AUTO, RUNTIME_CHOICES
@@ -52,7 +52,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _flag_help(spec: Param) -> str:
-    where = "" if not spec.methods else f"{', '.join(spec.methods)}: "
+    readers = methods_reading(spec.name)
+    where = f"{', '.join(readers)}: " if readers else ""
     default = _CLI_DEFAULT_NOTE.get(spec.name, spec.default)
     return f"{where}{spec.help} (default: {default})"
 

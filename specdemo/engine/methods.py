@@ -22,9 +22,8 @@ from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.feature_drafter import FeatureDrafter
 from .drafters.feature_head import FeatureHead
-from .params import DecodeParams
+from .params import PARAMS, DecodeParams, parse_shape
 from .drafters.published import PUBLISHED_KINDS, PublishedHead
-from .params import parse_shape
 from .drafters.acceptance_head import cached_acceptance_head, round_features
 from .drafters.policies import (AdaEDLStop, ConfidenceStop, EntropyGamma, FixedGamma, HeuristicGamma,
                                 PredictedRejectionStop, TokenEntropyStop)
@@ -147,8 +146,17 @@ METHODS: dict[str, Method] = {}
 
 
 def register(method: Method) -> Method:
+    unknown = [name for name in method.params if name not in PARAMS]
+    if unknown:
+        raise ValueError(f"{method.name} reads {', '.join(unknown)}, which the parameter schema does not declare")
     METHODS[method.name] = method
     return method
+
+
+def methods_reading(param: str) -> tuple[str, ...]:
+    """The methods that declare `param` their own, in the registry's order; () for a parameter
+    that every method reads (the schema's sampling, length, chat and target-cache settings)."""
+    return tuple(name for name, method in METHODS.items() if param in method.params)
 
 
 register(Method("ar", "AR", False, "the target alone, one token per forward",

@@ -1,6 +1,7 @@
-"""Decoding parameters: each declared once, with its type, default, range, help text and
-the methods it applies to. Validation here and the CLI flags, the page's controls and the
-API endpoints' parameters are all generated from `SCHEMA`.
+"""Decoding parameters: each declared once, with its type, default, range and help text;
+which methods read one is declared by the methods themselves (`Method.params` in the
+registry). Validation here, `DecodeParams`' fields and the CLI flags, the page's controls and
+the API endpoints' parameters are all generated from `SCHEMA`.
 
 Engine options (`ENGINE_SCHEMA`: the KV cache kind and graph compilation) are declared the
 same way but kept apart: they choose how the tokens are computed, never which tokens come
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from .targets.kv_policy import DEFAULT_SINKS, KV_POLICIES, check_policy
@@ -23,7 +24,6 @@ from .sampling import SamplingConfig
 NGRAM_STORAGES = ("basic", "onelevel")
 # A hard ceiling for any caller; public deployments set a lower one (see specdemo.app.limits).
 MAX_NEW_TOKENS_LIMIT = 4096
-ALL_METHODS: tuple[str, ...] = ()  # a parameter that every method reads
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,6 @@ class Param:
     default: Any
     help: str
     label: str  # the page's label
-    methods: tuple[str, ...] = ALL_METHODS
     low: float | None = None
     high: float | None = None
     low_open: bool = False  # the bound itself is refused
@@ -83,9 +82,6 @@ class Param:
 
 _GAMMA = dict(low=1, high=64, allowed="an integer from 1 to 64")
 TREE_POLICIES = ("dynamic", "static")
-_TREE_DRAFTING = ("sd-tree", "nasd", "rest")  # the methods whose tree policy is chosen (egag-tree's is its entropy)
-_RULE_TREES = ("adaedl-tree", "egag-token-tree")  # dynamic trees pruned by a per-token rule
-_TREES = ("sd-tree", "egag-tree", "nasd", "rest", *_RULE_TREES)
 MAX_TREE_WIDTH = 16
 
 
@@ -99,8 +95,6 @@ def parse_shape(spec: str) -> tuple[int, ...]:
         raise ValueError(f"tree_shape must be children per depth, integers from 1 to {MAX_TREE_WIDTH} separated by "
                          f"commas (e.g. 3,2,1,1), at most 64 depths; got {spec!r}")
     return shape
-_TOKEN_STOPS = ("adaedl", "egag-token", "specdecpp")  # per-token stopping rules, capped by gamma_max
-_COPYING = ("sd", "egag", "sd-heuristic", "sd-confidence", "osd", *_TOKEN_STOPS)  # the methods that draft with the pair's draft
 
 SCHEMA: tuple[Param, ...] = (
     Param("max_new_tokens", int, 128, "stop after this many new tokens", "Max new tokens",
@@ -113,74 +107,65 @@ SCHEMA: tuple[Param, ...] = (
           low=0.0, high=1.0, low_open=True, allowed="a number in (0, 1] (1 = off)", slider=(0.05, 1.0, 0.01)),
     Param("seed", int, None, "random seed (sampling); the same seed gives the same run",
           "Seed (empty = random)", low=0, high=2**63 - 1, optional=True, allowed="an integer ≥ 0 or empty"),
-    Param("gamma", int, 3, "draft length γ", "SD / NASD: γ (draft length)",
-          methods=("sd", "nasd", "sd-heuristic", "rest", "osd"), **_GAMMA),
-    Param("gamma_min", int, 1, "smallest γ (egag-tree: smallest depth)", "EGAG: γ min", methods=("egag", "egag-tree"),
-          **_GAMMA),
-    Param("gamma_max", int, 4, "largest γ (egag-tree: largest depth)", "EGAG: γ max",
-          methods=("egag", "sd-confidence", "egag-tree", *_TOKEN_STOPS), **_GAMMA),
-    Param("ema", float, 0.9, "entropy smoothing β (0 = none)", "EGAG: entropy EMA β", methods=("egag", "egag-tree"),
+    Param("gamma", int, 3, "draft length γ", "SD / NASD: γ (draft length)", **_GAMMA),
+    Param("gamma_min", int, 1, "smallest γ (egag-tree: smallest depth)", "EGAG: γ min", **_GAMMA),
+    Param("gamma_max", int, 4, "largest γ (egag-tree: largest depth)", "EGAG: γ max", **_GAMMA),
+    Param("ema", float, 0.9, "entropy smoothing β (0 = none)", "EGAG: entropy EMA β",
           low=0.0, high=1.0, high_open=True, allowed="a number in [0, 1) (0 = no smoothing)", slider=(0.0, 0.99, 0.01)),
     Param("adaedl_lambda", float, 0.5, "AdaEDL: stop drafting once the bound 1 − √(scale·H) on the next draft's "
-          "acceptance falls below λ", "AdaEDL: λ (stop below this bound)", methods=("adaedl", "adaedl-tree"), low=0.0, high=1.0,
+          "acceptance falls below λ", "AdaEDL: λ (stop below this bound)", low=0.0, high=1.0,
           allowed="a number in [0, 1]", slider=(0.0, 1.0, 0.05)),
     # 0.1: on the embedded pair's training traces, 1 − √(0.1·H) is near the observed acceptance (docs/adaptive-drafting.md).
     Param("adaedl_scale", float, 0.1, "AdaEDL: the scale of the entropy (in nats) under the square root",
-          "AdaEDL: entropy scale", methods=("adaedl", "adaedl-tree"), low=0.0, low_open=True, allowed="a number > 0",
-          slider=(0.05, 4.0, 0.05)),
+          "AdaEDL: entropy scale", low=0.0, low_open=True, allowed="a number > 0", slider=(0.05, 4.0, 0.05)),
     Param("entropy_stop", float, 0.25, "EGAG per token: stop drafting once a position's normalised entropy "
-          "(smoothed by token_ema) exceeds this", "EGAG-token: entropy threshold", methods=("egag-token", "egag-token-tree"),
+          "(smoothed by token_ema) exceeds this", "EGAG-token: entropy threshold",
           low=0.0, high=1.0, allowed="a number in [0, 1]", slider=(0.0, 1.0, 0.01)),
     Param("token_ema", float, 0.0, "EGAG per token: smoothing β of the entropy along a round (0 = none)",
-          "EGAG-token: entropy EMA β", methods=("egag-token",), low=0.0, high=1.0, high_open=True,
+          "EGAG-token: entropy EMA β", low=0.0, high=1.0, high_open=True,
           allowed="a number in [0, 1) (0 = no smoothing)", slider=(0.0, 0.99, 0.01)),
     Param("specdecpp_threshold", float, 0.5, "SpecDec++: stop drafting before the draft that lifts the predicted "
-          "probability of a rejection so far above this", "SpecDec++: rejection threshold", methods=("specdecpp",),
+          "probability of a rejection so far above this", "SpecDec++: rejection threshold",
           low=0.0, high=1.0, allowed="a number in [0, 1]", slider=(0.0, 1.0, 0.05)),
     Param("specdecpp_head", str, "", "SpecDec++: a folder with an acceptance head (python -m "
           "specdemo.training.specdecpp); empty = the one shipped for the embedded pair", "SpecDec++: head folder",
-          methods=("specdecpp",), allowed="a folder, or empty"),
-    Param("ngram_n", int, 3, "n of the n-gram table", "NASD: n of the n-gram table", methods=("nasd",),
-          low=2, high=16),
+          allowed="a folder, or empty"),
+    Param("ngram_n", int, 3, "n of the n-gram table", "NASD: n of the n-gram table", low=2, high=16),
     Param("ngram_storage", str, "basic", "the table's contexts: basic = lengths n−1 down to 1, onelevel = n−1 only",
-          "NASD: table kind", methods=("nasd",), choices=NGRAM_STORAGES),
+          "NASD: table kind", choices=NGRAM_STORAGES),
     Param("top_k_filler", int, 3, "target top-k predictions added to the table per verified position",
-          "NASD: top-k filler from the target", methods=("nasd",), low=0, high=64),
+          "NASD: top-k filler from the target", low=0, high=64),
     Param("copy_n", int, 4, "copy from the context when its last n−1 tokens occurred before (0 = off)",
-          "SD / EGAG: copy from the context (n; 0 = off)", methods=_COPYING, low=0, high=16,
+          "SD / EGAG: copy from the context (n; 0 = off)", low=0, high=16,
           allowed="0 (off) or an integer from 2 to 16"),
     Param("rest_datastore", str, "", "REST: a datastore file (python -m specdemo.bench.rest build CORPUS OUT); "
-          "empty = match the context alone", "REST: datastore file", methods=("rest",),
-          allowed="a path to a datastore, or empty"),
+          "empty = match the context alone", "REST: datastore file", allowed="a path to a datastore, or empty"),
     # 2e-5: on a 50-prompt stream 1e-4 pulled the head off its offline optimum (docs/adaptive-drafting.md).
     Param("osd_lr", float, 2e-5, "OSD: the online head's learning rate (Adam) between requests",
-          "OSD: learning rate", methods=("osd",), low=0.0, high=1.0, low_open=True, allowed="a number in (0, 1]"),
+          "OSD: learning rate", low=0.0, high=1.0, low_open=True, allowed="a number in (0, 1]"),
     Param("osd_steps", int, 2, "OSD: distillation steps on each finished request's verified tokens (0 = frozen)",
-          "OSD: steps per request", methods=("osd",), low=0, high=64),
+          "OSD: steps per request", low=0, high=64),
     Param("rest_tree", bool, False, "draft a tree of the match's continuations instead of a chain",
-          "REST: draft a tree", methods=("rest",)),
-    Param("num_beams", int, 4, "beams kept by beam search", "Beam: number of beams", methods=("beam",),
-          low=1, high=16),
+          "REST: draft a tree"),
+    Param("num_beams", int, 4, "beams kept by beam search", "Beam: number of beams", low=1, high=16),
     Param("nasd_tree", bool, False, "draft a tree of the table's continuations instead of a chain",
-          "NASD: draft a tree", methods=("nasd",)),
+          "NASD: draft a tree"),
     Param("tree_policy", str, "dynamic", "how the tree grows: dynamic = max_width children per node to max_depth, "
-          "the most probable nodes first; static = tree_shape", "Tree: policy", methods=_TREE_DRAFTING,
-          choices=TREE_POLICIES),
+          "the most probable nodes first; static = tree_shape", "Tree: policy", choices=TREE_POLICIES),
     # 3: the most nodes a CPU verifies for about one forward's cost (docs/trees.md); a GPU affords more.
     Param("node_budget", int, 3, "most drafted nodes in a tree (the target verifies them all in one forward)",
-          "Tree: node budget", methods=_TREES, low=1, high=64, allowed="an integer from 1 to 64"),
-    Param("max_depth", int, 5, "deepest a dynamic tree grows", "Tree: max depth", methods=(*_TREE_DRAFTING, *_RULE_TREES),
+          "Tree: node budget", low=1, high=64, allowed="an integer from 1 to 64"),
+    Param("max_depth", int, 5, "deepest a dynamic tree grows", "Tree: max depth",
           low=1, high=64, allowed="an integer from 1 to 64"),
     Param("max_width", int, 3, "most children per node (dynamic and entropy-guided trees)", "Tree: max width",
-          methods=_TREES, low=1, high=MAX_TREE_WIDTH, allowed=f"an integer from 1 to {MAX_TREE_WIDTH}"),
+          low=1, high=MAX_TREE_WIDTH, allowed=f"an integer from 1 to {MAX_TREE_WIDTH}"),
     Param("tree_shape", str, "3,2,1,1", "a static tree's children per node at each depth", "Tree: static shape",
-          methods=_TREE_DRAFTING, allowed="children per depth separated by commas, e.g. 3,2,1,1"),
+          allowed="children per depth separated by commas, e.g. 3,2,1,1"),
     Param("chat", bool, False, "wrap the prompt in the chat template (instruct models)", "Chat template"),
     # KV-cache policies (kv_policy.py): on the draft's cache lossless, on the target's not.
     Param("draft_kv", str, "full", "the draft model's KV cache: full, streaming (sinks + recent window), l2 "
           "(smallest key norms) or head (per head, the positions that drew the most attention); lossless, the target "
-          "still verifies", "Draft KV cache",
-          methods=(*_COPYING, "draft"), choices=KV_POLICIES),
+          "still verifies", "Draft KV cache", choices=KV_POLICIES),
     Param("target_kv", str, "full", "the target's KV cache: full, streaming, l2 or head; anything but full changes the "
           "output (the run is then not lossless)", "Target KV cache", choices=KV_POLICIES),
     Param("kv_budget", int, 256, "positions a streaming, l2 or head cache keeps (per KV head and layer)", "KV budget (positions)",
@@ -191,46 +176,17 @@ SCHEMA: tuple[Param, ...] = (
 PARAMS: dict[str, Param] = {p.name: p for p in SCHEMA}
 
 
-@dataclass(frozen=True)
-class DecodeParams:
-    """A validated set of decoding parameters (fields and defaults come from `SCHEMA`)."""
+def schema_dataclass(name: str, schema: tuple[Param, ...], base: type, doc: str) -> type:
+    """A frozen dataclass with one field per parameter of `schema`, in its order, each defaulting to
+    the schema's default, and `base`'s methods. Named as if defined here, so that pickle finds it
+    (a cluster's worker receives a run's parameters)."""
+    return dataclasses.make_dataclass(
+        name, [(spec.name, spec.kind | None if spec.optional else spec.kind, dataclasses.field(default=spec.default))
+               for spec in schema],
+        bases=(base,), frozen=True, namespace={"__module__": __name__, "__qualname__": name, "__doc__": doc})
 
-    max_new_tokens: int = PARAMS["max_new_tokens"].default
-    temperature: float = PARAMS["temperature"].default
-    top_k: int = PARAMS["top_k"].default
-    top_p: float = PARAMS["top_p"].default
-    seed: int | None = PARAMS["seed"].default
-    gamma: int = PARAMS["gamma"].default
-    gamma_min: int = PARAMS["gamma_min"].default
-    gamma_max: int = PARAMS["gamma_max"].default
-    ema: float = PARAMS["ema"].default
-    adaedl_lambda: float = PARAMS["adaedl_lambda"].default
-    adaedl_scale: float = PARAMS["adaedl_scale"].default
-    entropy_stop: float = PARAMS["entropy_stop"].default
-    token_ema: float = PARAMS["token_ema"].default
-    specdecpp_threshold: float = PARAMS["specdecpp_threshold"].default
-    specdecpp_head: str = PARAMS["specdecpp_head"].default
-    ngram_n: int = PARAMS["ngram_n"].default
-    ngram_storage: str = PARAMS["ngram_storage"].default
-    top_k_filler: int = PARAMS["top_k_filler"].default
-    copy_n: int = PARAMS["copy_n"].default
-    rest_datastore: str = PARAMS["rest_datastore"].default
-    osd_lr: float = PARAMS["osd_lr"].default
-    osd_steps: int = PARAMS["osd_steps"].default
-    rest_tree: bool = PARAMS["rest_tree"].default
-    num_beams: int = PARAMS["num_beams"].default
-    nasd_tree: bool = PARAMS["nasd_tree"].default
-    tree_policy: str = PARAMS["tree_policy"].default
-    node_budget: int = PARAMS["node_budget"].default
-    max_depth: int = PARAMS["max_depth"].default
-    max_width: int = PARAMS["max_width"].default
-    tree_shape: str = PARAMS["tree_shape"].default
-    chat: bool = PARAMS["chat"].default
-    draft_kv: str = PARAMS["draft_kv"].default
-    target_kv: str = PARAMS["target_kv"].default
-    kv_budget: int = PARAMS["kv_budget"].default
-    kv_sinks: int = PARAMS["kv_sinks"].default
 
+class _DecodeParamsMethods:
     @classmethod
     def from_values(cls, **values: Any) -> "DecodeParams":
         """Coerce loosely typed values (strings from a form or a command line) and validate."""
@@ -269,14 +225,14 @@ class DecodeParams:
 
     def as_dict(self) -> dict[str, Any]:
         # Every field is a scalar or a string: a shallow copy is asdict's result without its recursion.
-        return {field.name: getattr(self, field.name) for field in _FIELDS}
+        return {name: getattr(self, name) for name in PARAMS}
 
     def replace(self, **changes: Any) -> "DecodeParams":
         return dataclasses.replace(self, **changes)
 
 
-_FIELDS = fields(DecodeParams)
-assert [f.name for f in _FIELDS] == list(PARAMS), "DecodeParams and SCHEMA must list the same names"
+DecodeParams = schema_dataclass("DecodeParams", SCHEMA, _DecodeParamsMethods,
+                                "A validated set of decoding parameters: one field per parameter of `SCHEMA`.")
 
 
 def _coerce(spec: Param, value: Any) -> Any:
@@ -329,13 +285,7 @@ ENGINE_SCHEMA: tuple[Param, ...] = (
 ENGINE_PARAMS: dict[str, Param] = {p.name: p for p in ENGINE_SCHEMA}
 
 
-@dataclass(frozen=True)
-class EngineOptions:
-    """Validated engine options (fields and defaults come from `ENGINE_SCHEMA`)."""
-
-    cache: str = ENGINE_PARAMS["cache"].default
-    compile: bool = ENGINE_PARAMS["compile"].default
-
+class _EngineOptionsMethods:
     @classmethod
     def from_values(cls, **values: Any) -> "EngineOptions":
         """Coerce loosely typed values (a form, a command line; None keeps the default) and validate."""
@@ -368,7 +318,8 @@ class EngineOptions:
 
     def as_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `generate`, `iter_generate`, `run_comparison` and `run_benchmark`."""
-        return {"cache": self.cache, "compile": self.compile}
+        return {name: getattr(self, name) for name in ENGINE_PARAMS}
 
 
-assert [f.name for f in fields(EngineOptions)] == list(ENGINE_PARAMS), "EngineOptions and ENGINE_SCHEMA must match"
+EngineOptions = schema_dataclass("EngineOptions", ENGINE_SCHEMA, _EngineOptionsMethods,
+                                 "Validated engine options: one field per option of `ENGINE_SCHEMA`.")
