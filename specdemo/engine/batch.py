@@ -8,8 +8,13 @@ it would accept alone. A row that stops (EOS or its limit) leaves the batch at o
 
 Timing: every row's clock starts with the batch, so a row's `seconds` is its latency (the prefill
 included) and its first round's `end_seconds` its time to first token. In a round, a row's
-`draft_seconds` is its own drafting, and `verify_seconds` the rest of the round's wall time (the
-shared forward, and the other rows' drafting and settling, which the row waits for).
+`draft_seconds` is the round's drafting (every row's, which the row waits for before the shared
+forward), and `verify_seconds` the rest of the round's wall time (the shared forward and the rows'
+settling); `batch_rows_drafting` counts, round by round, the rows that proposed drafts.
+
+Rows whose drafters declare a `batch_group` (the feature head on torch) draft together: one head
+forward a draft step over every row still drafting, each at its own position with its own cache;
+a row whose γ policy stopped leaves the step. Other drafters (NASD, REST, the draft LM) propose row by row.
 
 A batch of one is the single-request loop itself (`decoding.iter_generate`), unchanged.
 """
@@ -147,12 +152,14 @@ def _round(pair, params: DecodeParams, target: BatchedLM, running: dict[int, _Ro
            features: bool) -> None:
     """One round of every running row: their drafts, one forward over all of them, each row settled."""
     with torch.inference_mode():
+        begun = time.perf_counter()
+        _propose(params, running)
+        _wait(pair.device)
+        drafting = time.perf_counter() - begun
+        rows_drafting = sum(len(row.proposal.tokens) > 0 for row in running.values())
         for row in running.values():
-            begun = time.perf_counter()
-            limit = params.max_new_tokens - len(row.result.tokens) - 1
-            row.proposal = row.run.drafter.propose(row.sequence, row.run.policy, limit, row.run.sampling,
-                                                   row.run.generator)
-            row.draft_seconds = time.perf_counter() - begun
+            row.draft_seconds = drafting
+            row.result.batch_rows_drafting.append(rows_drafting)
         n_out = {i: len(row.proposal.tokens) + 1 for i, row in running.items()}
         logits, states = target.forward({i: (row.sequence, row.proposal.tokens) for i, row in running.items()},
                                         n_out, hidden=features)
@@ -177,6 +184,28 @@ def _round(pair, params: DecodeParams, target: BatchedLM, running: dict[int, _Ro
     target.drop(*finished)
     for i in finished:
         running.pop(i).run.drafter.close()
+
+
+def _propose(params: DecodeParams, running: dict[int, _Row]) -> None:
+    """Every running row's proposal: rows whose drafters share a batch group draft together (one forward
+    a draft step for all of them), the others alone, each with its own γ policy and random stream."""
+    groups: dict[tuple, list[_Row]] = {}
+    for row in running.values():
+        group = row.run.drafter.batch_group
+        limit = params.max_new_tokens - len(row.result.tokens) - 1
+        if group is None:
+            row.proposal = row.run.drafter.propose(row.sequence, row.run.policy, limit, row.run.sampling,
+                                                   row.run.generator)
+        else:
+            groups.setdefault((type(row.run.drafter), id(group)), []).append(row)
+    for rows in groups.values():
+        drafters = [row.run.drafter for row in rows]
+        proposals = type(drafters[0]).propose_together(
+            drafters, [row.sequence for row in rows], [row.run.policy for row in rows],
+            [params.max_new_tokens - len(row.result.tokens) - 1 for row in rows], rows[0].run.sampling,
+            [row.run.generator for row in rows])
+        for row, proposal in zip(rows, proposals):
+            row.proposal = proposal
 
 
 def _row_exactness(exactness: str, target_rows: int) -> str:

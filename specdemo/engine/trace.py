@@ -210,6 +210,7 @@ class GenerationResult:
     # among them; a batch's rows count their times from the batch's start, so `seconds` is the latency.
     batch_size: int = 1
     batch_row: int = 0
+    batch_rows_drafting: list[int] = field(default_factory=list)  # a batch's rows that drafted, each round
     # The writer's top-1 minus top-2 logit where it chose each new token, a round's worth at a time, left on the
     # device so that a round still reads back once; `top2_margins` reads them all when asked.
     margin_parts: list = field(default_factory=list, repr=False)

@@ -81,6 +81,18 @@ class Drafter:
         """The cached LM of the draft model it runs (a KV policy applies to it), or None."""
         return None
 
+    @property
+    def batch_group(self):
+        """What the rows of a batch whose drafters share it draft together through `propose_together`, one
+        forward per draft step for all of them; None: this drafter proposes alone."""
+        return None
+
+    @staticmethod
+    def propose_together(drafters: list, contexts: list[list[int]], policies: list, limits: list[int],
+                         sampling: SamplingConfig, generators: list) -> list[Proposal]:
+        """Each row's proposal, as each drafter's `propose` would give it alone, for drafters of one batch_group."""
+        raise NotImplementedError
+
     def describe(self, model_name: str | None) -> str:
         """How the page and the benchmark name this drafter (model_name: the pair's name for its draft)."""
         return model_name or type(self).__name__
@@ -201,6 +213,20 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
     Nothing is read back to the host but what the policy must see while drafting: the first
     position's entropy when γ depends on it (EGAG), and the entropy and top probability at
     each later position when the policy may stop early (one read per position)."""
+    steps = drafting_steps(probs, policy, limit, sampling, generator)
+    try:
+        token = next(steps)
+        while True:
+            token = steps.send(advance(token))
+    except StopIteration as done:
+        return done.value
+
+
+def drafting_steps(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfig,
+                   generator: torch.Generator | None):
+    """`draft_round` as steps: yields each draft to feed back and is sent q at the next position; its
+    return value is draft_round's. A batch drives one of these per row and feeds every row's draft
+    to the model in one forward."""
     round_entropy = float(normalized_entropy(probs)) if policy.needs_first_entropy else None
     gamma = policy.round_gamma(round_entropy)
     budget = min(gamma, limit)
@@ -222,7 +248,7 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
         entropies.append(entropy)
         chosen_q.append(probs.gather(-1, token.view(1)))  # q(x) stays on the device
         if i + 1 < budget:
-            probs = advance(token)
+            probs = yield token
             fed += 1
     if not tokens:
         return Proposal.empty(gamma, probs.device, round_entropy), 0

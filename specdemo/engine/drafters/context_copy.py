@@ -47,6 +47,11 @@ class CopyFirstDrafter(WrappedDrafter):
         self.inner.start(prompt_ids, features)
 
     def propose(self, context, policy, limit, sampling, generator) -> Proposal:
+        copied = self.copied(context, policy, limit)
+        return copied if copied is not None else self.inner.propose(context, policy, limit, sampling, generator)
+
+    def copied(self, context: list[int], policy, limit: int) -> Proposal | None:
+        """The round's drafts copied from the context, or None where the table cannot continue it."""
         # The table holds contexts of exactly n − 1 tokens, so a shorter context never matches.
         if limit > 0 and self.table.continuation(context[-(self.table.n - 1) :]) is not None:
             # A point mass has zero entropy: a policy that reads it (EGAG) drafts its longest γ.
@@ -56,7 +61,25 @@ class CopyFirstDrafter(WrappedDrafter):
             # The trace gives each copied token its q's entropy, zero, beside the drafter's own.
             zeros = torch.zeros(len(tokens), device=self.device)
             return Proposal(gamma, tokens, None, zeros, entropy, source=COPIED)
-        return self.inner.propose(context, policy, limit, sampling, generator)
+        return None
+
+    @property
+    def batch_group(self):
+        return self.inner.batch_group
+
+    @staticmethod
+    def propose_together(drafters, contexts, policies, limits, sampling, generators) -> list[Proposal]:
+        """Rows that copy this round take their copies; the rest draft together through their inner drafters."""
+        proposals = [d.copied(c, p, n) for d, c, p, n in zip(drafters, contexts, policies, limits)]
+        drafting = [i for i, proposal in enumerate(proposals) if proposal is None]
+        if drafting:
+            inner = [drafters[i].inner for i in drafting]
+            drafted = type(inner[0]).propose_together(inner, [contexts[i] for i in drafting],
+                                                      [policies[i] for i in drafting], [limits[i] for i in drafting],
+                                                      sampling, [generators[i] for i in drafting])
+            for i, proposal in zip(drafting, drafted):
+                proposals[i] = proposal
+        return proposals
 
     def observe(self, sequence, verified_from, target_logits, target_features=None, target_top=None) -> None:
         self.table.add_sequence(sequence, start=verified_from)

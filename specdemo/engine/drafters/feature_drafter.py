@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Drafter, Proposal, draft_round
+from .base import Drafter, Proposal, draft_round, drafting_steps
 from ..trace import FedCounts
 from .feature_head import FeatureHead, HeadCache
 from ..sampling import SamplingConfig, probabilities
@@ -40,6 +40,18 @@ class FeatureDrafter(Drafter):
 
     def report_kv_peak(self, record: dict, key: str) -> None:
         self.kv_peak_sink = (record, key)
+
+    @property
+    def batch_group(self):
+        # Rows draft together through our head's torch step; a head of another layout, or steps run by
+        # another runtime (a subclass's head_step), draft alone.
+        if isinstance(self.head, FeatureHead) and type(self).head_step is FeatureDrafter.head_step:
+            return self.head
+        return None
+
+    @staticmethod
+    def propose_together(drafters, contexts, policies, limits, sampling, generators) -> list[Proposal]:
+        return propose_rows(drafters, contexts, policies, limits, sampling, generators)
 
     @property
     def forwards(self) -> int:
@@ -109,6 +121,50 @@ class FeatureDrafter(Drafter):
 
     def close(self) -> None:
         self.cache = None
+
+
+def propose_rows(drafters: list[FeatureDrafter], contexts: list[list[int]], policies: list, limits: list[int],
+                 sampling: SamplingConfig, generators: list) -> list[Proposal]:
+    """Every row's proposal of a batch, as each drafter would propose alone, with one head forward per
+    draft step over the rows still drafting: a row whose γ policy stopped leaves the step's rows.
+    Each row reads its own pending features first (one forward each, their lengths differ)."""
+    proposals: list[Proposal | None] = [None] * len(drafters)
+    steps, predicted, positions, tokens = {}, {}, {}, {}
+    for row, (drafter, context) in enumerate(zip(drafters, contexts)):
+        first = drafter.catch_up(context)
+        if first is None:
+            proposals[row] = Proposal.empty(0, drafter.head.fc.weight.device)
+            continue
+        steps[row] = drafting_steps(drafter.q_of(first, sampling), policies[row], limits[row], sampling,
+                                    generators[row])
+        predicted[row], positions[row] = first, len(context) - 1
+        _advance(row, steps, tokens, proposals, None)
+    while tokens:
+        rows = list(tokens)
+        head = drafters[rows[0]].head
+        for row in rows:
+            drafter = drafters[row]
+            drafter._forwards += 1
+            drafter._counts.add(1, 1)
+        outputs = head.step_rows(torch.stack([predicted[row] for row in rows]),
+                                 torch.cat([tokens[row].view(1) for row in rows]),
+                                 [positions[row] + 1 for row in rows], [drafters[row].cache for row in rows])
+        logits = head.full_logits(outputs).float()
+        for row, output, row_logits in zip(rows, outputs, logits):
+            predicted[row] = output
+            positions[row] += 1
+            _advance(row, steps, tokens, proposals, probabilities(row_logits, sampling))
+    return proposals
+
+
+def _advance(row: int, steps: dict, tokens: dict, proposals: list, probs: torch.Tensor | None) -> None:
+    """Hand a row's drafting q at its next position (None: its first step); keep the draft it wants fed
+    back, or its finished proposal."""
+    try:
+        tokens[row] = next(steps[row]) if probs is None else steps[row].send(probs)
+    except StopIteration as done:
+        tokens.pop(row, None)
+        proposals[row] = done.value[0]
 
 
 class FeatureStepper:

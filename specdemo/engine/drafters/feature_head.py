@@ -267,6 +267,31 @@ class FeatureHead(nn.Module):
                 mask = mask[None, None] & attention_mask[:, None, None, :].bool()
         return self.finish(residual, q, k, v, mask)
 
+    def step_rows(self, features: torch.Tensor, next_ids: torch.Tensor, positions: list[int],
+                  caches: list[HeadCache]) -> torch.Tensor:
+        """One draft step of B independent sequences in one forward: features [B, d] (f_j of each row),
+        next_ids [B], positions (j + 1 of each row), each row's own cache -> f̂ [B, d]. The products run
+        over all rows at once; each row attends over its own cache with the mask it has alone."""
+        residual, q, k, v = self.project(features.to(self.fc.weight.dtype).unsqueeze(1), next_ids.view(-1, 1),
+                                         torch.zeros(1, device=features.device))
+        # project rotated every row at position 0 (the identity); each row turns to its own position here.
+        cos, sin = self._rope(torch.as_tensor(positions, device=features.device).view(-1, 1, 1), q.dtype)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        groups = self.config.num_heads // self.config.num_kv_heads
+        attended = []
+        for row, cache in enumerate(caches):
+            start = cache.length
+            cache.ensure(start + 1)
+            cache.k[:, :, start : start + 1] = k[row : row + 1]
+            cache.v[:, :, start : start + 1] = v[row : row + 1]
+            cache.length = start + 1
+            keys, values = cache.k[:, :, : start + 1], cache.v[:, :, : start + 1]
+            if groups > 1:
+                keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+            mask = torch.ones(1, start + 1, dtype=torch.bool, device=q.device)
+            attended.append(F.scaled_dot_product_attention(q[row : row + 1], keys, values, attn_mask=mask))
+        return self.after_attention(residual, torch.cat(attended))[:, 0]
+
     def subset_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., S]: logits over the subset, through the target's LM head."""
         return predicted @ self.head_columns
