@@ -97,6 +97,15 @@ def test_summary_gives_throughput_latency_ttft_and_ratio_per_batch_size():
     assert summary.acceptance_rate.dropna().eq(0.5).all()
 
 
+def test_draft_seconds_per_round_are_a_batch_rounds_drafting_read_off_its_longest_row():
+    rows = rows_for({"sd": [(10, 1.0)] * 2}, 2)
+    # Each row's draft seconds are its rounds' drafting; the second row ran 4 rounds, the first 2 of them.
+    rows["rounds"] = [2, 4, 2, 4]
+    rows["draft_seconds"] = [0.2, 0.8, 0.2, 0.4]
+    summary = summarize_batches(rows, reference="sd")
+    assert summary.draft_seconds_per_round.iloc[0] == pytest.approx((0.8 / 4 + 0.4 / 4) / 2)
+
+
 def test_a_failed_batch_counts_as_errors_not_as_throughput():
     rows = rows_for({"ar": [(10, 1.0)] * 3, "sd": [(10, 0.5)] * 3}, 2)
     rows.loc[(rows.method == "sd") & (rows.batch_index == 0), "error"] = "ValueError: refused"

@@ -276,7 +276,7 @@ def print_batches(result: BenchResult) -> None:
     the verdict."""
     shown = ["batch", "method", "requests", "throughput_tokens_per_s", "latency_p50_s", "latency_p95_s", "ttft_p50_s",
              "ttft_p95_s", "throughput_vs_ar", "throughput_vs_ar_low", "throughput_vs_ar_high", "acceptance_rate",
-             "errors"]
+             "draft_seconds_per_round", "errors"]
     with pd.option_context("display.max_columns", None, "display.width", 220, "display.float_format", "{:.3f}".format):
         print("per batch size (throughput: all requests' new tokens ÷ the batches' wall time; "
               "throughput_vs_ar: over AR's at the same size, 95% bootstrap interval over batches):")

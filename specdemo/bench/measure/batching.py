@@ -17,6 +17,9 @@ Definitions (one row per batch size and method):
   throughput_vs_ar_low, _high   a percentile bootstrap interval (95 %) of that ratio, resampling the
                   batches as pairs (the method's run and AR's on the same prompts); none under
                   MIN_BATCHES batches.
+  draft_seconds_per_round  the seconds a batch's round spends drafting, every row's drafts together
+                  (a row's draft seconds are its rounds' drafting, which it waits for): per batch, its longest
+                  row's draft seconds ÷ its rounds, averaged over the batches.
 
 May import numpy and pandas; never torch, plotly or gradio.
 """
@@ -35,7 +38,7 @@ BATCH_COLUMNS = ["batch", "batch_index", "batch_row", "batch_seconds"]
 BATCH_SUMMARY_COLUMNS = [
     "batch", "method", "label", "batches", "requests", "new_tokens", "wall_seconds", "throughput_tokens_per_s",
     "latency_p50_s", "latency_p95_s", "ttft_p50_s", "ttft_p95_s", "throughput_vs_ar", "throughput_vs_ar_low",
-    "throughput_vs_ar_high", "acceptance_rate", "mean_accepted_tokens", "errors",
+    "throughput_vs_ar_high", "acceptance_rate", "mean_accepted_tokens", "draft_seconds_per_round", "errors",
 ]
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -160,8 +163,17 @@ def _measured(mine: pd.DataFrame, ref: pd.DataFrame, errors: int) -> dict:
         "acceptance_rate": mine.accepted.sum() / drafted if drafted else math.nan,
         "mean_accepted_tokens": (mine.new_tokens.sum() / mine.rounds.sum()
                                  if "rounds" in mine and mine.rounds.sum() else math.nan),
+        "draft_seconds_per_round": _draft_seconds_per_round(mine),
         "errors": errors,
     }
+
+
+def _draft_seconds_per_round(mine: pd.DataFrame) -> float:
+    if mine.empty or "draft_seconds" not in mine or "rounds" not in mine:
+        return math.nan
+    longest = mine.loc[mine.groupby(["repeat", "batch_index"]).rounds.idxmax()]
+    per_round = pd.to_numeric(longest.draft_seconds, errors="coerce") / longest.rounds.where(longest.rounds > 0)
+    return float(per_round.mean()) if per_round.notna().any() else math.nan
 
 
 def drafting_methods(summary: pd.DataFrame) -> list[str]:
