@@ -11,7 +11,7 @@ import math
 import pytest
 
 import specdemo
-from specdemo.engine.replay import Recording, replay_grid
+from specdemo.engine.replay import Recording, chain_book, replay_grid
 from tests.test_feature_drafter import with_head
 
 PROMPTS = [[1, 5, 9, 13, 5, 9, 13, 5], [1, 7]]
@@ -152,6 +152,71 @@ def test_a_grid_replayed_on_shared_chains_equals_each_settings_own_replay(record
             own = specdemo.replay(recording, method, **settings)
             assert rounds_of(shared) == rounds_of(own), (method, settings, prompt)
             assert shared.token_ids == own.token_ids
+
+
+# Every chain method whose drafter is the pair's draft (a model or a head), with the settings that exercise
+# its rule: these read the book's shared chains.
+SHARED = [(m, s) for m, s in SETTINGS if m not in ("nasd", "rest")] + [
+    ("egag", dict(gamma_max=6, ema=0.0, copy_n=3)), ("sd-confidence", dict(gamma_max=4)),
+    ("adaedl", dict(gamma_max=8, adaedl_lambda=0.8)),
+    ("egag-token", dict(gamma_max=8, entropy_stop=0.3, token_ema=0.5)), ("sd", dict(gamma=8))]
+
+
+def counts_of(result) -> tuple:
+    return (result.target_forwards, result.draft_forwards, result.fed, result.stop_reason, result.drafter)
+
+
+@pytest.fixture(scope="module")
+def books(recordings):
+    return {key: chain_book(recording, methods=("sd", "egag"), max_gamma=8) for key, recording in recordings.items()}
+
+
+@pytest.mark.parametrize("method,settings", SHARED, ids=lambda v: str(v))
+@pytest.mark.parametrize("kind", ["lm", "head"])
+def test_a_books_replay_equals_the_settings_own_replay_and_its_real_run(
+        tiny_pair, head_pair, recordings, books, kind, method, settings):
+    pair = tiny_pair if kind == "lm" else head_pair
+    for prompt in PROMPTS:
+        book = books[kind, tuple(prompt)]
+        assert book.shares(method, **settings)
+        shared = book.replay(method, **settings)
+        own = specdemo.replay(recordings[kind, tuple(prompt)], method, **settings)
+        real = specdemo.generate(pair, prompt, method, max_new_tokens=LENGTH, **settings)
+        assert rounds_of(shared) == rounds_of(own) == rounds_of(real), (method, settings, prompt)
+        assert counts_of(shared) == counts_of(own) == counts_of(real)
+        assert [r.early_stop for r in shared.rounds] == [r.early_stop for r in own.rounds]
+
+
+def test_specdecpps_stop_reads_the_shared_chains_too(head_pair, recordings, books):
+    settings = dict(gamma_max=6, specdecpp_threshold=0.5)
+    for prompt in PROMPTS:
+        shared = books["head", tuple(prompt)].replay("specdecpp", **settings)
+        assert rounds_of(shared) == rounds_of(specdemo.replay(recordings["head", tuple(prompt)], "specdecpp",
+                                                              **settings))
+
+
+def test_a_book_replays_what_it_cannot_share_setting_by_setting(recordings, books):
+    book, recording = books["lm", tuple(PROMPTS[0])], recordings["lm", tuple(PROMPTS[0])]
+    assert not book.shares("nasd", gamma=3)
+    assert rounds_of(book.replay("nasd", gamma=3)) == rounds_of(specdemo.replay(recording, "nasd", gamma=3))
+    longer = book.replay("sd", gamma=12)  # past the book's longest chain: drafted again
+    assert rounds_of(longer) == rounds_of(specdemo.replay(recording, "sd", gamma=12))
+    with pytest.raises(ValueError, match="samples"):
+        book.replay("sd", temperature=0.8)
+
+
+@pytest.mark.slow
+def test_the_embedded_pairs_book_equals_its_real_runs(embedded_pair):
+    prompt = "List three things a lighthouse keeper might write in a logbook, and why."
+    recording = specdemo.record(embedded_pair, prompt, max_new_tokens=48)
+    book = chain_book(recording, max_gamma=8)
+    for method, settings in [("sd", dict(gamma=1)), ("sd", dict(gamma=4)), ("sd", dict(gamma=8)),
+                             ("egag", dict(gamma_max=6, ema=0.5)), ("egag", dict(gamma_max=8, ema=0.9)),
+                             ("sd", dict(gamma=3, copy_n=2)), ("adaedl", dict(gamma_max=6)),
+                             ("sd-confidence", dict(gamma_max=6)), ("sd-heuristic", dict(gamma=3))]:
+        assert book.shares(method, **settings)
+        real = specdemo.generate(embedded_pair, prompt, method, max_new_tokens=48, **settings)
+        assert rounds_of(book.replay(method, **settings)) == rounds_of(real), (method, settings)
 
 
 @pytest.mark.slow

@@ -44,13 +44,13 @@ from typing import Any, Sequence
 import torch
 
 from .decoding import decode_rounds, iter_generate
-from .drafters.base import NoDrafter, top_ids
+from .drafters.base import Drafter, NoDrafter, Proposal, WrappedDrafter, top_ids
 from .drafters.policies import FixedGamma
 from .drafters.feature_head import FeatureHead
 from .drafters.published import PublishedHead
 from .methods import REFERENCE, get_method
 from .pair import DRAFT_ROLE, TARGET_ROLE
-from .params import DecodeParams, EngineOptions
+from .params import PARAMS, DecodeParams, EngineOptions
 from .runtimes import refusal
 from .targets.seq2seq import is_encoder_decoder
 from .tokens import common_prefix_length
@@ -64,6 +64,7 @@ NEAR_TIES_LABEL = "up to near-ties"
 # Parameters that change what the target computes or what it is asked: a replay runs with the recording's.
 TARGET_PARAMS = ("chat", "temperature", "top_k", "top_p", "target_kv", "kv_budget", "kv_sinks")
 RECORDING_FORMAT = 1
+PARAMS_DEFAULTS = {name: spec.default for name, spec in PARAMS.items()}
 
 
 def pair_key(pair) -> dict[str, Any]:
@@ -211,7 +212,8 @@ def record(pair, prompt: str | Sequence[int], *, max_new_tokens: int = 128, chat
     features = torch.cat(recorder.states) if recorder.states else None
     return Recording(
         prompt_ids=list(prompt_ids), tokens=result.token_ids, top_ids=ids, top_logits=logits,
-        log_normaliser=normaliser.reshape(-1), vocab=recorder.vocab or int(pair.vocab_size or pair.target.config.vocab_size),
+        log_normaliser=normaliser.reshape(-1),
+        vocab=recorder.vocab or int(pair.vocab_size or pair.target.config.vocab_size),
         margins=[float(m) for m in result.top2_margins], features=features,
         feature_layers=recorder.feature_layers, params=dict(result.params), cache=result.cache,
         runtime=result.runtime, exactness=result.exactness, stop_reason=result.stop_reason, key=pair_key(pair),
@@ -373,6 +375,12 @@ def replay(recording: Recording, method: str, *, pair=None, **params) -> Replaye
     and the runtime's own `refusal` for the method on this pair). The result's rounds, tokens, sources
     and counts are the real run's; its times are NaN; `replayed` and `note` say it was replayed.
     """
+    return _replay(recording, method, pair, params)
+
+
+def _replay(recording: Recording, method: str, pair, params: dict[str, Any], swap=None) -> ReplayedResult:
+    """`replay`, with swap(drafter) -> drafter putting another drafter in the built one's place (a
+    `ChainBook`'s, which reads its drafts from shared chains) after the refusals have been asked."""
     pair = pair if pair is not None else recording.pair
     if pair is None:
         raise ValueError("replay: this recording was loaded without its pair: Recording.load(path, pair)")
@@ -392,6 +400,8 @@ def replay(recording: Recording, method: str, *, pair=None, **params) -> Replaye
         if refused:
             drafter.close()
             raise ValueError(refused)
+        if swap is not None:
+            drafter = swap(drafter, decode)
     estimate = recording.exactness.startswith(NEAR_TIES_LABEL)
     replayed = (f"replayed from a recorded AR run on {recording.runtime} (draft steps only, no time measured)"
                 + (f"; an estimate: this target is exact {recording.exactness}, so a real run may round a "
@@ -401,7 +411,7 @@ def replay(recording: Recording, method: str, *, pair=None, **params) -> Replaye
                             replayed=replayed, estimate=estimate)
     writer = RecordedTarget(recording, pair.target)
     for result in decode_rounds(pair, drafter, policy, decode, seed, result, cache=recording.cache, method=spec,
-                          writer=writer):
+                                writer=writer):
         pass
     _unmeasured(result)
     return result
@@ -414,10 +424,293 @@ def _unmeasured(result: GenerationResult) -> None:
         round_.draft_seconds = round_.verify_seconds = round_.end_seconds = math.nan
 
 
+# --------------------------------------------------------------------------- chains shared across settings
+
+
+@dataclass
+class Chain:
+    """The drafter's greedy chain from one position of the recorded path, drafted once to its longest:
+    per step the draft, its normalised entropy and q (tensors, as a proposal carries them), and the
+    (entropy, top probability) a γ policy's `keep_drafting` reads there (the floats it would be handed);
+    round_entropy: what `round_gamma` reads (the first position's entropy); vocab: q's width."""
+
+    tokens: torch.Tensor
+    entropies: torch.Tensor
+    q: torch.Tensor
+    stats: list[tuple[float, float]]
+    q_floats: list[float]
+    round_entropy: float
+    vocab: int
+
+    def __len__(self) -> int:
+        return len(self.stats)
+
+
+class ChainTooShort(Exception):
+    """A setting asked for more drafts at a position than its chain holds (its γ beyond the book's)."""
+
+
+class _WholeChain:
+    """The policy a chain is drafted under: γ = the book's longest, never stopped, every statistic kept."""
+
+    needs_first_entropy = needs_token_stats = reads_first_token = True
+    budget = 0
+
+    def __init__(self, gamma: int):
+        self.gamma = gamma
+        self.first_entropy = math.nan
+        self.stats: list[tuple[float, float]] = []
+        self.vocab = 0
+
+    def round_gamma(self, first_entropy: float | None) -> int:
+        self.first_entropy = float(first_entropy)
+        return self.gamma
+
+    def keep_drafting(self, entropy: float, top_prob: float, position: int = 0, vocab: int = 0, **where) -> bool:
+        self.stats.append((entropy, top_prob))
+        self.vocab = vocab
+        return True
+
+    def update(self, drafted: int, accepted: int) -> None:
+        pass
+
+    def early_stop(self):
+        return None
+
+
+def _is_chain_drafter(drafter) -> bool:
+    """A drafter whose greedy chain from a position of the path depends on that prefix alone, and whose
+    drafting is `draft_round` over a model's q: a draft LM or a feature head."""
+    from .drafters.feature_drafter import FeatureDrafter
+    from .drafters.model import ModelDrafter
+    from .drafters.online import OnlineDrafter
+    return isinstance(drafter, (FeatureDrafter, ModelDrafter)) and not isinstance(drafter, OnlineDrafter)
+
+
+def _leaf(drafter):
+    """(the wrapper holding it or None, the innermost drafter)."""
+    parent = None
+    while isinstance(drafter, WrappedDrafter):
+        parent, drafter = drafter, drafter.inner
+    return parent, drafter
+
+
+def draft_chains(recording: Recording, drafter, longest: int) -> dict[int, Chain | None]:
+    """The chain of `drafter` (freshly built, a `_is_chain_drafter`) from every position of the recording's
+    path, each up to min(longest, the room left there), keyed by the context's length. The drafter sees
+    the path one position at a time, as AR's rounds would show it (None: a position it cannot draft from,
+    a one-token prompt's first)."""
+    path, start = recording.sequence, len(recording.prompt_ids)
+    decode = DecodeParams.resolve(None, **{n: v for n, v in recording.params.items() if n != "seed"})
+    sampling, features = decode.sampling, recording.features
+    target = RecordedTarget(recording, recording.pair.target if recording.pair is not None else None)
+    drafter.use_cache(recording.cache, len(path) + longest + 1, buckets=(1, 2))
+    chains: dict[int, Chain | None] = {}
+    with torch.inference_mode():
+        drafter.start(path[:start], features[: start - 1] if drafter.reads_target_features else None)
+        for n in range(start, len(path)):
+            room = recording.max_new_tokens - (n - start) - 1
+            policy = _WholeChain(min(longest, max(room, 0)))
+            proposal = drafter.propose(path[:n], policy, max(room, 0), sampling, None)
+            if math.isnan(policy.first_entropy):
+                chains[n] = None  # the drafter proposed without asking its policy (nothing to draft from)
+            else:
+                k = len(proposal.tokens)
+                q = proposal.q_of_drafts if k else torch.empty(0)
+                chains[n] = Chain(proposal.tokens, proposal.entropies if k else torch.empty(0), q,
+                                  policy.stats[:k], q.tolist(), policy.first_entropy, policy.vocab)
+            shown = target._rows[n - start : n - start + 1]
+            drafter.observe(path[: n + 1], n, shown, features[n - 1 : n] if drafter.reads_target_features else None,
+                            None)
+    drafter.close()
+    return chains
+
+
+class ChainDrafter(Drafter):
+    """A drafter whose proposals are read from shared chains: what `draft_round` would propose under the
+    setting's own γ policy, asked the same questions with the same figures, from a chain drafted once.
+    Its counts are those the replaced drafter's own draft steps would have made (a feature head reads the
+    verified states in one forward a round, a draft LM catches its cache up in one)."""
+
+    drafts_tokens = True
+
+    def __init__(self, replaced, chains: dict[int, Chain | None], prompt_length: int):
+        from .drafters.feature_drafter import FeatureDrafter
+        self.chains = chains
+        self.reads_target_features = replaced.reads_target_features
+        self.feature_layers = replaced.feature_layers
+        self.device = torch.device("cpu")
+        self._describe = replaced.describe
+        self.head_like = isinstance(replaced, FeatureDrafter)
+        # A draft LM prefills the prompt but its last token at start; a head's first read is its prefill.
+        self._counts = FedCounts()
+        self._prefill_forwards = 0 if self.head_like else int(prompt_length > 1)
+        if not self.head_like and prompt_length > 1:
+            self._counts.add(prompt_length - 1, 1)
+        self.cached = prompt_length - 1  # path positions the replaced drafter's cache holds
+        self.fed = 0
+        replaced.close()
+
+    @property
+    def forwards(self) -> int:
+        return self._counts.forwards + (self._prefill_forwards if self.head_like else 0)
+
+    @property
+    def counts(self) -> FedCounts:
+        return self._counts
+
+    def describe(self, model_name: str | None) -> str:
+        return self._describe(model_name)
+
+    def propose(self, context, policy, limit, sampling, generator) -> Proposal:
+        n = len(context)
+        chain = self.chains.get(n)
+        if chain is None:
+            if n not in self.chains:
+                raise ChainTooShort(f"no chain at position {n}")
+            return Proposal.empty(0, self.device)
+        round_entropy = chain.round_entropy if policy.needs_first_entropy else None
+        gamma = policy.round_gamma(round_entropy)
+        budget = min(gamma, limit)
+        if budget > len(chain):
+            raise ChainTooShort(f"γ {budget} at position {n}, the chain holds {len(chain)}")
+        kept = 0
+        for i in range(budget):
+            if policy.needs_token_stats and (i > 0 or policy.reads_first_token):
+                entropy, top_prob = chain.stats[i]
+                if not policy.keep_drafting(entropy, top_prob, position=i, vocab=chain.vocab,
+                                            last_q=chain.q_floats[i - 1] if i else None):
+                    break
+            kept += 1
+        self.fed = min(kept, budget - 1) if budget else 0
+        self._count_round(n)
+        if not kept:
+            return Proposal.empty(gamma, self.device, round_entropy)
+        return Proposal(gamma, chain.tokens[:kept], None, chain.entropies[:kept], round_entropy,
+                        q_of_drafts=chain.q[:kept])
+
+    def _count_round(self, n: int) -> None:
+        if self.head_like:
+            if self._prefill_forwards:
+                self._counts.add(n - 1 - self.cached, 1)
+            else:
+                self._prefill_forwards = 1
+            self.cached = n - 1
+        else:
+            self._counts.add(n - self.cached, 1)
+            self.cached = n
+        for _ in range(self.fed):
+            self._counts.add(1, 1)
+
+    def observe(self, sequence, verified_from, target_logits, target_features=None, target_top=None) -> None:
+        if not self.head_like:  # a draft LM keeps the drafts it fed that the target accepted
+            self.cached += min(self.fed, target_logits.shape[0] - 1)
+        self.fed = 0
+
+
+# Parameters that change what the drafter computes, not how a policy cuts its chain: a chain is shared
+# only by settings that leave them at the book's values.
+DRAFTER_PARAMS = ("draft_kv",)
+
+
+class ChainBook:
+    """Chains drafted once from every position of a recording, and any chain method's replay made of
+    bookkeeping over them: `replay(method, **params)` equals `engine.replay.replay(recording, method,
+    **params)` round by round (drafts, accepted counts, γ, sources, counts), without a draft step.
+
+    A method shares the chains where its drafter is the pair's draft LM or feature head (alone, or behind
+    the context copy, whose copies are the path's own n-grams and are replayed live). Every γ policy and
+    stop rule reads, from the chain, the figures the real drafter would have handed it. The rest replays
+    setting by setting (`replay`), still exact but drafting again: NASD's and REST's tables (cheap, no
+    model steps), published heads (Medusa drafts from its own heads), a draft KV policy (it changes what
+    the draft computes), and a setting whose γ runs past the book's `max_gamma`.
+
+    Exact up to float rounding of the drafter's own cache: a real run reads the verified states (or
+    tokens) in chunks of a round's accepted count, the book one position at a time, so a q can differ in
+    its last bits; only a γ rule that sits on its threshold to those bits, or a draft argmax tied to
+    them, could round the other way (the tests hold the rounds equal on the tiny and the embedded pair).
+    """
+
+    def __init__(self, recording: Recording, pair=None, methods: Sequence[str] = ("sd", "egag"),
+                 max_gamma: int = 8):
+        self.recording = recording
+        self.pair = pair if pair is not None else recording.pair
+        if self.pair is None:
+            raise ValueError("chain_book: this recording was loaded without its pair: Recording.load(path, pair)")
+        self.max_gamma = max_gamma
+        self.methods = tuple(methods)
+        self._chains: dict[type, dict[int, Chain | None]] = {}
+        for method in self.methods:
+            self._prepare(method)
+
+    def _prepare(self, method: str) -> dict[int, Chain | None] | None:
+        """The chains of the method's drafter (drafted the first time a method needs them), or None."""
+        spec = get_method(method)
+        if spec.run is not None or not spec.needs_draft:
+            return None
+        decode = DecodeParams.resolve(None, **{n: v for n, v in self.recording.params.items() if n != "seed"})
+        try:
+            drafter, _ = spec.build(self.pair, spec.fit(decode)[0])
+        except Exception:  # noqa: BLE001 — a method this pair cannot build replays by itself, and says why
+            return None
+        if drafter is None:
+            return None
+        _, leaf = _leaf(drafter)
+        key = type(leaf)
+        if _is_chain_drafter(leaf) and not drafter.drafts_trees and key not in self._chains:
+            self._chains[key] = draft_chains(self.recording, leaf, self.max_gamma)
+        drafter.close()
+        return self._chains.get(key) if _is_chain_drafter(leaf) and not drafter.drafts_trees else None
+
+    def shares(self, method: str, **params) -> bool:
+        """Whether `replay(method, **params)` reads the shared chains (else it drafts again)."""
+        return self._prepare(method) is not None and all(
+            params.get(name, PARAMS_DEFAULTS[name]) == self.recording.params.get(name, PARAMS_DEFAULTS[name])
+            for name in DRAFTER_PARAMS)
+
+    def replay(self, method: str, **params) -> ReplayedResult:
+        """The method's replay at these parameters: bookkeeping over the shared chains where it shares them,
+        else `replay` itself (see the class); refused settings raise as `replay` does."""
+        if not self.shares(method, **params):
+            return replay(self.recording, method, pair=self.pair, **params)
+        chains = self._prepare(method)
+        prompt_length = len(self.recording.prompt_ids)
+
+        def swap(drafter, decode):
+            parent, leaf = _leaf(drafter)
+            if not _is_chain_drafter(leaf) or drafter.drafts_trees:
+                return drafter
+            chained = ChainDrafter(leaf, chains, prompt_length)
+            if parent is None:
+                return chained
+            parent.inner = chained
+            return parent
+
+        try:
+            return _replay(self.recording, method, self.pair, params, swap=swap)
+        except ChainTooShort:
+            return replay(self.recording, method, pair=self.pair, **params)
+
+
+def chain_book(recording: Recording, pair=None, methods: Sequence[str] = ("sd", "egag"),
+               max_gamma: int = 8) -> ChainBook:
+    """A `ChainBook` over `recording`: the pair's draft chains from every position, drafted once up to
+    `max_gamma` (the draft steps of about one replay), for `methods` and every method sharing their drafter."""
+    return ChainBook(recording, pair, methods, max_gamma)
+
+
 def replay_grid(recording: Recording, settings: Sequence[tuple[str, dict[str, Any]]], *,
-                pair=None) -> list[ReplayedResult]:
+                pair=None, max_gamma: int | None = None) -> list[ReplayedResult]:
     """`replay(recording, method, **params)` for each (method, params) of `settings`, in order: one result
-    each, equal to that setting's own replay round by round. The recorded target's rows are built once
-    for the whole grid; each setting still runs its own draft steps (its chains are not yet shared across
-    settings), and a refused setting raises as `replay` does."""
-    return [replay(recording, method, pair=pair, **params) for method, params in settings]
+    each, equal to that setting's own replay round by round. The draft's chains are drafted once for the
+    whole grid (a `ChainBook` up to the largest γ any setting asks, or `max_gamma`), and each setting
+    replays as bookkeeping over them; a method that cannot share them replays alone (`ChainBook`), and a
+    refused setting raises as `replay` does."""
+    longest = max_gamma or max([_longest_gamma(params) for _, params in settings] + [1])
+    book = chain_book(recording, pair, methods=tuple(dict.fromkeys(m for m, _ in settings)), max_gamma=longest)
+    return [book.replay(method, **params) for method, params in settings]
+
+
+def _longest_gamma(params: dict[str, Any]) -> int:
+    """The most drafts a setting's round can ask for: its γ or γ_max (the schema's defaults otherwise)."""
+    return max(int(params.get(name, PARAMS_DEFAULTS[name])) for name in ("gamma", "gamma_max"))
