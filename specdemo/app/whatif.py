@@ -1,0 +1,335 @@
+"""The Playground's "What if" panel: other γ and EGAG settings for the Run's prompt, replayed exactly
+from one recorded greedy AR run, with tokens/s predicted from this machine's cost table.
+
+Under greedy decoding every lossless method writes AR's tokens, so the rounds of any chain setting
+can be replayed from AR's recording (`engine.replay`) by the real drafter and γ policy, without the
+target; the cost table (`bench.measure.costs`) turns those rounds into tokens/s. After a greedy Run
+the page records AR once more on the same prompt, after the timed rounds, so that nothing the Run
+measured pays for it (the Run's own AR is timed on the runtime's plain loop; recording it there
+would add the recorder's copies to the very time the table reports).
+
+The first half is plain functions (`prepare`, `figures`, `gamma_curve`, `curve_figure`), tested
+without a server; `WhatIfPanel` lays the panel out and wires its events.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import gradio as gr
+
+from ..bench.measure.costs import CostTable, cost_table, ensure_drafter, predict_tokens_per_s
+from ..engine.methods import METHODS, REFERENCE, Method
+from ..engine.pair import DRAFT_ROLE, TARGET_ROLE
+from ..engine.params import PARAMS, DecodeParams
+from ..engine.replay import ChainBook, Recording, chain_book, record, replay_refusal
+from ..engine.trace import GenerationResult
+from . import viz
+from .page import decoding_thread, session_id
+from .streams import BySession
+
+# The two methods the panel replays: the registry's default fixed-γ drafting method (SD) and its default
+# adaptive one (EGAG), found by what their entries declare rather than by name.
+FIXED = next(m for m in METHODS.values() if m.default_on and m.needs_draft and not m.adapts)
+ADAPTIVE = next(m for m in METHODS.values() if m.default_on and m.needs_draft and m.adapts)
+MAX_GAMMA = 8  # the sliders' and the chart's largest γ: what one chain per position is drafted up to
+# The γ policy's parameters the sliders move; the drafter (copy_n, draft_kv) stays as the Run had it.
+KNOB_NAMES = ("gamma", "gamma_min", "gamma_max", "ema")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One slider: a parameter of a method, its range from the schema (γ capped at MAX_GAMMA)."""
+
+    method: str
+    name: str
+    label: str
+    low: float
+    high: float
+    step: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.method}.{self.name}"
+
+
+def knobs_of(method: Method) -> list[Knob]:
+    """The sliders of a method: its own parameters among KNOB_NAMES, in its entry's order."""
+    out = []
+    for name in method.params:
+        if name not in KNOB_NAMES:
+            continue
+        spec = PARAMS[name]
+        if spec.kind is int:
+            low, high, step = spec.low, min(spec.high, MAX_GAMMA), 1
+        else:
+            low, high, step = spec.slider
+        out.append(Knob(method.name, name, f"{method.label}: {spec.label.split(': ', 1)[-1]}", low, high, step))
+    return out
+
+
+KNOBS = knobs_of(FIXED) + knobs_of(ADAPTIVE)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A setting's replayed figures: τ (new tokens per round), acceptance (accepted ÷ drafted), and the
+    predicted tokens/s and speedup over AR (NaN where no cost table was at hand)."""
+
+    method: str
+    params: dict[str, Any]
+    tau: float
+    acceptance: float
+    tokens_per_s: float
+    speedup: float
+    rounds: int
+    estimate: bool = False
+
+
+@dataclass
+class WhatIf:
+    """What the panel replays from: the recording, the pair, the cost table, the Run's parameters and its
+    measured results by method, and the settings already replayed."""
+
+    recording: Recording
+    pair: Any
+    params: DecodeParams
+    costs: CostTable | None
+    measured: dict[str, GenerationResult]
+    book: ChainBook | None = None  # the drafter's chains from every position, drafted once for every setting
+    replays: dict[tuple, GenerationResult] = field(default_factory=dict)
+    ar_tokens_per_s: float = math.nan
+
+    def base_params(self, method: Method) -> dict[str, Any]:
+        """The method's own parameters as the Run had them."""
+        return {name: getattr(self.params, name) for name in method.params}
+
+    def replayed(self, method: str, params: Mapping[str, Any]) -> GenerationResult:
+        key = (method, tuple(sorted(params.items())))
+        if key not in self.replays:
+            if self.book is None:
+                self.book = chain_book(self.recording, pair=self.pair, methods=(FIXED.name, ADAPTIVE.name),
+                                       max_gamma=MAX_GAMMA)
+            self.replays[key] = self.book.replay(method, **params)
+        return self.replays[key]
+
+    def predicted_tokens_per_s(self, result: GenerationResult) -> float:
+        if self.costs is None:
+            return math.nan
+        return predict_tokens_per_s(result, self.costs, prefill_seconds=self.recording.ar_prefill_seconds)
+
+
+def sampling_refusal(params: DecodeParams) -> str:
+    """Why the panel cannot replay a Run with these parameters ("" where it can): the engine's sentence."""
+    if params.sampling.greedy:
+        return ""
+    # The engine's refusal of a sampled replay reads the parameters alone, never the recording.
+    return replay_refusal(None, FIXED.name, params)
+
+
+def prepare(pair, prompt: str, params: DecodeParams, results: Sequence[GenerationResult],
+            costs: CostTable | None | Callable[[Any], CostTable] = cost_table) -> WhatIf:
+    """Record greedy AR on `prompt` with the Run's parameters, and get this machine's cost table (`costs`:
+    a table, None for none, or how to get one for the pair); ValueError where the Run sampled."""
+    refused = sampling_refusal(params)
+    if refused:
+        raise ValueError(refused)
+    recording = record(pair, prompt, max_new_tokens=params.max_new_tokens, chat=params.chat,
+                       seed=params.seed or 0, target_kv=params.target_kv, kv_budget=params.kv_budget,
+                       kv_sinks=params.kv_sinks)
+    table = costs(pair) if callable(costs) else costs
+    measured = {r.method: r for r in results if r.method in (REFERENCE, FIXED.name, ADAPTIVE.name)}
+    whatif = WhatIf(recording, pair, params, table, measured)
+    ar = whatif.replayed(REFERENCE, {})
+    if table is not None:
+        for method in (FIXED, ADAPTIVE):
+            ensure_drafter(table, pair, whatif.replayed(method.name, whatif.base_params(method)))
+    whatif.ar_tokens_per_s = whatif.predicted_tokens_per_s(ar)
+    return whatif
+
+
+def figures(whatif: WhatIf, method: str, **params) -> Figures:
+    """The replayed figures of `method` with `params` over the Run's own (γ_min lowered to γ_max where
+    it would exceed it)."""
+    spec = METHODS[method]
+    chosen = {**whatif.base_params(spec), **params}
+    if "gamma_min" in chosen and "gamma_max" in chosen:
+        chosen["gamma_min"] = min(chosen["gamma_min"], chosen["gamma_max"])
+    result = whatif.replayed(method, chosen)
+    stats = result.stats
+    tokens_per_s = whatif.predicted_tokens_per_s(result)
+    speedup = tokens_per_s / whatif.ar_tokens_per_s if whatif.ar_tokens_per_s else math.nan
+    return Figures(method, chosen, stats["mean_accepted_tokens"], stats["acceptance_rate"], tokens_per_s, speedup,
+                   stats["rounds"], bool(getattr(result, "estimate", False)))
+
+
+def gamma_curve(whatif: WhatIf) -> list[Figures]:
+    """The fixed-γ method's figures at every γ from 1 to MAX_GAMMA."""
+    return [figures(whatif, FIXED.name, gamma=g) for g in range(1, MAX_GAMMA + 1)]
+
+
+def measured_speedups(whatif: WhatIf) -> list[tuple[str, int, float]]:
+    """(label, γ, measured speedup over the Run's AR) of the settings the Run really decoded: the fixed
+    method at its γ, the adaptive one at its γ_max."""
+    ar = whatif.measured.get(REFERENCE)
+    if ar is None:
+        return []
+    out = []
+    for method, axis in ((FIXED, "gamma"), (ADAPTIVE, "gamma_max")):
+        run = whatif.measured.get(method.name)
+        if run is not None and ar.stats["tokens_per_s"]:
+            x = int(run.params.get(axis, getattr(whatif.params, axis)))
+            out.append((f"{method.label} run ({axis.replace('gamma', 'γ')}={x})", x,
+                        run.stats["tokens_per_s"] / ar.stats["tokens_per_s"]))
+    return out
+
+
+def curve_figure(whatif: WhatIf, curve: Sequence[Figures], chosen: Sequence[Figures] = ()):
+    """Predicted speedup against γ for this prompt (the fixed method), the chosen settings as points, and
+    the Run's measured settings marked by their measured speedups."""
+    label = FIXED.label
+    traces = [dict(type="scatter", x=[f.params["gamma"] for f in curve], y=[f.speedup for f in curve],
+                   mode="lines+markers", name=f"{label} predicted", line=dict(color=viz.method_color(FIXED.name)),
+                   customdata=[[f.tau, f.acceptance] for f in curve],
+                   hovertemplate=viz.hover_with_label(f"{label} predicted", "γ=%{x}<br>speedup %{y:.2f}×<br>τ "
+                                                      "%{customdata[0]:.2f}, acceptance %{customdata[1]:.0%}")),
+              dict(type="scatter", x=[1, MAX_GAMMA], y=[1, 1], mode="lines", name="AR",
+                   line=dict(color=viz.method_color(REFERENCE), dash="dot"), hoverinfo="skip")]
+    for f in chosen:
+        x = f.params.get("gamma", f.params.get("gamma_max"))
+        traces.append(dict(type="scatter", x=[x], y=[f.speedup], mode="markers", name=f"{METHODS[f.method].label} "
+                           "(sliders)", marker=dict(color=viz.method_color(f.method), size=12, symbol="circle-open",
+                                                    line=dict(width=3))))
+    for name, x, speedup in measured_speedups(whatif):
+        method = FIXED if name.startswith(FIXED.label + " ") else ADAPTIVE
+        traces.append(dict(type="scatter", x=[x], y=[speedup], mode="markers", name=f"{name}, measured",
+                           marker=dict(color=viz.method_color(method.name), size=11, symbol="x")))
+    return viz.plain_figure(traces, f"Predicted speedup over AR against γ, this prompt ({label}; "
+                            f"{ADAPTIVE.label} at its γ max)", "γ (draft length; γ max for "
+                            f"{ADAPTIVE.label})", "speedup over AR", xaxis=dict(dtick=1, rangemode="normal"))
+
+
+def figures_markdown(whatif: WhatIf, shown: Sequence[Figures]) -> str:
+    """The panel's reading of the sliders' settings, one line a method."""
+    lines = []
+    for f in shown:
+        setting = ", ".join(f"{PARAMS[k].label.split(': ', 1)[-1]} {v:g}" for k, v in f.params.items()
+                            if k in KNOB_NAMES)
+        speed = (f"predicted **{f.speedup:.2f}×** AR ({f.tokens_per_s:.1f} tok/s)" if not math.isnan(f.speedup)
+                 else "no prediction (no cost table)")
+        lines.append(f"- **{METHODS[f.method].label}** ({setting}): τ **{f.tau:.2f}** tokens per round, acceptance "
+                     f"**{_pct(f.acceptance)}**, {speed}, {f.rounds} rounds"
+                     + (" — *an estimate: this target is exact only up to near-ties*" if f.estimate else ""))
+    return "\n".join(lines)
+
+
+def _pct(value: float) -> str:
+    return "–" if value is None or math.isnan(value) else f"{value:.0%}"
+
+
+def ready_line(whatif: WhatIf) -> str:
+    r = whatif.recording
+    return (f"Replayed from greedy AR recorded on this prompt ({len(r.tokens)} tokens, {r.runtime}); the "
+            f"{DRAFT_ROLE}'s rounds are exact, the {TARGET_ROLE} never runs, and tokens/s is predicted from this "
+            "machine's cost table.")
+
+
+# --------------------------------------------------------------------------- the panel
+
+IDLE = ("After a greedy **Run**, move the sliders to see what other settings would have done on the same "
+        "prompt: replayed exactly from AR's recorded run, without decoding again.")
+
+
+@dataclass
+class WhatIfPanel:
+    status: gr.Markdown
+    sliders: dict[str, gr.Slider]  # by Knob.key
+    reading: gr.Markdown
+    chart: gr.Plot
+    kept: BySession[WhatIf] = field(default_factory=BySession)
+    ran: BySession[tuple] = field(default_factory=BySession)  # (prompt, params, results) of the last Run
+
+    @classmethod
+    def build(cls, initial: Mapping[str, Any]) -> "WhatIfPanel":
+        with gr.Accordion("What if: other γ and EGAG settings on this prompt, replayed from AR", open=True,
+                          elem_id="sd-whatif"):
+            status = gr.Markdown(IDLE, elem_id="sd-whatif-status")
+            sliders = {}
+            with gr.Row():
+                for knob in KNOBS:
+                    value = initial.get(knob.name, PARAMS[knob.name].default)
+                    sliders[knob.key] = gr.Slider(knob.low, knob.high, value=min(max(value, knob.low), knob.high),
+                                                  step=knob.step, label=knob.label,
+                                                  elem_id=f"sd-whatif-{knob.method}-{knob.name}".replace("_", "-"))
+            reading = gr.Markdown("", elem_id="sd-whatif-figures")
+            chart = gr.Plot(label="whatif_chart", show_label=False, elem_id="sd-whatif-chart")
+        return cls(status, sliders, reading, chart)
+
+    def remember_run(self, session: str | None, prompt: str, params: DecodeParams,
+                     results: Sequence[GenerationResult]) -> None:
+        self.ran.set(session, (prompt, params, list(results)))
+
+    def outputs(self) -> list[Any]:
+        return [self.status, self.reading, self.chart]
+
+    def wire(self, after: Any, load_pair: Callable[[Any], Any], queue_id: str) -> None:
+        """Prepare the panel once the Run's event `after` ends (it decodes: in the page's decoding queue),
+        and read the sliders on each change."""
+        sliders = list(self.sliders.values())
+
+        def prepare_panel(*values, request: gr.Request):
+            return self.prepared(session_id(request), load_pair, values)
+
+        def move(*values, request: gr.Request):
+            return self.read(session_id(request), values)
+
+        after.then(prepare_panel, inputs=sliders, outputs=self.outputs(), api_visibility="private",
+                   show_progress="hidden", concurrency_id=queue_id)
+        for slider in sliders:
+            for trigger in (slider.change, slider.release):
+                trigger(move, inputs=sliders, outputs=self.outputs()[1:], api_visibility="private",
+                        show_progress="hidden", queue=False, trigger_mode="always_last")
+
+    def prepared(self, session: str | None, load_pair: Callable[[Any], Any], values: Sequence[float]) -> tuple:
+        ran = self.ran.pop(session)
+        if ran is None:
+            return gr.skip(), gr.skip(), gr.skip()
+        prompt, params, results = ran
+        refused = sampling_refusal(params)
+        if refused:
+            self.kept.pop(session)
+            return f"⚠️ The What-if panel cannot replay this Run: {refused}.", "", None
+        try:
+            pair = load_pair()
+            whatif = decoding_thread().submit(lambda: _prepared_on(pair, prompt, params, results)).result()
+        except ValueError as error:
+            self.kept.pop(session)
+            return f"⚠️ The What-if panel cannot replay this Run: {error}", "", None
+        self.kept.set(session, whatif)
+        return (ready_line(whatif), *self.reading_of(whatif, values))
+
+    def read(self, session: str | None, values: Sequence[float]) -> tuple:
+        whatif = self.kept.get(session)
+        if whatif is None:
+            return gr.skip(), gr.skip()
+        return self.reading_of(whatif, values)
+
+    def reading_of(self, whatif: WhatIf, values: Sequence[float]) -> tuple:
+        shown = slider_figures(whatif, values)
+        curve = gamma_curve(whatif)
+        return figures_markdown(whatif, shown), curve_figure(whatif, curve, shown)
+
+
+def slider_figures(whatif: WhatIf, values: Sequence[float]) -> list[Figures]:
+    """Each method's figures at the sliders' values (in KNOBS order)."""
+    by_method: dict[str, dict[str, Any]] = {}
+    for knob, value in zip(KNOBS, values):
+        kind = PARAMS[knob.name].kind
+        by_method.setdefault(knob.method, {})[knob.name] = kind(value)
+    return [figures(whatif, method, **params) for method, params in by_method.items()]
+
+
+def _prepared_on(pair, prompt: str, params: DecodeParams, results: Sequence[GenerationResult]) -> WhatIf:
+    return prepare(pair, prompt, params, results)
