@@ -1,5 +1,5 @@
-"""A batch drafts together: rows whose drafters share a feature head run one head forward a draft step
-between them, and each row drafts exactly what it drafts alone — its tokens, its q, its γ, its stop."""
+"""A batch drafts together: rows whose drafters share a feature head, or a draft LM, run one forward a draft
+step between them, and each row drafts exactly what it drafts alone — its tokens, its q, its γ, its stop."""
 
 import pytest
 import torch
@@ -8,6 +8,9 @@ import specdemo
 from specdemo.engine.batch import generate_batch
 from specdemo.engine.drafters.base import Proposal
 from specdemo.engine.drafters.feature_drafter import FeatureDrafter, propose_rows
+from specdemo.engine.drafters.model import ModelDrafter
+from specdemo.engine.drafters.model import propose_rows as propose_lm_rows
+from specdemo.engine.targets.batched import BatchedLM
 from specdemo.engine.methods import get_method
 from specdemo.engine.params import DecodeParams
 from tests.tiny import build_tiny_pair, write_tiny_head
@@ -26,13 +29,20 @@ def headed(tmp_path_factory):
     return specdemo.load_pair(str(root / "target"), str(root / "head"), device="cpu", dtype="float32")
 
 
+@pytest.fixture(scope="module")
+def lm_drafted(tmp_path_factory):
+    return build_tiny_pair(tmp_path_factory.mktemp("lm_drafted"), dtype="float32")
+
+
 def alone(pair, prompt, method, **params):
     return specdemo.generate(pair, prompt, method, max_new_tokens=MAX_NEW, **params)
 
 
+@pytest.mark.parametrize("drafted_by", ["headed", "lm_drafted"])
 @pytest.mark.parametrize("method, params", [("sd", dict(copy_n=0)), ("sd", dict()), ("egag", dict(copy_n=0)),
                                             ("sd", dict(copy_n=0, gamma=2)), ("adaedl", dict())])
-def test_greedy_rows_equal_ar_and_sd_alone(headed, method, params):
+def test_greedy_rows_equal_ar_and_sd_alone(request, drafted_by, method, params):
+    headed = request.getfixturevalue(drafted_by)
     rows = generate_batch(headed, PROMPTS, method, max_new_tokens=MAX_NEW, temperature=0.0, **params)
     assert [r.token_ids for r in rows] == [alone(headed, p, "ar", temperature=0.0).token_ids for p in PROMPTS]
     singles = [alone(headed, p, method, temperature=0.0, **params) for p in PROMPTS]
@@ -98,3 +108,65 @@ def test_a_draft_step_is_one_head_forward_for_every_row(headed, monkeypatch):
     assert max(steps) == 4
     per_row_steps = sum(max(len(r.drafted) - 1, 0) for row in rows for r in row.rounds)
     assert sum(steps) == per_row_steps and len(steps) < per_row_steps
+
+
+def test_the_online_head_drafts_its_rows_together(headed, monkeypatch):
+    from specdemo.engine.drafters.feature_head import FeatureHead
+    from specdemo.engine.drafters.online import forget_online
+
+    steps = []
+    original = FeatureHead.step_rows
+    monkeypatch.setattr(FeatureHead, "step_rows", lambda self, features, *rest: steps.append(len(features))
+                        or original(self, features, *rest))
+    forget_online(headed.draft)
+    rows = generate_batch(headed, PROMPTS[:4], "osd", max_new_tokens=MAX_NEW, temperature=0.0, copy_n=0)
+    assert [r.token_ids for r in rows] == [alone(headed, p, "ar", temperature=0.0).token_ids for p in PROMPTS[:4]]
+    assert max(steps) == 4
+    forget_online(headed.draft)
+
+
+def test_a_draft_lm_step_is_one_forward_for_every_row(lm_drafted, monkeypatch):
+    steps = []
+    original = BatchedLM.feed
+    monkeypatch.setattr(BatchedLM, "feed", lambda self, drafts: steps.append(len(drafts)) or original(self, drafts))
+    rows = generate_batch(lm_drafted, PROMPTS[:4], "sd", max_new_tokens=8, temperature=0.0, copy_n=0, gamma=4)
+    assert max(steps) == 4
+    per_row_steps = sum(max(len(r.drafted) - 1, 0) for row in rows for r in row.rounds)
+    assert sum(steps) == per_row_steps and len(steps) < per_row_steps
+    # A row's forwards: its prompt's read with its first draft, then each step and round it took part in.
+    assert all(row.draft_forwards == len(row.rounds) + sum(max(len(r.drafted) - 1, 0) for r in row.rounds)
+               for row in rows)
+
+
+def test_a_sampled_rows_draft_lm_q_in_a_batch_is_its_q_alone(lm_drafted):
+    params = DecodeParams.resolve(None, temperature=0.9, top_k=20, copy_n=0, gamma=4)
+    spec = get_method("sd")
+    contexts = [p + [p[-1]] for p in PROMPTS]
+
+    def drafters_started(seated: bool):
+        built = [spec.build(lm_drafted, params) for _ in contexts]
+        assert all(isinstance(d, ModelDrafter) and d.batch_group is not None for d, _ in built)
+        if seated:
+            ModelDrafter.join_batch([d for d, _ in built])
+        for (drafter, _), context in zip(built, contexts):
+            drafter.start(context)
+        return built
+
+    with torch.inference_mode():
+        together = drafters_started(seated=True)
+        batched = propose_lm_rows([d for d, _ in together], contexts, [p for _, p in together], [MAX_NEW] * 5,
+                                  params.sampling, [torch.Generator().manual_seed(i) for i in range(5)])
+        for i, (drafter, policy) in enumerate(drafters_started(seated=False)):
+            single = drafter.propose(contexts[i], policy, MAX_NEW, params.sampling, torch.Generator().manual_seed(i))
+            assert len(single.tokens) == 4 and torch.equal(batched[i].tokens, single.tokens)
+            torch.testing.assert_close(batched[i].draft_probs, single.draft_probs, rtol=0,
+                                       atol=Q_TOLERANCE[torch.float32])
+
+
+def test_a_draft_lm_row_does_not_depend_on_its_batch_mates(lm_drafted):
+    prompt = [5, 9, 11, 12]
+    params = dict(max_new_tokens=MAX_NEW, temperature=1.0, seed=7, copy_n=0)
+    first = generate_batch(lm_drafted, [[30, 31], prompt, [7] * 11], "sd", **params)[1]
+    second = generate_batch(lm_drafted, [[40, 41, 42, 43, 44, 45, 46], prompt, [8, 9], [3]], "sd", **params)[1]
+    assert first.token_ids == second.token_ids
+    assert [r.accepted for r in first.rounds] == [r.accepted for r in second.rounds]

@@ -12,9 +12,10 @@ included) and its first round's `end_seconds` its time to first token. In a roun
 forward), and `verify_seconds` the rest of the round's wall time (the shared forward and the rows'
 settling); `batch_rows_drafting` counts, round by round, the rows that proposed drafts.
 
-Rows whose drafters declare a `batch_group` (the feature head on torch) draft together: one head
-forward a draft step over every row still drafting, each at its own position with its own cache;
-a row whose γ policy stopped leaves the step. Other drafters (NASD, REST, the draft LM) propose row by row.
+Rows whose drafters declare a `batch_group` (the feature head and the draft LM on torch) draft together:
+one forward a draft step over every row still drafting, each at its own position with its own cache (a
+draft LM's rows share one batched cache, made at `join_batch`); a row whose γ policy stopped, or that
+copies from its context this round, leaves the step. NASD and REST, which need no forward, propose row by row.
 
 A batch of one is the single-request loop itself (`decoding.iter_generate`), unchanged.
 """
@@ -104,6 +105,8 @@ def _decode(pair, spec, params: DecodeParams, encoded: list[list[int]], seed: in
     target = BatchedLM(pair.target, len(encoded), pair.vocab_size)
     rows = [_start_row(pair, spec, params, ids, seed + i, target, i, note) for i, ids in enumerate(encoded)]
     drafters = [row.run.drafter for row in rows]
+    for group in _batch_groups(drafters).values():
+        type(group[0]).join_batch(group)
     features = drafters[0].reads_target_features
     if features:
         target.read_features(drafters[0].feature_layers)
@@ -189,15 +192,12 @@ def _round(pair, params: DecodeParams, target: BatchedLM, running: dict[int, _Ro
 def _propose(params: DecodeParams, running: dict[int, _Row]) -> None:
     """Every running row's proposal: rows whose drafters share a batch group draft together (one forward
     a draft step for all of them), the others alone, each with its own γ policy and random stream."""
-    groups: dict[tuple, list[_Row]] = {}
+    groups = _batch_groups(list(running.values()), drafter_of=lambda row: row.run.drafter)
     for row in running.values():
-        group = row.run.drafter.batch_group
-        limit = params.max_new_tokens - len(row.result.tokens) - 1
-        if group is None:
+        if row.run.drafter.batch_group is None:
+            limit = params.max_new_tokens - len(row.result.tokens) - 1
             row.proposal = row.run.drafter.propose(row.sequence, row.run.policy, limit, row.run.sampling,
                                                    row.run.generator)
-        else:
-            groups.setdefault((type(row.run.drafter), id(group)), []).append(row)
     for rows in groups.values():
         drafters = [row.run.drafter for row in rows]
         proposals = type(drafters[0]).propose_together(
@@ -206,6 +206,16 @@ def _propose(params: DecodeParams, running: dict[int, _Row]) -> None:
             [row.run.generator for row in rows])
         for row, proposal in zip(rows, proposals):
             row.proposal = proposal
+
+
+def _batch_groups(items: list, drafter_of=lambda drafter: drafter) -> dict[tuple, list]:
+    """The items whose drafters draft together, by their drafters' kind and shared batch_group."""
+    groups: dict[tuple, list] = {}
+    for item in items:
+        drafter = drafter_of(item)
+        if drafter.batch_group is not None:
+            groups.setdefault((type(drafter), id(drafter.batch_group)), []).append(item)
+    return groups
 
 
 def _row_exactness(exactness: str, target_rows: int) -> str:

@@ -88,6 +88,11 @@ class Drafter:
         return None
 
     @staticmethod
+    def join_batch(drafters: list) -> None:
+        """Every row of a batch whose drafters share one batch_group, before `start`: what they share (a draft
+        LM's batched cache) is made here; nothing for drafters that share only their weights."""
+
+    @staticmethod
     def propose_together(drafters: list, contexts: list[list[int]], policies: list, limits: list[int],
                          sampling: SamplingConfig, generators: list) -> list[Proposal]:
         """Each row's proposal, as each drafter's `propose` would give it alone, for drafters of one batch_group."""

@@ -68,6 +68,11 @@ class CopyFirstDrafter(WrappedDrafter):
         return self.inner.batch_group
 
     @staticmethod
+    def join_batch(drafters) -> None:
+        inner = [d.inner for d in drafters]
+        type(inner[0]).join_batch(inner)
+
+    @staticmethod
     def propose_together(drafters, contexts, policies, limits, sampling, generators) -> list[Proposal]:
         """Rows that copy this round take their copies; the rest draft together through their inner drafters."""
         proposals = [d.copied(c, p, n) for d, c, p, n in zip(drafters, contexts, policies, limits)]

@@ -89,6 +89,11 @@ class BatchedLM:
             self.cached_ids[row].extend(sequence[keep:])
         return self._run(fed, n_out, hidden, all_states)
 
+    def feed(self, drafts: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Append each row's ids on the device [k] after what it holds, with no rollback; {row: logits [k, V]}.
+        The host learns the ids later (`note_fed` for those kept): a draft model feeds its own drafts so."""
+        return self._run(drafts, {row: ids.shape[0] for row, ids in drafts.items()}, False, False)[0]
+
     def note_fed(self, row: int, ids: list[int]) -> None:
         """Record ids that `forward` appended from a device tensor (read back with the round's verdict)."""
         self.cached_ids[row].extend(ids)
