@@ -81,6 +81,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="batch sizes, e.g. 1,2,4,8: the grid runs on batches of each size through generate_batch; "
                            "prints each size's throughput over AR's with its interval and the verdict; chain "
                            "methods only (default: 1)")
+    replayed = parser.add_argument_group(
+        "replay (greedy): every setting replayed exactly from one recorded AR run per prompt, its time predicted")
+    replayed.add_argument("--replay", action="store_true",
+                          help="record AR once per prompt and replay the whole grid from it over the draft's chains, "
+                               "shared across settings: exact rounds, acceptance and τ; tokens/s and speedup are "
+                               "predictions from this machine's cost table (calibrated and cached the first time), "
+                               "in predicted_* columns; replayed rows say replayed=True")
+    replayed.add_argument("--confirm", type=int, default=0, metavar="K",
+                          help="with --replay: then decode the K settings of the highest predicted speedup for real "
+                               "(--repeats times, AR interleaved) and print predicted beside measured tokens/s")
     out = parser.add_argument_group("output")
     out.add_argument("--csv", help="one row per (method, setting, prompt, repeat)")
     out.add_argument("--summary-csv", help="one row per (method, setting); default: next to --csv as *.summary.csv")
@@ -115,10 +125,15 @@ def run(args: argparse.Namespace) -> int:
                                                                                     args.limit)
     if args.chart_png:
         from ..bench.measure.chartpng import save_chart_png  # noqa: F401  (fail on a missing Playwright before the sweep)
+    if args.confirm and not args.replay:
+        raise ValueError("--confirm K decodes the best replayed settings: give it with --replay")
+    replayable = _replayable(args, params) if args.replay else None
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        if args.replay:
+            return _replay_with(args, *replayable, settings, suite)
         return _sweep_with(args, params, settings, suite)
     finally:
         torch.set_num_threads(threads)
@@ -151,6 +166,61 @@ def _sweep_with(args, params, settings, suite) -> int:
         print("\n" + table.to_string(index=False))
     _write_stacked(args, runs, table)
     _print_and_write_axes(args, runs, table)
+    return 0
+
+
+REPLAY_SHOWN = ["label", "replayed", "prompts", "mean_accepted_tokens", "acceptance_rate", "mean_gamma",
+                "predicted_tokens_per_s", "predicted_speedup_vs_ar", "tokens_per_s", "exact_match_pct"]
+
+
+def _replayable(args, params: DecodeParams) -> tuple[dict, DecodeParams]:
+    """--replay's one combination and its parameters, refused before any pair loads where a recorded greedy
+    run cannot stand in for the sweep (sampling, several combinations, batches, a cluster)."""
+    if args.confirm < 0:
+        raise ValueError(f"--confirm must be an integer ≥ 0, got {args.confirm}")
+    planned = _combinations(args, params)
+    if len(planned) > 1 or args.cluster_run is not None:
+        raise ValueError("--replay replays one pair here, on one precision, cache and temperature: give one value "
+                         "of each axis and no --cluster")
+    combination, combined = planned[0]
+    if combination.get("batch", 1) != 1:
+        raise ValueError("--replay replays one request at a time: drop --batch")
+    if not combined.sampling.greedy:
+        raise ValueError(f"--replay follows greedy AR's path; temperature {combined.temperature} samples, and a "
+                         "sampled run leaves it, where nothing was recorded")
+    return combination, combined
+
+
+def _replay_with(args, combination: dict, params: DecodeParams, settings, suite) -> int:
+    from ..bench.sweep.replay import confirm, replay_sweep
+
+    pair = pair_from_args(_with_precisions(args, combination))
+    if suite is None:
+        suite = select_prompts(_read_suite_with(args, pair.tokenizer), args.categories, args.limit)
+    with progress_bar(args.quiet, "step") as progress:
+        result = replay_sweep(pair, suite, settings, progress=progress, **params.as_dict())
+    seconds = result.meta["seconds"]
+    shown = ("display.max_columns", None, "display.width", 220, "display.float_format", "{:.3f}".format)
+    with pd.option_context(*shown):
+        print(result.summary[REPLAY_SHOWN].to_string(index=False))
+        print(f"\nrecorded AR in {seconds['record']:.2f} s, replayed {len(result.settings) - 1} settings in "
+              f"{seconds['replay']:.2f} s (predictions {seconds['predict']:.2f} s); time columns are predictions "
+              f"from the cost table {result.meta['cost_table']}")
+        if args.confirm:
+            with progress_bar(args.quiet, "run") as progress:
+                _, table = confirm(pair, suite, result, args.confirm, repeats=args.repeats, progress=progress,
+                                   warmup=args.warmup, **params.as_dict())
+            print("\npredicted beside measured (the best settings decoded for real):")
+            print(table.to_string(index=False))
+    if args.csv:
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+        result.rows.to_csv(args.csv, index=False)
+        print(f"wrote {args.csv}")
+    summary_csv = _summary_csv(args)
+    if summary_csv:
+        Path(summary_csv).parent.mkdir(parents=True, exist_ok=True)
+        result.summary.to_csv(summary_csv, index=False)
+        print(f"wrote {summary_csv}")
     return 0
 
 

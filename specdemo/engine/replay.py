@@ -86,7 +86,8 @@ class Recording:
     (the prompt's but the last from the prefill, then one per AR step), at `feature_layers` and the
     final state, as the pair's drafter reads them; params: the AR run's `DecodeParams.as_dict()`;
     cache, runtime, exactness: the AR run's; ar_seconds, ar_prefill_seconds: what AR's run measured;
-    pair: the pair it was recorded on (not saved: `load` takes it again).
+    pair: the pair it was recorded on (not saved: `load` takes it again); ar_result: the AR run's own
+    `GenerationResult` (not saved).
     """
 
     prompt_ids: list[int]
@@ -107,6 +108,7 @@ class Recording:
     ar_seconds: float = math.nan
     ar_prefill_seconds: float = math.nan
     pair: Any = field(default=None, repr=False, compare=False)
+    ar_result: GenerationResult | None = field(default=None, repr=False, compare=False)  # not saved
     rows: torch.Tensor | None = field(default=None, repr=False, compare=False)  # built once (`RecordedTarget`)
 
     @property
@@ -217,7 +219,7 @@ def record(pair, prompt: str | Sequence[int], *, max_new_tokens: int = 128, chat
         margins=[float(m) for m in result.top2_margins], features=features,
         feature_layers=recorder.feature_layers, params=dict(result.params), cache=result.cache,
         runtime=result.runtime, exactness=result.exactness, stop_reason=result.stop_reason, key=pair_key(pair),
-        ar_seconds=result.seconds, ar_prefill_seconds=result.prefill_seconds, pair=pair)
+        ar_seconds=result.seconds, ar_prefill_seconds=result.prefill_seconds, pair=pair, ar_result=result)
 
 
 class RecordedTarget:
