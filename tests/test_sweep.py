@@ -240,7 +240,7 @@ def test_sweep_refuses_draft_methods_without_a_draft(tiny_pair):
 def hand_summary(*rows: dict) -> pd.DataFrame:
     frame = pd.DataFrame([{c: math.nan for c in sweep.SUMMARY_COLUMNS} | r for r in rows],
                          columns=sweep.SUMMARY_COLUMNS)
-    frame["label"] = [Setting(r["method"], r.get("gamma"), r.get("gamma_max"), r.get("ema"), r.get("ngram_n")).label
+    frame["label"] = [Setting(r["method"], **{k: r.get(k) for k in ("gamma", "gamma_max", "ema", "ngram_n")}).label
                       for r in rows]
     return frame
 

@@ -12,6 +12,8 @@ greedy AR (`lossless=False`: beam search, the draft alone) has no matches_ar.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import Callable
 
@@ -48,6 +50,9 @@ class Sweep:
     axes: tuple[str, ...]
     label: str
     by_default: bool = False  # swept when the sweep names no methods and the grids of its axes are given
+    rank: int = 0  # where its settings come in a sweep's grid and tables (lower first; ties in the registry's order)
+    optional: tuple[str, ...] = ()  # axes a sweep may leave unset: the parameter's default applies, its column empty
+    needs_values: bool = True  # False: an axis given no values runs at its parameter's default
 
 
 @dataclass(frozen=True)
@@ -165,43 +170,46 @@ register(Method("ar", "AR", False, "the target alone, one token per forward",
 register(Method("sd", "SD", True, "the pair's draft (a model or a feature head) or a copy from the context, fixed γ",
                 lambda pair, p: (_model_drafter(pair, p), FixedGamma(p.gamma)),
                 params=("gamma", "copy_n", "draft_kv"),
-                sweep=Sweep(("copy_n", "gamma"), "SD γ={gamma}{copy}", by_default=True),
+                sweep=Sweep(("copy_n", "gamma"), "SD γ={gamma}{copy}", by_default=True, rank=0,
+                            optional=("copy_n",)),
                 default_on=True, color="#7c3aed"))
 register(Method("nasd", "NASD", False,
                 "n-gram table drafts, fixed γ (or, with nasd_tree, a tree of its continuations)",
                 lambda pair, p: _nasd(pair, p),
                 params=("gamma", "ngram_n", "ngram_storage", "top_k_filler", "nasd_tree", "tree_policy",
                         "node_budget", "max_depth", "max_width", "tree_shape"),
-                sweep=Sweep(("ngram_n",), "NASD n={ngram_n} (γ={gamma})", by_default=True),
+                sweep=Sweep(("ngram_n",), "NASD n={ngram_n} (γ={gamma})", by_default=True, rank=2),
                 default_on=True, color="#db2777"))
 register(Method("egag", "EGAG", True, "the pair's draft, γ from the drafter's entropy",
                 lambda pair, p: (_model_drafter(pair, p), EntropyGamma(p.gamma_min, p.gamma_max, p.ema)),
                 params=("gamma_min", "gamma_max", "ema", "copy_n", "draft_kv"),
                 sweep=Sweep(("copy_n", "gamma_max", "ema"), "EGAG γmax/EMA {gamma_max}/{ema}{copy}",
-                            by_default=True),
+                            by_default=True, rank=1, optional=("copy_n",)),
                 adapts=True, default_on=True, color="#0e7490"))
 register(Method("sd-heuristic", "SD (+2/−1)", True, "the pair's draft, transformers' +2/−1 γ schedule",
                 lambda pair, p: (_model_drafter(pair, p), HeuristicGamma(p.gamma)),
                 params=("gamma", "copy_n", "draft_kv"),
-                sweep=Sweep((), "{label} γ={gamma}"),
+                sweep=Sweep((), "{label} γ={gamma}", rank=7),
                 adapts=True, color="#4338ca"))
 register(Method("sd-confidence", "SD (confidence)", True,
                 "the pair's draft, stop drafting when its top probability < 0.4",
                 lambda pair, p: (_model_drafter(pair, p), ConfidenceStop(p.gamma_max)),
                 params=("gamma_max", "copy_n", "draft_kv"),
-                sweep=Sweep((), "{label} (γ ≤ {gamma_max})"),
+                sweep=Sweep((), "{label} (γ ≤ {gamma_max})", rank=6),
                 adapts=True, color="#a16207"))
 register(Method("adaedl", "AdaEDL", True, "the pair's draft up to γ_max, stopping when AdaEDL's entropy bound on "
                 "the next draft's acceptance falls below λ", lambda pair, p: (
                     _model_drafter(pair, p), AdaEDLStop(p.gamma_max, p.adaedl_lambda, p.adaedl_scale)),
                 params=("gamma_max", "adaedl_lambda", "adaedl_scale", "copy_n", "draft_kv"),
-                sweep=Sweep(("adaedl_lambda",), "{label} λ {adaedl_lambda} (γ ≤ {gamma_max})", by_default=True),
+                sweep=Sweep(("adaedl_lambda",), "{label} λ {adaedl_lambda} (γ ≤ {gamma_max})",
+                            by_default=True, rank=4, needs_values=False),
                 adapts=True))
 register(Method("egag-token", "EGAG-token", True, "the pair's draft up to γ_max, stopping when a position's "
                 "(smoothed) normalised entropy exceeds a threshold", lambda pair, p: (
                     _model_drafter(pair, p), TokenEntropyStop(p.gamma_max, p.entropy_stop, p.token_ema)),
                 params=("gamma_max", "entropy_stop", "token_ema", "copy_n", "draft_kv"),
-                sweep=Sweep(("entropy_stop",), "{label} H > {entropy_stop} (γ ≤ {gamma_max})", by_default=True),
+                sweep=Sweep(("entropy_stop",), "{label} H > {entropy_stop} (γ ≤ {gamma_max})",
+                            by_default=True, rank=4, needs_values=False),
                 adapts=True))
 register(Method("specdecpp", "SpecDec++", True, "the pair's draft up to γ_max, stopping when a trained head's "
                 "predicted probability of a rejection so far exceeds a threshold", lambda pair, p: (
@@ -210,20 +218,20 @@ register(Method("specdecpp", "SpecDec++", True, "the pair's draft up to γ_max, 
                         p.specdecpp_threshold)),
                 params=("gamma_max", "specdecpp_threshold", "specdecpp_head", "copy_n", "draft_kv"),
                 sweep=Sweep(("specdecpp_threshold",), "{label} P(reject) > {specdecpp_threshold} (γ ≤ {gamma_max})",
-                            by_default=True),
+                            by_default=True, rank=4, needs_values=False),
                 adapts=True))
 register(Method("rest", "REST", False, "retrieval: the continuation of the longest match of the context's end in a "
                 "datastore (rest_datastore) or earlier in the context, fixed γ (or, with rest_tree, a tree of "
                 "its occurrences' continuations)", lambda pair, p: _rest(pair, p),
                 params=("gamma", "rest_datastore", "rest_tree", "tree_policy", "node_budget", "max_depth",
                         "max_width", "tree_shape"),
-                sweep=Sweep((), "{label} γ={gamma}")))
+                sweep=Sweep((), "{label} γ={gamma}", rank=7)))
 register(Method("osd", "OSD", True, "online speculative decoding: the pair's feature head, fixed γ, distilled on the "
                 "target's verified tokens after each request (off the clock), so later requests draft with what "
                 "earlier ones taught", lambda pair, p: (_osd_drafter(pair, p), FixedGamma(p.gamma)),
                 needs_feature_head=True,
                 params=("gamma", "copy_n", "osd_lr", "osd_steps", "draft_kv"),
-                sweep=Sweep((), "{label} γ={gamma}"),
+                sweep=Sweep((), "{label} γ={gamma}", rank=7),
                 adapts=True))
 
 register(Method("beam", "Beam search", False, "the target alone, beam search (num_beams) through transformers' "
@@ -245,7 +253,7 @@ register(Method("sd-tree", "SD-tree", True,
                 "the pair's draft as a tree (dynamic or static shape), verified in one forward",
                 lambda pair, p: (TreeDrafter(_plain_drafter(pair)), _tree_policy(p)),
                 params=("tree_policy", "node_budget", "max_depth", "max_width", "tree_shape"),
-                sweep=Sweep(("node_budget",), "SD-tree {node_budget} nodes", by_default=True)))
+                sweep=Sweep(("node_budget",), "SD-tree {node_budget} nodes", by_default=True, rank=3)))
 register(Method("egag-tree", "EGAG-tree", True, "the pair's draft as a tree: depth from the smoothed entropy, "
                 "width from each node's entropy", lambda pair, p: (TreeDrafter(_plain_drafter(pair)),
                 EntropyTree(p.gamma_min, p.gamma_max, p.ema, p.max_width, p.node_budget)),
@@ -255,15 +263,29 @@ register(Method("adaedl-tree", "AdaEDL-tree", True, "the pair's draft as a dynam
                 "where AdaEDL's bound on their acceptance falls below λ", lambda pair, p: _stop_rule_tree(
                     pair, p, AdaEDLStop(p.max_depth, p.adaedl_lambda, p.adaedl_scale)),
                 params=("adaedl_lambda", "adaedl_scale", "node_budget", "max_depth", "max_width"),
-                sweep=Sweep(("adaedl_lambda",), "{label} λ {adaedl_lambda} ({node_budget} nodes)"),
+                sweep=Sweep(("adaedl_lambda",), "{label} λ {adaedl_lambda} ({node_budget} nodes)",
+                            rank=5, needs_values=False),
                 adapts=True))
 register(Method("egag-token-tree", "EGAG-token-tree", True, "the pair's draft as a dynamic tree, a node's children "
                 "dropped where its normalised entropy exceeds a threshold", lambda pair, p: _stop_rule_tree(
                     pair, p, TokenEntropyStop(p.max_depth, p.entropy_stop)),
                 params=("entropy_stop", "node_budget", "max_depth", "max_width"),
-                sweep=Sweep(("entropy_stop",), "{label} H > {entropy_stop} ({node_budget} nodes)"),
+                sweep=Sweep(("entropy_stop",), "{label} H > {entropy_stop} ({node_budget} nodes)",
+                            rank=5, needs_values=False),
                 adapts=True))
 
+
+
+def _register_drafter_modules() -> None:
+    """Import every module of the drafters' package, so that a drafter whose module registers its own
+    method (a new drafter is one new module) is in the registry before anything reads it."""
+    from . import drafters
+
+    for module in pkgutil.iter_modules(drafters.__path__):
+        importlib.import_module(f"{drafters.__name__}.{module.name}")
+
+
+_register_drafter_modules()
 REFERENCE = "ar"  # the method every other is measured against and, under greedy decoding, must equal
 DEFAULT_METHODS = tuple(name for name, method in METHODS.items() if method.default_on)
 BASELINES = tuple(name for name, method in METHODS.items() if method.baseline)

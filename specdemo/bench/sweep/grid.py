@@ -5,31 +5,33 @@ validated against the parameter schema before any model runs.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
-from ...engine.methods import BASELINES, METHODS
+from ...engine.methods import BASELINES, METHODS, REFERENCE, SWEPT, Method
 from ...engine.params import PARAMS, DecodeParams
 from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR
 
-SWEEP_METHODS = ("sd", "egag", "nasd", "sd-tree", "adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic",
-                 "rest", "osd", "adaedl-tree", "egag-token-tree")
+# Every method with a sweep entry, in the order its settings come in a grid.
+SWEEP_METHODS = tuple(sorted(SWEPT, key=lambda name: METHODS[name].sweep.rank))
 # The methods that set their draft length as they go, against which the best fixed γ is judged.
-ADAPTIVE_METHODS = ("egag", "adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic", "osd",
-                    "adaedl-tree", "egag-token-tree")
-# Each per-token rule's threshold: the grid's axis and the parameter it sets.
-STOP_AXES = {"adaedl": "adaedl_lambda", "egag-token": "entropy_stop", "specdecpp": "specdecpp_threshold"}
-# The rules' trees, on their chain rule's axis; swept only when named (a threshold alone picks the chains).
-TREE_STOP_AXES = {"adaedl-tree": "adaedl_lambda", "egag-token-tree": "entropy_stop"}
-RULE_AXES = {**STOP_AXES, **TREE_STOP_AXES}  # every rule, chain or tree, and its threshold's axis
+ADAPTIVE_METHODS = tuple(name for name in SWEEP_METHODS if METHODS[name].adapts)
+# Each threshold rule (a method swept over one threshold that has a default) and the axis it is swept on.
+RULE_AXES = {name: METHODS[name].sweep.axes[0] for name in SWEEP_METHODS
+             if not METHODS[name].sweep.needs_values and len(METHODS[name].sweep.axes) == 1}
 DEFAULT_STOP_CAP = 8  # the per-token rules draft at most this many tokens a round
 DEFAULT_GAMMAS = (1, 2, 3, 4, 6, 8)
 DEFAULT_GAMMA_MAXES = (2, 4, 6, 8)
 DEFAULT_EMAS = (0.0, 0.5, 0.9)
 DEFAULT_NGRAM_NS = (2, 3, 4)
-SETTING_COLUMNS = ["gamma", "gamma_max", "ema", "ngram_n", "copy_n", "node_budget", *STOP_AXES.values()]
+# The draft lengths and the table's n lead a sweep's columns; every other axis follows in the grid's order.
+LEADING_COLUMNS = ("gamma", "gamma_max", "ema", "ngram_n", "copy_n", "node_budget")
+_AXES = [axis for name in SWEEP_METHODS for axis in METHODS[name].sweep.axes]
+SETTING_COLUMNS = [*(c for c in LEADING_COLUMNS if c in _AXES),
+                   *dict.fromkeys(a for a in _AXES if a not in LEADING_COLUMNS)]
 
 
 def fmt(value: Any) -> str:
@@ -39,21 +41,29 @@ def fmt(value: Any) -> str:
     return f"{float(value):g}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Setting:
-    """One grid point: a method and the values of the settings that apply to it (others None)."""
+    """One grid point: a method and the values of the parameters the sweep sets for it (others None).
+
+    `Setting("sd", gamma=3)`; any parameter of the schema reads as an attribute (`setting.gamma`, None when
+    the point leaves it unset)."""
 
     method: str
-    gamma: int | None = None
-    gamma_max: int | None = None
-    ema: float | None = None
-    ngram_n: int | None = None
-    copy_n: int | None = None  # SD and EGAG: None leaves the parameter's default
-    gamma_min: int | None = None  # EGAG's floor, fixed over the grid
-    node_budget: int | None = None  # SD-tree: the most nodes a round drafts
-    adaedl_lambda: float | None = None
-    entropy_stop: float | None = None
-    specdecpp_threshold: float | None = None
+    settings: tuple[tuple[str, Any], ...]
+
+    def __init__(self, method: str, **values: Any):
+        unknown = [name for name in values if name not in PARAMS]
+        if unknown:
+            raise TypeError(f"Setting: {', '.join(unknown)} is not a decoding parameter")
+        order = list(PARAMS)
+        kept = sorted(((n, v) for n, v in values.items() if v is not None), key=lambda item: order.index(item[0]))
+        object.__setattr__(self, "method", method)
+        object.__setattr__(self, "settings", tuple(kept))
+
+    def __getattr__(self, name: str) -> Any:
+        if name in PARAMS:
+            return dict(self.settings).get(name)
+        raise AttributeError(name)
 
     @property
     def key(self) -> str:
@@ -63,24 +73,10 @@ class Setting:
 
     @property
     def label(self) -> str:
-        if self.method == "sd":
-            return f"SD γ={self.gamma}{copy_phrase(self.copy_n, ', ')}"
-        if self.method == "egag":
-            return f"EGAG γmax/EMA {self.gamma_max}/{fmt(self.ema)}{copy_phrase(self.copy_n, ', ')}"
-        if self.method == "nasd":
-            return f"NASD n={self.ngram_n} (γ={self.gamma})"
-        if self.method == "sd-tree":
-            return f"SD-tree {self.node_budget} nodes"
-        if self.method in RULE_AXES:
-            symbol = {"adaedl": "λ", "egag-token": "H >", "specdecpp": "P(reject) >"}[self.method.removesuffix("-tree")]
-            value = getattr(self, RULE_AXES[self.method])
-            bound = f"γ ≤ {self.gamma_max}" if self.method in STOP_AXES else f"{PARAMS['node_budget'].default} nodes"
-            return f"{self.method_label} {symbol} {fmt(value)} ({bound})"
-        if self.method in ("rest", "sd-heuristic", "osd"):
-            return f"{self.method_label} γ={self.gamma}"
-        if self.method == "sd-confidence":
-            return f"{self.method_label} (γ ≤ {self.gamma_max})"
-        return self.method_label
+        method = METHODS.get(self.method)
+        if method is None or method.sweep is None:
+            return self.method_label
+        return method.sweep.label.format_map(_LabelFields(self))
 
     @property
     def method_label(self) -> str:
@@ -90,15 +86,27 @@ class Setting:
 
     def params(self) -> dict[str, Any]:
         """The decode parameters this setting sets, for `specdemo.generate(pair, ids, method, **params)`."""
-        names = (*SETTING_COLUMNS, "gamma_min")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return dict(self.settings)
 
     def values(self) -> dict[str, Any]:
         """The setting columns of a row: None where the setting does not apply."""
         return {name: getattr(self, name) for name in SETTING_COLUMNS}
 
 
-AR = Setting("ar")
+class _LabelFields(dict):
+    """What a sweep label's fields read: a parameter's value as people write it (its default where the
+    point leaves it unset), {label} the method's label and {copy} how it copies from the context."""
+
+    def __init__(self, setting: Setting):
+        super().__init__(label=setting.method_label, copy=copy_phrase(setting.copy_n, ", "))
+        self.setting = setting
+
+    def __missing__(self, name: str) -> str:
+        value = getattr(self.setting, name)
+        return fmt(PARAMS[name].default if value is None else value)
+
+
+AR = Setting(REFERENCE)
 # AR on the torch copy of a runtime target: run beside AR where a setting runs on that copy (a tree the runtime
 # cannot verify), as the reference of those settings (`models.torch_copy`).
 TORCH_COPY_AR_SETTING = Setting(TORCH_COPY_AR)
@@ -121,7 +129,7 @@ def _values(name: str, values: Iterable | str | None) -> list:
     out = []
     for value in values:
         number = float(value)
-        keep_float = name == "ema" or name in STOP_AXES.values()
+        keep_float = PARAMS[name].kind is float
         out.append(number if keep_float else int(number) if number.is_integer() else number)
     return list(dict.fromkeys(out))
 
@@ -141,39 +149,37 @@ def expand_grid(
     gamma_min: int = 1,
     nasd_gamma: int = PARAMS["gamma"].default,
     stop_cap: int = DEFAULT_STOP_CAP,
+    **axes: Iterable | str | None,
 ) -> list[Setting]:
-    """AR, then SD at each γ, EGAG at each (γ_max, EMA) with γ_min fixed, NASD at each n
-    (with γ = nasd_gamma), SD-tree at each node budget (its other tree parameters as the
-    shared decoding parameters say), and each per-token rule (adaedl, egag-token, specdecpp) at
-    each of its thresholds with at most `stop_cap` drafts a round. Values may be lists or
-    comma-separated strings ("1,2,4"). With copy_n values, SD's and EGAG's settings are repeated
-    for each (0 = no copying); without, they copy as the parameter's default says.
+    """AR, then every chosen method at each point of its axes (its registry entry's `Sweep`): SD at each
+    γ, EGAG at each (γ_max, EMA) with γ_min fixed, NASD at each n (with γ = nasd_gamma), SD-tree at each
+    node budget, each per-token rule at each of its thresholds with at most `stop_cap` drafts a round.
+    A method's parameters that are not its axes are fixed over the grid: γ at nasd_gamma, γ_max at
+    stop_cap, γ_min at gamma_min. Values may be lists or comma-separated strings ("1,2,4"); `axes` gives
+    any other method's axis by its parameter's name. With copy_n values, SD's and EGAG's settings are
+    repeated for each (0 = no copying); without, they copy as the parameter's default says.
 
     methods picks among SWEEP_METHODS (AR always runs), and may add the baselines (beam, draft,
-    ar-nocache), each run once per prompt as a reference; by default every method whose grid is
-    given (NASD only when ngram_n is). A per-token rule picked without its thresholds runs at
-    its parameter's default; the rules' trees (adaedl-tree, egag-token-tree) run only when named,
-    on their rule's thresholds; sd-confidence (γ ≤ stop_cap), sd-heuristic, rest and osd (γ =
-    nasd_gamma) have no grid (osd's head learns across the sweep's requests, in their order).
-    Every setting is validated here, so a bad value fails before any model runs.
+    ar-nocache), each run once per prompt as a reference; by default every method swept by default
+    whose axes are given. A method whose axes have defaults (the per-token rules) runs at its
+    parameter's default when picked without values; the rules' trees run only when named; methods
+    without axes (sd-confidence, sd-heuristic, rest, osd) run once. Every setting is validated here,
+    so a bad value fails before any model runs.
     """
-    grids = {name: _values(name, values) for name, values in (
-        ("gamma", gamma), ("gamma_max", gamma_max), ("ema", ema), ("ngram_n", ngram_n), ("node_budget", node_budget),
-        ("adaedl_lambda", adaedl_lambda), ("entropy_stop", entropy_stop),
-        ("specdecpp_threshold", specdecpp_threshold))}
+    given = {"gamma": gamma, "gamma_max": gamma_max, "ema": ema, "ngram_n": ngram_n, "copy_n": copy_n,
+             "node_budget": node_budget, "adaedl_lambda": adaedl_lambda, "entropy_stop": entropy_stop,
+             "specdecpp_threshold": specdecpp_threshold, **axes}
+    unknown = [name for name in given if name not in SETTING_COLUMNS and given[name] is not None]
+    if unknown:
+        raise ValueError(f"sweep grid: no method is swept over {', '.join(unknown)}; the axes are "
+                         f"{', '.join(SETTING_COLUMNS)}")
+    grids = {name: _values(name, given.get(name)) for name in SETTING_COLUMNS}
+    fixed = {"gamma": nasd_gamma, "gamma_max": stop_cap, "gamma_min": gamma_min}
     chosen = _chosen_methods(methods, grids)
-    copies = _values("copy_n", copy_n) or [None]
     settings = [AR]
-    if "sd" in chosen:
-        settings += [Setting("sd", gamma=g, copy_n=c) for c in copies for g in grids["gamma"]]
-    if "egag" in chosen:
-        settings += [Setting("egag", gamma_max=g, ema=e, gamma_min=gamma_min, copy_n=c)
-                     for c in copies for g in grids["gamma_max"] for e in grids["ema"]]
-    if "nasd" in chosen:
-        settings += [Setting("nasd", gamma=nasd_gamma, ngram_n=n) for n in grids["ngram_n"]]
-    if "sd-tree" in chosen:
-        settings += [Setting("sd-tree", node_budget=b) for b in grids["node_budget"]]
-    settings += _adaptive_settings(chosen, grids, stop_cap, nasd_gamma)
+    for name in chosen:
+        if name in SWEEP_METHODS:
+            settings += _method_settings(METHODS[name], grids, fixed)
     # Baselines have no grid: each runs once per prompt, a reference beside AR.
     settings += [Setting(name) for name in chosen if name in BASELINES]
     for setting in settings:
@@ -184,37 +190,34 @@ def expand_grid(
     return settings
 
 
+def _method_settings(method: Method, grids: dict[str, list], fixed: dict[str, Any]) -> list[Setting]:
+    """One method's points: its axes crossed in their order, its other fixed parameters set."""
+    sweep = method.sweep
+    constant = {name: value for name, value in fixed.items() if name in method.params and name not in sweep.axes}
+    values = [grids[axis] or ([None] if axis in sweep.optional else [PARAMS[axis].default]) for axis in sweep.axes]
+    return [Setting(method.name, **constant, **dict(zip(sweep.axes, point))) for point in itertools.product(*values)]
+
+
+def _required(method: str) -> tuple[str, ...]:
+    sweep = METHODS[method].sweep
+    return tuple(axis for axis in sweep.axes if axis not in sweep.optional) if sweep.needs_values else ()
+
+
 def _chosen_methods(methods, grids: dict[str, list]) -> list[str]:
-    """The methods to sweep: those asked (validated), or by default each whose grid is given."""
+    """The methods to sweep, in the grid's order, then the baselines asked: those asked (validated), or by
+    default each swept by default whose axes' values are given."""
     if methods is None:
-        given = {"sd": grids["gamma"], "egag": grids["gamma_max"] and grids["ema"], "nasd": grids["ngram_n"],
-                 "sd-tree": grids["node_budget"], **{m: grids[axis] for m, axis in STOP_AXES.items()}}
-        return [m for m, ok in given.items() if ok]
+        return [m for m in SWEEP_METHODS if METHODS[m].sweep.by_default
+                and all(grids[axis] for axis in METHODS[m].sweep.axes if axis not in METHODS[m].sweep.optional)]
     names = methods.split(",") if isinstance(methods, str) else list(methods)
-    chosen = list(dict.fromkeys(n.strip().lower() for n in names if n and n.strip() and n.strip().lower() != "ar"))
-    unknown = [n for n in chosen if n not in SWEEP_METHODS and n not in BASELINES]
+    asked = [n for n in dict.fromkeys(n.strip().lower() for n in names if n and n.strip()) if n != REFERENCE]
+    unknown = [n for n in asked if n not in SWEEP_METHODS and n not in BASELINES]
     if unknown:
         raise ValueError(f"sweep methods: unknown {', '.join(map(repr, unknown))}; choose from "
                          f"{', '.join(SWEEP_METHODS)} (AR always runs), or the baselines "
                          f"{', '.join(BASELINES)} (run once each, beside AR)")
-    missing = {"sd": ("gamma", grids["gamma"]), "egag": ("gamma_max and ema", grids["gamma_max"] and grids["ema"]),
-               "nasd": ("ngram_n", grids["ngram_n"]), "sd-tree": ("node_budget", grids["node_budget"])}
-    empty = [f"{m} needs {missing[m][0]}" for m in chosen if m in missing and not missing[m][1]]
+    empty = [f"{m} needs {' and '.join(_required(m))}" for m in asked
+             if m in SWEEP_METHODS and not all(grids[axis] for axis in _required(m))]
     if empty:
         raise ValueError("sweep grid: " + "; ".join(empty))
-    return chosen
-
-
-def _adaptive_settings(chosen: list[str], grids: dict[str, list], stop_cap: int, gamma: int) -> list[Setting]:
-    """The per-token rules at each threshold (their parameter's default when none is given), then
-    the rules without a grid."""
-    settings = []
-    for method, axis in RULE_AXES.items():
-        if method in chosen:
-            values = grids[axis] or [PARAMS[axis].default] if axis in PARAMS else grids[axis]
-            cap = {"gamma_max": stop_cap} if method in STOP_AXES else {}  # a tree is bounded by its node budget
-            settings += [Setting(method, **cap, **{axis: v}) for v in values]
-    if "sd-confidence" in chosen:
-        settings.append(Setting("sd-confidence", gamma_max=stop_cap))
-    settings += [Setting(m, gamma=gamma) for m in ("sd-heuristic", "rest", "osd") if m in chosen]
-    return settings
+    return [m for m in SWEEP_METHODS if m in asked] + [m for m in asked if m in BASELINES]
