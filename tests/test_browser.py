@@ -426,3 +426,48 @@ def test_the_default_run_of_the_real_app_reads_at_1280_by_800_without_scrolling_
         finally:
             context.close()
         assert said == []
+
+
+# Reads the What-if panel's figures right after a slider moves: the milliseconds until they change.
+WHATIF_MOVE = """async ([selector, value, expected]) => {
+  const figures = document.querySelector('#sd-whatif-figures');
+  const changed = new Promise(resolve => new MutationObserver((_, observer) => {
+    if (figures.innerText.includes(expected)) { observer.disconnect(); resolve(performance.now()); }
+  }).observe(figures, {subtree: true, childList: true, characterData: true}));
+  const slider = document.querySelector(selector);
+  const started = performance.now();
+  slider.value = value;
+  slider.dispatchEvent(new Event('input', {bubbles: true}));
+  slider.dispatchEvent(new PointerEvent('pointerup', {bubbles: true}));
+  return (await changed) - started;
+}"""
+
+
+def move_whatif_slider(page, knob: str, value: float, expected: str) -> float:
+    """Drag the What-if slider `knob` (method-name) to `value` and let go; the milliseconds until its figures
+    read `expected`."""
+    return page.evaluate(WHATIF_MOVE, [f"#sd-whatif-{knob} input[type=range]", str(value), expected])
+
+
+def test_the_what_if_panel_replays_a_greedy_run_and_follows_its_sliders(tmp_path_factory, chromium, monkeypatch):
+    monkeypatch.setenv("SPECDEMO_CACHE", str(tmp_path_factory.mktemp("whatif-costs")))  # the tiny pair's cost table
+    defaults = {"max_new_tokens": 40, "methods": ["ar", "sd", "egag"]}
+    with serve(tmp_path_factory.mktemp("browser-whatif"), defaults=defaults) as (url, _):
+        with opened_page(url, chromium) as page:
+            page.locator("#sd-run").click(timeout=30_000)
+            page.get_by_text("Done in", exact=False).wait_for(timeout=90_000)
+            status = page.locator("#sd-whatif-status")
+            status.get_by_text("Replayed from greedy AR", exact=False).wait_for(timeout=90_000)
+            figures = page.locator("#sd-whatif-figures")
+            assert "SD (γ 3)" in figures.inner_text() and "EGAG" in figures.inner_text()
+            chart = page.locator("#sd-whatif-chart .js-plotly-plot")
+            chart.wait_for(timeout=30_000)
+            assert "Predicted speedup over AR against γ" in chart.inner_text()
+            assert "measured" in chart.inner_text()  # the Run's own SD and EGAG, marked
+
+            took = [move_whatif_slider(page, "sd-gamma", 6, "SD (γ 6)"),
+                    move_whatif_slider(page, "egag-gamma-max", 7, "γ max 7")]
+            text = figures.inner_text()
+            assert "SD (γ 6)" in text and "γ max 7" in text, text
+            assert re.search(r"τ \d+\.\d\d tokens per round, acceptance \d+%, predicted \d+\.\d\d× AR", text), text
+            print(f"what-if slider to new figures: {took[0]:.0f} ms, {took[1]:.0f} ms")

@@ -18,7 +18,7 @@ import gradio as gr
 from gradio.context import Context
 
 from . import charts as charts_module
-from . import forms, handlers, viz
+from . import forms, handlers, viz, whatif
 from ..bench.measure.tables import summary_frame
 from ..engine.methods import DEFAULT_METHODS, METHODS
 from ..models.loading import ModelPair, Preset, onnx_can_export
@@ -161,8 +161,9 @@ def build_tab(ctx: TabContext, initial: Mapping[str, Any]) -> None:
     initial: the inputs' first values by parameter name (prompt, methods, max_new_tokens, ...)."""
     inputs = _inputs(ctx, initial)
     outputs = _outputs(initial, warming=(ctx.warming or WARMING) if ctx.ready is not None else "")
+    what_if = whatif.WhatIfPanel.build(initial)
     shown = BySession(Shown(panels=len(viz.method_order(initial["methods"]))))
-    _wire_run(ctx, inputs, outputs, shown)
+    _wire_run(ctx, inputs, outputs, shown, what_if)
     _wire_compare(ctx, inputs)
     _wire_ready(ctx, outputs.status)
 
@@ -371,11 +372,13 @@ class RunStreams:
     outputs, the server's event loop spent 1.2–1.3 s of CPU on a default run beside the decoders;
     with the status in an event of its own and properties sent only where they change, 0.3 s."""
 
-    def __init__(self, ctx: TabContext, outputs: Outputs, shown: BySession[Shown]):
-        self.ctx, self.outputs, self.shown = ctx, outputs, shown
+    def __init__(self, ctx: TabContext, outputs: Outputs, shown: BySession[Shown],
+                 what_if: whatif.WhatIfPanel | None = None):
+        self.ctx, self.outputs, self.shown, self.what_if = ctx, outputs, shown, what_if
         self.last: BySession[RunUpdate] = BySession()  # a page run's final update, until it is drawn
 
-    def updates(self, form: dict) -> Iterator[RunUpdate]:
+    def updates(self, form: dict, session: str | None = None, page: bool = False) -> Iterator[RunUpdate]:
+        """The Run's updates; on the page (`page`), its finished results are kept for the What-if panel."""
         ctx = self.ctx
         try:
             req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
@@ -386,7 +389,11 @@ class RunStreams:
             return
         yield from handlers.wait_for_warm_up(ctx.ready, ctx.warming or WARMING)
         with contextlib.closing(handlers.stream_run(req, _loader(ctx), ctx.limits, ctx.gpu, ctx.threads)) as stream:
-            yield from stream
+            for update in stream:
+                if page and update.results and self.what_if is not None:
+                    self.what_if.remember_run(session, req.prompt, req.params, update.results,
+                                              lambda: _loader(ctx)(req))
+                yield update
 
     def show(self, update: RunUpdate, session: str | None) -> dict:
         out, now = self.outputs.apply(update, self.shown.get(session))
@@ -401,7 +408,7 @@ class RunStreams:
 
     def status_lines(self, form: dict, session: str | None) -> Iterator[Any]:
         """The page's Run: the status line alone; the run's last update is kept for `draw`."""
-        with contextlib.closing(self.updates(form)) as stream:
+        with contextlib.closing(self.updates(form, session, page=True)) as stream:
             for update in stream:
                 if update.warning:
                     gr.Warning(update.warning)
@@ -419,11 +426,12 @@ class RunStreams:
         self.last.pop(session)
 
 
-def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs, shown: BySession[Shown]) -> None:
+def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs, shown: BySession[Shown],
+              what_if: whatif.WhatIfPanel) -> None:
     """The page's Run: each method in turn under a status line, then everything it found drawn at
-    once by the event chained after it. /run, for API clients, streams the same run as one event
-    with every output."""
-    streams = RunStreams(ctx, outputs, shown)
+    once by the event chained after it, and the What-if panel prepared from it. /run, for API
+    clients, streams the same run as one event with every output."""
+    streams = RunStreams(ctx, outputs, shown, what_if)
 
     def run(form: dict, request: gr.Request):
         """Decode the prompt with each method in turn, as the Run button does: streams the status line, then
@@ -443,6 +451,7 @@ def _wire_run(ctx: TabContext, inputs: Inputs, outputs: Outputs, shown: BySessio
         show_progress="hidden", concurrency_id=ctx.queue_id,
     )
     wire_status_then_draw(streams, event, outputs.all())
+    what_if.wire(event, ctx.queue_id, ctx.gpu)
     wire_stop(inputs.stop_btn, outputs.status, event)
     with gr.Column(visible=False):
         api_btn = gr.Button("run")

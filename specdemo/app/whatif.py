@@ -15,6 +15,7 @@ without a server; `WhatIfPanel` lays the panel out and wires its events.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -101,6 +102,7 @@ class WhatIf:
     book: ChainBook | None = None  # the drafter's chains from every position, drafted once for every setting
     replays: dict[tuple, GenerationResult] = field(default_factory=dict)
     ar_tokens_per_s: float = math.nan
+    curve: list = field(default_factory=list)  # the fixed method's Figures at every γ (gamma_curve)
 
     def base_params(self, method: Method) -> dict[str, Any]:
         """The method's own parameters as the Run had them."""
@@ -147,6 +149,7 @@ def prepare(pair, prompt: str, params: DecodeParams, results: Sequence[Generatio
         for method in (FIXED, ADAPTIVE):
             ensure_drafter(table, pair, whatif.replayed(method.name, whatif.base_params(method)))
     whatif.ar_tokens_per_s = whatif.predicted_tokens_per_s(ar)
+    whatif.curve = gamma_curve(whatif)
     return whatif
 
 
@@ -215,14 +218,18 @@ def figures_markdown(whatif: WhatIf, shown: Sequence[Figures]) -> str:
     """The panel's reading of the sliders' settings, one line a method."""
     lines = []
     for f in shown:
-        setting = ", ".join(f"{PARAMS[k].label.split(': ', 1)[-1]} {v:g}" for k, v in f.params.items()
-                            if k in KNOB_NAMES)
+        setting = ", ".join(f"{short_label(k)} {v:g}" for k, v in f.params.items() if k in KNOB_NAMES)
         speed = (f"predicted **{f.speedup:.2f}×** AR ({f.tokens_per_s:.1f} tok/s)" if not math.isnan(f.speedup)
                  else "no prediction (no cost table)")
         lines.append(f"- **{METHODS[f.method].label}** ({setting}): τ **{f.tau:.2f}** tokens per round, acceptance "
                      f"**{_pct(f.acceptance)}**, {speed}, {f.rounds} rounds"
                      + (" — *an estimate: this target is exact only up to near-ties*" if f.estimate else ""))
     return "\n".join(lines)
+
+
+def short_label(name: str) -> str:
+    """A parameter as the panel's readings name it: its page label without the method or the gloss."""
+    return re.sub(r" \(.*\)$", "", PARAMS[name].label.split(": ", 1)[-1])
 
 
 def _pct(value: float) -> str:
@@ -238,6 +245,8 @@ def ready_line(whatif: WhatIf) -> str:
 
 # --------------------------------------------------------------------------- the panel
 
+RECORDING = ("⏳ Recording greedy AR on this prompt once more, now that the Run's timed rounds are over (one AR "
+             "decode; the first time on this machine, also a few seconds of calibrating its cost table) …")
 IDLE = ("After a greedy **Run**, move the sliders to see what other settings would have done on the same "
         "prompt: replayed exactly from AR's recorded run, without decoding again.")
 
@@ -248,6 +257,7 @@ class WhatIfPanel:
     sliders: dict[str, gr.Slider]  # by Knob.key
     reading: gr.Markdown
     chart: gr.Plot
+    quiet: gr.Markdown
     kept: BySession[WhatIf] = field(default_factory=BySession)
     ran: BySession[tuple] = field(default_factory=BySession)  # (prompt, params, results) of the last Run
 
@@ -265,45 +275,53 @@ class WhatIfPanel:
                                                   elem_id=f"sd-whatif-{knob.method}-{knob.name}".replace("_", "-"))
             reading = gr.Markdown("", elem_id="sd-whatif-figures")
             chart = gr.Plot(label="whatif_chart", show_label=False, elem_id="sd-whatif-chart")
-        return cls(status, sliders, reading, chart)
+            # Where a slider's event shows its progress: nowhere a visitor looks (the answer takes milliseconds).
+            quiet = gr.Markdown("", visible=False)
+        return cls(status, sliders, reading, chart, quiet)
 
     def remember_run(self, session: str | None, prompt: str, params: DecodeParams,
-                     results: Sequence[GenerationResult]) -> None:
-        self.ran.set(session, (prompt, params, list(results)))
+                     results: Sequence[GenerationResult], load_pair: Callable[[], Any]) -> None:
+        """Keep what the visitor's Run decoded (and how to get its pair) for the panel's next preparation."""
+        self.ran.set(session, (prompt, params, list(results), load_pair))
 
     def outputs(self) -> list[Any]:
         return [self.status, self.reading, self.chart]
 
-    def wire(self, after: Any, load_pair: Callable[[Any], Any], queue_id: str) -> None:
-        """Prepare the panel once the Run's event `after` ends (it decodes: in the page's decoding queue),
-        and read the sliders on each change."""
+    def wire(self, after: Any, queue_id: str, gpu: Callable[[Callable], Callable] = lambda fn: fn) -> None:
+        """Prepare the panel once the Run's event `after` ends (it decodes AR again: in the page's decoding
+        queue, under `gpu`), and read the sliders on each change (bookkeeping: outside the queue)."""
         sliders = list(self.sliders.values())
 
-        def prepare_panel(*values, request: gr.Request):
-            return self.prepared(session_id(request), load_pair, values)
+        def in_order(values: dict) -> list[float]:  # a set of inputs arrives as {component: value}
+            return [values[slider] for slider in sliders]
 
-        def move(*values, request: gr.Request):
-            return self.read(session_id(request), values)
+        def prepare_panel(values: dict, request: gr.Request):
+            if self.ran.get(session_id(request)) is not None:
+                yield RECORDING, gr.skip(), gr.skip()
+            yield self.prepared(session_id(request), in_order(values), gpu)
 
-        after.then(prepare_panel, inputs=sliders, outputs=self.outputs(), api_visibility="private",
-                   show_progress="hidden", concurrency_id=queue_id)
-        for slider in sliders:
-            for trigger in (slider.change, slider.release):
-                trigger(move, inputs=sliders, outputs=self.outputs()[1:], api_visibility="private",
-                        show_progress="hidden", queue=False, trigger_mode="always_last")
+        def move(values: dict, request: gr.Request):
+            return self.read(session_id(request), in_order(values))
 
-    def prepared(self, session: str | None, load_pair: Callable[[Any], Any], values: Sequence[float]) -> tuple:
+        after.then(prepare_panel, inputs=set(sliders), outputs=self.outputs(), api_visibility="private",
+                   show_progress="hidden", show_progress_on=[self.status], concurrency_id=queue_id)
+        for slider in sliders:  # a change comes with every value a drag passes and with the release
+            slider.change(move, inputs=set(sliders), outputs=self.outputs()[1:], api_visibility="private",
+                          show_progress="hidden", show_progress_on=[self.quiet], queue=False,
+                          trigger_mode="always_last")
+
+    def prepared(self, session: str | None, values: Sequence[float],
+                 gpu: Callable[[Callable], Callable] = lambda fn: fn) -> tuple:
         ran = self.ran.pop(session)
         if ran is None:
             return gr.skip(), gr.skip(), gr.skip()
-        prompt, params, results = ran
+        prompt, params, results, load_pair = ran
         refused = sampling_refusal(params)
-        if refused:
-            self.kept.pop(session)
-            return f"⚠️ The What-if panel cannot replay this Run: {refused}.", "", None
         try:
+            if refused:
+                raise ValueError(refused)
             pair = load_pair()
-            whatif = decoding_thread().submit(lambda: _prepared_on(pair, prompt, params, results)).result()
+            whatif = gpu(prepare_on_decoding_thread)(pair, prompt, params, results)
         except ValueError as error:
             self.kept.pop(session)
             return f"⚠️ The What-if panel cannot replay this Run: {error}", "", None
@@ -318,8 +336,7 @@ class WhatIfPanel:
 
     def reading_of(self, whatif: WhatIf, values: Sequence[float]) -> tuple:
         shown = slider_figures(whatif, values)
-        curve = gamma_curve(whatif)
-        return figures_markdown(whatif, shown), curve_figure(whatif, curve, shown)
+        return figures_markdown(whatif, shown), curve_figure(whatif, whatif.curve, shown)
 
 
 def slider_figures(whatif: WhatIf, values: Sequence[float]) -> list[Figures]:
@@ -331,5 +348,7 @@ def slider_figures(whatif: WhatIf, values: Sequence[float]) -> list[Figures]:
     return [figures(whatif, method, **params) for method, params in by_method.items()]
 
 
-def _prepared_on(pair, prompt: str, params: DecodeParams, results: Sequence[GenerationResult]) -> WhatIf:
-    return prepare(pair, prompt, params, results)
+def prepare_on_decoding_thread(pair, prompt: str, params: DecodeParams,
+                               results: Sequence[GenerationResult]) -> WhatIf:
+    """`prepare` on the page's decoding thread, where the Run's rounds ran (torch's threads belong to it)."""
+    return decoding_thread().submit(prepare, pair, prompt, params, results).result()
