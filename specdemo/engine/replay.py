@@ -642,11 +642,17 @@ class ChainBook:
         self.max_gamma = max_gamma
         self.methods = tuple(methods)
         self._chains: dict[type, dict[int, Chain | None]] = {}
+        self._of_method: dict[str, dict[int, Chain | None] | None] = {}
         for method in self.methods:
             self._prepare(method)
 
     def _prepare(self, method: str) -> dict[int, Chain | None] | None:
         """The chains of the method's drafter (drafted the first time a method needs them), or None."""
+        if method not in self._of_method:
+            self._of_method[method] = self._chains_for(method)
+        return self._of_method[method]
+
+    def _chains_for(self, method: str) -> dict[int, Chain | None] | None:
         spec = get_method(method)
         if spec.run is not None or not spec.needs_draft:
             return None

@@ -8,7 +8,9 @@ machine's cost table (`bench.measure.costs`), in its own columns:
   replayed                 True: the row's rounds were replayed, not decoded (AR's row is the recorded run,
                            measured, and says False).
   predicted_seconds        the run's seconds by the cost table (setup, verification by rows, draft steps,
-                           copies, each round's overhead), with AR's measured prefill on this prompt.
+                           copies, each round's overhead), with AR's measured prefill on this prompt, scaled
+                           so that the table's prediction of AR's recorded run equals its measured seconds
+                           (the table gives the parts' relative costs, AR's run today the machine's speed).
   predicted_tokens_per_s   new tokens / predicted_seconds.
   predicted_speedup_vs_ar  predicted_tokens_per_s over AR's predicted tokens/s on the same prompt (both by the
                            table, so its own errors divide out).
@@ -129,6 +131,10 @@ def _prompt_rows(pair, costs, item, index, seed, ids, recording, runs, replayed)
         ensure_drafter(costs, pair, run.result)  # a drafter the table has not seen is timed once, and kept
         predicted.append(predict_seconds(run.result, costs, prefill_seconds=recording.ar_prefill_seconds))
     costs.save()
+    # The table holds the parts' relative costs; how fast the machine runs today is what AR's run on this
+    # prompt just measured, so every prediction is set to the scale at which the table predicts that run.
+    scale = ratio(ar.seconds, predicted[0])
+    predicted = [seconds * scale for seconds in predicted] if math.isfinite(scale) else predicted
     ar_rate = ratio(len(ar.token_ids), predicted[0])
     for row, (_, _, run), seconds in zip(rows, group, predicted):
         rate = ratio(len(run.token_ids), seconds)
