@@ -56,6 +56,11 @@ AXIS_LABELS = {"target_dtype": "Target precisions", "draft_dtype": "Draft precis
 FORM = ("preset", "methods", *GRID, "categories", "prompts_per_category", "repeats",
         *AXIS_FIELDS.values())  # before SHARED_PARAMS
 FORM_AFTER = ("runtime", TEMPERATURE_AXIS)  # after SHARED_PARAMS, so that the parameters before them keep their places
+REPLAY = "replay"  # the page's switch to the replayed sweep, after FORM_AFTER (the page's own event takes it, /sweep not)
+REPLAY_LABEL = "replay (greedy, exact; times predicted)"
+REPLAY_INFO = ("record greedy AR once per prompt and replay every setting from it over the draft's shared chains: "
+               "rounds and τ are a real run's, tokens/s and speedups are predicted by this machine's cost table "
+               "(calibrated once, a few seconds, then cached); one combination, no repeats")
 # What the form's names outside the shared schema parameters mean, as /sweep's docstring says it.
 FORM_HELP = {
     "preset": "the model pair (target + draft) by its preset's name",
@@ -103,8 +108,15 @@ def default_form(limits: Limits) -> dict[str, Any]:
             "max_new_tokens": min(64, limits.max_new_tokens), "seed": 0, "chat": True}
 
 
+REPLAY_TABLE_COLUMNS = ["label", "replayed", "runs", "predicted_speedup_vs_ar", "predicted_tokens_per_s",
+                        "acceptance_rate", "mean_accepted_tokens", "mean_gamma", "wasted_drafts_per_token",
+                        "target_forwards_per_token", "exact_match_pct"]
+
+
 def table(summary: pd.DataFrame) -> pd.DataFrame:
-    columns = list(TABLE_COLUMNS)
+    """The tab's columns of a summary; a replayed sweep's shows its predicted time columns, named so, and
+    which rows were replayed, instead of the measured ones (NaN on a replayed row)."""
+    columns = list(REPLAY_TABLE_COLUMNS if "replayed" in summary else TABLE_COLUMNS)
     if timed_another_runtime(summary):  # which target each setting timed, as the Benchmark tab shows it
         columns.insert(columns.index("label") + 1, "runtime")
     shown = summary[columns].copy()
@@ -127,6 +139,7 @@ class SweepRequest:
     # Each combination of the axes with its checked parameters; empty: one sweep with `params`.
     combinations: list[tuple[dict[str, Any], DecodeParams]] = field(default_factory=list)
     runtime: str = TORCH  # what runs the target's forwards
+    replay: bool = False  # record greedy AR once per prompt and replay the grid from it (`bench.sweep.replay`)
 
 
 def _whole(name: str, value: Any) -> int:
@@ -191,7 +204,23 @@ def make_sweep_request(form: Mapping[str, Any], presets: Mapping[str, Preset], l
     refuse_unavailable(methods, unavailable_methods(chosen.draft_kind, runtime, pair_runtimes(page, form["preset"]),
                                                     torch_copy=True))
     refuse_on_runtime(runtime, planned or [({}, params)])
-    return SweepRequest(chosen.target, chosen.draft, settings, prompts, repeats, params, planned, runtime)
+    replay = bool(form.get(REPLAY))
+    if replay:
+        refuse_replay(planned or [({}, params)])
+    return SweepRequest(chosen.target, chosen.draft, settings, prompts, repeats, params, planned, runtime,
+                        replay=replay)
+
+
+def refuse_replay(planned: Sequence[tuple[dict[str, Any], DecodeParams]]) -> None:
+    """ValueError where a replayed sweep cannot stand in for the real one: several combinations of the axes,
+    or a sampled one (a sampled run leaves greedy AR's path, where nothing was recorded)."""
+    if len(planned) > 1:
+        raise ValueError(f"{REPLAY_LABEL}: a replay sweeps one pair on one precision, cache and temperature; "
+                         "give each axis one value at most, or untick replay")
+    params = planned[0][1]
+    if not params.sampling.greedy:
+        raise ValueError(f"{REPLAY_LABEL}: temperature {params.temperature} samples, and a sampled run leaves "
+                         "greedy AR's path, where nothing was recorded; set the temperature to 0, or untick replay")
 
 
 def refuse_on_runtime(runtime: str, planned: Sequence[tuple[dict[str, Any], DecodeParams]]) -> None:
@@ -288,6 +317,40 @@ def sweep_events(pair: ModelPair, request: SweepRequest, warmup: bool = True,
         worker.join()
 
 
+def replay_events(pair: ModelPair, request: SweepRequest,
+                  threads: int | None = None) -> Iterator[tuple[int, int, str, sweep.SweepResult | None]]:
+    """`replay_sweep` run in a worker thread on `threads` torch threads: (done, total, message, None) after
+    each prompt's recording and replays, then (done, total, "done", the result). Closing it waits for the
+    worker (a replay holds the pair until its prompt ends, as a sweep's run does)."""
+    from ..bench.sweep.replay import replay_sweep
+
+    updates: queue.Queue = queue.Queue()
+
+    def work() -> None:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        try:
+            result = replay_sweep(pair, request.prompts, request.settings,
+                                  progress=lambda done, total, message: updates.put((done, total, message, None)),
+                                  **request.params.as_dict())
+            updates.put((1, 1, "done", result))
+        except BaseException as error:  # handed to the consuming thread, which raises it
+            updates.put(error)
+
+    worker = threading.Thread(target=work, name="specdemo-sweep-replay", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = updates.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item[3] is not None:
+                return
+    finally:
+        worker.join()
+
+
 def stream_sweep(request: SweepRequest, load: Callable[..., ModelPair],
                  export: Callable[[], Path], gpu: Callable[[Callable], Callable] = lambda fn: fn,
                  warmup: bool = True, threads: int | None = None) -> Iterator[SweepUpdate]:
@@ -306,6 +369,12 @@ def stream_sweep(request: SweepRequest, load: Callable[..., ModelPair],
         precisions = {name: combination[name] for name in PRECISION_AXES if name in combination}
         pair = load(request.target, request.draft, runtime=request.runtime, **precisions)
         one = dataclasses.replace(request, params=params, combinations=[])
+        if request.replay:
+            for done, total, message, result in gpu(replay_events)(pair, one, threads):
+                if result is None:
+                    yield SweepUpdate(done, total, message)
+            runs.append((combination, result))
+            break
         rows: list[dict] = []
         event = None
         for event, rows in gpu(sweep_events)(pair, one, warmup, threads):
@@ -329,8 +398,8 @@ def _finished(runs: list[tuple[dict[str, Any], sweep.SweepResult]], folder: Path
     if len(runs) == 1 and not combination:
         sweep.write_outputs(first, files.rows_csv, files.summary_csv, files.report)
         summary = first.summary
-        return SweepUpdate(done, done, "done", sweep.sweep_figures(summary), table(summary), first.verdict, files,
-                           first, finished=True)
+        return SweepUpdate(done, done, "done", sweep.sweep_figures(predicted_as_measured(summary)), table(summary),
+                           first.verdict, files, first, finished=True)
     rows, summary = stacked(runs, "rows"), stacked(runs, "summary")
     rows.to_csv(files.rows_csv, index=False)
     summary.to_csv(files.summary_csv, index=False)
@@ -351,6 +420,18 @@ def _finished(runs: list[tuple[dict[str, Any], sweep.SweepResult]], folder: Path
     if "temperature" in combination:
         figures["temperature"] = temperature_figure(summary)
     return SweepUpdate(done, done, "done", figures, shown, verdict, files, result, finished=True)
+
+
+def predicted_as_measured(summary: pd.DataFrame) -> pd.DataFrame:
+    """A replayed sweep's summary as the charts read one: a replayed row's predicted speedup and tokens/s in
+    the measured columns (NaN there otherwise); a real sweep's summary as it is."""
+    if "replayed" not in summary:
+        return summary
+    shown = summary.copy()
+    replayed = shown.replayed.astype(bool)
+    for measured, predicted in (("speedup_vs_ar", "predicted_speedup_vs_ar"), ("tokens_per_s", "predicted_tokens_per_s")):
+        shown.loc[replayed, measured] = shown.loc[replayed, predicted]
+    return shown
 
 
 def sweep_outcome(request: SweepRequest, load, export, gpu=lambda fn: fn, threads: int | None = None) -> SweepUpdate:
@@ -399,6 +480,7 @@ class SweepForm:
     controls: dict[str, Any]  # SHARED_PARAMS' names
     runtime: Any  # FORM_AFTER
     temperature_axis: Any  # FORM_AFTER
+    replay: Any = None  # REPLAY: the page's event alone takes it
 
     def inputs(self, methods: Any = None, categories: Any = None) -> list[Any]:
         """The event's inputs in `forms.endpoint(…, FORM, FORM_AFTER, params=SHARED_PARAMS)` order;
@@ -441,12 +523,15 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
             temperature_axis = gr.Textbox("", label="Temperatures (e.g. 0,0.7,1.0)", elem_id="sweep-temperature-axis",
                                           info="comma-separated; AR at each is that temperature's reference; "
                                                "empty = the shared temperature")
-    controls = forms.param_controls(("max_new_tokens",), initial,
-                                    maxima={"max_new_tokens": ctx.limits.max_new_tokens})
+    with gr.Row():
+        controls = forms.param_controls(("max_new_tokens",), initial,
+                                        maxima={"max_new_tokens": ctx.limits.max_new_tokens})
+        replay = gr.Checkbox(False, label=REPLAY_LABEL, info=REPLAY_INFO, elem_id="sweep-replay")
     with gr.Accordion("Decoding settings shared by every point", open=False):
         controls.update(forms.param_controls([n for n in SHARED_PARAMS if n != "max_new_tokens"], initial,
                                              row_width=forms.ROW_WIDTH))
-    return SweepForm(preset, methods, grid, categories, prompts, repeats, axes, controls, runtime, temperature_axis)
+    return SweepForm(preset, methods, grid, categories, prompts, repeats, axes, controls, runtime, temperature_axis,
+                     replay)
 
 
 def _outputs() -> list[Any]:
@@ -483,7 +568,10 @@ def page_values(update: SweepUpdate) -> str | tuple:
     status = (f"Done: {len(result.rows)} runs, {len(result.settings)} settings on {result.meta.get('prompts')} "
               f"prompts × {result.meta.get('repeats')} repeats" + (f" × {over} combinations of the axes (the charts: "
               "the first one's)" if over else "") + f", {result.meta.get('device')}"
-              + ("" if runtime == TORCH else f", the target on {runtime}") + ".")
+              + ("" if runtime == TORCH else f", the target on {runtime}") + "."
+              + (" Replayed from one recorded greedy AR run per prompt: rounds, τ and acceptance are exact, "
+                 "tokens/s and speedups are predicted by this machine's cost table (the charts' speedups too)."
+                 if result.meta.get("replayed") else ""))
     figures = update.figures or {}
     return (status, update.verdict or "", update.table, *(figures.get(name) for name in CHARTS),
             *(gr.update(value=path, interactive=True) for path in (files.rows_csv, files.summary_csv, files.report)),
@@ -525,9 +613,9 @@ def _wire_page(ctx: TabContext, form: SweepForm, run_btn: Any, stop_btn: Any, ou
         yield from streams.status_lines(ctx.follow(request, page_sweep(ctx, values, progress)), session_id(request))
 
     event = run_btn.click(
-        forms.endpoint(run, FORM, FORM_AFTER, params=SHARED_PARAMS, name="sweep_page", generator=True,
-                       progress=True, helps=FORM_HELP),
-        inputs=form.inputs(), outputs=[outputs[0]], api_visibility="private", concurrency_id=ctx.queue_id,
+        forms.endpoint(run, FORM, (*FORM_AFTER, REPLAY), params=SHARED_PARAMS, name="sweep_page", generator=True,
+                       progress=True, helps={**FORM_HELP, REPLAY: REPLAY_INFO}),
+        inputs=[*form.inputs(), form.replay], outputs=[outputs[0]], api_visibility="private", concurrency_id=ctx.queue_id,
         show_progress_on=[outputs[0]],  # the status line alone, as on the Benchmark tab
     )
     wire_status_then_draw(streams, event, outputs)
