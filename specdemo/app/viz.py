@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from ..bench.measure import acceptance, acceptance_charts
 from ..bench.measure.tables import summary_frame, tokens_frame
-from ..engine.methods import METHODS, is_lossless
+from ..engine.methods import METHODS, REFERENCE, is_lossless
 from ..engine.divergence import describe_margin
 from ..models.precision import mismatch_reading
 from ..models.torch_copy import TORCH_COPY, TORCH_COPY_AR
@@ -43,14 +43,7 @@ ORIGIN_STYLES: dict[str, OriginStyle] = {
 }
 
 # One colour per method for panel headers and chart lines; unknown methods cycle FALLBACK_COLORS.
-METHOD_COLORS: dict[str, str] = {
-    "ar": "#64748b",
-    "sd": "#7c3aed",
-    "nasd": "#db2777",
-    "egag": "#0e7490",
-    "sd-heuristic": "#4338ca",
-    "sd-confidence": "#a16207",
-}
+METHOD_COLORS: dict[str, str] = {name: method.color for name, method in METHODS.items() if method.color}
 FALLBACK_COLORS = ("#0f766e", "#9333ea", "#b45309", "#be123c", "#1d4ed8")
 
 TOKEN_CLASS = "sd-tok"
@@ -506,8 +499,9 @@ def race_figure(results: Sequence[GenerationResult]) -> go.Figure:
 
 
 def _dash(method: str) -> str:
-    # NASD shares SD's fixed γ, so its line would hide SD's exactly; dashes keep both visible.
-    return "dash" if method == "nasd" else "solid"
+    # A table's drafts (NASD) share SD's fixed γ, so its line would hide SD's exactly; dashes keep both visible.
+    spec = METHODS.get(method)
+    return "dash" if spec is not None and spec.drafts and not spec.needs_draft else "solid"
 
 
 def entropy_acceptance_figure(results: Sequence[GenerationResult]) -> go.Figure:
@@ -561,7 +555,7 @@ def _num(value, fmt: str, missing: str = "–") -> str:
 
 def _quality(row: pd.Series) -> str:
     exactness = _text(row.get("exactness"))
-    if row["method"] == "ar" and row["matches_ar"] is not None and not _isnan(row["matches_ar"]):
+    if row["method"] == REFERENCE and row["matches_ar"] is not None and not _isnan(row["matches_ar"]):
         # What "identical to AR" can promise on this target: bit-exact, exact at float32, or up to near-ties.
         return f"reference ({exactness})" if exactness else "reference"
     if row["matches_ar"] is not None and not _isnan(row["matches_ar"]):
@@ -630,7 +624,7 @@ def display_table(summary: pd.DataFrame) -> pd.DataFrame:
     if summary.empty:
         return pd.DataFrame(columns=DISPLAY_COLUMNS)
     against_float32 = "speedup_vs_fp32_ar" in summary and summary.speedup_vs_fp32_ar.notna().any()
-    ordered = summary.sort_values("method", key=lambda s: s != "ar", kind="stable")
+    ordered = summary.sort_values("method", key=lambda s: s != REFERENCE, kind="stable")
     rows = []
     for _, row in ordered.iterrows():
         rows.append({
@@ -702,7 +696,7 @@ def explain(summary: pd.DataFrame) -> str:
     evens = acceptance.comparison_break_evens(summary) if "rounds" in summary else {}
     for _, row in summary.iterrows():
         label = row["label"]
-        if row["method"] == "ar":
+        if row["method"] == REFERENCE:
             lines.append(f"- **{label}**: one target forward per token — the baseline "
                          f"({_num(row['tokens_per_s'], '.1f')} tok/s).")
             continue
@@ -710,8 +704,8 @@ def explain(summary: pd.DataFrame) -> str:
             lines.append(f"- **{label}**: {_times_ar(row)}{_num(row['tokens_per_s'], '.1f')} tok/s — AR on the torch "
                          "copy of the target, timed after the methods: the reference of the rows that ran there.")
             continue
-        if row["method"] in _BASELINE_READINGS:
-            lines.append(f"- **{label}**: {_BASELINE_READINGS[row['method']](row)}")
+        if row["method"] in METHODS and METHODS[row["method"]].reading:
+            lines.append(f"- **{label}**: {_baseline_reading(row)}")
             continue
         speed = row["speedup_vs_ar"]
         verdict = (
@@ -750,18 +744,11 @@ def _times_ar(row: pd.Series) -> str:
     return "" if _isnan(speed) else f"{speed:.2f}× AR, "
 
 
-# One line each for the baselines: what they are for, with their numbers.
-_BASELINE_READINGS = {
-    "beam": lambda row: (
-        f"{_times_ar(row)}{_num(row['tokens_per_s'], '.1f')} tok/s — every step is one target forward over all "
-        "the beams at once, and the text is beam search's most likely sequence, not greedy decoding's."),
-    "draft": lambda row: (
-        f"{_times_ar(row)}{_num(row['tokens_per_s'], '.1f')} tok/s — the draft model writing by itself: the speed "
-        "speculation starts from and the text it would give without the target checking it."),
-    "ar-nocache": lambda row: (
-        f"{_times_ar(row)}{_num(row['tokens_per_s'], '.1f')} tok/s — AR recomputing the whole prefix for every "
-        "token: what the KV cache buys" + (f" ({row['note'].split(':')[0]})." if _text(row.get("note")) else ".")),
-}
+def _baseline_reading(row: pd.Series) -> str:
+    """A baseline's line: its numbers and what they are for (its registry entry's reading)."""
+    note = _text(row.get("note"))
+    return (f"{_times_ar(row)}{_num(row['tokens_per_s'], '.1f')} tok/s — {METHODS[row['method']].reading}"
+            + (f" ({note.split(':')[0]})." if note else "."))
 
 
 def records(frame: pd.DataFrame) -> pd.DataFrame:
@@ -773,4 +760,4 @@ def method_order(methods: Iterable[str]) -> list[str]:
     """AR first, then the registry's order, then anything unregistered as given."""
     names = list(dict.fromkeys(methods))
     registry = list(METHODS)
-    return sorted(names, key=lambda m: (m != "ar", registry.index(m) if m in registry else len(registry)))
+    return sorted(names, key=lambda m: (m != REFERENCE, registry.index(m) if m in registry else len(registry)))

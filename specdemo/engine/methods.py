@@ -75,6 +75,7 @@ class Method:
     default_on: bool = False  # ticked by default on the page, the CLI and the API
     baseline: bool = False  # a reference beside AR (beam search, the draft alone, no cache), run once per prompt
     color: str | None = None  # its colour on the page's panels and charts (None: one from a fixed cycle)
+    reading: str = ""  # a baseline: what its row shows beside AR, in the page's reading of the table
 
     @property
     def torch_loop(self) -> str | None:
@@ -238,17 +239,19 @@ register(Method("beam", "Beam search", False, "the target alone, beam search (nu
                 "generate; not greedy decoding, so its text differs from AR's",
                 lambda pair, p: (None, FixedGamma(0)), lossless=False, run=run_beam, drafts=False,
                 params=("num_beams",),
-                baseline=True))
+                baseline=True, reading="every step is one target forward over all the beams at once, and the text is "
+                "beam search's most likely sequence, not greedy decoding's"))
 register(Method("draft", "Draft alone", True, "the pair's draft model writing by itself, one token per forward, "
                 "with its cache and the same sampling settings", lambda pair, p: (None, FixedGamma(0)),
                 decoder="draft", lossless=False, drafts=False,
                 params=("draft_kv",),
-                baseline=True))
+                baseline=True, reading="the draft model writing by itself: the speed speculation starts from and the "
+                "text it would give without the target checking it"))
 register(Method("ar-nocache", "AR (no cache)", False, "the target alone without a KV cache: every token "
                 f"recomputes the whole prefix (at most {NOCACHE_MAX_NEW_TOKENS} new tokens)",
                 lambda pair, p: (None, FixedGamma(0)), cached=False, new_tokens_cap=NOCACHE_MAX_NEW_TOKENS,
                 drafts=False,
-                baseline=True))
+                baseline=True, reading="AR recomputing the whole prefix for every token: what the KV cache buys"))
 register(Method("sd-tree", "SD-tree", True,
                 "the pair's draft as a tree (dynamic or static shape), verified in one forward",
                 lambda pair, p: (TreeDrafter(_plain_drafter(pair)), _tree_policy(p)),
