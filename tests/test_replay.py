@@ -179,12 +179,15 @@ def test_a_books_replay_equals_the_settings_own_replay_and_its_real_run(
     for prompt in PROMPTS:
         book = books[kind, tuple(prompt)]
         assert book.shares(method, **settings)
-        shared = book.replay(method, **settings)
+        shared = book.replay(method, **settings)  # bookkeeping alone
+        looped = book.replay(method, full=True, **settings)  # the decode loop over the chains
         own = specdemo.replay(recordings[kind, tuple(prompt)], method, **settings)
         real = specdemo.generate(pair, prompt, method, max_new_tokens=LENGTH, **settings)
-        assert rounds_of(shared) == rounds_of(own) == rounds_of(real), (method, settings, prompt)
-        assert counts_of(shared) == counts_of(own) == counts_of(real)
+        assert rounds_of(shared) == rounds_of(looped) == rounds_of(own) == rounds_of(real), (method, settings, prompt)
+        assert counts_of(shared) == counts_of(looped) == counts_of(own) == counts_of(real)
         assert [r.early_stop for r in shared.rounds] == [r.early_stop for r in own.rounds]
+        assert shared.stats["mean_accepted_tokens"] == real.stats["mean_accepted_tokens"]
+        assert shared.text == real.text and shared.parameters == real.parameters
 
 
 def test_specdecpps_stop_reads_the_shared_chains_too(head_pair, recordings, books):

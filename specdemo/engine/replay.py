@@ -43,7 +43,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .decoding import decode_rounds, iter_generate
+from .decoding import check_stop, decode_rounds, iter_generate
 from .drafters.base import Drafter, NoDrafter, Proposal, WrappedDrafter, top_ids
 from .drafters.policies import FixedGamma
 from .drafters.feature_head import FeatureHead
@@ -54,7 +54,8 @@ from .params import PARAMS, DecodeParams, EngineOptions
 from .runtimes import refusal
 from .targets.seq2seq import is_encoder_decoder
 from .tokens import common_prefix_length
-from .trace import FedCounts, GenerationResult
+from .rounds import cut_verdict_at_eos
+from .trace import FedCounts, GenerationResult, Round, TokenRecord
 
 # The target's best ids (and their logits) kept per position: NASD's top-k filler reads up to this many.
 RECORDED_TOP_K = 8
@@ -288,11 +289,7 @@ class RecordedTarget:
         recorded row where those drafts are AR's tokens, NaN after the first that is not."""
         drafts = [] if then is None else [int(t) for t in then.tolist()]
         k = len(drafts)
-        keep = min(common_prefix_length(self.cached_ids, sequence), len(sequence) + k - max(n_logits, n_hidden))
-        del self.cached_ids[keep:]
-        self.counts.add(len(sequence) - keep + k, n_logits)
-        self.cached_ids.extend(sequence[keep:])
-        self._check_on_path(sequence, len(sequence))
+        self.count_verification(sequence, k, n_logits, n_hidden)
         full = list(sequence) + drafts
         last = len(full) - 1
         on_path = len(sequence) + common_prefix_length(drafts, self.path[len(sequence):len(sequence) + k])
@@ -309,6 +306,15 @@ class RecordedTarget:
                 if position < min(on_path, features.shape[0]):
                     self.hidden[row] = features[position]
         return rows
+
+    def count_verification(self, sequence: list[int], k: int, n_logits: int, n_hidden: int = 0) -> None:
+        """What a verification of k drafts after `sequence` feeds the target, as a `CachedLM` counts it:
+        the sequence beyond what "its cache" holds, and the drafts."""
+        keep = min(common_prefix_length(self.cached_ids, sequence), len(sequence) + k - max(n_logits, n_hidden))
+        del self.cached_ids[keep:]
+        self.counts.add(len(sequence) - keep + k, n_logits)
+        self.cached_ids.extend(sequence[keep:])
+        self._check_on_path(sequence, len(sequence))
 
     def _check_on_path(self, sequence: list[int], length: int) -> None:
         if list(sequence[:length]) != self.path[:length]:
@@ -381,8 +387,19 @@ def replay(recording: Recording, method: str, *, pair=None, **params) -> Replaye
 
 
 def _replay(recording: Recording, method: str, pair, params: dict[str, Any], swap=None) -> ReplayedResult:
-    """`replay`, with swap(drafter) -> drafter putting another drafter in the built one's place (a
+    """`replay`, with swap(drafter, decode) -> drafter putting another drafter in the built one's place (a
     `ChainBook`'s, which reads its drafts from shared chains) after the refusals have been asked."""
+    pair, spec, decode, seed, drafter, policy, result = _replay_setup(recording, method, pair, params, swap)
+    writer = RecordedTarget(recording, pair.target)
+    for result in decode_rounds(pair, drafter, policy, decode, seed, result, cache=recording.cache, method=spec,
+                                writer=writer):
+        pass
+    _unmeasured(result)
+    return result
+
+
+def _replay_setup(recording: Recording, method: str, pair, params: dict[str, Any], swap=None):
+    """The checks every replay gets, then (pair, spec, decode, seed, drafter, policy, an empty result)."""
     pair = pair if pair is not None else recording.pair
     if pair is None:
         raise ValueError("replay: this recording was loaded without its pair: Recording.load(path, pair)")
@@ -411,12 +428,7 @@ def _replay(recording: Recording, method: str, pair, params: dict[str, Any], swa
     result = ReplayedResult(method, {**decode.as_dict(), "seed": seed}, list(recording.prompt_ids),
                             note=" ".join(filter(None, (note, replayed + "."))), threads=torch.get_num_threads(),
                             replayed=replayed, estimate=estimate)
-    writer = RecordedTarget(recording, pair.target)
-    for result in decode_rounds(pair, drafter, policy, decode, seed, result, cache=recording.cache, method=spec,
-                                writer=writer):
-        pass
-    _unmeasured(result)
-    return result
+    return pair, spec, decode, seed, drafter, policy, result
 
 
 def _unmeasured(result: GenerationResult) -> None:
@@ -643,6 +655,7 @@ class ChainBook:
         self.methods = tuple(methods)
         self._chains: dict[type, dict[int, Chain | None]] = {}
         self._of_method: dict[str, dict[int, Chain | None] | None] = {}
+        self._parameters: dict[str, int] | None = None
         for method in self.methods:
             self._prepare(method)
 
@@ -676,9 +689,14 @@ class ChainBook:
             params.get(name, PARAMS_DEFAULTS[name]) == self.recording.params.get(name, PARAMS_DEFAULTS[name])
             for name in DRAFTER_PARAMS)
 
-    def replay(self, method: str, **params) -> ReplayedResult:
-        """The method's replay at these parameters: bookkeeping over the shared chains where it shares them,
-        else `replay` itself (see the class); refused settings raise as `replay` does."""
+    def replay(self, method: str, *, full: bool = False, **params) -> ReplayedResult:
+        """The method's replay at these parameters, bookkeeping over the shared chains where it shares them,
+        else `replay` itself (see the class); refused settings raise as `replay` does.
+
+        By default the rounds are kept by `_bookkeeping` (no tensor of the vocabulary's width is made): each
+        round's γ, drafts, entropies, accepted count, next token, source and stop note, the tokens with
+        their origins (no text: the output is AR's, `result.text`), and the counts; not the per-draft
+        decisions (p, q). full=True runs the decode loop over the chains instead, for the whole trace."""
         if not self.shares(method, **params):
             return replay(self.recording, method, pair=self.pair, **params)
         chains = self._prepare(method)
@@ -695,9 +713,64 @@ class ChainBook:
             return parent
 
         try:
-            return _replay(self.recording, method, self.pair, params, swap=swap)
+            if full:
+                return _replay(self.recording, method, self.pair, params, swap=swap)
+            return self._bookkeeping(*_replay_setup(self.recording, method, self.pair, params, swap))
         except ChainTooShort:
             return replay(self.recording, method, pair=self.pair, **params)
+
+    def _bookkeeping(self, pair, spec, decode, seed, drafter, policy, result) -> ReplayedResult:
+        """The decode loop's greedy chain rounds, kept in lists: a draft is kept while it is the recorded
+        path's token, and the target's own token is the path's next (what the loop's verification reads
+        from the recorded rows, which are the path's argmax)."""
+        recording, path, eos = self.recording, self.recording.sequence, pair.eos_ids
+        sequence = list(recording.prompt_ids)
+        writer = RecordedTarget(recording, pair.target)
+        writer.prefill(sequence[:-1])
+        drafter.start(sequence, None)
+        before = (writer.counts.copy(), drafter.counts.copy())
+        hidden = drafter.reads_target_features
+        while not result.done:
+            proposal = drafter.propose(sequence, policy, decode.max_new_tokens - len(result.tokens) - 1,
+                                       decode.sampling, None)
+            drafted, n = proposal.tokens.tolist(), len(sequence)
+            writer.count_verification(sequence, len(drafted), len(drafted) + 1, len(drafted) + 1 if hidden else 0)
+            writer.note_fed(drafted)
+            accepted = common_prefix_length(drafted, path[n:n + len(drafted)])
+            drafts, accepted, next_token = cut_verdict_at_eos(
+                drafted, accepted, path[n + accepted] if n + accepted < len(path) else None, eos)
+            new = drafts[:accepted] + ([] if next_token is None else [next_token])
+            sequence.extend(new)
+            drafter.observe(sequence, n, torch.empty(accepted + 1, 0))
+            policy.update(len(drafts), accepted)
+            entropies = proposal.entropies.tolist()[: len(drafts)] if proposal.entropies is not None else []
+            round_ = Round(index=len(result.rounds), gamma=proposal.gamma, entropy=proposal.round_entropy,
+                           drafted=drafts, accepted=accepted, next_token=next_token, draft_entropies=entropies,
+                           draft_seconds=math.nan, verify_seconds=math.nan, end_seconds=math.nan, new_tokens=new,
+                           source=proposal.source if drafts else "", early_stop=policy.early_stop())
+            origins = ["accepted"] * len(new)
+            if next_token is not None:
+                origins[-1] = round_.next_origin
+            result.tokens += [TokenRecord(token, "", origin, round_.index) for token, origin in zip(new, origins)]
+            result.rounds.append(round_)
+            check_stop(result, decode.max_new_tokens, pair)
+        target, draft = writer.counts.since(before[0]), drafter.counts.since(before[1])
+        result.target_forwards, result.draft_forwards = target.forwards, drafter.forwards
+        result.fed = {TARGET_ROLE: target, DRAFT_ROLE: draft}
+        result.cache, result.drafter = recording.cache, drafter.describe(pair.drafter_name)
+        result.runtime, result.exactness, result.parameters = recording.runtime, recording.exactness, self.parameters
+        drafter.close()
+        _unmeasured(result)
+        return result
+
+    @property
+    def parameters(self) -> dict[str, int]:
+        """The pair's matmul weights (the trace's FLOPs read them), counted once for the book."""
+        if self._parameters is None:
+            from .flops import matmul_parameters
+            self._parameters = {TARGET_ROLE: matmul_parameters(self.pair.target),
+                                DRAFT_ROLE: matmul_parameters(self.pair.draft)}
+        return self._parameters
 
 
 def chain_book(recording: Recording, pair=None, methods: Sequence[str] = ("sd", "egag"),
