@@ -54,11 +54,15 @@ def test_gamma_min_above_gamma_max_is_lowered_to_it(prepared):
     assert figures.params["gamma_min"] == figures.params["gamma_max"] == 2
 
 
-def test_the_curve_covers_every_gamma_and_the_chart_marks_the_runs_measured_settings(prepared):
+def test_the_curve_covers_every_gamma_and_the_chart_marks_the_runs_measured_settings(prepared, runs):
     curve = whatif.gamma_curve(prepared)
     assert [f.params["gamma"] for f in curve] == list(range(1, whatif.MAX_GAMMA + 1))
     marked = whatif.measured_speedups(prepared)
-    assert [x for _, x, _ in marked] == [3, 4]  # SD at its γ, EGAG at its γ_max: the schema's defaults
+    assert [x for _, x, _, _ in marked] == [3, 4]  # SD at its γ, EGAG at its γ_max: the schema's defaults
+    _, results = runs
+    assert marked[0][2] == results[1].stats["tokens_per_s"] / results[0].stats["tokens_per_s"]
+    assert marked[0][3] == whatif.figures(prepared, "sd", gamma=3).speedup  # predicted by that setting's replay
+    assert "The prediction at the Run's own settings" in whatif.figures_markdown(prepared, curve[:1])
     figure = whatif.curve_figure(prepared, curve)
     names = [trace.name for trace in figure.data]
     assert any("measured" in name for name in names)

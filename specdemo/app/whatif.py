@@ -173,20 +173,28 @@ def gamma_curve(whatif: WhatIf) -> list[Figures]:
     return [figures(whatif, FIXED.name, gamma=g) for g in range(1, MAX_GAMMA + 1)]
 
 
-def measured_speedups(whatif: WhatIf) -> list[tuple[str, int, float]]:
-    """(label, γ, measured speedup over the Run's AR) of the settings the Run really decoded: the fixed
-    method at its γ, the adaptive one at its γ_max."""
+def measured_speedups(whatif: WhatIf) -> list[tuple[str, int, float, float]]:
+    """(label, γ, measured, predicted speedup over the Run's AR) of the settings the Run really decoded: the
+    fixed method at its γ, the adaptive one at its γ_max; predicted by the replay of that very setting."""
     ar = whatif.measured.get(REFERENCE)
-    if ar is None:
+    if ar is None or not ar.stats["tokens_per_s"]:
         return []
     out = []
     for method, axis in ((FIXED, "gamma"), (ADAPTIVE, "gamma_max")):
         run = whatif.measured.get(method.name)
-        if run is not None and ar.stats["tokens_per_s"]:
-            x = int(run.params.get(axis, getattr(whatif.params, axis)))
-            out.append((f"{method.label} run ({axis.replace('gamma', 'γ')}={x})", x,
-                        run.stats["tokens_per_s"] / ar.stats["tokens_per_s"]))
+        if run is None:
+            continue
+        own = {name: run.params[name] for name in KNOB_NAMES if name in method.params and name in run.params}
+        x = int(own.get(axis, getattr(whatif.params, axis)))
+        out.append((f"{method.label} run ({axis.replace('gamma', 'γ')}={x})", x,
+                    run.stats["tokens_per_s"] / ar.stats["tokens_per_s"], figures(whatif, method.name, **own).speedup))
     return out
+
+
+def run_speed(whatif: WhatIf) -> float:
+    """The Run's measured AR tokens/s (NaN without it): a predicted speedup read at today's speed."""
+    ar = whatif.measured.get(REFERENCE)
+    return ar.stats["tokens_per_s"] if ar is not None else math.nan
 
 
 def curve_figure(whatif: WhatIf, curve: Sequence[Figures], chosen: Sequence[Figures] = ()):
@@ -205,7 +213,7 @@ def curve_figure(whatif: WhatIf, curve: Sequence[Figures], chosen: Sequence[Figu
         traces.append(dict(type="scatter", x=[x], y=[f.speedup], mode="markers", name=f"{METHODS[f.method].label} "
                            "(sliders)", marker=dict(color=viz.method_color(f.method), size=12, symbol="circle-open",
                                                     line=dict(width=3))))
-    for name, x, speedup in measured_speedups(whatif):
+    for name, x, speedup, _ in measured_speedups(whatif):
         method = FIXED if name.startswith(FIXED.label + " ") else ADAPTIVE
         traces.append(dict(type="scatter", x=[x], y=[speedup], mode="markers", name=f"{name}, measured",
                            marker=dict(color=viz.method_color(method.name), size=11, symbol="x")))
@@ -219,11 +227,17 @@ def figures_markdown(whatif: WhatIf, shown: Sequence[Figures]) -> str:
     lines = []
     for f in shown:
         setting = ", ".join(f"{short_label(k)} {v:g}" for k, v in f.params.items() if k in KNOB_NAMES)
-        speed = (f"predicted **{f.speedup:.2f}×** AR ({f.tokens_per_s:.1f} tok/s)" if not math.isnan(f.speedup)
-                 else "no prediction (no cost table)")
+        at_run = f.speedup * run_speed(whatif)
+        speed = ("no prediction (no cost table)" if math.isnan(f.speedup) else f"predicted **{f.speedup:.2f}×** AR"
+                 + (f" (≈ {at_run:.1f} tok/s at the Run's AR speed)" if not math.isnan(at_run) else ""))
         lines.append(f"- **{METHODS[f.method].label}** ({setting}): τ **{f.tau:.2f}** tokens per round, acceptance "
                      f"**{_pct(f.acceptance)}**, {speed}, {f.rounds} rounds"
                      + (" — *an estimate: this target is exact only up to near-ties*" if f.estimate else ""))
+    checks = [f"{name}: predicted {predicted:.2f}×, measured {measured:.2f}×"
+              for name, _, measured, predicted in measured_speedups(whatif) if not math.isnan(predicted)]
+    if checks:
+        lines.append("\nThe prediction at the Run's own settings, against what the Run measured: " + "; ".join(checks)
+                     + ". τ and acceptance are exact; the speedups are only as good as the cost table.")
     return "\n".join(lines)
 
 
