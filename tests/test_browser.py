@@ -471,3 +471,15 @@ def test_the_what_if_panel_replays_a_greedy_run_and_follows_its_sliders(tmp_path
             assert "SD (γ 6)" in text and "γ max 7" in text, text
             assert re.search(r"τ \d+\.\d\d tokens per round, acceptance \d+%, predicted \d+\.\d\d× AR", text), text
             print(f"what-if slider to new figures: {took[0]:.0f} ms, {took[1]:.0f} ms")
+
+
+def test_after_a_sampled_run_the_what_if_panel_says_why_it_cannot_replay(tmp_path_factory, chromium):
+    defaults = {"max_new_tokens": 16, "methods": ["ar", "sd"], "temperature": 0.7}
+    with serve(tmp_path_factory.mktemp("browser-whatif-sampled"), defaults=defaults) as (url, _):
+        with opened_page(url, chromium) as page:
+            page.locator("#sd-run").click(timeout=30_000)
+            page.get_by_text("Done in", exact=False).wait_for(timeout=90_000)
+            status = page.locator("#sd-whatif-status")
+            status.get_by_text("cannot replay this Run", exact=False).wait_for(timeout=60_000)
+            assert "temperature 0.7 samples" in status.inner_text()
+            assert page.locator("#sd-whatif-figures").inner_text().strip() == ""  # no numbers
