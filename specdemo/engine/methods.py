@@ -290,6 +290,10 @@ def _register_drafter_modules() -> None:
 
 _register_drafter_modules()
 REFERENCE = "ar"  # the method every other is measured against and, under greedy decoding, must equal
+# The methods the product's story names (the sweep's verdict, its charts' lines), each named here once.
+FIXED_GAMMA = "sd"  # speculative decoding at a fixed γ: the drafting method the adaptive ones are judged against
+ENTROPY_GAMMA = "egag"  # γ of each round from the drafter's entropy
+TABLE_DRAFTING = "nasd"  # an n-gram table drafts instead of a model
 DEFAULT_METHODS = tuple(name for name, method in METHODS.items() if method.default_on)
 BASELINES = tuple(name for name, method in METHODS.items() if method.baseline)
 SWEPT = tuple(name for name, method in METHODS.items() if method.sweep is not None)

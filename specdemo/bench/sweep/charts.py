@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from ...engine.methods import ENTROPY_GAMMA, FIXED_GAMMA, REFERENCE, TABLE_DRAFTING
 from .grid import copy_phrase, fmt
 
 def _layout(fig, title: str, xtitle: str, ytitle: str):
@@ -26,7 +27,7 @@ def _egag_text(part: pd.DataFrame) -> list[str]:
 
 def _sd_lines(summary: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """SD's settings as lines over γ: one, or one per copy_n value when the sweep varies it."""
-    sd = summary[summary.method == "sd"].sort_values("gamma")
+    sd = summary[summary.method == FIXED_GAMMA].sort_values("gamma")
     if sd.empty:
         return []
     if sd.copy_n.isna().all():
@@ -43,13 +44,13 @@ def speedup_figure(summary: pd.DataFrame):
         fig.add_scatter(name=name, x=sd.gamma, y=sd.speedup_vs_ar, mode="lines+markers",
                         error_y=_errors(sd, "speedup_vs_ar"),
                         hovertemplate="γ=%{x}: %{y:.2f}× AR<extra>" + name + "</extra>")
-    egag = summary[summary.method == "egag"]
+    egag = summary[summary.method == ENTROPY_GAMMA]
     if not egag.empty:
         fig.add_scatter(name="EGAG (γmax/EMA)", x=egag.mean_gamma, y=egag.speedup_vs_ar, mode="markers+text",
                         text=_egag_text(egag), textposition="top center", marker=dict(size=10, symbol="diamond"),
                         error_y=_errors(egag, "speedup_vs_ar"),
                         hovertemplate="γmax/EMA %{text}: mean γ %{x:.2f}, %{y:.2f}× AR<extra>EGAG</extra>")
-    nasd = summary[summary.method == "nasd"]
+    nasd = summary[summary.method == TABLE_DRAFTING]
     if not nasd.empty:
         fig.add_scatter(name="NASD (n)", x=nasd.gamma, y=nasd.speedup_vs_ar, mode="markers+text",
                         text=[f"n={fmt(n)}" for n in nasd.ngram_n], textposition="bottom center",
@@ -92,7 +93,7 @@ def acceptance_figure(summary: pd.DataFrame):
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance (accepted ÷ drafted)", "tokens per round"))
     lines = _sd_lines(summary)
-    egag = summary[summary.method == "egag"]
+    egag = summary[summary.method == ENTROPY_GAMMA]
     for col, metric in ((1, "acceptance_rate"), (2, "mean_accepted_tokens")):
         for index, (name, sd) in enumerate(lines):
             fig.add_trace(go.Scatter(name=name, x=sd.gamma, y=sd[metric], mode="lines+markers",
@@ -100,7 +101,7 @@ def acceptance_figure(summary: pd.DataFrame):
                                      line_color="#1f77b4" if index == 0 else None), row=1, col=col)
         if not egag.empty:
             fig.add_trace(go.Scatter(name="EGAG (γmax/EMA)", x=egag.mean_gamma, y=egag[metric], mode="markers+text",
-                                     text=_egag_text(egag), textposition="top center", legendgroup="egag",
+                                     text=_egag_text(egag), textposition="top center", legendgroup=ENTROPY_GAMMA,
                                      showlegend=col == 1, marker=dict(size=10, symbol="diamond", color="#ff7f0e")),
                           row=1, col=col)
         fig.update_xaxes(title_text="γ (EGAG: mean γ)", row=1, col=col)
@@ -116,7 +117,7 @@ def predicted_figure(summary: pd.DataFrame):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    shown = summary[summary.predicted_speedup.notna() & summary.speedup_vs_ar.notna() & (summary.method != "ar")]
+    shown = summary[summary.predicted_speedup.notna() & summary.speedup_vs_ar.notna() & (summary.method != REFERENCE)]
     for method in dict.fromkeys(shown.method):
         part = shown[shown.method == method]
         fig.add_scatter(name=method.upper(), x=part.predicted_speedup, y=part.speedup_vs_ar, mode="markers+text",
@@ -168,7 +169,8 @@ def temperature_figure(summary: pd.DataFrame):
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance (accepted ÷ drafted)", "speedup over AR at that temperature"))
-    shown = summary[(summary.method != "ar") & summary.temperature.notna()] if "temperature" in summary else summary.iloc[:0]
+    shown = (summary[(summary.method != REFERENCE) & summary.temperature.notna()] if "temperature" in summary
+             else summary.iloc[:0])
     for setting in dict.fromkeys(shown.setting):
         part = shown[shown.setting == setting].sort_values("temperature")
         name = str(part.label.iloc[0])

@@ -51,7 +51,7 @@ from typing import Sequence
 import pandas as pd
 
 from ...engine.divergence import divergence_where_compared
-from ...engine.methods import is_lossless, matches_reference
+from ...engine.methods import ENTROPY_GAMMA, REFERENCE, TABLE_DRAFTING, is_lossless, matches_reference
 from ..measure.batching import BATCH_COLUMNS
 from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR
 from ..measure.statistics import leviathan_speedup
@@ -88,7 +88,7 @@ def _reference(group, method: str) -> tuple:
 def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
     """The rows of one (prompt, repeat), each compared with AR's run in the group: the pair's AR, or for a
     run on the torch copy of a runtime target, AR on that copy (`models.torch_copy`)."""
-    references = {False: _reference(group, "ar"), True: _reference(group, TORCH_COPY_AR)}
+    references = {False: _reference(group, REFERENCE), True: _reference(group, TORCH_COPY_AR)}
     rows = []
     for setting, position, run in group:
         stats, result = run.stats, run.result
@@ -98,16 +98,17 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
         drafted, accepted = stats["drafted"], stats["accepted"]
         alpha = stats["alpha"]
         mean_gamma = stats["mean_gamma"]
-        if setting.method == "nasd":
+        if setting.method == TABLE_DRAFTING:
             slots = sum(r.gamma for r in result.rounds)
             cost = ratio(ratio(stats["draft_seconds"], slots), ar_step)
-        elif setting.method in ("ar", TORCH_COPY_AR):
+        elif setting.method in (REFERENCE, TORCH_COPY_AR):
             cost = math.nan
         else:
             cost = ratio(ratio(stats["draft_seconds"], stats["draft_forwards_decoding"]), ar_step)
-        gamma = (mean_gamma if setting.method == "egag" else _mean_drafts(result) if setting.method in _VARYING_GAMMA
+        gamma = (mean_gamma if setting.method == ENTROPY_GAMMA
+                 else _mean_drafts(result) if setting.method in _VARYING_GAMMA
                  else setting.gamma)
-        predicted = (leviathan_speedup(alpha, float(gamma), cost) if setting.method not in ("ar", TORCH_COPY_AR)
+        predicted = (leviathan_speedup(alpha, float(gamma), cost) if setting.method not in (REFERENCE, TORCH_COPY_AR)
                      and gamma else math.nan)
         row = {
             "method": setting.method, **setting.values(), "prompt_id": item.id, "repeat": repeat,

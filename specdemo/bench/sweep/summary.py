@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from ...engine.params import DecodeParams
-from ...engine.methods import METHODS
+from ...engine.methods import ENTROPY_GAMMA, FIXED_GAMMA, METHODS, REFERENCE, TABLE_DRAFTING
 from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR
 from ..measure.acceptance import describe_auc, entropy_auc
 from ..measure.acceptance_charts import why_figures
@@ -88,7 +88,7 @@ def sweep_result(pair, rows: Sequence[dict], settings: Sequence[Setting], *, rep
                  stopped: bool = False, tokens: Sequence[dict] | None = None, **params: Any) -> SweepResult:
     """The SweepResult of rows from `iter_sweep` (for callers that stream the events
     themselves), with the run's metadata: the pair, the device, the versions, the params."""
-    runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != "ar"]
+    runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != REFERENCE]
     frame = rows_frame(rows)
     meta = sweep_meta(pair, DecodeParams.from_values(**params), runs, frame, repeats, warmup)
     return SweepResult(frame, runs, meta, stopped, pd.DataFrame(list(tokens)) if tokens is not None else None)
@@ -105,7 +105,8 @@ def sweep_meta(pair, decode: DecodeParams, runs, frame, repeats, warmup) -> dict
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "parameters": {k: sum(matmul_parameters(m)) for k, m in models.items() if m is not None},
         "settings": [s.key for s in runs],
-        "egag_gamma_min": next((s.gamma_min for s in runs if s.method == "egag"), None), "prompts": int(frame.prompt_id.nunique()), "repeats": repeats,
+        "egag_gamma_min": next((s.gamma_min for s in runs if s.method == ENTROPY_GAMMA), None),
+        "prompts": int(frame.prompt_id.nunique()), "repeats": repeats,
         "warmup": warmup, "params": decode.as_dict(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
         "runtime": distinct_values(frame, "runtime"),  # what ran the target: "onnx fp32", "torch"
     }
@@ -190,10 +191,10 @@ def _best(summary: pd.DataFrame, method: str) -> pd.Series | None:
 
 def best_break_evens(rows: pd.DataFrame, summary: pd.DataFrame) -> dict[str, tuple]:
     """Each drafting method's fastest setting: its break-even over its runs and its speedup."""
-    ar = rows[rows.method == "ar"]
+    ar = rows[rows.method == REFERENCE]
     ar_step = ratio(ar.verify_seconds.sum(), ar.rounds.sum()) if not ar.empty else math.nan
     out = {}
-    for method in ("sd", "egag", "nasd"):
+    for method in (FIXED_GAMMA, ENTROPY_GAMMA, TABLE_DRAFTING):
         best = _best(summary, method)
         even = break_even(rows[rows.setting == best.setting], ar_step) if best is not None else None
         if even is not None:
@@ -205,7 +206,7 @@ def entropy_clause(tokens: pd.DataFrame | None) -> str:
     """How well the drafter's entropy ranked acceptances over the SD and EGAG runs, EGAG's premise."""
     if tokens is None or tokens.empty:
         return ""
-    drafted = tokens[tokens.method.isin(["sd", "egag"])]
+    drafted = tokens[tokens.method.isin([FIXED_GAMMA, ENTROPY_GAMMA])]
     auc, n = entropy_auc(drafted)
     return describe_auc(auc, n) if n else ""
 
@@ -226,7 +227,7 @@ def torch_copy_sentence(rows: pd.DataFrame) -> str:
 def verdict(summary: pd.DataFrame, tokens: pd.DataFrame | None = None) -> str:
     """One sentence (two at most) from the numbers: the best EGAG against the best fixed γ, and
     how well the drafter's entropy ranked acceptances (`tokens`, the sweep's drafted tokens)."""
-    egag, sd, nasd = _best(summary, "egag"), _best(summary, "sd"), _best(summary, "nasd")
+    egag, sd, nasd = _best(summary, ENTROPY_GAMMA), _best(summary, FIXED_GAMMA), _best(summary, TABLE_DRAFTING)
     sentences = []
     if egag is not None:
         text = (f"EGAG (γ_max {fmt(egag.gamma_max)}, EMA {fmt(egag.ema)}{copy_phrase(egag.copy_n, ', ')}) reached "
