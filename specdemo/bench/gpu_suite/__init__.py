@@ -2,8 +2,7 @@
 
 Stages, in order, cut into units planned under one time budget (`--budget`, `plan`), each
 catching its own failure into the markdown summary (`DIR/summary.md`, rewritten after every
-unit): the embedded target reassembled from carried parts (`carry`), the CUDA-only calls
-checked (`checks`) and probed on a toy, random-weight pairs of real shapes with forced
+unit): the CUDA-only calls checked (`checks`) and probed on a toy, random-weight pairs of real shapes with forced
 acceptance (`forced`, `pairs`), the embedded pair, greedy losslessness (`lossless`), batch sizes
 1, 8 and 32 with forced acceptance (`batch`), and optionally head data at scale (`head`). `--compile-cache` keeps torch.compile's artifacts for a
 rerun on the same card (`compile_cache`). `--tiny` rehearses every stage on a CPU in minutes.

