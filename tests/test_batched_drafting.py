@@ -170,3 +170,31 @@ def test_a_draft_lm_row_does_not_depend_on_its_batch_mates(lm_drafted):
     second = generate_batch(lm_drafted, [[40, 41, 42, 43, 44, 45, 46], prompt, [8, 9], [3]], "sd", **params)[1]
     assert first.token_ids == second.token_ids
     assert [r.accepted for r in first.rounds] == [r.accepted for r in second.rounds]
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    from tests.published_heads import write_eagle, write_eagle3, write_medusa
+    from tests.test_published_drafters import tiny_target
+
+    root = tmp_path_factory.mktemp("published_batch")
+    target = tiny_target(root / "target")
+    writers = {"eagle": write_eagle, "eagle3": lambda f, t: write_eagle3(f, t, draft_size=40), "medusa": write_medusa}
+    return {name: specdemo.load_pair(str(target), str(write(root / name, target)), device="cpu", dtype="float64")
+            for name, write in writers.items()}
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle3", "medusa"])
+@pytest.mark.parametrize("method, params", [("sd", dict(copy_n=0, gamma=3)), ("egag", dict(copy_n=0)),
+                                            ("adaedl", dict())])
+def test_a_published_heads_rows_draft_together_and_equal_ar_alone(published, name, method, params):
+    pair = published[name]
+    prompts = [[1, 5, 9, 13, 5, 9], [1, 20, 21, 22, 23, 24, 25, 26], [1, 7], [1, 40, 41]]
+    drafters = [get_method(method).build(pair, DecodeParams.resolve(None, **params))[0] for _ in prompts]
+    assert all(d.batch_group is pair.draft for d in drafters)
+    rows = generate_batch(pair, prompts, method, max_new_tokens=MAX_NEW, temperature=0.0, **params)
+    assert [r.token_ids for r in rows] == [alone(pair, p, "ar", temperature=0.0).token_ids for p in prompts]
+    singles = [alone(pair, p, method, temperature=0.0, **params) for p in prompts]
+    assert [[(r.drafted, r.accepted) for r in row.rounds] for row in rows] == \
+           [[(r.drafted, r.accepted) for r in row.rounds] for row in singles]
+    assert max(max(r.batch_rows_drafting) for r in rows) > 1

@@ -43,9 +43,9 @@ class FeatureDrafter(Drafter):
 
     @property
     def batch_group(self):
-        # Rows draft together through our head's torch step; a head of another layout, or steps run by
-        # another runtime (a subclass's head_step), draft alone.
-        if isinstance(self.head, FeatureHead) and type(self).head_step is FeatureDrafter.head_step:
+        # Rows draft together through a torch head's step over rows (ours, EAGLE's, EAGLE-3's); steps run by
+        # another runtime (a subclass's head_step) draft alone.
+        if callable(getattr(self.head, "step_rows", None)) and type(self).head_step is FeatureDrafter.head_step:
             return self.head
         return None
 
@@ -83,6 +83,17 @@ class FeatureDrafter(Drafter):
     def catch_up(self, context: list[int]) -> torch.Tensor | None:
         """Read the pending true features; the predicted feature at the context's last position
         (from which the first draft comes), or None before the target has run at all."""
+        read = self.to_read(context)
+        if read is None:
+            return None
+        known, next_ids = read
+        predicted = self.head_step(known, next_ids, self.committed)[-1]
+        self.committed = len(context) - 1
+        return predicted
+
+    def to_read(self, context: list[int]) -> tuple[torch.Tensor, list[int]] | None:
+        """The pending true features [n, d] and the ids they pair with, the cache rolled back to `committed`
+        (None before the target has run at all); the caller reads them and moves `committed` on."""
         assert self.cache is not None, "start() first"
         self.cache.rollback(self.committed)
         pending = [f for f in self.pending if f is not None and f.shape[0]]
@@ -93,9 +104,7 @@ class FeatureDrafter(Drafter):
         n = len(context)
         # True features cover positions committed .. n-2; the input at j pairs f_j with x_{j+1}.
         assert self.committed + known.shape[0] == n - 1, (self.committed, known.shape, n)
-        predicted = self.head_step(known, context[self.committed + 1 : n], self.committed)[-1]
-        self.committed = n - 1
-        return predicted
+        return known, context[self.committed + 1 : n]
 
     def propose(self, context, policy, limit, sampling, generator) -> Proposal:
         predicted = self.catch_up(context)
@@ -127,11 +136,11 @@ def propose_rows(drafters: list[FeatureDrafter], contexts: list[list[int]], poli
                  sampling: SamplingConfig, generators: list) -> list[Proposal]:
     """Every row's proposal of a batch, as each drafter would propose alone, with one head forward per
     draft step over the rows still drafting: a row whose γ policy stopped leaves the step's rows.
-    Each row reads its own pending features first (one forward each, their lengths differ)."""
+    The rows' pending true features are read first, in one forward where the head reads rows of different
+    lengths (`read_rows`), else one forward a row."""
     proposals: list[Proposal | None] = [None] * len(drafters)
     steps, predicted, positions, tokens = {}, {}, {}, {}
-    for row, (drafter, context) in enumerate(zip(drafters, contexts)):
-        first = drafter.catch_up(context)
+    for row, (drafter, context, first) in enumerate(zip(drafters, contexts, _caught_up(drafters, contexts))):
         if first is None:
             proposals[row] = Proposal.empty(0, drafter.head.fc.weight.device)
             continue
@@ -155,6 +164,30 @@ def propose_rows(drafters: list[FeatureDrafter], contexts: list[list[int]], poli
             positions[row] += 1
             _advance(row, steps, tokens, proposals, probabilities(row_logits, sampling))
     return proposals
+
+
+def _caught_up(drafters: list[FeatureDrafter], contexts: list[list[int]]) -> list[torch.Tensor | None]:
+    """Each row's predicted feature at its context's last position, its pending features read."""
+    head = drafters[0].head
+    if not callable(getattr(head, "read_rows", None)):
+        return [drafter.catch_up(context) for drafter, context in zip(drafters, contexts)]
+    reads = [drafter.to_read(context) for drafter, context in zip(drafters, contexts)]
+    reading = [i for i, read in enumerate(reads) if read is not None]
+    caught: list[torch.Tensor | None] = [None] * len(drafters)
+    if not reading:
+        return caught
+    device = head.fc.weight.device
+    outputs = head.read_rows([reads[i][0] for i in reading],
+                             [torch.as_tensor(reads[i][1], dtype=torch.long, device=device) for i in reading],
+                             [drafters[i].committed for i in reading], [drafters[i].cache for i in reading])
+    for i, output in zip(reading, outputs):
+        drafter = drafters[i]
+        drafter._forwards += 1
+        if drafter.committed:  # the prompt's first read is the head's prefill
+            drafter._counts.add(len(reads[i][1]), 1)
+        drafter.committed = len(contexts[i]) - 1
+        caught[i] = output
+    return caught
 
 
 def _advance(row: int, steps: dict, tokens: dict, proposals: list, probs: torch.Tensor | None) -> None:

@@ -292,6 +292,39 @@ class FeatureHead(nn.Module):
             attended.append(F.scaled_dot_product_attention(q[row : row + 1], keys, values, attn_mask=mask))
         return self.after_attention(residual, torch.cat(attended))[:, 0]
 
+    def read_rows(self, features: list[torch.Tensor], next_ids: list[torch.Tensor], first_positions: list[int],
+                  caches: list[HeadCache]) -> torch.Tensor:
+        """B rows' true features read in one forward: features[i] [n_i, d or (k + 1) · d] (f_j of row i from
+        j = first_positions[i]), next_ids[i] [n_i], each row appended to its own cache -> f̂ at each row's
+        last position [B, d]. Rows are padded to the longest; padding is never cached nor attended to."""
+        lengths = [f.shape[0] for f in features]
+        width, device, dtype = max(lengths), features[0].device, self.fc.weight.dtype
+        padded = features[0].new_zeros(len(features), width, features[0].shape[-1], dtype=dtype)
+        ids = torch.zeros(len(features), width, dtype=torch.long, device=device)
+        for row, (f, x) in enumerate(zip(features, next_ids)):
+            padded[row, : f.shape[0]], ids[row, : f.shape[0]] = f.to(dtype), x
+        residual, q, k, v = self.project(padded, ids, torch.zeros(1, device=device))
+        # project rotated every position at 0 (the identity); each row turns to its own positions here.
+        positions = torch.as_tensor(first_positions, device=device).view(-1, 1, 1) + 1 + torch.arange(width, device=device)
+        cos, sin = self._rope(positions, q.dtype)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        groups = self.config.num_heads // self.config.num_kv_heads
+        attended = torch.zeros_like(q)
+        for row, (cache, n) in enumerate(zip(caches, lengths)):
+            start = cache.length
+            cache.ensure(start + n)
+            cache.k[:, :, start : start + n] = k[row : row + 1, :, :n]
+            cache.v[:, :, start : start + n] = v[row : row + 1, :, :n]
+            cache.length = start + n
+            keys, values = cache.k[:, :, : start + n], cache.v[:, :, : start + n]
+            if groups > 1:
+                keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=device).tril(start)
+            attended[row : row + 1, :, :n] = F.scaled_dot_product_attention(q[row : row + 1, :, :n], keys, values,
+                                                                             attn_mask=mask)
+        out = self.after_attention(residual, attended)
+        return out[torch.arange(len(lengths), device=device), torch.as_tensor(lengths, device=device) - 1]
+
     def subset_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., S]: logits over the subset, through the target's LM head."""
         return predicted @ self.head_columns

@@ -125,19 +125,40 @@ class DecoderLayer(nn.Module):
                 cache: HeadCache | None) -> torch.Tensor:
         """attention_input [1, T, attention_width], residual [1, T, d] at `positions` [T] -> [1, T, d].
         With a cache the T positions follow what it holds; without one attention is causal over them."""
+        q, k, v = self._projected(attention_input, positions)
+        k, v, mask = _cached(k, v, cache, attention_input.shape[1], q.device)
+        return self._after_attention(self._attend(q, k, v, mask), residual)
+
+    def step_rows(self, attention_input: torch.Tensor, residual: torch.Tensor, positions: list[int],
+                  caches: list[HeadCache]) -> torch.Tensor:
+        """One draft step of B independent rows in one forward: attention_input [B, 1, attention_width] and
+        residual [B, 1, d], each row at its own position over its own cache -> [B, 1, d]. The products run
+        over every row at once; each row attends over its cache as it would alone."""
+        q, k, v = self._projected(attention_input, torch.as_tensor(positions, device=attention_input.device).view(-1, 1, 1))
+        attended = torch.cat([self._attend(q[row : row + 1], *_cached(k[row : row + 1], v[row : row + 1], cache, 1,
+                                                                       q.device))
+                              for row, cache in enumerate(caches)])
+        return self._after_attention(attended, residual)
+
+    def _projected(self, attention_input: torch.Tensor, positions: torch.Tensor):
+        """q, k, v [B, heads, T, head_dim], q and k rotated to `positions` ([T], or [B, 1, 1]: one per row)."""
         s, attn = self.shape, self.self_attn
         b, t, _ = attention_input.shape
         q = attn.q_proj(attention_input).view(b, t, s.num_heads, s.head_dim).transpose(1, 2)
         k = attn.k_proj(attention_input).view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
         v = attn.v_proj(attention_input).view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
         cos, sin = self._rope(positions, q.dtype)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        k, v, mask = _cached(k, v, cache, t, q.device)
-        groups = s.num_heads // s.num_kv_heads
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        groups = self.shape.num_heads // self.shape.num_kv_heads
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        x = residual + attn.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def _after_attention(self, attended: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = attended.shape
+        x = residual + self.self_attn.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
         h = self.post_attention_layernorm(x)
         return x + self.mlp.down_proj(F.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
 

@@ -86,11 +86,22 @@ class EagleHead(PublishedHead):
     def forward(self, features: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
                 cache: HeadCache | None = None) -> torch.Tensor:
         """features [1, T, d] (f_j), next_ids [1, T] (x_{j+1}), positions [T] -> the predicted f_{j+1} [1, T, d]."""
+        normed, x = self._layer_inputs(features, next_ids)
+        out = self.layers[0](normed, x, positions, cache)
+        return self.norm(out) if hasattr(self, "norm") else out
+
+    def step_rows(self, features: torch.Tensor, next_ids: torch.Tensor, positions: list[int],
+                  caches: list[HeadCache]) -> torch.Tensor:
+        """One draft step of B rows in one forward: features [B, d], next_ids [B], positions (j + 1 of each
+        row), each row's cache -> [B, d] (`DecoderLayer.step_rows`)."""
+        normed, x = self._layer_inputs(features.unsqueeze(1), next_ids.view(-1, 1))
+        out = self.layers[0].step_rows(normed, x, positions, caches)[:, 0]
+        return self.norm(out) if hasattr(self, "norm") else out
+
+    def _layer_inputs(self, features: torch.Tensor, next_ids: torch.Tensor):
         layer = self.layers[0]
         x = self.fc(torch.cat((self.embed[next_ids].to(features.dtype), features), dim=-1))
-        normed = layer.input_layernorm(x) if hasattr(layer, "input_layernorm") else x
-        out = layer(normed, x, positions, cache)
-        return self.norm(out) if hasattr(self, "norm") else out
+        return (layer.input_layernorm(x) if hasattr(layer, "input_layernorm") else x), x
 
     def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., V] through the target's LM head (-inf outside a draft vocabulary)."""

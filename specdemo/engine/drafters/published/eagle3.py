@@ -99,6 +99,17 @@ class Eagle3Head(PublishedHead):
                 cache: HeadCache | None = None) -> torch.Tensor:
         """features [1, T, (3 + 1) · d_target] (the three layers, then the final state the loop appends, which
         this head does not read) or [1, T, d] (its own prediction); next_ids [1, T]; positions [T] -> [1, T, d]."""
+        return self.midlayer(*self._layer_inputs(features, next_ids), positions, cache)
+
+    def step_rows(self, features: torch.Tensor, next_ids: torch.Tensor, positions: list[int],
+                  caches: list[HeadCache]) -> torch.Tensor:
+        """One draft step of B rows in one forward: features [B, d] (each row's own prediction), next_ids [B],
+        positions (j + 1 of each row), each row's cache -> [B, d] (`DecoderLayer.step_rows`)."""
+        inputs = self._layer_inputs(features.unsqueeze(1), next_ids.view(-1, 1))
+        return self.midlayer.step_rows(*inputs, positions, caches)[:, 0]
+
+    def _layer_inputs(self, features: torch.Tensor, next_ids: torch.Tensor):
+        """The layer's attention input [embedding; normed state] and the residual it adds to."""
         fused_width = self.fc.in_features
         if features.shape[-1] in (fused_width, fused_width + self.target_hidden_size):
             features = self.fc(features[..., :fused_width])
@@ -106,7 +117,7 @@ class Eagle3Head(PublishedHead):
         normed = layer.hidden_norm(features)
         residual = normed if self.norm_before_residual else features
         embedded = layer.input_layernorm(self.embed[next_ids].to(features.dtype))
-        return layer(torch.cat((embedded, normed), dim=-1), residual, positions, cache)
+        return torch.cat((embedded, normed), dim=-1), residual
 
     def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., V]: the draft vocabulary's logits at their target ids, -inf elsewhere."""

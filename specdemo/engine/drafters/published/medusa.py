@@ -66,7 +66,8 @@ class MedusaHead(PublishedHead):
         return self.medusa_head[0]  # every head runs once a step; the first is hooked
 
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
-        """feature [d] (the target's final state at a verified position) -> [K, V], head k's logits."""
+        """feature [d] (the target's final state at a verified position) -> [K, V], head k's logits
+        (features [B, d] -> [K, B, V])."""
         x = feature.to(self.medusa_head[0][-1].weight.dtype)
         return torch.stack([head(x) for head in self.medusa_head])
 
@@ -104,10 +105,34 @@ class MedusaDrafter(Drafter):
         self._counts.add(1, 1)
         return probabilities(self.head.logits(self.state).float(), sampling)
 
+    @property
+    def batch_group(self):
+        return self.head
+
+    @staticmethod
+    def propose_together(drafters, contexts, policies, limits, sampling, generators) -> list[Proposal]:
+        """Every row's heads in one forward over the rows' states; each row then drafts from its own q."""
+        ready = [i for i, d in enumerate(drafters) if d.state is not None]
+        proposals = [Proposal.empty(0, d.head.medusa_head[0][-1].weight.device) for d in drafters]
+        if ready:
+            head = drafters[ready[0]].head
+            logits = head.logits(torch.stack([drafters[i].state for i in ready])).transpose(0, 1)  # [rows, K, V]
+            probs = probabilities(logits.float(), sampling)
+            for i, row_probs in zip(ready, probs):
+                drafters[i]._forwards += 1
+                drafters[i]._counts.add(1, 1)
+                proposals[i] = drafters[i].drafted(row_probs, policies[i], limits[i], sampling, generators[i])
+        return proposals
+
     def propose(self, context, policy, limit, sampling, generator) -> Proposal:
         probs = self.depth_probs(sampling)
         if probs is None:
             return Proposal.empty(0, self.head.medusa_head[0][-1].weight.device)
+        return self.drafted(probs, policy, limit, sampling, generator)
+
+    def drafted(self, probs: torch.Tensor, policy, limit: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal:
+        """The round's drafts from q at each depth after the context, probs [K, V]."""
         depth = iter(range(1, probs.shape[0]))
         proposal, _ = draft_round(probs[0], policy, min(limit, probs.shape[0]), sampling, generator,
                                   advance=lambda token: probs[next(depth)])
