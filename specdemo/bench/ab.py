@@ -38,6 +38,7 @@ import pandas as pd
 from .page import markdown
 from .measure.schedule import interleaved
 from .suite import DEFAULT_SUITE, conversation, load_suite, select_prompts
+from ..engine.methods import REFERENCE
 
 ROOT = Path(__file__).resolve().parents[2]
 # What a worker runs, with its side's tree first on sys.path; only the public API, which both sides share.
@@ -130,7 +131,7 @@ def close_all(workers: dict[str, Worker]) -> None:
 
 def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     """Per side, threads and method: median tok/s, acceptance, and the geometric mean of ÷ AR per prompt."""
-    ar = rows[rows.method == "ar"].set_index(["side", "threads", "prompt", "repeat"])["tokens_per_s"]
+    ar = rows[rows.method == REFERENCE].set_index(["side", "threads", "prompt", "repeat"])["tokens_per_s"]
     out = []
     for (side, threads, method), group in rows.groupby(["side", "threads", "method"], sort=False):
         ratios = [row.tokens_per_s / ar[(side, threads, row.prompt, row.repeat)] for row in group.itertuples()]
@@ -146,12 +147,12 @@ def paired(rows: pd.DataFrame, confidence: float = 0.95, seed: int = 0) -> pd.Da
     geometric mean of change ÷ base for tok/s and for the speedup over AR, each with a bootstrap
     interval (`log_interval`), and whether the interval excludes 1."""
     keyed = rows.set_index(["side", "threads", "method", "prompt", "repeat"])["tokens_per_s"]
-    over_ar = keyed / keyed.xs("ar", level="method").reindex(keyed.index.droplevel("method")).to_numpy()
+    over_ar = keyed / keyed.xs(REFERENCE, level="method").reindex(keyed.index.droplevel("method")).to_numpy()
     out = []
     for (threads, method), _ in rows.groupby(["threads", "method"], sort=False):
         entry = {"threads": threads, "method": method}
         for name, values in (("tokens_per_s", keyed), ("over_ar", over_ar)):
-            if name == "over_ar" and method == "ar":
+            if name == "over_ar" and method == REFERENCE:
                 continue
             sides = values.xs((threads, method), level=("threads", "method")).unstack("side")
             cells = np.log(sides["change"] / sides["base"]).unstack("repeat").to_numpy()  # prompts × repeats
@@ -224,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if "ar" not in methods:
+    if REFERENCE not in methods:
         raise SystemExit("--methods must include ar: every speedup is a ratio to AR on the same prompt")
     prompts = suite_prompts(args.per_category)
     with tempfile.TemporaryDirectory(prefix="specdemo-ab-") as folder:

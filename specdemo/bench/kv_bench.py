@@ -25,6 +25,7 @@ from .long_suite import long_suite
 from .precision import show_table, token_match
 from .suite import encode_prompt
 from .measure.tables import target_perplexity
+from ..engine.methods import FIXED_GAMMA, REFERENCE
 
 
 def _settings(budgets: list[int]) -> list[tuple[str, str, str, int]]:
@@ -43,7 +44,7 @@ def measure_policies(pair_name: str, lengths: list[int], budgets: list[int], max
     prompts = [encode_prompt(pair, p, chat=True) for p in long_suite(pair.tokenizer, tuple(lengths), per_length)]
     rows = []
     for ids in prompts:
-        generate(pair, ids[:256], method="sd", max_new_tokens=8)  # warm the kernels up
+        generate(pair, ids[:256], method=FIXED_GAMMA, max_new_tokens=8)  # warm the kernels up
         reference = None
         for label, method, cache, kind, budget in _settings(budgets):
             params = {cache: kind, "kv_budget": budget or 256}
@@ -70,7 +71,7 @@ def measure_growth(pair_name: str, budget: int, new_tokens: list[int]) -> pd.Dat
     rows = []
     for n in new_tokens:
         for kind in ("full", "streaming"):
-            result = generate(pair, ids, method="ar", max_new_tokens=n, target_kv=kind, kv_budget=budget)
+            result = generate(pair, ids, method=REFERENCE, max_new_tokens=n, target_kv=kind, kv_budget=budget)
             rows.append({"new_tokens": n, "target_kv": kind, "target_kv_bytes_peak": result.stats["target_kv_bytes_peak"],
                          "decode_tokens_per_s": n / (result.seconds - result.prefill_seconds)})
     return pd.DataFrame(rows)

@@ -36,6 +36,7 @@ from ..engine.drafters.policies import FixedGamma
 from ..engine.sampling import SamplingConfig, pick, probabilities
 from ..engine.trace import Round
 from .suite import ALL, SuitePrompt
+from ..engine.methods import FIXED_GAMMA
 
 OVERHEAD_COLUMNS = [
     "prompt", "context_tokens", "rounds",
@@ -238,7 +239,7 @@ def measure_round_overhead(pair, prompts: Sequence[tuple[str, list[int]]], gamma
     kind = EngineOptions.from_values(cache=cache, compile=compile).cache_for(pair.device)
     # SD drafts γ tokens every round: with γ_max = γ the loop's static steps stop at γ + 1 tokens, the
     # buckets `isolated_costs` times, and no step is compiled for a feed that no round makes.
-    settings = dict(method="sd", gamma=gamma, gamma_max=gamma, temperature=0.0, max_new_tokens=max_new_tokens,
+    settings = dict(method=FIXED_GAMMA, gamma=gamma, gamma_max=gamma, temperature=0.0, max_new_tokens=max_new_tokens,
                     seed=0, cache=kind, compile=compile)
     generate(pair, prompts[0][1], **settings)  # untimed: first calls, and compilation with compile on
     runs = []

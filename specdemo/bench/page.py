@@ -40,7 +40,7 @@ import torch
 from scipy.stats import bootstrap
 
 from ..engine.decoding import generate
-from ..engine.methods import DEFAULT_METHODS
+from ..engine.methods import DEFAULT_METHODS, REFERENCE
 from ..models.loading import PRESETS, load_pair
 from .measure.benchmark import BenchResult, run_benchmark
 from .measure.chartpng import chromium_path
@@ -375,18 +375,18 @@ def method_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFra
             "engine_new_tokens": engine.new_tokens.get(method),
         })
     table = pd.DataFrame(rows).set_index("method")
-    if "ar" in table.index:
+    if REFERENCE in table.index:
         threads = page_threads(page_runs)
         # The engine on the same thread counts as the page, method by method.
         at_page = pd.Series({m: table.at[m, f"engine_{threads[m]}t_tok_s"] for m in table.index})
         table["page_threads"] = pd.Series(threads)
         table["page_speedup"] = table["page_tok_s"] / table.at["ar", "page_tok_s"]
-        table["engine_speedup"] = at_page / at_page["ar"]
+        table["engine_speedup"] = at_page / at_page[REFERENCE]
         table["speedup_page_over_engine"] = table["page_speedup"] / table["engine_speedup"]
-        engine_ar = engine.tokens_per_s[(threads["ar"], "ar")]
+        engine_ar = engine.tokens_per_s[(threads[REFERENCE], "ar")]
         # AR over itself is 1 on both sides in every resample: nothing to resample.
-        bounds = {m: (1.0, 1.0) if m == "ar" else median_ratio_interval(
-            [speeds[m], engine_ar], [speeds["ar"], engine.tokens_per_s[(threads[m], m)]])
+        bounds = {m: (1.0, 1.0) if m == REFERENCE else median_ratio_interval(
+            [speeds[m], engine_ar], [speeds[REFERENCE], engine.tokens_per_s[(threads[m], m)]])
             for m in table.index}
         table["speedup_page_over_engine_low"] = pd.Series({m: low for m, (low, _) in bounds.items()})
         table["speedup_page_over_engine_high"] = pd.Series({m: high for m, (_, high) in bounds.items()})
@@ -409,12 +409,12 @@ def paired_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFra
         ratios = [p / e for p, e in zip(page[m], engine.tokens_per_s[(best_threads(engine, m), m)])]
         row = {"method": m, "runs": len(ratios), "paired_page_over_engine": statistics.median(ratios)}
         row["paired_page_over_engine_low"], row["paired_page_over_engine_high"] = median_interval(ratios)
-        if "ar" in page:
-            at_page = zip(page[m], page["ar"], engine.tokens_per_s[(threads[m], m)],
-                          engine.tokens_per_s[(threads["ar"], "ar")])
+        if REFERENCE in page:
+            at_page = zip(page[m], page[REFERENCE], engine.tokens_per_s[(threads[m], m)],
+                          engine.tokens_per_s[(threads[REFERENCE], "ar")])
             speedups = [(pm / pa) / (em / ea) for pm, pa, em, ea in at_page]
             row["paired_speedup_page_over_engine"] = statistics.median(speedups)
-            low, high = (1.0, 1.0) if m == "ar" else median_interval(speedups)
+            low, high = (1.0, 1.0) if m == REFERENCE else median_interval(speedups)
             row["paired_speedup_page_over_engine_low"], row["paired_speedup_page_over_engine_high"] = low, high
         rows.append(row)
     return pd.DataFrame(rows)
@@ -438,7 +438,7 @@ def target_lines(methods: pd.DataFrame) -> list[str]:
     for row in methods.to_dict("records"):
         parts = [_verdict("page ÷ engine's best", row["page_over_engine"], row["page_over_engine_low"],
                           row["page_over_engine_high"])]
-        if "speedup_page_over_engine" in row and row["method"] != "ar":
+        if "speedup_page_over_engine" in row and row["method"] != REFERENCE:
             parts.append(_verdict("speedup page ÷ engine", row["speedup_page_over_engine"],
                                   row["speedup_page_over_engine_low"], row["speedup_page_over_engine_high"]))
         lines.append(f"{row['method']}: " + "; ".join(parts))

@@ -33,6 +33,7 @@ from ..models.precision import weight_bytes
 from .suite import DEFAULT_SUITE, encode_prompt, load_suite, select_prompts
 from .measure.tables import target_perplexity
 from .measure.vs_float32 import AGREEMENT_COLUMNS, FLOAT32, agreement, token_match
+from ..engine.methods import FIXED_GAMMA, REFERENCE
 
 
 def suite_prompts(pair, per_category: int, categories: str | None) -> list[list[int]]:
@@ -66,7 +67,7 @@ def measure_targets(target: str, dtypes: list[str], prompts_per_category: int, c
     for repeat in range(repeats + 1):  # the first pass warms every kernel up and is not counted
         for ids in prompts:
             for dtype, pair in pairs.items():
-                result = generate(pair, ids, method="ar", max_new_tokens=max_new_tokens, temperature=0.0)
+                result = generate(pair, ids, method=REFERENCE, max_new_tokens=max_new_tokens, temperature=0.0)
                 if repeat:  # decoding alone: the prefill is another workload
                     seconds[dtype] += result.seconds - result.prefill_seconds
                     tokens[dtype] += len(result.tokens)
@@ -92,7 +93,7 @@ def measure_targets(target: str, dtypes: list[str], prompts_per_category: int, c
 
 
 def measure_drafts(target: str, drafts: list[str], prompts_per_category: int, categories: str | None,
-                   max_new_tokens: int, method: str = "sd") -> pd.DataFrame:
+                   max_new_tokens: int, method: str = FIXED_GAMMA) -> pd.DataFrame:
     """One row per draft spec "REF[:PRECISION]" (self-drafts: "self:int8"), each with the float32
     target; greedy acceptance, draft seconds per drafted token, and speed against AR on the same pair."""
     pairs = {spec: _draft_pair(target, spec) for spec in drafts}
@@ -101,7 +102,7 @@ def measure_drafts(target: str, drafts: list[str], prompts_per_category: int, ca
               for name in pairs}
     for warm, ids in [(True, prompts[0])] + [(False, p) for p in prompts]:
         for name, pair in pairs.items():
-            ar = generate(pair, ids, method="ar", max_new_tokens=max_new_tokens)
+            ar = generate(pair, ids, method=REFERENCE, max_new_tokens=max_new_tokens)
             sd = generate(pair, ids, method=method, max_new_tokens=max_new_tokens, copy_n=0)
             if ar.token_ids != sd.token_ids:
                 raise AssertionError(f"{name}: {method} left AR's tokens")
@@ -122,7 +123,7 @@ SWEEP_COLUMNS = ["target", "draft", "method", "tokens_per_s", "speedup_vs_own_ar
 
 
 def measure_sweep(pair_name: str, targets: list[str], drafts: list[str], prompts_per_category: int,
-                  categories: str | None, max_new_tokens: int, method: str = "sd",
+                  categories: str | None, max_new_tokens: int, method: str = FIXED_GAMMA,
                   draft: str | None = None) -> pd.DataFrame:
     """One row per target precision's AR and one per (target, draft) precision's `method`, greedy:
     decoding tokens/s (the prefill apart), its ratio to AR at the same target precision and to float32

@@ -23,6 +23,7 @@ from ..models.precision import exactness_sentence
 from .common import (add_cluster_arguments, add_decoding_arguments, add_model_arguments, add_suite_arguments,
                      add_thread_plan_argument, cluster_from_args, decode_params, default_chat, engine_options,
                      pair_from_args, pair_spec_from_args, progress_bar, read_suite, suite_needs_tokenizer)
+from ..engine.methods import REFERENCE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -255,12 +256,12 @@ def reference_lines(overall: pd.DataFrame) -> list[str]:
     torch copy of a runtime target, against AR on that copy; the torch copy's AR against the runtime's), one
     line that names both sides; and which methods speedup_vs_hf leaves out, being on another runtime."""
     rows = overall.set_index("method")
-    if "reference_runtime" not in rows or "ar" not in rows.index:
+    if "reference_runtime" not in rows or REFERENCE not in rows.index:
         return []
     lines, own = [], str(rows.loc["ar", "runtime"] or "")
     for method, row in rows.iterrows():
         mine, theirs = str(row.get("runtime") or ""), str(row.get("reference_runtime") or "")
-        if method != "ar" and theirs and mine != own:
+        if method != REFERENCE and theirs and mine != own:
             lines.append(f"{method} ({mine}) vs AR ({theirs}): speedup_vs_ar {row.speedup_vs_ar:.2f}×")
     if "hf-generate" in rows.index:
         apart = [m for m in rows.index if m != "hf-generate" and pd.isna(rows.loc[m, "speedup_vs_hf"])

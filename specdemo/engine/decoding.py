@@ -23,7 +23,7 @@ from .clock import phase_clock
 from .drafters.base import Drafter, NoDrafter
 from .targets.kv_policy import prepare_caches
 from .targets.lm import CACHE_KINDS, CachedLM, buckets_up_to
-from .methods import Method, get_method
+from .methods import FIXED_GAMMA, Method, get_method
 from .targets.nocache import recomputing_lm
 from .runtimes import refusal
 from .runtimes.onnx_lm import torch_threads
@@ -38,7 +38,7 @@ from .tree_round import tree_round
 
 
 def iter_generate(
-    pair: Pair, prompt: str | Sequence[int], method: str = "sd", limits=None,
+    pair: Pair, prompt: str | Sequence[int], method: str = FIXED_GAMMA, limits=None,
     decode: DecodeParams | None = None, *, cache: str | None = None, compile: bool = False, **params
 ) -> Iterator[GenerationResult]:
     """Validate everything, then return an iterator that yields the result after each round.
@@ -74,7 +74,7 @@ def iter_generate(
 
 
 def generate(
-    pair: Pair, prompt: str | Sequence[int], method: str = "sd", limits=None,
+    pair: Pair, prompt: str | Sequence[int], method: str = FIXED_GAMMA, limits=None,
     decode: DecodeParams | None = None, *, cache: str | None = None, compile: bool = False, **params
 ) -> GenerationResult:
     """Decode to the end and return the full trace."""

@@ -29,6 +29,7 @@ from .eagle import add_recipe_arguments, read_sequences, recipe, train_head
 from .evaluate import (greedy_answers, heldout_acceptance, heldout_agreement, round_speedup, step_cost,
                        verification_cost)
 from .prompts import heldout_prompts
+from ..engine.methods import FIXED_GAMMA
 
 
 def lm_draft_point(pair_lm, answers, gamma: int) -> dict:
@@ -37,7 +38,7 @@ def lm_draft_point(pair_lm, answers, gamma: int) -> dict:
 
     drafted = accepted = rounds = new = 0
     for prompt, answer in answers:
-        result = generate(pair_lm, prompt, method="sd", gamma=gamma, max_new_tokens=len(answer), temperature=0.0)
+        result = generate(pair_lm, prompt, method=FIXED_GAMMA, gamma=gamma, max_new_tokens=len(answer), temperature=0.0)
         assert result.token_ids == answer, "greedy SD must equal AR"
         drafted += result.stats["drafted"]
         accepted += result.stats["accepted"]

@@ -24,6 +24,7 @@ from specdemo.engine.sampling import SamplingConfig
 from specdemo.engine.trace import COPIED
 
 from .prompts import heldout_prompts
+from ..engine.methods import REFERENCE
 
 
 @dataclass
@@ -162,7 +163,7 @@ def greedy_answers(pair, prompts: list[str] | list[list[int]], max_new_tokens: i
 
     out = []
     for prompt in prompts:
-        result = generate(pair, prompt, method="ar", max_new_tokens=max_new_tokens, temperature=0.0, chat=True)
+        result = generate(pair, prompt, method=REFERENCE, max_new_tokens=max_new_tokens, temperature=0.0, chat=True)
         out.append((list(result.prompt_ids), list(result.token_ids)))
     return out
 

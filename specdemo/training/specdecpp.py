@@ -28,6 +28,7 @@ import torch
 from ..engine.drafters.acceptance_head import DEFAULT_HEAD, FEATURES, AcceptanceHead, round_features
 from ..models.tokens import encode_messages
 from .prompts import build_prompts
+from ..engine.methods import FIXED_GAMMA
 
 SPLIT_SEED = 0
 
@@ -56,7 +57,7 @@ def collect(pair, requests: list[dict], gamma: int, max_new_tokens: int, done: s
             continue
         messages = [(m["role"], m["content"]) for m in request["messages"]]
         ids = encode_messages(pair.tokenizer, messages)
-        result = specdemo.generate(pair, ids, method="sd", gamma=gamma, copy_n=0, max_new_tokens=max_new_tokens)
+        result = specdemo.generate(pair, ids, method=FIXED_GAMMA, gamma=gamma, copy_n=0, max_new_tokens=max_new_tokens)
         examples = [e for rnd in result.rounds if rnd.source != "copy" for e in round_examples(rnd)]
         on_request(index, request, examples, result.text)
 

@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 
 import pandas as pd
+from ...engine.methods import REFERENCE
 
 ENTROPY_BIN_COLUMNS = ["method", "entropy_low", "entropy_high", "entropy_mid", "count", "accepted", "rate",
                        "rate_low", "rate_high"]
@@ -187,13 +188,13 @@ def comparison_break_evens(summary: pd.DataFrame) -> dict[str, tuple[BreakEven, 
     """From a one-prompt comparison's summary (`tables.summary_frame`): each drafting method's
     break-even, its phases priced in AR's steps from the same run, and its measured speedup;
     empty without an AR run to price them by."""
-    ar = summary[summary.method == "ar"]
+    ar = summary[summary.method == REFERENCE]
     if ar.empty or not ar.iloc[0]["rounds"]:
         return {}
     ar_step = ar.iloc[0]["verify_seconds"] / ar.iloc[0]["rounds"]
     out = {}
     for _, row in summary.iterrows():
-        if row["method"] == "ar" or not row["rounds"] or pd.isna(row["mean_drafted"]):
+        if row["method"] == REFERENCE or not row["rounds"] or pd.isna(row["mean_drafted"]):
             continue
         even = BreakEven.measure(
             draft_seconds=row["draft_seconds"], verify_seconds=row["verify_seconds"], rounds=int(row["rounds"]),

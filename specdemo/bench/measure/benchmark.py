@@ -20,7 +20,7 @@ import torch
 from ...engine.divergence import DIVERGENCE_COLUMNS, divergence_where_compared
 from ...engine.targets.memory import MEMORY_STATS
 from ...engine.trace import leviathan_alpha
-from ...engine.methods import is_lossless, matches_reference
+from ...engine.methods import REFERENCE, is_lossless, matches_reference
 from ...engine.params import DecodeParams, EngineOptions
 from .runners import (HF_METHODS, RUNTIME_PEERS, TORCH_AR, HFRunner, Run, bench_methods, measured_on,
                       parse_bench_methods, result_for_perplexity, run_ours, run_torch_copy_ar,
@@ -319,12 +319,12 @@ class _Session:
         if not ids:  # the prompt did not fit: every method failed before running
             return None
         values = {k: v for k, v in self.decode.as_dict().items() if k != "seed"}
-        with self.threads.applied("ar") if self.threads is not None else contextlib.nullcontext():
+        with self.threads.applied(REFERENCE) if self.threads is not None else contextlib.nullcontext():
             model = self.float32.model_for(self.pair)
             if not self.float32.runs:  # its warm-up, as every method has one, untimed
-                run_ours(model, "ar", ids, {**values, "max_new_tokens": min(8, self.decode.max_new_tokens)},
+                run_ours(model, REFERENCE, ids, {**values, "max_new_tokens": min(8, self.decode.max_new_tokens)},
                          row["seed"], **self.engine.as_kwargs())
-            run = run_ours(model, "ar", ids, values, row["seed"], **self.engine.as_kwargs())
+            run = run_ours(model, REFERENCE, ids, values, row["seed"], **self.engine.as_kwargs())
         self.float32.seconds += run.seconds
         self.float32.runs += 1
         return run

@@ -14,6 +14,7 @@ from .runners import quiet_gc
 from .tables import rounds_frame, summary_frame, target_perplexity, tokens_frame
 from ...engine.trace import GenerationResult
 from .vs_float32 import Float32Reference, reference_for
+from ...engine.methods import REFERENCE
 
 
 @dataclass
@@ -57,7 +58,7 @@ def run_comparison(pair, prompt, methods: Sequence[str], limits=None, decode: De
                                         compile=compile))
         if needs_torch_copy_ar(results):  # the reference of the methods that ran on the torch copy
             if threads_for is not None:
-                torch.set_num_threads(threads_for("ar"))
+                torch.set_num_threads(threads_for(REFERENCE))
             with quiet_gc():
                 results.append(torch_copy_ar(pair, prompt, decode, limits, cache=cache))
     finally:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from ...engine.methods import REFERENCE
 
 # Nominal peak memory bandwidth, bytes per second (datasheet figures).
 BANDWIDTHS: dict[str, float] = {
@@ -185,7 +186,7 @@ def add_roofline(result, pair, bandwidth: float | str | None = None) -> list[str
     summary["roofline_tokens_per_s"] = bounds
     summary["roofline_fraction"] = summary.tokens_per_s_mean / summary.roofline_tokens_per_s
 
-    ar = rows[rows.method == "ar"]
+    ar = rows[rows.method == REFERENCE]
     context = mean_context_length((ar if len(ar) else rows).prompt_tokens, (ar if len(ar) else rows).new_tokens)
     size, bound = bound_at(context)
     overall = summary[summary.category == "all"].set_index("method")

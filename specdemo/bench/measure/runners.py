@@ -21,7 +21,7 @@ import torch
 
 from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR_REASON, generate, on_torch
 from ...engine.targets.seq2seq import decoder_start
-from ...engine.methods import HEAD_KINDS, METHODS
+from ...engine.methods import HEAD_KINDS, METHODS, REFERENCE
 from ...engine.params import DecodeParams
 from ...engine.runtimes import refusal, runtime_reason
 from ...engine.tokens import cut_at_eos
@@ -188,7 +188,7 @@ def run_torch_copy_ar(pair, prompt_ids: list[int], params: dict, seed: int, cach
                       compile: bool = False) -> Run:
     """AR timed on the torch copy of a runtime target (TORCH_AR), its row labelled as the Playground labels
     its reference row: the reference of every method that ran on that copy."""
-    run = run_ours(on_torch(pair), "ar", prompt_ids, params, seed, cache=cache, compile=compile)
+    run = run_ours(on_torch(pair), REFERENCE, prompt_ids, params, seed, cache=cache, compile=compile)
     run.stats["runtime"] = TORCH_COPY
     run.stats["runtime_reason"] = run.result.runtime_reason = TORCH_COPY_AR_REASON
     return run

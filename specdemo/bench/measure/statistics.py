@@ -92,6 +92,7 @@ from ...engine.trace import leviathan_alpha
 from ...models.torch_copy import TORCH_COPY
 from ..suite import ALL
 from .vs_float32 import AGREEMENT_COLUMNS, VS_FLOAT32_COLUMNS
+from ...engine.methods import FIXED_GAMMA, REFERENCE, TABLE_DRAFTING
 
 # Methods whose γ is fixed, so Leviathan's formula applies to them.
 _PREDICTABLE = ("sd", "nasd", "hf-assisted")
@@ -200,7 +201,7 @@ def break_even(runs: pd.DataFrame, ar_step_seconds: float) -> BreakEven | None:
 def break_evens(rows: pd.DataFrame, summary: pd.DataFrame) -> dict[str, tuple[BreakEven, float]]:
     """Over all categories: each drafting method's break-even and its measured speedup vs AR."""
     ok = rows[rows.error.fillna("") == ""] if "error" in rows else rows
-    ar = ok[ok.method == "ar"]
+    ar = ok[ok.method == REFERENCE]
     if ar.empty:
         return {}
     ar_step = _ratio(ar.verify_seconds.sum(), ar.target_forwards.sum())
@@ -221,9 +222,9 @@ def summarize(rows: pd.DataFrame, gamma: int | None = None, tokens: pd.DataFrame
     for category in list(dict.fromkeys(rows.category)) + [ALL]:
         sub = ok if category == ALL else ok[ok.category == category]
         per_token = _PerToken(sub)
-        ar = sub[sub.method == "ar"]
+        ar = sub[sub.method == REFERENCE]
         ar_step = _ratio(ar.verify_seconds.sum(), ar.target_forwards.sum()) if not ar.empty else math.nan
-        sd = sub[sub.method == "sd"]
+        sd = sub[sub.method == FIXED_GAMMA]
         sd_cost = _ratio(sd.draft_seconds.sum(), sd.draft_forwards.sum()) if not sd.empty else math.nan
         for method in dict.fromkeys(rows.method):
             mine = sub[sub.method == method]
@@ -263,7 +264,7 @@ def _measured(per_token: _PerToken, mine: pd.DataFrame, everything: pd.DataFrame
     tps = per_repeat.new_tokens / per_repeat.seconds
     # A method that ran on the torch copy of a runtime target is set against the torch copy's AR.
     on_copy = method != TORCH_AR and not mine.empty and "runtime" in mine and (mine.runtime == TORCH_COPY).all()
-    reference = TORCH_AR if on_copy else "ar"
+    reference = TORCH_AR if on_copy else REFERENCE
     speed_ar, speed_ar_std = per_token.speedup(method, reference)
     speed_hf, speed_hf_std = per_token.same_runtime_speedup(method, "hf-generate")
     speed_hfs, speed_hfs_std = per_token.same_runtime_speedup(method, "hf-generate-static")
@@ -325,7 +326,7 @@ def _speedup_vs_float32(mine: pd.DataFrame) -> float:
 def _predicted(method: str, mine: pd.DataFrame, sd: pd.DataFrame, ar_step: float, sd_cost: float,
                gamma: int | None, row: dict) -> dict:
     """Leviathan's predicted speedup from the measured α and draft cost (and with the measured verify cost)."""
-    if method == "nasd":
+    if method == TABLE_DRAFTING:
         slots = (mine.rounds * mine.mean_gamma).sum()
         cost = _ratio(_ratio(mine.draft_seconds.sum(), slots), ar_step)
     else:

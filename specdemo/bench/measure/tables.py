@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from ...engine.targets.seq2seq import decoder_start
-from ...engine.methods import METHODS, is_lossless, matches_reference
+from ...engine.methods import METHODS, REFERENCE, is_lossless, matches_reference
 from ...engine.sampling import probabilities
 from ...engine.targets.kv_policy import lossless_under
 from ...engine.divergence import DIVERGENCE_COLUMNS, divergence_where_compared
@@ -73,7 +73,7 @@ def summary_frame(
     output against it (VS_FLOAT32_COLUMNS, see `bench.vs_float32`; empty without it)."""
     target_dtype, draft_dtype = (getattr(getattr(pair, side, None), "name", None)
                                  for side in ("target_precision", "draft_precision"))
-    ordered = sorted(results, key=lambda r: (r.method != "ar", r.method != TORCH_COPY_AR))
+    ordered = sorted(results, key=lambda r: (r.method != REFERENCE, r.method != TORCH_COPY_AR))
     references = {name: next((r for r in ordered if r.method == name), None) for name in ("ar", TORCH_COPY_AR)}
     rows = []
     for result in ordered:
@@ -83,7 +83,7 @@ def summary_frame(
         row["label"] = row_label(result)
         # A method that ran on the torch copy of a runtime target is set against the torch copy's AR.
         on_copy = result.runtime == TORCH_COPY and result.method != TORCH_COPY_AR
-        reference = references[TORCH_COPY_AR if on_copy else "ar"]
+        reference = references[TORCH_COPY_AR if on_copy else REFERENCE]
         row["speedup_vs_ar"] = (
             stats["tokens_per_s"] / reference.stats["tokens_per_s"] if reference is not None else math.nan
         )

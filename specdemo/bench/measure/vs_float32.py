@@ -37,6 +37,7 @@ from ...engine.trace import GenerationResult
 from ...models.loading import EMBEDDED, ModelPair, load_model
 from ...models.precision import resolve_precision
 from .runners import quiet_gc
+from ...engine.methods import REFERENCE
 
 FLOAT32 = "float32"
 VS_FLOAT32_COLUMNS = ["speedup_vs_fp32_ar", "token_match_vs_fp32", "prefix_match_vs_fp32", "chrf_vs_fp32",
@@ -138,7 +139,7 @@ class Float32Reference:
             cache: str | None = None) -> GenerationResult:
         """AR on the float32 target over the same prompt ids with the same decoding parameters."""
         with quiet_gc():
-            result = generate(self.model_for(pair), list(prompt_ids), method="ar", decode=decode, cache=cache)
+            result = generate(self.model_for(pair), list(prompt_ids), method=REFERENCE, decode=decode, cache=cache)
         self.seconds += result.seconds
         self.runs += 1
         return result
@@ -155,7 +156,7 @@ def reference_for(pair: ModelPair, results: Sequence[GenerationResult], decode: 
     the target is float32, else a run of `reference`; None when no model runs below float32."""
     if not results or not runs_below_float32(pair):
         return None
-    own = next((r for r in results if r.method == "ar"), None)
+    own = next((r for r in results if r.method == REFERENCE), None)
     if own is not None and target_is_float32(pair):
         return own
     seed = results[0].params.get("seed")  # a sampled reference draws as the rows drew

@@ -21,6 +21,7 @@ from ...engine.targets.kv_policy import KV_POLICIES
 from ...models.precision import resolve_precision
 from .summary import SweepResult
 from .verdict import outcome, paired_ratio, prompt_speedups
+from ...engine.methods import REFERENCE
 
 PRECISION_AXES = ("target_dtype", "draft_dtype")  # each value loads the pair again
 CACHE_AXES = ("draft_kv", "target_kv", "kv_budget")  # decoding parameters of every method
@@ -104,8 +105,8 @@ def axes_table(runs: Sequence[tuple[Mapping[str, Any], SweepResult]]) -> pd.Data
     rows = []
     for combination, result in runs:
         summary = result.summary
-        ar = summary[summary.method == "ar"]
-        drafting = summary[(summary.method != "ar") & summary.speedup_vs_ar.notna()]
+        ar = summary[summary.method == REFERENCE]
+        drafting = summary[(summary.method != REFERENCE) & summary.speedup_vs_ar.notna()]
         best = drafting.loc[drafting.speedup_vs_ar.idxmax()] if not drafting.empty else None
         low = high = float("nan")
         if best is not None:

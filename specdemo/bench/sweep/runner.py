@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from ...engine.methods import METHODS
+from ...engine.methods import METHODS, REFERENCE
 from ...engine.params import DecodeParams
 from ..measure.schedule import interleaved, turn_seed
 from ..measure.runners import measured_on, run_ours, run_torch_copy_ar
@@ -118,7 +118,7 @@ def sweep_runs(pair, settings: Sequence[Setting], base: DecodeParams) -> list[Se
     """AR, then each setting once, checked against the pair; where one runs on the torch copy of a runtime
     target (a tree the runtime cannot verify: `engine.runtimes.runtime_reason`, as the benchmark decides
     it), AR on that copy last, the reference its speedup and its tokens are set against."""
-    runs = [AR] + [s for s in dict.fromkeys(settings) if s.method not in ("ar", TORCH_COPY_AR)]
+    runs = [AR] + [s for s in dict.fromkeys(settings) if s.method not in (REFERENCE, TORCH_COPY_AR)]
     on_copy = False
     for setting in runs:
         if setting.method not in METHODS:
@@ -267,7 +267,7 @@ def run_sweep(
     if cluster is not None and batch != 1:
         raise ValueError("a batch above 1 runs on the pair loaded here; sweep it without --cluster")
     if cluster is not None:
-        runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != "ar"]
+        runs = [AR] + [s for s in dict.fromkeys(settings) if s.method != REFERENCE]
         return _run_on_cluster(pair, prompts, runs, cluster, repeats=repeats, categories=categories, limit=limit,
                                warmup=warmup, progress=progress, should_stop=should_stop, params=params)
     runs = sweep_runs(pair, settings, DecodeParams.from_values(**params))

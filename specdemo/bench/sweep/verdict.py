@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .grid import ADAPTIVE_METHODS
+from ...engine.methods import FIXED_GAMMA, REFERENCE
 
 OVERALL = "all"
 CONFIDENCE = 0.95
@@ -31,7 +32,7 @@ VERDICT_COLUMNS = ["category", "prompts", "fixed", "fixed_speedup", "adaptive", 
 
 def prompt_speedups(rows: pd.DataFrame) -> pd.DataFrame:
     """[(category, prompt_id)] × setting: each prompt's speedup over AR, geometric mean over repeats."""
-    ok = rows[rows.speedup_vs_ar.notna() & (rows.speedup_vs_ar > 0) & (rows.method != "ar")]
+    ok = rows[rows.speedup_vs_ar.notna() & (rows.speedup_vs_ar > 0) & (rows.method != REFERENCE)]
     logs = ok.assign(log=np.log(ok.speedup_vs_ar.astype(float)))
     return np.exp(logs.pivot_table(index=["category", "prompt_id"], columns="setting", values="log", aggfunc="mean"))
 
@@ -80,7 +81,7 @@ def policy_verdict(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per category and one for all prompts (VERDICT_COLUMNS); empty without SD and an adaptive run."""
     table = prompt_speedups(rows)
     kinds = rows.drop_duplicates("setting").set_index("setting").method
-    fixed_settings = [s for s, m in kinds.items() if m == "sd"]
+    fixed_settings = [s for s, m in kinds.items() if m == FIXED_GAMMA]
     adaptive_settings = [s for s, m in kinds.items() if m in ADAPTIVE_METHODS]
     tuned_once = _best(table, adaptive_settings)
     out = []
