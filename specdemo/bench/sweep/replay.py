@@ -90,7 +90,7 @@ def replay_sweep(pair, prompts: Sequence[SuitePrompt] | Sequence[str] | str | Pa
     result = sweep_result(pair, rows, runs, repeats=1, warmup=False, **params)
     for name in REPLAY_COLUMNS:
         result.rows[name] = [row[name] for row in rows]
-    result._summary = replay_summary(result.rows)
+    result.use_summary(replay_summary(result.rows))
     result.meta.update(replayed=True, seconds=seconds, cost_table=costs.key)
     return result
 

@@ -60,6 +60,10 @@ class SweepResult:
             self._summary = summarize_sweep(self.rows, self.errors)
         return self._summary
 
+    def use_summary(self, summary: pd.DataFrame) -> None:
+        """A summary made another way than from the rows alone (a replayed sweep's, with its predicted columns)."""
+        self._summary = summary
+
     @property
     def verdict(self) -> str:
         """The sentence on EGAG, then, when the sweep ran fixed γ and an adaptive rule, the bootstrap comparison."""
