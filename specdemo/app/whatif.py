@@ -23,7 +23,7 @@ import gradio as gr
 from gradio.context import Context
 
 from ..bench.measure.costs import CostTable, cost_table, ensure_drafter, predict_tokens_per_s
-from ..engine.methods import METHODS, REFERENCE, Method
+from ..engine.methods import ENTROPY_GAMMA, FIXED_GAMMA, METHODS, REFERENCE, Method
 from ..engine.pair import DRAFT_ROLE, TARGET_ROLE
 from ..engine.params import PARAMS, DecodeParams
 from ..engine.replay import ChainBook, Recording, chain_book, record, replay_refusal
@@ -32,10 +32,9 @@ from . import viz
 from .page import decoding_thread, session_id
 from .streams import BySession
 
-# The two methods the panel replays: the registry's default fixed-γ drafting method (SD) and its default
-# adaptive one (EGAG), found by what their entries declare rather than by name.
-FIXED = next(m for m in METHODS.values() if m.default_on and m.needs_draft and not m.adapts)
-ADAPTIVE = next(m for m in METHODS.values() if m.default_on and m.needs_draft and m.adapts)
+# The two methods the panel replays, by the registry's role names: fixed γ (SD) and γ from the entropy (EGAG).
+FIXED = METHODS[FIXED_GAMMA]
+ADAPTIVE = METHODS[ENTROPY_GAMMA]
 MAX_GAMMA = 8  # the sliders' and the chart's largest γ: what one chain per position is drafted up to
 # The γ policy's parameters the sliders move; the drafter (copy_n, draft_kv) stays as the Run had it.
 KNOB_NAMES = ("gamma", "gamma_min", "gamma_max", "ema")
