@@ -311,3 +311,38 @@ def test_no_module_uses_another_modules_private_name():
     under one name, where it belongs (the tree steppers live beside the drafters whose state they read)."""
     hits = private_reach_ins()
     assert not hits, "private names used across modules: " + ", ".join(hits)
+
+
+# --------------------------------------------------------------------------- method names, declared once
+
+# String constants equal to a registered method's name, outside the registry and the drafters: the count
+# may fall, never rise (a method's facts belong to its entry; the rest of the product reads them there).
+METHOD_NAME_LITERALS_AT_MOST = 147
+
+
+def method_name_literals(package: Path = PACKAGE) -> dict[str, int]:
+    from specdemo.engine.methods import METHODS
+
+    counts = {}
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if relative == "engine/methods.py" or relative.startswith("engine/drafters/"):
+            continue
+        found = sum(isinstance(node, ast.Constant) and node.value in METHODS
+                    for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant))
+        if found:
+            counts[relative] = found
+    return counts
+
+
+def test_method_names_are_written_outside_the_registry_no_more_often_than_before():
+    counts = method_name_literals()
+    worst = ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda item: -item[1])[:5])
+    assert sum(counts.values()) <= METHOD_NAME_LITERALS_AT_MOST, f"method names written out: {worst}"
+
+
+def test_the_literal_walk_counts_a_name_written_out(tmp_path):
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "tool.py").write_text('METHOD = "sd"\nOTHER = "sd " + "x"\n')
+    (tmp_path / "engine" / "methods.py").write_text('register("sd")\n')
+    assert method_name_literals(tmp_path) == {"tool.py": 1}
