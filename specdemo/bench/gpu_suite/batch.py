@@ -4,7 +4,7 @@ sizes 1, 8 and 32, each batch run by every method in turn through `generate_batc
 throughput, latencies and throughput over AR's with its interval, and the verdict.
 
 A batch above 1 runs eager with a dynamic cache (the batched target's own), so the stage does too, at
-every size; its drafters run row by row (`engine.batch`), which the figures include.
+every size; its draft LM drafts the batch's rows together, one forward a draft step (`engine.batch`).
 
 May import torch, pandas and the other bench modules.
 """
