@@ -18,10 +18,12 @@ progress on the status line alone, and the drawn outputs never gain a loading st
 
 from __future__ import annotations
 
+import queue
 import threading
-from typing import Any, Generic, Iterator, Protocol, TypeVar
+from typing import Any, Callable, Generic, Iterator, Protocol, TypeVar
 
 import gradio as gr
+import torch
 from gradio.context import Context
 
 from .page import session_id
@@ -104,3 +106,38 @@ def wire_status_then_draw(streams: KeptRuns, event: Any, outputs: list[Any]) -> 
     event.then(draw, outputs=outputs, api_visibility="private", show_progress="hidden", show_progress_on=outputs[:1],
                concurrency_limit=None)
     Context.root_block.unload(tab_closed)  # the Blocks being built: the page
+
+
+def in_worker(produce: Callable[[Callable[[Any], None]], None], name: str, threads: int | None = None,
+              on_close: Callable[[], None] | None = None) -> Iterator[Any]:
+    """What `produce(put)` puts, yielded as it comes, `produce` running in a worker thread on `threads` torch
+    threads (None: the count a new thread starts with); its error is raised here. Closing the generator calls
+    `on_close` (a Stop) and returns only once the worker has finished, so the caller holds the pair until
+    nothing decodes on it any more."""
+    updates: queue.Queue = queue.Queue()
+    end = object()
+
+    def work() -> None:
+        if threads is not None:  # torch's count is the setting of the thread that decodes
+            torch.set_num_threads(threads)
+        try:
+            produce(updates.put)
+            updates.put(end)
+        except BaseException as error:  # handed to the consuming thread, which raises it
+            updates.put(error)
+
+    worker = threading.Thread(target=work, name=name, daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = updates.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        if on_close is not None:
+            on_close()
+        worker.join()
+

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import html
-import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,6 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import gradio as gr
 import pandas as pd
-import torch
 
 from . import forms, handlers
 from .benchtab import timed_another_runtime
@@ -40,7 +38,7 @@ from ..models.precision import resolve_precision
 from .limits import Limits
 from .page import TabContext, session_id, shown_choices, wire_stop
 from .playgroundtab import runtime_control
-from .streams import StatusThenDraw, wire_status_then_draw
+from .streams import StatusThenDraw, in_worker, wire_status_then_draw
 from .suite_runtime import (chosen_runtime, offer_runtime, pair_runtimes, refuse_unavailable, suite_threads,
                             unavailable_methods)
 
@@ -287,34 +285,14 @@ def sweep_events(pair: ModelPair, request: SweepRequest, warmup: bool = True,
     the worker has finished its current run, so the caller holds the device queue, and the
     pair, until nothing decodes on it any more (the pattern of the Benchmark tab's `measure`).
     """
-    updates: queue.Queue = queue.Queue()
     stop = threading.Event()
-    end = object()
 
-    def work() -> None:
-        if threads is not None:  # torch's count is the setting of the thread that decodes
-            torch.set_num_threads(threads)
-        try:
-            for event in sweep.iter_sweep(pair, request.prompts, request.settings, repeats=request.repeats,
-                                          warmup=warmup, should_stop=stop.is_set, **request.params.as_dict()):
-                updates.put((event, list(event.rows)))
-            updates.put(end)
-        except BaseException as error:  # handed to the consuming thread, which raises it
-            updates.put(error)
+    def produce(put) -> None:
+        for event in sweep.iter_sweep(pair, request.prompts, request.settings, repeats=request.repeats,
+                                      warmup=warmup, should_stop=stop.is_set, **request.params.as_dict()):
+            put((event, list(event.rows)))
 
-    worker = threading.Thread(target=work, name="specdemo-sweep", daemon=True)
-    worker.start()
-    try:
-        while True:
-            item = updates.get()
-            if item is end:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        worker.join()
+    return in_worker(produce, "specdemo-sweep", threads, on_close=stop.set)
 
 
 def replay_events(pair: ModelPair, request: SweepRequest,
@@ -324,31 +302,13 @@ def replay_events(pair: ModelPair, request: SweepRequest,
     worker (a replay holds the pair until its prompt ends, as a sweep's run does)."""
     from ..bench.sweep.replay import replay_sweep
 
-    updates: queue.Queue = queue.Queue()
+    def produce(put) -> None:
+        result = replay_sweep(pair, request.prompts, request.settings,
+                              progress=lambda done, total, message: put((done, total, message, None)),
+                              **request.params.as_dict())
+        put((1, 1, "done", result))
 
-    def work() -> None:
-        if threads is not None:
-            torch.set_num_threads(threads)
-        try:
-            result = replay_sweep(pair, request.prompts, request.settings,
-                                  progress=lambda done, total, message: updates.put((done, total, message, None)),
-                                  **request.params.as_dict())
-            updates.put((1, 1, "done", result))
-        except BaseException as error:  # handed to the consuming thread, which raises it
-            updates.put(error)
-
-    worker = threading.Thread(target=work, name="specdemo-sweep-replay", daemon=True)
-    worker.start()
-    try:
-        while True:
-            item = updates.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item[3] is not None:
-                return
-    finally:
-        worker.join()
+    return in_worker(produce, "specdemo-sweep-replay", threads)
 
 
 def stream_sweep(request: SweepRequest, load: Callable[..., ModelPair],
