@@ -32,7 +32,7 @@ import torch
 from .chain_round import settle_chain
 from .decoding import check_stop, learn_after_request, record_round, generate
 from .drafters.base import Drafter, NoDrafter
-from .methods import get_method
+from .methods import FIXED_GAMMA, get_method
 from .params import DecodeParams
 from .rounds import Decoding
 from .runtimes import refusal
@@ -45,7 +45,7 @@ from .trace import GenerationResult
 BATCHED_EXACTNESS = "exact in a batch of {}"
 
 
-def generate_batch(pair, prompts: Sequence[str | Sequence[int]], method: str = "sd", limits=None,
+def generate_batch(pair, prompts: Sequence[str | Sequence[int]], method: str = FIXED_GAMMA, limits=None,
                    decode: DecodeParams | None = None, **params) -> list[GenerationResult]:
     """Decode every prompt to its end, a batch of len(prompts) rows through one target forward per
     round; one `GenerationResult` per prompt, in order. Row i samples with the seed + i.

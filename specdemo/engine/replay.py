@@ -48,7 +48,7 @@ from .drafters.base import Drafter, NoDrafter, Proposal, WrappedDrafter, top_ids
 from .drafters.policies import FixedGamma
 from .drafters.feature_head import FeatureHead
 from .drafters.published import PublishedHead
-from .methods import REFERENCE, get_method
+from .methods import ENTROPY_GAMMA, FIXED_GAMMA, REFERENCE, get_method
 from .pair import DRAFT_ROLE, TARGET_ROLE
 from .params import PARAMS, DecodeParams, EngineOptions
 from .runtimes import refusal
@@ -645,7 +645,7 @@ class ChainBook:
     them, could round the other way (the tests hold the rounds equal on the tiny and the embedded pair).
     """
 
-    def __init__(self, recording: Recording, pair=None, methods: Sequence[str] = ("sd", "egag"),
+    def __init__(self, recording: Recording, pair=None, methods: Sequence[str] = (FIXED_GAMMA, ENTROPY_GAMMA),
                  max_gamma: int = 8):
         self.recording = recording
         self.pair = pair if pair is not None else recording.pair
@@ -773,7 +773,7 @@ class ChainBook:
         return self._parameters
 
 
-def chain_book(recording: Recording, pair=None, methods: Sequence[str] = ("sd", "egag"),
+def chain_book(recording: Recording, pair=None, methods: Sequence[str] = (FIXED_GAMMA, ENTROPY_GAMMA),
                max_gamma: int = 8) -> ChainBook:
     """A `ChainBook` over `recording`: the pair's draft chains from every position, drafted once up to
     `max_gamma` (the draft steps of about one replay), for `methods` and every method sharing their drafter."""
