@@ -53,6 +53,7 @@ class Sweep:
     rank: int = 0  # where its settings come in a sweep's grid and tables (lower first; ties in the registry's order)
     optional: tuple[str, ...] = ()  # axes a sweep may leave unset: the parameter's default applies, its column empty
     needs_values: bool = True  # False: an axis given no values runs at its parameter's default
+    choice: str = ""  # how the page offers it among the methods to sweep ("": the method's label)
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,7 @@ register(Method("sd", "SD", True, "the pair's draft (a model or a feature head) 
                 lambda pair, p: (_model_drafter(pair, p), FixedGamma(p.gamma)),
                 params=("gamma", "copy_n", "draft_kv"),
                 sweep=Sweep(("copy_n", "gamma"), "SD γ={gamma}{copy}", by_default=True, rank=0,
-                            optional=("copy_n",)),
+                            optional=("copy_n",), choice="SD (fixed γ)"),
                 default_on=True, color="#7c3aed"))
 register(Method("nasd", "NASD", False,
                 "n-gram table drafts, fixed γ (or, with nasd_tree, a tree of its continuations)",
@@ -256,7 +257,8 @@ register(Method("sd-tree", "SD-tree", True,
                 "the pair's draft as a tree (dynamic or static shape), verified in one forward",
                 lambda pair, p: (TreeDrafter(_plain_drafter(pair)), _tree_policy(p)),
                 params=("tree_policy", "node_budget", "max_depth", "max_width", "tree_shape"),
-                sweep=Sweep(("node_budget",), "SD-tree {node_budget} nodes", by_default=True, rank=3)))
+                sweep=Sweep(("node_budget",), "SD-tree {node_budget} nodes", by_default=True, rank=3,
+                            choice="SD-tree (node budgets)")))
 register(Method("egag-tree", "EGAG-tree", True, "the pair's draft as a tree: depth from the smoothed entropy, "
                 "width from each node's entropy", lambda pair, p: (TreeDrafter(_plain_drafter(pair)),
                 EntropyTree(p.gamma_min, p.gamma_max, p.ema, p.max_width, p.node_budget)),
