@@ -54,6 +54,7 @@ class Sweep:
     optional: tuple[str, ...] = ()  # axes a sweep may leave unset: the parameter's default applies, its column empty
     needs_values: bool = True  # False: an axis given no values runs at its parameter's default
     choice: str = ""  # how the page offers it among the methods to sweep ("": the method's label)
+    at_drafts: bool = False  # the speedup chart places its settings at the drafts per round they made
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,11 @@ class Method:
     baseline: bool = False  # a reference beside AR (beam search, the draft alone, no cache), run once per prompt
     color: str | None = None  # its colour on the page's panels and charts (None: one from a fixed cycle)
     reading: str = ""  # a baseline: what its row shows beside AR, in the page's reading of the table
+    # A chain whose γ policy changes its drafts round by round (a schedule, an entropy rule, a stop rule),
+    # so the setting's γ is not what it drafted.
+    varies_gamma: bool = False
+    tree: bool = False  # drafts a tree every round
+    tree_switch: str = ""  # the boolean parameter that turns its chain into a tree ("": none)
 
     @property
     def torch_loop(self) -> str | None:
@@ -84,6 +90,11 @@ class Method:
         if self.decoder != "target":
             return None
         return "beam search" if self.run is not None else None if self.cached else "no KV cache"
+
+    def drafts_a_tree(self, params: DecodeParams) -> bool:
+        """Whether it drafts a tree with these parameters: what a runtime without tree attention cannot
+        verify, and a batch does not run."""
+        return self.tree or bool(self.tree_switch and getattr(params, self.tree_switch))
 
     def fit(self, params: DecodeParams) -> tuple[DecodeParams, str]:
         """The parameters this method runs with, and a note for the user when they differ from those asked."""
@@ -156,6 +167,8 @@ def register(method: Method) -> Method:
     unknown = [name for name in method.params if name not in PARAMS]
     if unknown:
         raise ValueError(f"{method.name} reads {', '.join(unknown)}, which the parameter schema does not declare")
+    if method.tree_switch and method.tree_switch not in method.params:
+        raise ValueError(f"{method.name} turns into a tree by {method.tree_switch}, a parameter it does not read")
     METHODS[method.name] = method
     return method
 
@@ -181,38 +194,38 @@ register(Method("nasd", "NASD", False,
                 params=("gamma", "ngram_n", "ngram_storage", "top_k_filler", "nasd_tree", "tree_policy",
                         "node_budget", "max_depth", "max_width", "tree_shape"),
                 sweep=Sweep(("ngram_n",), "NASD n={ngram_n} (γ={gamma})", by_default=True, rank=2),
-                default_on=True, color="#db2777"))
+                default_on=True, color="#db2777", tree_switch="nasd_tree"))
 register(Method("egag", "EGAG", True, "the pair's draft, γ from the drafter's entropy",
                 lambda pair, p: (_model_drafter(pair, p), EntropyGamma(p.gamma_min, p.gamma_max, p.ema)),
                 params=("gamma_min", "gamma_max", "ema", "copy_n", "draft_kv"),
                 sweep=Sweep(("copy_n", "gamma_max", "ema"), "EGAG γmax/EMA {gamma_max}/{ema}{copy}",
                             by_default=True, rank=1, optional=("copy_n",)),
-                adapts=True, default_on=True, color="#0e7490"))
+                adapts=True, default_on=True, color="#0e7490", varies_gamma=True))
 register(Method("sd-heuristic", "SD (+2/−1)", True, "the pair's draft, transformers' +2/−1 γ schedule",
                 lambda pair, p: (_model_drafter(pair, p), HeuristicGamma(p.gamma)),
                 params=("gamma", "copy_n", "draft_kv"),
-                sweep=Sweep((), "{label} γ={gamma}", rank=7),
-                adapts=True, color="#4338ca"))
+                sweep=Sweep((), "{label} γ={gamma}", rank=7, at_drafts=True),
+                adapts=True, color="#4338ca", varies_gamma=True))
 register(Method("sd-confidence", "SD (confidence)", True,
                 "the pair's draft, stop drafting when its top probability < 0.4",
                 lambda pair, p: (_model_drafter(pair, p), ConfidenceStop(p.gamma_max)),
                 params=("gamma_max", "copy_n", "draft_kv"),
-                sweep=Sweep((), "{label} (γ ≤ {gamma_max})", rank=6),
-                adapts=True, color="#a16207"))
+                sweep=Sweep((), "{label} (γ ≤ {gamma_max})", rank=6, at_drafts=True),
+                adapts=True, color="#a16207", varies_gamma=True))
 register(Method("adaedl", "AdaEDL", True, "the pair's draft up to γ_max, stopping when AdaEDL's entropy bound on "
                 "the next draft's acceptance falls below λ", lambda pair, p: (
                     _model_drafter(pair, p), AdaEDLStop(p.gamma_max, p.adaedl_lambda, p.adaedl_scale)),
                 params=("gamma_max", "adaedl_lambda", "adaedl_scale", "copy_n", "draft_kv"),
                 sweep=Sweep(("adaedl_lambda",), "{label} λ {adaedl_lambda} (γ ≤ {gamma_max})",
-                            by_default=True, rank=4, needs_values=False),
-                adapts=True))
+                            by_default=True, rank=4, needs_values=False, at_drafts=True),
+                adapts=True, varies_gamma=True))
 register(Method("egag-token", "EGAG-token", True, "the pair's draft up to γ_max, stopping when a position's "
                 "(smoothed) normalised entropy exceeds a threshold", lambda pair, p: (
                     _model_drafter(pair, p), TokenEntropyStop(p.gamma_max, p.entropy_stop, p.token_ema)),
                 params=("gamma_max", "entropy_stop", "token_ema", "copy_n", "draft_kv"),
                 sweep=Sweep(("entropy_stop",), "{label} H > {entropy_stop} (γ ≤ {gamma_max})",
-                            by_default=True, rank=4, needs_values=False),
-                adapts=True))
+                            by_default=True, rank=4, needs_values=False, at_drafts=True),
+                adapts=True, varies_gamma=True))
 register(Method("specdecpp", "SpecDec++", True, "the pair's draft up to γ_max, stopping when a trained head's "
                 "predicted probability of a rejection so far exceeds a threshold", lambda pair, p: (
                     _model_drafter(pair, p), PredictedRejectionStop(
@@ -220,14 +233,14 @@ register(Method("specdecpp", "SpecDec++", True, "the pair's draft up to γ_max, 
                         p.specdecpp_threshold)),
                 params=("gamma_max", "specdecpp_threshold", "specdecpp_head", "copy_n", "draft_kv"),
                 sweep=Sweep(("specdecpp_threshold",), "{label} P(reject) > {specdecpp_threshold} (γ ≤ {gamma_max})",
-                            by_default=True, rank=4, needs_values=False),
-                adapts=True))
+                            by_default=True, rank=4, needs_values=False, at_drafts=True),
+                adapts=True, varies_gamma=True))
 register(Method("rest", "REST", False, "retrieval: the continuation of the longest match of the context's end in a "
                 "datastore (rest_datastore) or earlier in the context, fixed γ (or, with rest_tree, a tree of "
                 "its occurrences' continuations)", lambda pair, p: _rest(pair, p),
                 params=("gamma", "rest_datastore", "rest_tree", "tree_policy", "node_budget", "max_depth",
                         "max_width", "tree_shape"),
-                sweep=Sweep((), "{label} γ={gamma}", rank=7)))
+                sweep=Sweep((), "{label} γ={gamma}", rank=7, at_drafts=True), tree_switch="rest_tree"))
 register(Method("osd", "OSD", True, "online speculative decoding: the pair's feature head, fixed γ, distilled on the "
                 "target's verified tokens after each request (off the clock), so later requests draft with what "
                 "earlier ones taught", lambda pair, p: (_osd_drafter(pair, p), FixedGamma(p.gamma)),
@@ -258,11 +271,11 @@ register(Method("sd-tree", "SD-tree", True,
                 lambda pair, p: (TreeDrafter(_plain_drafter(pair)), _tree_policy(p)),
                 params=("tree_policy", "node_budget", "max_depth", "max_width", "tree_shape"),
                 sweep=Sweep(("node_budget",), "SD-tree {node_budget} nodes", by_default=True, rank=3,
-                            choice="SD-tree (node budgets)")))
+                            choice="SD-tree (node budgets)"), tree=True))
 register(Method("egag-tree", "EGAG-tree", True, "the pair's draft as a tree: depth from the smoothed entropy, "
                 "width from each node's entropy", lambda pair, p: (TreeDrafter(_plain_drafter(pair)),
                 EntropyTree(p.gamma_min, p.gamma_max, p.ema, p.max_width, p.node_budget)),
-                params=("gamma_min", "gamma_max", "ema", "node_budget", "max_width")))
+                params=("gamma_min", "gamma_max", "ema", "node_budget", "max_width"), tree=True))
 
 register(Method("adaedl-tree", "AdaEDL-tree", True, "the pair's draft as a dynamic tree, a node's children dropped "
                 "where AdaEDL's bound on their acceptance falls below λ", lambda pair, p: _stop_rule_tree(
@@ -270,14 +283,14 @@ register(Method("adaedl-tree", "AdaEDL-tree", True, "the pair's draft as a dynam
                 params=("adaedl_lambda", "adaedl_scale", "node_budget", "max_depth", "max_width"),
                 sweep=Sweep(("adaedl_lambda",), "{label} λ {adaedl_lambda} ({node_budget} nodes)",
                             rank=5, needs_values=False),
-                adapts=True))
+                adapts=True, tree=True))
 register(Method("egag-token-tree", "EGAG-token-tree", True, "the pair's draft as a dynamic tree, a node's children "
                 "dropped where its normalised entropy exceeds a threshold", lambda pair, p: _stop_rule_tree(
                     pair, p, TokenEntropyStop(p.max_depth, p.entropy_stop)),
                 params=("entropy_stop", "node_budget", "max_depth", "max_width"),
                 sweep=Sweep(("entropy_stop",), "{label} H > {entropy_stop} ({node_budget} nodes)",
                             rank=5, needs_values=False),
-                adapts=True))
+                adapts=True, tree=True))
 
 
 
