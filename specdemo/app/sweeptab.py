@@ -29,8 +29,8 @@ from .benchtab import timed_another_runtime
 from ..bench import sweep
 from ..bench.sweep.axes import CACHE_AXES, PRECISION_AXES, SAMPLING_AXES, axes_table, combinations, label, parse_axis, stacked
 from ..bench.sweep.charts import temperature_figure
-from ..bench.sweep.grid import RULE_AXES
 from ..bench.suite import DEFAULT_SUITE, SUITE_CATEGORIES, SuitePrompt, load_suite, select_prompts
+from ..engine.methods import BASELINES, ENTROPY_GAMMA, FIXED_GAMMA, METHODS, REFERENCE
 from ..engine.params import PARAMS, DecodeParams
 from ..models.loading import ModelPair, Preset
 from ..engine.runtimes import TORCH, runtime_named
@@ -77,10 +77,24 @@ FORM_HELP = {
 RUNTIME_INFO = ("onnx: the target on ONNX Runtime (the CPU), exported on first use (about 30 s); trees, beam "
                 "search and AR without a cache run on its torch copy, set against AR on that copy; compressing "
                 "target KV caches and target precisions other than float32, int8 and int4 run on torch only")
-GRID_LABELS = {"gamma": "SD: γ values", "gamma_max": "EGAG: γ_max values", "ema": "EGAG: EMA β values",
-               "ngram_n": "NASD: n values", "copy_n": "SD / EGAG: copy_n values (0 = off; empty = the default)",
-               "node_budget": "SD-tree: node budgets", "adaedl_lambda": "AdaEDL: λ values",
-               "entropy_stop": "EGAG-token: entropy thresholds", "specdecpp_threshold": "SpecDec++: thresholds"}
+# Each grid field and the methods swept over it (their `Sweep.axes`): a field is read when one of them is chosen.
+SWEPT_OVER = {name: tuple(m for m in sweep.SWEEP_METHODS if name in METHODS[m].sweep.axes) for name in GRID}
+# What a grid field's values are, after the methods it is for.
+GRID_VALUES = {"gamma": "γ values", "gamma_max": "γ_max values", "ema": "EMA β values", "ngram_n": "n values",
+               "copy_n": "copy_n values (0 = off; empty = the default)", "node_budget": "node budgets",
+               "adaedl_lambda": "λ values", "entropy_stop": "entropy thresholds", "specdecpp_threshold": "thresholds"}
+
+
+def grid_label(name: str) -> str:
+    """A grid field's label: the methods swept over it by default (where none is, every one), then its values."""
+    methods = [m for m in SWEPT_OVER[name] if METHODS[m].sweep.by_default] or SWEPT_OVER[name]
+    return f"{' / '.join(METHODS[m].label for m in methods)}: {GRID_VALUES.get(name, f'{name} values')}"
+
+
+GRID_LABELS = {name: grid_label(name) for name in GRID}
+# The methods the tab offers: every one a sweep grids, in its grid's order, then the baselines.
+METHOD_CHOICES = [*((METHODS[m].sweep.choice or METHODS[m].label, m) for m in sweep.SWEEP_METHODS),
+                  *((METHODS[m].label, m) for m in BASELINES)]
 DEFAULT_CATEGORIES = ("chat", "code")
 TABLE_COLUMNS = ["label", "runs", "speedup_vs_ar", "speedup_vs_ar_std", "tokens_per_s", "acceptance_rate",
                  "mean_accepted_tokens", "mean_gamma", "wasted_drafts_per_token", "target_forwards_per_token",
@@ -99,7 +113,7 @@ def default_form(limits: Limits) -> dict[str, Any]:
     grid = ({"gamma": "1,2,3,4", "gamma_max": "3,4", "ema": "0.9"} if capped else
             {"gamma": _csv(sweep.DEFAULT_GAMMAS), "gamma_max": _csv(sweep.DEFAULT_GAMMA_MAXES),
              "ema": _csv(sweep.DEFAULT_EMAS)})
-    return {"methods": ["sd", "egag"], **grid, "ngram_n": _csv(sweep.DEFAULT_NGRAM_NS), "copy_n": "", "node_budget": "3,8",
+    return {"methods": [FIXED_GAMMA, ENTROPY_GAMMA], **grid, "ngram_n": _csv(sweep.DEFAULT_NGRAM_NS), "copy_n": "", "node_budget": "3,8",
             # Empty: a per-token rule picked without thresholds runs at its parameter's default.
             "adaedl_lambda": "", "entropy_stop": "", "specdecpp_threshold": "",
             "categories": list(DEFAULT_CATEGORIES), "prompts_per_category": 1, "repeats": 1,
@@ -174,13 +188,11 @@ def make_sweep_request(form: Mapping[str, Any], presets: Mapping[str, Preset], l
     limits.check_models(form.get("preset"), known=presets)
     methods = form.get("methods")
     methods = methods.split(",") if isinstance(methods, str) else list(methods or [])
-    methods = [m.strip().lower() for m in methods if m and m.strip() and m.strip().lower() != "ar"]
+    methods = [m.strip().lower() for m in methods if m and m.strip() and m.strip().lower() != REFERENCE]
     if not methods:
         raise ValueError(f"methods: choose at least one of {', '.join(sweep.SWEEP_METHODS)} (AR always runs)")
-    needs = {"gamma": ("sd",), "gamma_max": ("egag",), "ema": ("egag",), "ngram_n": ("nasd",), "copy_n": ("sd", "egag"),
-             "node_budget": ("sd-tree",),
-             **{axis: tuple(m for m, a in RULE_AXES.items() if a == axis) for axis in RULE_AXES.values()}}
-    grid = {name: _grid_values(name, form.get(name)) if set(needs[name]) & set(methods) else None for name in GRID}
+    grid = {name: _grid_values(name, form.get(name)) if set(SWEPT_OVER[name]) & set(methods) else None
+            for name in GRID}
     params = DecodeParams.from_values(**{name: form.get(name) for name in SHARED_PARAMS})
     planned = axis_combinations(form, params)
     settings = sweep.expand_grid(**grid, methods=methods, gamma_min=params.gamma_min, nasd_gamma=params.gamma)
@@ -457,14 +469,7 @@ def _inputs(ctx: TabContext, initial: Mapping[str, Any]) -> SweepForm:
                              choices=list(ctx.presets), elem_id="sweep-preset")
         runtime = runtime_control(ctx, "sweep-runtime", RUNTIME_INFO, pair_runtimes(ctx, ctx.default_preset))
         methods = gr.CheckboxGroup(label="Methods (AR always runs)", value=initial["methods"],
-                                   choices=[("SD (fixed γ)", "sd"), ("EGAG", "egag"), ("NASD", "nasd"),
-                                            ("SD-tree (node budgets)", "sd-tree"), ("AdaEDL", "adaedl"),
-                                            ("EGAG-token", "egag-token"), ("SpecDec++", "specdecpp"),
-                                            ("AdaEDL-tree", "adaedl-tree"), ("EGAG-token-tree", "egag-token-tree"),
-                                            ("SD (confidence)", "sd-confidence"), ("SD (+2/−1)", "sd-heuristic"),
-                                            ("REST", "rest"), ("OSD", "osd"), ("Beam search", "beam"),
-                                            ("Draft alone", "draft"), ("AR (no cache)", "ar-nocache")],
-                                   elem_id="sweep-methods")
+                                   choices=METHOD_CHOICES, elem_id="sweep-methods")
     offer_runtime(ctx, preset, runtime)
     with gr.Row():
         grid = {name: gr.Textbox(initial[name], label=GRID_LABELS[name], elem_id=f"sweep-{name.replace('_', '-')}",
