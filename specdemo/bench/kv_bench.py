@@ -25,16 +25,18 @@ from .long_suite import long_suite
 from .precision import show_table, token_match
 from .suite import encode_prompt
 from .measure.tables import target_perplexity
-from ..engine.methods import FIXED_GAMMA, REFERENCE
+from ..engine.methods import FIXED_GAMMA, REFERENCE, get_method
 
 
 def _settings(budgets: list[int]) -> list[tuple[str, str, str, int]]:
     """(label, method, which cache, policy, budget) rows of the policies table, reference first."""
-    rows = [("AR, full caches", "ar", "target_kv", "full", 0), ("SD, full caches", "sd", "draft_kv", "full", 0)]
+    ar, sd = get_method(REFERENCE).label, get_method(FIXED_GAMMA).label
+    rows = [(f"{ar}, full caches", REFERENCE, "target_kv", "full", 0),
+            (f"{sd}, full caches", FIXED_GAMMA, "draft_kv", "full", 0)]
     for budget in budgets:
         for kind in ("streaming", "l2"):
-            rows.append((f"SD, draft {kind} {budget}", "sd", "draft_kv", kind, budget))
-            rows.append((f"AR, target {kind} {budget}", "ar", "target_kv", kind, budget))
+            rows.append((f"{sd}, draft {kind} {budget}", FIXED_GAMMA, "draft_kv", kind, budget))
+            rows.append((f"{ar}, target {kind} {budget}", REFERENCE, "target_kv", kind, budget))
     return rows
 
 

@@ -200,9 +200,9 @@ def isolated_costs(pair, context: list[int], gamma: int, cache: str = "dynamic",
         def verify_forward():
             return target.logits(context, gamma + 1, n_hidden, then=drafts)
 
-        medians = interleaved_medians({"draft": draft_step, "verify": verify_forward}, calls, warmup=warmup,
-                                      between=lambda: target.rollback(len(context) - 1), device=device)
-        return StepCosts(medians["draft"], medians["verify"])
+        return StepCosts(**interleaved_medians(dict(draft_step=draft_step, verify_forward=verify_forward), calls,
+                                               warmup=warmup, between=lambda: target.rollback(len(context) - 1),
+                                               device=device))
     finally:
         target.close()
         if close_draft is not None:

@@ -380,10 +380,10 @@ def method_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFra
         # The engine on the same thread counts as the page, method by method.
         at_page = pd.Series({m: table.at[m, f"engine_{threads[m]}t_tok_s"] for m in table.index})
         table["page_threads"] = pd.Series(threads)
-        table["page_speedup"] = table["page_tok_s"] / table.at["ar", "page_tok_s"]
+        table["page_speedup"] = table["page_tok_s"] / table.at[REFERENCE, "page_tok_s"]
         table["engine_speedup"] = at_page / at_page[REFERENCE]
         table["speedup_page_over_engine"] = table["page_speedup"] / table["engine_speedup"]
-        engine_ar = engine.tokens_per_s[(threads[REFERENCE], "ar")]
+        engine_ar = engine.tokens_per_s[(threads[REFERENCE], REFERENCE)]
         # AR over itself is 1 on both sides in every resample: nothing to resample.
         bounds = {m: (1.0, 1.0) if m == REFERENCE else median_ratio_interval(
             [speeds[m], engine_ar], [speeds[REFERENCE], engine.tokens_per_s[(threads[m], m)]])
@@ -411,7 +411,7 @@ def paired_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFra
         row["paired_page_over_engine_low"], row["paired_page_over_engine_high"] = median_interval(ratios)
         if REFERENCE in page:
             at_page = zip(page[m], page[REFERENCE], engine.tokens_per_s[(threads[m], m)],
-                          engine.tokens_per_s[(threads[REFERENCE], "ar")])
+                          engine.tokens_per_s[(threads[REFERENCE], REFERENCE)])
             speedups = [(pm / pa) / (em / ea) for pm, pa, em, ea in at_page]
             row["paired_speedup_page_over_engine"] = statistics.median(speedups)
             low, high = (1.0, 1.0) if m == REFERENCE else median_interval(speedups)

@@ -34,6 +34,7 @@ from .suite import DEFAULT_SUITE, encode_prompt, load_suite, select_prompts
 from .measure.tables import target_perplexity
 from .measure.vs_float32 import AGREEMENT_COLUMNS, FLOAT32, agreement, token_match
 from ..engine.methods import FIXED_GAMMA, REFERENCE
+from ..engine.pair import DRAFT_ROLE, TARGET_ROLE
 
 
 def suite_prompts(pair, per_category: int, categories: str | None) -> list[list[int]]:
@@ -111,14 +112,14 @@ def measure_drafts(target: str, drafts: list[str], prompts_per_category: int, ca
     rows = []
     for name, pair in pairs.items():
         t = totals[name]
-        rows.append({"draft": name, "library": pair.draft_precision.library, "draft_weight_bytes": weight_bytes(pair.draft),
+        rows.append({DRAFT_ROLE: name, "library": pair.draft_precision.library, "draft_weight_bytes": weight_bytes(pair.draft),
                      "acceptance_rate": t["accepted"] / t["drafted"],
                      "draft_ms_per_token": 1000 * t["draft_seconds"] / t["drafted"],
                      f"{method}_tokens_per_s": t["tokens"] / t["seconds"], "speedup_vs_ar": t["ar_seconds"] / t["seconds"]})
     return pd.DataFrame(rows)
 
 
-SWEEP_COLUMNS = ["target", "draft", "method", "tokens_per_s", "speedup_vs_own_ar", "speedup_vs_fp32_ar",
+SWEEP_COLUMNS = [TARGET_ROLE, DRAFT_ROLE, "method", "tokens_per_s", "speedup_vs_own_ar", "speedup_vs_fp32_ar",
                  "acceptance_rate", "matches_own_ar", *AGREEMENT_COLUMNS]
 
 
@@ -134,7 +135,7 @@ def measure_sweep(pair_name: str, targets: list[str], drafts: list[str], prompts
     targets = list(dict.fromkeys([FLOAT32, *targets]))
     pairs = {(t, d): load_pair(pair_name, draft, device="cpu", target_dtype=t, draft_dtype=d, runtime="torch") for t in targets for d in drafts}
     prompts = suite_prompts(next(iter(pairs.values())), prompts_per_category, categories)
-    keys = [(t, None, "ar") for t in targets] + [(t, d, method) for t in targets for d in drafts]
+    keys = [(t, None, REFERENCE) for t in targets] + [(t, d, method) for t in targets for d in drafts]
     runs: dict[tuple, list] = {key: [] for key in keys}
     for warm, ids in [(True, prompts[0])] + [(False, p) for p in prompts]:  # the first pass warms kernels up
         for target, draft, name in keys:
@@ -149,10 +150,10 @@ def measure_sweep(pair_name: str, targets: list[str], drafts: list[str], prompts
 
 def _sweep_row(key: tuple, runs: dict[tuple, list]) -> dict:
     target, draft, method = key
-    mine, own_ar, float32_ar = runs[key], runs[(target, None, "ar")], runs[(FLOAT32, None, "ar")]
+    mine, own_ar, float32_ar = runs[key], runs[(target, None, REFERENCE)], runs[(FLOAT32, None, REFERENCE)]
     drafted = sum(r.stats["drafted"] for r in mine)
     scores = [agreement(r.token_ids, r.text, f.token_ids, f.text) for r, f in zip(mine, float32_ar)]
-    return {"target": target, "draft": draft or "", "method": method, "tokens_per_s": 1 / _seconds_per_token(mine),
+    return {TARGET_ROLE: target, DRAFT_ROLE: draft or "", "method": method, "tokens_per_s": 1 / _seconds_per_token(mine),
             "speedup_vs_own_ar": _seconds_per_token(own_ar) / _seconds_per_token(mine),
             "speedup_vs_fp32_ar": _seconds_per_token(float32_ar) / _seconds_per_token(mine),
             "acceptance_rate": sum(r.stats["accepted"] for r in mine) / drafted if drafted else math.nan,
@@ -209,7 +210,7 @@ def vs_float32_figure(frame: pd.DataFrame) -> go.Figure:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdemo.bench.precision", description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("ar", "drafts", "sweep"))
+    parser.add_argument("what", choices=(REFERENCE, "drafts", "sweep"))
     parser.add_argument("--target", default=EMBEDDED, help="the target (default: the embedded SmolLM2-135M)")
     parser.add_argument("--dtypes", default="float32,bfloat16,int8",
                         help="ar, sweep: comma-separated target precisions (float32 is always measured)")
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pair", default="embedded-lm", help="sweep: the pair (default: embedded-lm)")
     parser.add_argument("--drafts", default="embedded-lm:float32,embedded-lm:bfloat16,embedded-lm:int8,embedded-head,"
                         "self:int8", help="drafts: comma-separated REF[:PRECISION] drafts, or self:PRECISION")
-    parser.add_argument("--method", default="sd", help="drafts, sweep: the drafting method (default: sd)")
+    parser.add_argument("--method", default=FIXED_GAMMA, help="drafts, sweep: the drafting method (default: %(default)s)")
     parser.add_argument("--per-category", type=int, default=1, help="prompts per suite category (default: 1)")
     parser.add_argument("--categories", default=None, help="comma-separated suite categories (default: all)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     dtypes = [d for d in args.dtypes.split(",") if d]
-    if args.what == "ar":
+    if args.what == REFERENCE:
         frame = measure_targets(args.target, dtypes, args.per_category, args.categories, args.max_new_tokens,
                                 args.repeats)
         write_figure(vs_float32_figure(frame), args.figure, args.png)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from ..engine.pair import DRAFT_ROLE, TARGET_ROLE
+
 # name → (family, hidden, layers, heads, KV heads, intermediate): the Pythia and Qwen2.5 families' shapes.
 SIZES = {
     "2.8b": ("pythia", 2560, 32, 32, 32, 10240),
@@ -113,7 +115,7 @@ def build(out: str | Path, target_size: str = "1.4b", draft_size: str = "70m", v
     torch_dtype = resolve_dtype(dtype, device)
     suite_path = Path(suite) if suite else DEFAULT_SUITE
     out = Path(out)
-    folders = (out / "target", out / "draft")
+    folders = (out / TARGET_ROLE, out / DRAFT_ROLE)
     for folder, size, seed in zip(folders, (target_size, draft_size), (0, 1)):
         folder.mkdir(parents=True, exist_ok=True)
         write_model(folder, size, vocab, seed, torch_dtype, device)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from ...engine.methods import DEFAULT_METHODS, METHODS, REFERENCE
 from ...models.loading import load_pair
 from ..measure.batching import batch_verdict
 from ..measure.benchmark import run_benchmark
@@ -24,7 +25,8 @@ from .stages import MODES, Settings, StageContext, Unit
 from .summary import table_cell
 
 BATCH_SIZES = (1, 8, 32)
-BATCH_METHODS = ["ar", "sd", "egag"]
+# AR and the page's default methods that draft with the pair's draft model, whose answers the oracle plants.
+BATCH_METHODS = [n for n in DEFAULT_METHODS if n == REFERENCE or METHODS[n].needs_draft]
 EAGER = MODES[1]  # a batch's target keeps its own dynamic cache and runs eager
 SHOWN = ["batch", "method", "throughput_tokens_per_s", "latency_p50_s", "latency_p95_s", "ttft_p50_s",
          "throughput_vs_ar", "throughput_vs_ar_low", "throughput_vs_ar_high", "acceptance_rate"]

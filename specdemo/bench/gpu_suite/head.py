@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ...engine.decoding import generate
 from ...engine.drafters.feature_head import CONFIG_NAME, WEIGHTS_NAME
+from ...engine.methods import FIXED_GAMMA
 from ...models.embedded import HEAD_DIR
 from ...models.loading import load_feature_head, load_pair
 from .measure import prompt_ids
@@ -97,7 +98,7 @@ def suite_acceptance(ctx: StageContext, heads: dict[str, Path]) -> dict[str, flo
         pair = dataclasses.replace(base, draft=load_feature_head(str(folder), base.target, base.device, dtype))
         drafted = accepted = 0
         for ids in prompts:
-            result = generate(pair, ids, "sd", max_new_tokens=s.max_new_tokens, gamma=s.gamma, temperature=0.0,
+            result = generate(pair, ids, FIXED_GAMMA, max_new_tokens=s.max_new_tokens, gamma=s.gamma, temperature=0.0,
                               copy_n=0)
             drafted += sum(len(r.drafted) for r in result.rounds)
             accepted += sum(r.accepted for r in result.rounds)

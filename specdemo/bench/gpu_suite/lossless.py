@@ -14,8 +14,9 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from ...engine.methods import METHODS
-from ...engine.runtimes import refusal
+from ...engine.methods import FIXED_GAMMA, METHODS, REFERENCE, TABLE_DRAFTING
+from ...engine.params import DecodeParams
+from ...engine.runtimes import drafts_a_tree, refusal
 from ...models.loading import load_pair
 from .measure import bench, decode_params, prompt_ids
 from .pairs import suite_prompts
@@ -23,17 +24,16 @@ from .stages import MODES, StageContext
 
 HF_GREEDY = {"embedded": ["hf-generate", "hf-generate-static", "hf-prompt-lookup"],
              "embedded-lm": ["hf-assisted", "hf-assisted-default"]}
-# A rehearsal checks the stage's machinery on a few methods; the GPU run checks them all.
-TINY_METHODS = ["ar", "sd", "nasd", "sd-tree", "hf-generate"]
 ULPS = 4  # a tie within this many units in the last place of the larger logit
 LOSSLESS_COLUMNS = ["pair", "mode", "method", "prompt_id", "repeat", "matches_ar", "first_difference", "ar_token",
                     "method_token", "logit_gap", "tolerance", "explanation"]
 
 
 def lossless_methods(pair, pair_name: str, with_peers: bool, tiny: bool = False) -> list[str]:
-    if tiny:
-        return TINY_METHODS
     ours = [n for n, m in METHODS.items() if m.lossless and refusal(pair, n) is None]
+    if tiny:  # a rehearsal checks the stage's machinery on a few: a model's chain, the table's, a tree, a peer
+        tree = next(n for n in ours if drafts_a_tree(n, DecodeParams()))
+        return [REFERENCE, FIXED_GAMMA, TABLE_DRAFTING, tree, HF_GREEDY[pair_name][0]]
     return ours + (HF_GREEDY[pair_name] if with_peers else [])
 
 
@@ -61,9 +61,9 @@ def explain(pair, context: list[int], ar_next: int | None, other_next: int | Non
 def compare_rows(pair, rows: pd.DataFrame, encoded: dict[int, list[int]], pair_name: str, mode: str) -> list[dict]:
     ok = rows[rows.error.fillna("") == ""]
     reference = {(r.prompt_index, r.repeat): [int(t) for t in str(r.output_ids).split()]
-                 for r in ok[ok.method == "ar"].itertuples()}
+                 for r in ok[ok.method == REFERENCE].itertuples()}
     out = []
-    for r in ok[(ok.method != "ar") & ok.matches_ar.notna()].itertuples():
+    for r in ok[(ok.method != REFERENCE) & ok.matches_ar.notna()].itertuples():
         record = {"pair": pair_name, "mode": mode, "method": r.method, "prompt_id": r.prompt_id, "repeat": r.repeat,
                   "matches_ar": bool(r.matches_ar)}
         if not r.matches_ar:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from pathlib import Path
 from typing import Sequence
 
+from ...engine.methods import FIXED_GAMMA, REFERENCE
 from ...engine.params import DecodeParams
 from ..measure.benchmark import BenchResult, run_benchmark
 from ..overhead import measure_round_overhead
@@ -133,34 +133,22 @@ def _overall(result: BenchResult, method: str, column: str) -> float:
     return float(summary.loc[method, column])
 
 
-def ratio(result: BenchResult, method: str, other: BenchResult | None = None, other_method: str = "ar") -> float:
-    """tokens/s of `method` over tokens/s of `other_method` (in `other`, or the same run)."""
-    mine = _overall(result, method, "tokens_per_s_mean")
-    theirs = _overall(other if other is not None else result, other_method, "tokens_per_s_mean")
+def ratio(result: BenchResult, method: str, other_method: str = REFERENCE) -> float:
+    """tokens/s of `method` over tokens/s of `other_method` in the same run."""
+    mine, theirs = (_overall(result, m, "tokens_per_s_mean") for m in (method, other_method))
     return mine / theirs if theirs and theirs == theirs else math.nan
 
 
-def headline(pair_name: str, mode: Mode, result: BenchResult, assisted: BenchResult | None = None,
-             round_overhead: float = math.nan) -> dict:
-    """One row of the README's table. `assisted` is the run holding SD and hf-assisted with one draft
-    LM, when not `result` itself."""
-    assisted = assisted if assisted is not None else result
+def headline(pair_name: str, mode: Mode, result: BenchResult, round_overhead: float = math.nan) -> dict:
+    """One row of the README's table."""
     return {
         "pair": pair_name, "mode": mode.name,
-        "ar_tokens_per_s": _overall(result, "ar", "tokens_per_s_mean"),
-        "roofline_pct": 100 * _overall(result, "ar", "roofline_fraction"),
-        "ar_vs_hf_generate": ratio(result, "ar", other_method="hf-generate"),
-        "ar_vs_hf_static": ratio(result, "ar", other_method="hf-generate-static"),
-        "sd_vs_ar": ratio(result, "sd"),
-        "sd_vs_hf_assisted": ratio(assisted, "sd", other_method="hf-assisted"),
-        "acceptance": _overall(result, "sd", "acceptance_rate"),
+        "ar_tokens_per_s": _overall(result, REFERENCE, "tokens_per_s_mean"),
+        "roofline_pct": 100 * _overall(result, REFERENCE, "roofline_fraction"),
+        "ar_vs_hf_generate": ratio(result, REFERENCE, "hf-generate"),
+        "ar_vs_hf_static": ratio(result, REFERENCE, "hf-generate-static"),
+        "sd_vs_ar": ratio(result, FIXED_GAMMA),
+        "sd_vs_hf_assisted": ratio(result, FIXED_GAMMA, "hf-assisted"),
+        "acceptance": _overall(result, FIXED_GAMMA, "acceptance_rate"),
         "round_overhead": round_overhead,
     }
-
-
-def found(result: BenchResult | None, method: str) -> bool:
-    return result is not None and not math.isnan(_overall(result, method, "tokens_per_s_mean"))
-
-
-def relative(path: Path, out: Path) -> str:
-    return str(path.relative_to(out)) if path.is_relative_to(out) else str(path)
