@@ -28,7 +28,7 @@ from ..bench.measure.vs_float32 import Float32Reference, reference_for, runs_bel
 from ..bench.measure.runners import quiet_gc
 from ..bench.measure.threads import drafts, threads_sentence
 from ..models.torch_copy import TORCH_COPY, TORCH_COPY_AR, iter_generate, needs_torch_copy_ar, torch_copy_ar
-from ..engine.methods import parse_methods
+from ..engine.methods import REFERENCE, parse_methods
 from ..engine.params import PARAMS, DecodeParams, EngineOptions
 from ..engine.trace import GenerationResult
 from ..models.loading import ModelPair, Preset, draft_kind_of
@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 STATUS_INTERVAL_S = 1.0
 PARAM_NAMES = tuple(PARAMS)  # the decoding parameters every decoding endpoint takes, in the schema's order
 PRECISION_NAMES = ("target_dtype", "draft_dtype")  # the models' precisions the Playground and its endpoints take
+# The fields that name a model in the preset's place, each beside its precision's field.
+MODEL_NAMES = TARGET_FIELD, DRAFT_FIELD = tuple(name.removesuffix("_dtype") for name in PRECISION_NAMES)
 RUNTIME = "runtime"  # what runs the target's forwards (auto, torch, or onnx where the page offers it)
 
 
@@ -290,7 +292,7 @@ def decode_methods(pair: ModelPair, request: Request, limits: Limits | None = No
     if needs_torch_copy_ar(list(progress.results.values())):
         yield RunUpdate(status=progress.line(len(names) - 1, "timing AR on the torch copy of the target, the "
                                                              "reference of the methods that ran there …"))
-        count = plan.for_runtime(TORCH).for_method("ar") if plan is not None else None
+        count = plan.for_runtime(TORCH).for_method(REFERENCE) if plan is not None else None
         progress.reference = reference_run(pair, request, limits, count)
     yield final_update(pair, request, progress, time.perf_counter() - started)
 

@@ -25,22 +25,22 @@ from ..models.loading import ModelPair, Preset, onnx_can_export
 from ..engine.runtimes import AUTO as AUTO_RUNTIME, ONNX, TORCH
 from .engine_controls import ENGINE_NAMES, engine_controls
 from .examples import EXAMPLES, encoder_decoder_examples
-from .handlers import PRECISION_NAMES, RUNTIME, Request, RunUpdate, make_request
+from .handlers import DRAFT_FIELD, MODEL_NAMES, PRECISION_NAMES, RUNTIME, TARGET_FIELD, Request, RunUpdate, make_request
 from .page import AUTO, TabContext, session_id, wire_stop
 from .streams import BySession, wire_status_then_draw
 
 log = logging.getLogger(__name__)
 
 # The endpoints' own inputs around the schema's parameters, in the API's order.
-FORM_BEFORE, FORM_AFTER = ("prompt", "preset", "methods"), ("target", "draft", *ENGINE_NAMES, *PRECISION_NAMES, RUNTIME)
+FORM_BEFORE, FORM_AFTER = ("prompt", "preset", "methods"), (*MODEL_NAMES, *ENGINE_NAMES, *PRECISION_NAMES, RUNTIME)
 # What those inputs mean, as /run's and /compare's docstrings say it (the schema's come from its help texts).
 FORM_HELP = {
     "prompt": "the text to continue; wrapped in the tokenizer's chat template when chat is on",
     "preset": "the model pair (target + draft) by its preset's name",
     "methods": "the methods to decode with, one after another, by their registry names; ar is the reference "
                "every other method is timed and compared against",
-    "target": "a target that overrides the preset's: a Hub id, a local folder or a .gguf file (empty: the preset's)",
-    "draft": "the draft for that target, sharing its tokenizer, or a published EAGLE, EAGLE-3 or Medusa head "
+    TARGET_FIELD: "a target that overrides the preset's: a Hub id, a local folder or a .gguf file (empty: the preset's)",
+    DRAFT_FIELD: "the draft for that target, sharing its tokenizer, or a published EAGLE, EAGLE-3 or Medusa head "
              "for it (empty: no draft, so AR and NASD only)",
     "target_dtype": "the target's precision: auto (bfloat16 on a GPU, float32 on a CPU) or one the device serves",
     "draft_dtype": "the draft's precision: auto (the target's default) or one the device serves",
@@ -381,7 +381,7 @@ class RunStreams:
         """The Run's updates; on the page (`page`), its finished results are kept for the What-if panel."""
         ctx = self.ctx
         try:
-            req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
+            req = make_request(form["prompt"], form["preset"], form[TARGET_FIELD], form[DRAFT_FIELD], form,
                                ctx.presets, ctx.limits, methods=form["methods"] or [],
                                precisions=ctx.precisions, runtimes=ctx.runtimes)
         except ValueError as error:
@@ -492,7 +492,7 @@ def _wire_compare(ctx: TabContext, inputs: Inputs) -> None:
         """Run the methods one after another; returns the summary table, the summary and
         per-round CSVs (the CLI's columns), each method's output text and the per-token CSV."""
         try:
-            req = make_request(form["prompt"], form["preset"], form["target"], form["draft"], form,
+            req = make_request(form["prompt"], form["preset"], form[TARGET_FIELD], form[DRAFT_FIELD], form,
                                ctx.presets, ctx.limits, methods=form["methods"],
                                precisions=ctx.precisions, runtimes=ctx.runtimes)
             outcome = handlers.compare(req, _loader(ctx), ctx.limits, ctx.gpu, ctx.threads)
