@@ -258,7 +258,7 @@ def reference_lines(overall: pd.DataFrame) -> list[str]:
     rows = overall.set_index("method")
     if "reference_runtime" not in rows or REFERENCE not in rows.index:
         return []
-    lines, own = [], str(rows.loc["ar", "runtime"] or "")
+    lines, own = [], str(rows.loc[REFERENCE, "runtime"] or "")
     for method, row in rows.iterrows():
         mine, theirs = str(row.get("runtime") or ""), str(row.get("reference_runtime") or "")
         if method != REFERENCE and theirs and mine != own:

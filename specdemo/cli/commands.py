@@ -19,33 +19,22 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent
 
+
+def by_command(modules: tuple[str, ...], renamed: dict[str, str] | None = None) -> dict[str, str]:
+    """command → module: each module under its own name, dashed (gpu_suite → gpu-suite), or as `renamed` says."""
+    return {(renamed or {}).get(module) or module.rsplit(".", 1)[1].replace("_", "-"): module for module in modules}
+
+
 # command → module, each run as `python -m <module>`.
-TOOLS = {
-    "page": "specdemo.bench.page",
-    "ab": "specdemo.bench.ab",
-    "gpu-suite": "specdemo.bench.gpu_suite",
-    "precision": "specdemo.bench.precision",
-    "kv-bench": "specdemo.bench.kv_bench",
-    "rest": "specdemo.bench.rest",
-    "synthetic": "specdemo.bench.synthetic",
-    "runtime-round": "specdemo.bench.runtime_round",
-}
-TRAIN = {
-    "corpus": "specdemo.training.corpus",
-    "passages": "specdemo.training.passages",
-    "layers": "specdemo.training.layers",
-    "eagle": "specdemo.training.eagle",
-    "evaluate": "specdemo.training.evaluate",
-    "curve": "specdemo.training.curve",
-    "card": "specdemo.training.card",
-    "install": "specdemo.training.install",
-    "carve": "specdemo.training.carve",
-    "writer": "specdemo.training.writer",
-    "at-scale": "specdemo.training.at_scale",
-    "draft-lm": "specdemo.training.train_draft",
-    "specdecpp": "specdemo.training.specdecpp",
-    "osd": "specdemo.training.osd",
-}
+TOOLS = by_command(("specdemo.bench.page", "specdemo.bench.ab", "specdemo.bench.gpu_suite", "specdemo.bench.precision",
+                    "specdemo.bench.kv_bench", "specdemo.bench.rest", "specdemo.bench.synthetic",
+                    "specdemo.bench.runtime_round"))
+TRAIN = by_command(("specdemo.training.corpus", "specdemo.training.passages", "specdemo.training.layers",
+                    "specdemo.training.eagle", "specdemo.training.evaluate", "specdemo.training.curve",
+                    "specdemo.training.card", "specdemo.training.install", "specdemo.training.carve",
+                    "specdemo.training.writer", "specdemo.training.at_scale", "specdemo.training.train_draft",
+                    "specdemo.training.specdecpp", "specdemo.training.osd"),
+                   renamed={"specdemo.training.train_draft": "draft-lm"})
 
 
 def summary(module: str) -> str:
