@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 
 from ..engine.batch import generate_batch as engine_generate_batch
 from ..engine.decoding import iter_generate as engine_iter_generate
+from ..engine.methods import FIXED_GAMMA, REFERENCE
 from ..engine.params import DecodeParams
 from ..engine.trace import GenerationResult
 from ..engine.runtimes import TORCH, runtime_reason
@@ -48,7 +49,7 @@ def pair_for(pair, method: str, params: DecodeParams, compile: bool = False, bat
     return (on_torch(pair), f"on the torch copy of the target: {why}") if why else (pair, "")
 
 
-def iter_generate(pair, prompt: str | Sequence[int], method: str = "sd", limits=None,
+def iter_generate(pair, prompt: str | Sequence[int], method: str = FIXED_GAMMA, limits=None,
                   decode: DecodeParams | None = None, *, cache: str | None = None, compile: bool = False,
                   **params) -> Iterator[GenerationResult]:
     """`engine.decoding.iter_generate` on the pair the method runs on (`pair_for`); each result's
@@ -71,8 +72,9 @@ def _labelled(rounds: Iterator[GenerationResult], runtime: str | None, reason: s
         rounds.close()
 
 
-def generate(pair, prompt: str | Sequence[int], method: str = "sd", limits=None, decode: DecodeParams | None = None,
-             *, cache: str | None = None, compile: bool = False, **params) -> GenerationResult:
+def generate(pair, prompt: str | Sequence[int], method: str = FIXED_GAMMA, limits=None,
+             decode: DecodeParams | None = None, *, cache: str | None = None, compile: bool = False,
+             **params) -> GenerationResult:
     """Decode to the end on the pair the method runs on (`iter_generate`) and return the full trace."""
     result = None
     for result in iter_generate(pair, prompt, method, limits, decode, cache=cache, compile=compile, **params):
@@ -81,7 +83,7 @@ def generate(pair, prompt: str | Sequence[int], method: str = "sd", limits=None,
     return result
 
 
-def generate_batch(pair, prompts: Sequence[str | Sequence[int]], method: str = "sd", limits=None,
+def generate_batch(pair, prompts: Sequence[str | Sequence[int]], method: str = FIXED_GAMMA, limits=None,
                    decode: DecodeParams | None = None, **params) -> list[GenerationResult]:
     """`engine.batch.generate_batch` on the pair the batch runs on: one prompt as `generate` runs it; several
     on the torch copy where the target's runtime cannot decode them together (or cannot run the method), each
@@ -101,7 +103,7 @@ def generate_batch(pair, prompts: Sequence[str | Sequence[int]], method: str = "
 
 def torch_copy_ar(pair, prompt, decode: DecodeParams, limits=None, *, cache: str | None = None) -> GenerationResult:
     """AR on the torch copy of a runtime target: the reference row of the methods that ran there."""
-    result = generate(on_torch(pair), prompt, "ar", limits, decode, cache=cache)
+    result = generate(on_torch(pair), prompt, REFERENCE, limits, decode, cache=cache)
     result.method, result.runtime = TORCH_COPY_AR, TORCH_COPY
     result.runtime_reason = TORCH_COPY_AR_REASON
     return result
