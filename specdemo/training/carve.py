@@ -202,9 +202,9 @@ def step_cost(draft: CarvedDraft, target, context: int = 96, calls: int = 60) ->
         target(input_ids=ids[:, -1:], cache=target_cache, use_cache=True).logits.argmax().item()
         target_cache.crop(-1)
 
-    medians = interleaved_medians({"draft": draft_step, "target": target_step}, calls)
-    return {"draft_step_ms": round(1000 * medians["draft"], 3), "target_forward_ms": round(1000 * medians["target"], 3),
-            "cost_ratio": round(medians["draft"] / medians["target"], 4), "draft_macs": draft.step_macs()}
+    medians = interleaved_medians({"draft_step": draft_step, "target_forward": target_step}, calls)
+    return {**{f"{name}_ms": round(1000 * seconds, 3) for name, seconds in medians.items()},
+            "cost_ratio": round(medians["draft_step"] / medians["target_forward"], 4), "draft_macs": draft.step_macs()}
 
 
 def main(argv=None) -> int:

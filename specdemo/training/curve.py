@@ -63,8 +63,8 @@ def lm_draft_cost(pair_lm, calls: int = 60, context: int = 96) -> float:
     with torch.inference_mode():
         target.prefill(ids)
         draft.prefill(ids)
-        medians = interleaved_medians({"target": step(target), "draft": step(draft)}, calls)
-    return medians["draft"] / medians["target"]
+        medians = interleaved_medians({"target_step": step(target), "draft_step": step(draft)}, calls)
+    return medians["draft_step"] / medians["target_step"]
 
 
 def extrapolate(rows: list[dict], key: str, goal: float, by: str = "train_answer_tokens") -> dict | None:

@@ -239,8 +239,8 @@ def step_cost(head: FeatureHead, target, context: int = 96, calls: int = 60) -> 
         target(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits.argmax().item()
         cache.crop(-1)
 
-    medians = interleaved_medians({"draft": draft_step, "target": target_step}, calls, device=device)
-    draft, target_time = medians["draft"], medians["target"]
+    medians = interleaved_medians({"draft_step": draft_step, "target_forward": target_step}, calls, device=device)
+    draft, target_time = medians["draft_step"], medians["target_forward"]
     return {"draft_step_ms": round(1000 * draft, 3), "target_forward_ms": round(1000 * target_time, 3),
             "cost_ratio": round(draft / target_time, 4), "threads": torch.get_num_threads(),
             "draft_macs": head.step_macs()}

@@ -21,9 +21,12 @@ import torch
 
 from ..engine.drafters.feature_head import FeatureHead
 from ..engine.drafters.online import forget_online, online_head
+from ..engine.methods import FIXED_GAMMA, methods_reading
 from ..engine.params import PARAMS
 from ..bench.suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite
 
+# The method whose online head this module adapts and measures: the one that reads the head's learning rate.
+ONLINE = methods_reading("osd_lr")[0]
 STREAM_COLUMNS = ["run", "index", "prompt_id", "category", "drafted", "accepted", "acceptance", "new_tokens",
                   "seconds", "update_seconds", "loss"]
 
@@ -40,7 +43,7 @@ def run_stream(pair, prompts: list[SuitePrompt], *, adapt: bool, lr: float = PAR
     if adapt:
         forget_online(pair.draft)
         online_head(pair.draft, pair.target, lr).cls_weight = cls_weight
-    method, learning = ("osd", {"osd_lr": lr, "osd_steps": steps}) if adapt else ("sd", {})
+    method, learning = (ONLINE, {"osd_lr": lr, "osd_steps": steps}) if adapt else (FIXED_GAMMA, {})
     for index, item in enumerate(prompts):
         ids = encode_prompt(pair, item, chat)
         result = specdemo.generate(pair, ids, method=method, gamma=gamma, copy_n=0, max_new_tokens=max_new_tokens,
