@@ -92,6 +92,10 @@ def grid_label(name: str) -> str:
 
 
 GRID_LABELS = {name: grid_label(name) for name in GRID}
+# Empty when the tab opens: the fields that every method swept over them may leave without values
+# (`Sweep.optional`; a per-token rule's threshold runs at its parameter's default).
+UNSET_BY_DEFAULT = tuple(name for name in GRID if all(
+    name in METHODS[m].sweep.optional or not METHODS[m].sweep.needs_values for m in SWEPT_OVER[name]))
 # The methods the tab offers: every one a sweep grids, in its grid's order, then the baselines.
 METHOD_CHOICES = [*((METHODS[m].sweep.choice or METHODS[m].label, m) for m in sweep.SWEEP_METHODS),
                   *((METHODS[m].label, m) for m in BASELINES)]
@@ -113,9 +117,8 @@ def default_form(limits: Limits) -> dict[str, Any]:
     grid = ({"gamma": "1,2,3,4", "gamma_max": "3,4", "ema": "0.9"} if capped else
             {"gamma": _csv(sweep.DEFAULT_GAMMAS), "gamma_max": _csv(sweep.DEFAULT_GAMMA_MAXES),
              "ema": _csv(sweep.DEFAULT_EMAS)})
-    return {"methods": [FIXED_GAMMA, ENTROPY_GAMMA], **grid, "ngram_n": _csv(sweep.DEFAULT_NGRAM_NS), "copy_n": "", "node_budget": "3,8",
-            # Empty: a per-token rule picked without thresholds runs at its parameter's default.
-            "adaedl_lambda": "", "entropy_stop": "", "specdecpp_threshold": "",
+    return {"methods": [FIXED_GAMMA, ENTROPY_GAMMA], **grid, "ngram_n": _csv(sweep.DEFAULT_NGRAM_NS),
+            "node_budget": "3,8", **{name: "" for name in UNSET_BY_DEFAULT},
             "categories": list(DEFAULT_CATEGORIES), "prompts_per_category": 1, "repeats": 1,
             "max_new_tokens": min(64, limits.max_new_tokens), "seed": 0, "chat": True}
 
