@@ -9,14 +9,12 @@ loops) run at batch 1 only; `BATCH_ONE_ONLY` says why. A question of several tur
 from __future__ import annotations
 
 import contextlib
-import time
+from dataclasses import replace
 from typing import Sequence
 
-from ...engine.params import DecodeParams
-from ...models.torch_copy import TORCH_COPY, generate_batch, on_torch
-from .batching import batch_turns, cut_into_batches
-from .runners import HF_METHODS, RUNTIME_PEERS, TORCH_AR, Run, bench_methods, quiet_gc
-from .schedule import turn_seed
+from .batching import cut_into_batches
+from .runners import HF_METHODS, RUNTIME_PEERS, TORCH_AR, Run, run_batch
+from .schedule import WARM_UP_TOKENS, play, schedule
 
 BATCH_ONE_ONLY = {
     **{name: "transformers' generate pads a batch to its longest prompt and assisted generation takes one "
@@ -41,12 +39,12 @@ def runs_planned(prompts: int, sizes: Sequence[int], names: Sequence[str], repea
 
 def warm_up_batches(session, ids: list[list[int]], seed: int) -> None:
     """One short batch of two per method that runs batched: its first batched forward is not timed."""
-    short = DecodeParams.from_values(**{**session.decode.as_dict(), "max_new_tokens": min(8, session.decode.max_new_tokens)})
+    short = {**session.decode_values, "max_new_tokens": min(WARM_UP_TOKENS, session.decode.max_new_tokens)}
     session.total += 1
     for method in session.names:
         if method not in BATCH_ONE_ONLY:
             with contextlib.suppress(Exception):  # the timed run says what failed, in its row
-                _timed_batch(session.pair, method, ids, seed, short)
+                run_batch(session.pair, method, ids, short, seed)
     session.tick("warm-up batches")
 
 
@@ -54,31 +52,26 @@ def play_batches(session, items, encoded: list[list[int]], sizes: Sequence[int],
     """Every batch of every size, each method in its turn's order; each request's row compared with AR's row
     for the same prompt in the same batch."""
     skipped = batch_one_only(session.names, sizes)
-    for repeat, size, index, prompts, order in batch_turns(len(items), sizes, session.names, session.repeats):
-        order = [m for m in order if size == 1 or m not in skipped]
-        # Row r samples with seed + r, so an unwrapped prompt keeps the seed it has at batch 1.
-        seed = turn_seed(base_seed, repeat, index * size)
-        ids = [encoded[i] for i in prompts]
-        runs = {method: _run_batch(session, method, ids, seed) for method in order}
-        for row_index, prompt in enumerate(prompts):
+    turns = (replace(turn, order=tuple(m for m in turn.order if turn.size == 1 or m not in skipped))
+             for turn in schedule(len(items), session.names, session.repeats, base_seed, sizes=sizes))
+    for step in play(turns, lambda turn, _, method: _run_batch(session, method, [encoded[i] for i in turn.prompts],
+                                                               turn.seed)):
+        if not step.last:
+            continue
+        turn = step.turn
+        for row_index, prompt in enumerate(turn.prompts):
             group = {}
-            for position, method in enumerate(order):
-                outcome, batch_seconds = runs[method]
-                row = _row(session, method, position, items[prompt], prompt, repeat, seed + row_index, ids[row_index])
-                row.update(batch=size, batch_index=index, batch_row=row_index, batch_seconds=batch_seconds)
+            for method, position, (outcome, batch_seconds) in step.ran:
+                row = session.row(method, position, turn, row_index, items[prompt])
+                row.update(prompt_tokens=len(encoded[prompt]), batch=turn.size, batch_index=turn.index,
+                           batch_row=row_index, batch_seconds=batch_seconds)
                 run = outcome[row_index] if isinstance(outcome, list) else None
                 if run is None:
                     row["error"] = outcome
-                group[method] = (row, run, ids[row_index])
-            session.record(group, repeat, prompt, items[prompt], 1)
-            session.tick(f"batch {size} #{index + 1} row {row_index + 1} (repeat {repeat + 1}/{session.repeats})")
-
-
-def _row(session, method: str, position: int, item, prompt_index: int, repeat: int, seed: int, ids) -> dict:
-    return {"repeat": repeat, "prompt_index": prompt_index, "prompt_id": item.id, "turn": 1,
-            "category": item.category, "method": method, "label": bench_methods()[method], "order": position,
-            "seed": seed, "threads": session.threads_of(method), "error": "", "prompt_tokens": len(ids),
-            **session.where}
+                group[method] = (row, run, encoded[prompt])
+            session.record(group, turn.repeat, prompt, items[prompt], 1)
+            session.tick(f"batch {turn.size} #{turn.index + 1} row {row_index + 1} "
+                         f"(repeat {turn.repeat + 1}/{session.repeats})")
 
 
 def _run_batch(session, method: str, ids: list[list[int]], seed: int) -> tuple[list[Run] | str, float]:
@@ -89,41 +82,6 @@ def _run_batch(session, method: str, ids: list[list[int]], seed: int) -> tuple[l
             return [run], run.seconds
         threads = session.threads.applied(method) if session.threads is not None else contextlib.nullcontext()
         with threads:
-            return _timed_batch(session.pair, method, ids, seed, session.decode)
+            return run_batch(session.pair, method, ids, session.decode_values, seed)
     except Exception as error:  # one broken method must not sink a long run
         return f"{type(error).__name__}: {error}", float("nan")
-
-
-def time_batch(pair, ids: list[list[int]], method: str, **params) -> tuple[list[Run], float]:
-    """One `generate_batch` call timed as a whole: a Run per row (its seconds its latency from the batch's
-    start) and the batch's wall seconds."""
-    with quiet_gc():
-        _sync(pair.device)
-        start = time.perf_counter()
-        results = generate_batch(pair, ids, method, **params)
-        _sync(pair.device)
-        seconds = time.perf_counter() - start
-    runs = []
-    for result in results:
-        stats = dict(result.stats)
-        stats["engine_seconds"] = stats.pop("seconds")
-        stats["prefill_s"] = result.prefill_seconds
-        runs.append(Run(result.token_ids, result.seconds, stats,
-                        [(len(r.drafted), r.accepted) for r in result.rounds], result))
-    return runs, seconds
-
-
-def _timed_batch(pair, method: str, ids: list[list[int]], seed: int, decode: DecodeParams) -> tuple[list[Run], float]:
-    runs_on, name = (on_torch(pair), "ar") if method == TORCH_AR else (pair, method)
-    runs, seconds = time_batch(runs_on, ids, name, decode=decode, seed=seed)
-    if method == TORCH_AR:
-        for run in runs:
-            run.stats["runtime"] = TORCH_COPY
-    return runs, seconds
-
-
-def _sync(device) -> None:
-    import torch
-
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)

@@ -23,12 +23,11 @@ from ...engine.trace import leviathan_alpha
 from ...engine.methods import REFERENCE, is_lossless, matches_reference
 from ...engine.params import DecodeParams, EngineOptions
 from .runners import (HF_METHODS, RUNTIME_PEERS, TORCH_AR, HFRunner, Run, bench_methods, measured_on,
-                      parse_bench_methods, result_for_perplexity, run_ours, run_torch_copy_ar,
-                      with_torch_copy_reference)
+                      parse_bench_methods, result_for_perplexity, run_ours, with_torch_copy_reference)
 from .quality import QUALITY_COLUMNS, reference_scores
 from .runtime_peers import RuntimeRunner
 from ...models.torch_copy import TORCH_COPY
-from .schedule import interleaved, turn_seed
+from .schedule import WARM_UP_TOKENS, Turn, base_seed, check_count, play, schedule, warm_up_turn
 from .statistics import summarize
 from .batching import BATCH_COLUMNS, BATCH_SUMMARY_COLUMNS, parse_batch_sizes, summarize_batches
 from .threads import ThreadPlan
@@ -113,8 +112,7 @@ def run_benchmark(
     """
     decode, sizes = DecodeParams.resolve(decode, **params), _batch_sizes(batch, cluster)
     engine = EngineOptions.from_values(cache=cache, compile=compile)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
+    check_count("repeats", repeats)
     if cluster is not None:
         return _run_on_cluster(pair, _prompts(suite, categories, limit), cluster, progress, BenchPart(
             (), (), methods, repeats, warmup, decode, engine.cache, engine.compile, threads, vs_float32 is not None))
@@ -126,7 +124,7 @@ def run_benchmark(
                        HFRunner(pair, decode) if any(n in HF_METHODS for n in names) else None, threads,
                        RuntimeRunner(pair, decode) if any(n in RUNTIME_PEERS and n != TORCH_AR for n in names) else None,
                        vs_float32 if vs_float32 is not None and runs_below_float32(pair) else None,
-                       measured_on(pair.device))
+                       measured_on(pair.device), items=prompts, encoded=encoded)
     played = _play(session, prompts, encoded, sizes, warmup, prompt_indices)
     meta = {**_meta(pair, decode, names, prompts, repeats, warmup), **_run_meta(session, threads, names)}
     meta.update(cache=engine.cache_for(pair.device), compile=engine.compile, **played)
@@ -143,12 +141,13 @@ def _batch_sizes(batch, cluster) -> list[int]:
 def _play(session: "_Session", prompts, encoded, sizes: list[int], warmup: bool, indices) -> dict[str, Any]:
     """The warm-up and every timed run, one request at a time or in batches of each size; what the meta
     says of them (the warm-up's compile seconds per method, the batch sizes)."""
-    base_seed = session.decode.seed if session.decode.seed is not None else 1234
-    warmup_compile = session.warm_up(encoded[0], base_seed) if warmup else {}
+    seed = base_seed(session.decode.seed)
+    warmup_compile = session.warm_up(encoded[0], seed) if warmup else {}
     if sizes == [1]:
-        session.play(interleaved(list(zip(prompts, encoded)), session.names, session.repeats, indices), base_seed)
+        session.play(schedule(len(prompts), session.names, session.repeats, seed, indices=indices,
+                              parts=lambda prompt: prompts[prompt].turn_count))
     else:
-        _play_batches(session, prompts, encoded, sizes, base_seed, warmup)
+        _play_batches(session, prompts, encoded, sizes, seed, warmup)
     return {"warmup_compile_seconds": warmup_compile, **_batch_meta(session.names, sizes)}
 
 
@@ -215,6 +214,9 @@ class _Session:
     rows: list[dict] = field(default_factory=list)
     round_counts: dict[tuple[str, str, int, int], int] = field(default_factory=dict)
     token_frames: list[pd.DataFrame] = field(default_factory=list)
+    items: list[SuitePrompt] = field(default_factory=list)  # the prompts run, and their first turns' ids
+    encoded: list[list[int]] = field(default_factory=list)
+    answers: dict[str, list[str]] = field(default_factory=dict)  # each method's answers so far to a question
 
     def run(self, method: str, ids: list[int], seed: int, max_new_tokens: int | None = None) -> Run:
         with self.threads.applied(method) if self.threads is not None else contextlib.nullcontext():
@@ -223,16 +225,19 @@ class _Session:
     def threads_of(self, method: str) -> int:
         return self.threads.for_method(method) if self.threads is not None else torch.get_num_threads()
 
+    @property
+    def decode_values(self) -> dict[str, Any]:
+        """The decode parameters every run shares; each turn brings its own seed."""
+        return {k: v for k, v in self.decode.as_dict().items() if k != "seed"}
+
     def _run(self, method: str, ids: list[int], seed: int, max_new_tokens: int | None) -> Run:
         if method in HF_METHODS:
             return self.hf.run(method, ids, seed, max_new_tokens)
-        values = {k: v for k, v in self.decode.as_dict().items() if k != "seed"}
+        if method in RUNTIME_PEERS and method != TORCH_AR:
+            return self.runtime.run(method, ids, seed, max_new_tokens)
+        values = self.decode_values
         if max_new_tokens is not None:
             values["max_new_tokens"] = max_new_tokens
-        if method == TORCH_AR:
-            return run_torch_copy_ar(self.pair, ids, values, seed, **self.engine.as_kwargs())
-        if method in RUNTIME_PEERS:
-            return self.runtime.run(method, ids, seed, max_new_tokens)
         return run_ours(self.pair, method, ids, values, seed, **self.engine.as_kwargs())
 
     def tick(self, message: str) -> None:
@@ -240,49 +245,53 @@ class _Session:
         if self.progress:
             self.progress(self.done, self.total, message)
 
-    def play(self, turns, base_seed: int) -> None:
-        """Every (repeat, prompt) of the interleaving, each method in its turn's order."""
-        for repeat, index, (item, first_ids), order in turns:
-            seed = turn_seed(base_seed, repeat, index)
-            # A question of several turns: each method answers turn 1, then turn 2 after its own answer.
-            answers: dict[str, list[str]] = {method: [] for method in self.names}
-            for turn in range(1, item.turn_count + 1):
-                where = dict(repeat=repeat, prompt_index=index, item=item, turn=turn, seed=seed)
-                group = {method: self.answer(method, position, first_ids, answers[method], **where)
-                         for position, method in enumerate(order)}
-                self.record(group, repeat, index, item, turn)
-
     def warm_up(self, ids: list[int], seed: int) -> dict[str, float]:
-        """One short run each: allocator pools, lazy imports, kernel choices and compiled graphs settle first."""
+        """One short run each (`schedule.warm_up_turn`); the compile seconds each spent."""
+        short = min(WARM_UP_TOKENS, self.decode.max_new_tokens)
         compiled = {}
-        for method in self.names:
-            warm = self.run(method, ids, seed, max_new_tokens=min(8, self.decode.max_new_tokens))
-            compiled[method] = warm.stats.get("compile_seconds", math.nan)
-            self.tick(f"warm-up {method}")
+        for step in play([warm_up_turn(self.names, seed)], lambda _, __, method: self.run(method, ids, seed, short)):
+            compiled[step.contender] = step.outcome.stats.get("compile_seconds", math.nan)
+            self.tick(f"warm-up {step.contender}")
         return compiled
 
-    def answer(self, method: str, position: int, first_ids: list[int], answers: list[str], *, repeat: int,
-               prompt_index: int, item: SuitePrompt, turn: int, seed: int) -> tuple[dict, Run | None, list[int]]:
-        """One method's answer to one turn: its row so far, its run (None if it failed) and the prompt ids."""
-        row = {"repeat": repeat, "prompt_index": prompt_index, "prompt_id": item.id, "turn": turn,
-               "category": item.category, "method": method, "label": bench_methods()[method],
-               "order": position, "seed": seed, "threads": self.threads_of(method), "error": "", **self.where}
-        ids: list[int] = []
+    def play(self, turns: Iterable[Turn]) -> None:
+        """Every turn of the interleaving, each method in its turn's order; a turn's rows once all ran."""
+        for step in play(turns, self.answer):
+            if step.last:
+                turn = step.turn
+                group = {method: outcome for method, _, outcome in step.ran}
+                self.record(group, turn.repeat, turn.index, self.items[turn.prompts[0]], turn.part)
+
+    def row(self, method: str, position: int, turn: Turn, row_index: int, item: SuitePrompt) -> dict:
+        """A run's row before its outcome: where it ran in the schedule (row r of a batch seeded seed + r)."""
+        return {"repeat": turn.repeat, "prompt_index": turn.places[row_index], "prompt_id": item.id,
+                "turn": turn.part, "category": item.category, "method": method, "label": bench_methods()[method],
+                "order": position, "seed": turn.seed + row_index, "threads": self.threads_of(method), "error": "",
+                **self.where}
+
+    def answer(self, turn: Turn, position: int, method: str) -> tuple[dict, Run | None, list[int]]:
+        """One method's answer to one turn: its row so far, its run (None if it failed) and the prompt ids. A
+        question of several turns: each method answers turn 1, then turn 2 after its own answer."""
+        prompt, ids = turn.prompts[0], []
+        item, answers = self.items[prompt], self.answers.setdefault(method, [])
+        row = self.row(method, position, turn, 0, item)
+        if turn.part == 1:
+            answers.clear()
         try:
-            ids = first_ids if turn == 1 else _turn_ids(self.pair, item, turn, answers, self.decode)
+            ids = self.encoded[prompt] if turn.part == 1 else _turn_ids(self.pair, item, turn.part, answers, self.decode)
             row["prompt_tokens"] = len(ids)
-            result = self.run(method, ids, seed)
+            result = self.run(method, ids, turn.seed)
             answers.append(_text(self.pair, result))
         except Exception as error:  # one broken baseline must not sink a long run
             row["error"] = f"{type(error).__name__}: {error}"
             result = None
-        turns = f", turn {turn}/{item.turn_count}" if item.turn_count > 1 else ""
-        self.tick(f"{item.id} {method} (repeat {repeat + 1}/{self.repeats}{turns})")
+        parts = f", turn {turn.part}/{item.turn_count}" if item.turn_count > 1 else ""
+        self.tick(f"{item.id} {method} (repeat {turn.repeat + 1}/{self.repeats}{parts})")
         return row, result, ids
 
     def record(self, group: dict, repeat: int, index: int, item: SuitePrompt, turn: int) -> None:
         """One turn's rows, in the methods' order, each compared with AR's answer on the same turn."""
-        reference = group.get("ar", (None, None, None))[1]
+        reference = group.get(REFERENCE, (None, None, None))[1]
         torch_copy_ar = group.get(TORCH_AR, (None, None, None))[1]
         float32_ar = self.float32_ar(group, reference, turn)
         for method in (m for m in self.names if m in group):  # a batch above 1 leaves out batch-1-only peers
@@ -318,7 +327,7 @@ class _Session:
         row, _, ids = next(iter(group.values()))
         if not ids:  # the prompt did not fit: every method failed before running
             return None
-        values = {k: v for k, v in self.decode.as_dict().items() if k != "seed"}
+        values = self.decode_values
         with self.threads.applied(REFERENCE) if self.threads is not None else contextlib.nullcontext():
             model = self.float32.model_for(self.pair)
             if not self.float32.runs:  # its warm-up, as every method has one, untimed

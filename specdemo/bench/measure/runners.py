@@ -19,9 +19,9 @@ from typing import Any, Sequence
 
 import torch
 
-from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR_REASON, generate, on_torch
+from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR_REASON, generate, generate_batch, on_torch
 from ...engine.targets.seq2seq import decoder_start
-from ...engine.methods import HEAD_KINDS, METHODS, REFERENCE
+from ...engine.methods import DEFAULT_METHODS, HEAD_KINDS, METHODS, REFERENCE
 from ...engine.params import DecodeParams
 from ...engine.runtimes import refusal, runtime_reason
 from ...engine.tokens import cut_at_eos
@@ -48,7 +48,7 @@ RUNTIME_PEERS: dict[str, tuple[str, str]] = {
 }
 # The peers that write one token a step, as AR does (the others verify drafts).
 ONE_TOKEN_BASELINES = frozenset({"hf-generate", "hf-generate-static", TORCH_AR, ONNX_GENERATE})
-DEFAULT_BENCH_METHODS = ("ar", "sd", "nasd", "egag", "hf-generate", "hf-assisted", "hf-prompt-lookup")
+DEFAULT_BENCH_METHODS = (*DEFAULT_METHODS, "hf-generate", "hf-assisted", "hf-prompt-lookup")
 
 def bench_methods() -> dict[str, str]:
     """Every method the benchmark knows, name → label."""
@@ -169,7 +169,9 @@ def measured_on(device: torch.device) -> dict[str, str]:
 def run_ours(pair, method: str, prompt_ids: list[int], params: dict, seed: int, cache: str | None = None,
              compile: bool = False) -> Run:
     """One timed call; what it spent beside decoding (compiling, OSD's learning after the request:
-    `off_clock_seconds`) is taken out of `seconds`."""
+    `off_clock_seconds`) is taken out of `seconds`. TORCH_AR is AR on the torch copy (`run_torch_copy_ar`)."""
+    if method == TORCH_AR:
+        return run_torch_copy_ar(pair, prompt_ids, params, seed, cache=cache, compile=compile)
     device = pair.device
     with quiet_gc():
         _sync(device)
@@ -177,11 +179,7 @@ def run_ours(pair, method: str, prompt_ids: list[int], params: dict, seed: int, 
         result = generate(pair, prompt_ids, method, **{**params, "seed": seed}, cache=cache, compile=compile)
         _sync(device)
         seconds = time.perf_counter() - start - result.off_clock_seconds
-    stats = dict(result.stats)
-    stats["engine_seconds"] = stats.pop("seconds")
-    stats["prefill_s"] = result.prefill_seconds
-    rounds = [(len(r.drafted), r.accepted) for r in result.rounds]
-    return Run(result.token_ids, seconds, stats, rounds, result)
+    return _run_of(result, seconds)
 
 
 def run_torch_copy_ar(pair, prompt_ids: list[int], params: dict, seed: int, cache: str | None = None,
@@ -192,6 +190,30 @@ def run_torch_copy_ar(pair, prompt_ids: list[int], params: dict, seed: int, cach
     run.stats["runtime"] = TORCH_COPY
     run.stats["runtime_reason"] = run.result.runtime_reason = TORCH_COPY_AR_REASON
     return run
+
+
+def run_batch(pair, method: str, ids: list[list[int]], params: dict, seed: int) -> tuple[list[Run], float]:
+    """One `generate_batch` call timed as a whole: a Run per row (its seconds its latency from the batch's
+    start) and the batch's wall seconds. TORCH_AR is AR on the torch copy, each row labelled so."""
+    on_copy = method == TORCH_AR
+    with quiet_gc():
+        _sync(pair.device)
+        start = time.perf_counter()
+        results = generate_batch(on_torch(pair) if on_copy else pair, ids, REFERENCE if on_copy else method,
+                                 **{**params, "seed": seed})
+        _sync(pair.device)
+        seconds = time.perf_counter() - start
+    runs = [_run_of(result, result.seconds) for result in results]
+    for run in runs if on_copy else ():
+        run.stats["runtime"] = TORCH_COPY
+    return runs, seconds
+
+
+def _run_of(result: GenerationResult, seconds: float) -> Run:
+    stats = dict(result.stats)
+    stats["engine_seconds"] = stats.pop("seconds")
+    stats["prefill_s"] = result.prefill_seconds
+    return Run(result.token_ids, seconds, stats, [(len(r.drafted), r.accepted) for r in result.rounds], result)
 
 
 class _AssistRecorder:

@@ -9,19 +9,19 @@ speedup is a ratio to AR on the same prompt in the same repeat. `iter_sweep` yie
 from __future__ import annotations
 
 import collections
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ...engine.methods import METHODS, REFERENCE
 from ...engine.params import DecodeParams
-from ..measure.schedule import interleaved, turn_seed
-from ..measure.runners import measured_on, run_ours, run_torch_copy_ar
+from ..measure.schedule import WARM_UP_TOKENS, Step, Turn, base_seed, check_count, play, schedule, warm_up_turn
+from ..measure.runners import measured_on, run_batch, run_ours
 from ...engine.runtimes import refusal, runtime_reason
 from ...models.torch_copy import TORCH_COPY_AR, on_torch
 from ..measure.tables import tokens_frame
 from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, prompts_label, select_prompts
-from .batched import sweep_in_batches
 from .grid import AR, TORCH_COPY_AR_SETTING, Setting
 from .rows import group_rows, rows_frame
 from .summary import SweepResult, merged_result, sweep_meta, sweep_result
@@ -85,10 +85,8 @@ def iter_sweep(
     batch: requests decoded together; above 1 the prompts are cut into batches of that size, each run by AR
     and every setting in turn through `generate_batch` (`batched.py`); every row says its batch.
     """
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be an integer ≥ 1, got {batch!r}")
+    check_count("repeats", repeats)
+    check_count("batch", batch)
     base = DecodeParams.from_values(**params)
     runs = sweep_runs(pair, settings, base)
     if batch > 1:
@@ -136,96 +134,69 @@ def sweep_runs(pair, settings: Sequence[Setting], base: DecodeParams) -> list[Se
     return [*runs, TORCH_COPY_AR_SETTING] if on_copy else runs
 
 
-def _run(pair, setting: Setting, ids: list[int], params: dict, seed: int):
-    """One timed run of a setting: the torch copy's AR as the benchmark times it, any other as `run_ours` (on
-    the torch copy where the target's runtime cannot run it, labelled so)."""
-    if setting.method == TORCH_COPY_AR:
-        return run_torch_copy_ar(pair, ids, params, seed)
-    return run_ours(pair, setting.method, ids, params, seed)
-
-
 def _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base: DecodeParams,
            indices=None, batch: int = 1) -> Iterator[SweepEvent]:
+    """Every run through `schedule.play`: a warm-up run of each method, then every (prompt, repeat), or every
+    (batch, repeat) above batch 1, each setting once in its turn's order."""
     shared = {k: v for k, v in base.as_dict().items() if k != "seed"}
-    base_seed = base.seed if base.seed is not None else 1234
-    greedy = base.sampling.greedy
+    seed = base_seed(base.seed)
     warm = list({s.method: s for s in reversed(runs)}.values())[::-1] if warmup else []  # one per method
+    turns = itertools.chain([warm_up_turn(warm, seed)] if warm else [],
+                            schedule(len(items), runs, repeats, seed, sizes=[batch] if batch > 1 else None,
+                                     indices=indices))
     total = len(warm) + -(-len(items) // batch) * len(runs) * repeats  # a run a prompt, or a run a batch
     rows: list[dict] = []
     tokens: list[dict] = []
     where = measured_on(pair.device)  # each row names the node and device that measured it
-    done, stopped = yield from _warm_up(pair, warm, encoded[0], shared, base, base_seed, should_stop, total,
-                                        rows, tokens)
-    if stopped:
-        return
-    if batch > 1:
-        yield from _batched(pair, items, encoded, runs, repeats, batch, base, should_stop, where, rows, tokens, done,
-                            total)
-        return
-    for repeat, index, (item, ids), order in interleaved(list(zip(items, encoded)), runs, repeats, indices):
-        seed = turn_seed(base_seed, repeat, index)
-        group = []
-        stop = False
-        for position, setting in enumerate(order):
-            group.append((setting, position, _run(pair, setting, ids, {**shared, **setting.params()}, seed)))
-            done += 1
-            stop = bool(should_stop and should_stop())
-            last = position == len(order) - 1 or stop
-            ranked = sorted(group, key=lambda g: runs.index(g[0]))  # rows in grid order
-            new = group_rows(item, index, repeat, seed, ids, ranked, greedy) if last else []
-            for row in new:
-                row.update(where, **_alone(base, index, row))
-            rows.extend(new)
-            if last:
-                tokens.extend(_token_rows(ranked, item, repeat))
-            message = f"{item.id} {setting.label} (repeat {repeat + 1}/{repeats})"
-            yield SweepEvent(done, total, message, rows, new, tokens=tokens)
-            if stop:
-                break
-        if stop:
+
+    def run(turn: Turn, _: int, setting: Setting):
+        """A Run per request of the turn (a setting on one prompt: `run_ours`; on a batch: `run_batch`), and
+        the turn's wall seconds; a warm-up's run is short."""
+        params = {**shared, **setting.params(), **({"max_new_tokens": min(WARM_UP_TOKENS, base.max_new_tokens)}
+                                                   if turn.warm else {})}
+        if turn.size == 1:
+            alone = run_ours(pair, setting.method, encoded[turn.prompts[0]], params, turn.seed)
+            return [alone], alone.seconds
+        return run_batch(pair, setting.method, [encoded[i] for i in turn.prompts], params, turn.seed)
+
+    done = 0
+    for step in play(turns, run, should_stop):
+        done += 1
+        turn, label = step.turn, step.contender.label
+        new: list[dict] = []
+        if turn.warm:
+            message = f"warm-up {label}"
+        else:
+            if step.last:
+                new, drafted = _rows(step, items, encoded, runs, base, where)
+                rows.extend(new)
+                tokens.extend(drafted)
+            message = (f"batch {turn.index + 1} {label} (batch {batch}, repeat {turn.repeat + 1}/{repeats})"
+                       if batch > 1 else f"{items[turn.prompts[0]].id} {label} (repeat {turn.repeat + 1}/{repeats})")
+        yield SweepEvent(done, total, message, rows, new, tokens=tokens)
+        if step.stopped:
             yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True, tokens=tokens)
             return
     yield SweepEvent(done, total, "done", rows, finished=True, tokens=tokens)
 
 
-def _warm_up(pair, warm, ids, shared, base: DecodeParams, seed, should_stop, total, rows,
-             tokens) -> Iterator[SweepEvent]:
-    """One short untimed run of each method; returns (runs done, whether the sweep was stopped)."""
-    done = 0
-    for setting in warm:
-        _run(pair, setting, ids, {**shared, **setting.params(), "max_new_tokens": min(8, base.max_new_tokens)}, seed)
-        done += 1
-        yield SweepEvent(done, total, f"warm-up {setting.label}", rows, tokens=tokens)
-        if should_stop and should_stop():
-            yield SweepEvent(done, total, "stopped", rows, finished=True, stopped=True, tokens=tokens)
-            return done, True
-    return done, False
-
-
-def _alone(base: DecodeParams, index: int, row: dict) -> dict:
-    """The temperature and batch columns of a run that decoded one request: its own batch of one."""
-    return dict(temperature=base.temperature, batch=1, batch_index=index, batch_row=0, batch_seconds=row["seconds"])
-
-
-def _batched(pair, items, encoded, runs, repeats, batch, base, should_stop, where, rows, tokens, done,
-             total) -> Iterator[SweepEvent]:
-    """The sweep at a batch size above 1 (`batched.sweep_in_batches`), as SweepEvents."""
-    counter = {"done": done, "stopped": False}
-
-    def event(message: str, new: list[dict], drafted: list[dict], stopped: bool) -> SweepEvent:
-        counter["done"] += 1
-        counter["stopped"] = stopped
+def _rows(step: Step, items, encoded, runs, base: DecodeParams, where: dict) -> tuple[list[dict], list[dict]]:
+    """A finished turn's rows (per request of the turn: every setting that ran, in grid order, marked with its
+    batch) and its drafted tokens."""
+    turn = step.turn
+    ranked = sorted(step.ran, key=lambda ran: runs.index(ran[0]))
+    seconds = {setting.key: outcome[1] for setting, _, outcome in ranked}
+    rows, tokens = [], []
+    for row_index, prompt in enumerate(turn.prompts):
+        group = [(setting, position, outcome[0][row_index]) for setting, position, outcome in ranked]
+        new = group_rows(items[prompt], turn.places[row_index], turn.repeat, turn.seed + row_index, encoded[prompt],
+                         group, base.sampling.greedy)
         for row in new:
-            row["temperature"] = base.temperature
-        rows.extend(new)
-        tokens.extend(drafted)
-        return SweepEvent(counter["done"], total, message, rows, new, tokens=tokens)
-
-    yield from sweep_in_batches(pair, items, encoded, runs, repeats, batch, base, should_stop, where, event,
-                                _token_rows)
-    stopped = counter["stopped"]
-    yield SweepEvent(counter["done"], total, "stopped" if stopped else "done", rows, finished=True, stopped=stopped,
-                     tokens=tokens)
+            row.update(where, temperature=base.temperature, batch=turn.size, batch_index=turn.index,
+                       batch_row=row_index, batch_seconds=seconds[row["setting"]])
+        rows += new
+        tokens += _token_rows(group, items[prompt], turn.repeat)
+    return rows, tokens
 
 
 TOKEN_COLUMNS = ["setting", "label", "prompt_id", "repeat", *tokens_frame([]).columns]
@@ -315,8 +286,7 @@ def _run_on_cluster(pair, prompts, runs, cluster, *, repeats, categories, limit,
     from ...models.spec import PairSpec
     from ..measure.cluster import WorkerPool, cluster_meta, parts
 
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
+    check_count("repeats", repeats)
     DecodeParams.from_values(**params)  # bad values fail before the cluster is reached
     spec, items = PairSpec.of(pair), _prompts(prompts, categories, limit)
     pool = WorkerPool(spec, cluster)
