@@ -27,7 +27,7 @@ from .methods import FIXED_GAMMA, Method, get_method
 from .targets.nocache import recomputing_lm
 from .runtimes import refusal
 from .runtimes.onnx_lm import torch_threads
-from .pair import Pair
+from .pair import DRAFT_ROLE, TARGET_ROLE, Pair
 from .params import DecodeParams, EngineOptions
 from .rounds import Decoding, RoundOutcome
 from .targets.seq2seq import cached_lm, decoder_start, is_encoder_decoder
@@ -147,7 +147,7 @@ def _start(pair: Pair, drafter: Drafter, policy, params: DecodeParams, seed: int
     run = Decoding(writer, drafter, policy, params.sampling, generator, phase_clock(pair.device), pair.eos_ids)
     result.cache, result.drafter = writer.kind, drafter.describe(pair.drafter_name)
     # The torch weights the pair keeps, also where another runtime runs the target (the same weights).
-    result.parameters = {"target": matmul_parameters(pair.target), "draft": matmul_parameters(pair.draft)}
+    result.parameters = {TARGET_ROLE: matmul_parameters(pair.target), DRAFT_ROLE: matmul_parameters(pair.draft)}
     if writer.model is pair.target:
         result.exactness = pair.exactness
     if pair.target_runtime is not None and writer.model is pair.target:
@@ -165,7 +165,7 @@ def _start(pair: Pair, drafter: Drafter, policy, params: DecodeParams, seed: int
 def _writer(pair: Pair, drafter: Drafter, longest_chain: int, max_length: int, cache: str, compile: bool,
             method: Method | None) -> CachedLM:
     """The model whose tokens come out (the target, or the draft alone for `draft`), cached or not."""
-    model = pair.draft if method is not None and method.decoder == "draft" else pair.target
+    model = pair.draft if method is not None and method.decoder == DRAFT_ROLE else pair.target
     if method is not None and not method.cached:
         return recomputing_lm(model, pair.vocab_size)
     if pair.target_runtime is not None and model is pair.target:
@@ -180,12 +180,12 @@ def _count_forwards(result: GenerationResult, run: Decoding, prefill: tuple[FedC
     """The trace's counts so far: each model's forwards, and what decoding fed it (`GenerationResult.fed`)."""
     writer, drafter = run.writer.counts.since(prefill[0]), run.drafter.counts.since(prefill[1])
     writer_forwards = writer.forwards
-    if method is not None and method.decoder == "draft":  # the draft wrote every token; the target never ran
+    if method is not None and method.decoder == DRAFT_ROLE:  # the draft wrote every token; the target never ran
         result.target_forwards, result.draft_forwards = 0, writer_forwards
-        result.fed = {"target": FedCounts(), "draft": writer}
+        result.fed = {TARGET_ROLE: FedCounts(), DRAFT_ROLE: writer}
     else:
         result.target_forwards, result.draft_forwards = writer_forwards, run.drafter.forwards
-        result.fed = {"target": writer, "draft": drafter}
+        result.fed = {TARGET_ROLE: writer, DRAFT_ROLE: drafter}
 
 
 def learn_after_request(result: GenerationResult, drafter: Drafter, pair: Pair, sequence: list[int]) -> None:

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .pair import DRAFT_ROLE, TARGET_ROLE
 from .targets.memory import MEMORY_STATS
 
 # Where a generated token came from.
@@ -20,7 +21,8 @@ REJECTED = "rejected"  # a draft the target refused (in rounds, never in the out
 ORIGINS = (ACCEPTED, CORRECTED, BONUS, TARGET)
 
 # What drafted a round.
-DRAFTED = "draft"  # the drafter itself (a draft model, a feature head, NASD's table)
+# The drafter itself (a draft model, a feature head, NASD's table): the rounds table's source says "draft".
+DRAFTED = DRAFT_ROLE
 COPIED = "copy"  # copied from the context (copy_n)
 
 
@@ -304,10 +306,10 @@ def fed_figures(result: GenerationResult, new_tokens: int) -> dict[str, float]:
     def per_token(value: float) -> float:
         return value / new_tokens if new_tokens else math.nan
 
-    draft = result.fed.get("draft")
+    draft = result.fed.get(DRAFT_ROLE)
     forwards = draft.forwards if draft is not None else result.draft_forwards
     figures = {"draft_forwards_decoding": forwards, "draft_forwards_per_token": per_token(forwards)}
-    for role in ("target", "draft"):
+    for role in (TARGET_ROLE, DRAFT_ROLE):
         fed = result.fed.get(role)
         figures[f"{role}_flops_per_token"] = (per_token(fed.flops(result.parameters.get(role, (0, 0))))
                                               if fed is not None else math.nan)

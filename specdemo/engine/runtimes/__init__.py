@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..pair import DRAFT_ROLE, TARGET_ROLE
+
 TORCH, ONNX = "torch", "onnx"
 # The default everywhere: onnx where it runs the target (`onnx_export.resolve_runtime`), torch otherwise.
 AUTO = "auto"
@@ -93,9 +95,11 @@ def runtime_named(name: str) -> Runtime:
 
 
 def drafts_a_tree(method: str, params) -> bool:
-    """Whether `method` with these parameters drafts a tree (the tree methods, NASD and REST with their tree
-    switches on): what a runtime without tree attention cannot verify, and a batch does not run."""
-    return method.endswith("-tree") or (method == "nasd" and params.nasd_tree) or (method == "rest" and params.rest_tree)
+    """Whether `method` with these parameters drafts a tree (its registry entry says: `Method.drafts_a_tree`):
+    what a runtime without tree attention cannot verify, and a batch does not run."""
+    from ..methods import get_method  # the registry imports this module
+
+    return get_method(method).drafts_a_tree(params)
 
 
 def runtime_reason(pair, method: str, params=None, *, batch: int = 1, compile: bool = False) -> str | None:
@@ -124,20 +128,20 @@ def refusal(pair, method: str, params=None, *, batch: int = 1, compile: bool = F
     if spec.needs_feature_head and kind != FEATURE_HEAD:
         return (f"method {method!r} adapts the pair's feature head while serving, and this pair drafts with "
                 "a draft model; load a pair with a feature head (e.g. the embedded preset)")
-    if spec.decoder == "draft" and kind in HEAD_KINDS:
+    if spec.decoder == DRAFT_ROLE and kind in HEAD_KINDS:
         return (f"method {method!r} runs the pair's draft model alone, and this pair drafts with a feature "
                 "head, which cannot write without the target's hidden states; load a pair with a draft model "
                 "(e.g. the embedded-lm preset)")
     refused = runtime_named(getattr(pair, "runtime", TORCH)).refusal(**_asked(pair, method, params, batch, compile))
     if refused:
         return f"method {method!r}: {refused}"
-    tree = drafts_a_tree(method, params)
+    tree = spec.drafts_a_tree(params)
     if tree and _encoder_decoder(pair):
         return (f"method {method!r} drafts a tree, which runs on decoder-only pairs only; this pair is "
                 "encoder-decoder: pick sd, egag, nasd or rest (without nasd_tree or rest_tree)")
     if batch <= 1:
         return None
-    if spec.run is not None or not spec.cached or spec.decoder != "target":
+    if spec.run is not None or not spec.cached or spec.decoder != TARGET_ROLE:
         return (f"method {method!r} runs its own loop over one request; a batch runs the chain methods "
                 "(ar, sd, egag, nasd, rest, the adaptive stops): pick one of those, or one prompt")
     if _encoder_decoder(pair):
@@ -164,10 +168,11 @@ def _asked(pair, method: str, params, batch: int, compile: bool) -> dict:
     from ..params import DecodeParams
 
     spec, params = get_method(method), params if params is not None else DecodeParams()
-    draft = getattr(pair, "draft", None)
-    inner_layers = spec.needs_draft and isinstance(draft, FeatureHead) and bool(draft.config.feature_layers)
-    return dict(trees=drafts_a_tree(method, params), torch_loop=spec.torch_loop, compile=compile,
-                inner_layers=inner_layers, target_kv=params.target_kv if spec.decoder == "target" else "full",
+    # Every pair declares its draft (`Pair.draft`, None where it has none).
+    inner_layers = (spec.needs_draft and isinstance(pair.draft, FeatureHead)
+                    and bool(pair.draft.config.feature_layers))
+    return dict(trees=spec.drafts_a_tree(params), torch_loop=spec.torch_loop, compile=compile,
+                inner_layers=inner_layers, target_kv=params.target_kv if spec.decoder == TARGET_ROLE else "full",
                 batch=batch > 1)
 
 

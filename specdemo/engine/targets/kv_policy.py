@@ -301,7 +301,7 @@ def prepare_caches(params, pair, writer, drafter) -> dict[str, int]:
     if draft_policy.compresses and draft_lm is None and reads_features:
         raise ValueError(f"draft_kv={draft_policy.kind}: the feature head drafts from the target's states and "
                          "keeps no cache of its own: use draft_kv=full (or target_kv for the target's cache)")
-    writes_draft = writer.model is getattr(pair, "draft", None)
+    writes_draft = writer.model is pair.draft
     record = {"target_weight_bytes": 0 if writes_draft else model_weight_bytes(writer.model),
               "draft_weight_bytes": model_weight_bytes(pair.draft) if writes_draft or draft_lm is not None
               or reads_features else 0,
