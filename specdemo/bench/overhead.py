@@ -77,12 +77,8 @@ class OverheadReport:
 # ---------------------------------------------------------------------------------------
 # The arithmetic: pure, over rounds and costs.
 
-def full_rounds(rounds: Sequence[Round], gamma: int) -> list[Round]:
-    return [r for r in rounds if len(r.drafted) == gamma]
-
-
 def prompt_row(run: PromptRounds, gamma: int) -> dict:
-    full = full_rounds(run.rounds, gamma)
+    full = [r for r in run.rounds if len(r.drafted) == gamma]
     draft_phase = statistics.fmean(r.draft_seconds for r in full) if full else float("nan")
     verify_phase = statistics.fmean(r.verify_seconds for r in full) if full else float("nan")
     return _with_ratios({

@@ -62,30 +62,24 @@ def measure_targets(target: str, dtypes: list[str], prompts_per_category: int, c
     bytes, the roofline bound, and the greedy text's token match and perplexity under float32."""
     pairs = {d: load_pair(target, target_dtype=d, device="cpu", runtime="torch") for d in dict.fromkeys(["float32", *dtypes])}
     prompts = suite_prompts(pairs["float32"], prompts_per_category, categories)
-    seconds = {d: 0.0 for d in pairs}
-    tokens = {d: 0 for d in pairs}
-    outputs: dict[str, list] = {d: [] for d in pairs}
+    timed: dict[str, list] = {d: [] for d in pairs}  # every counted run, the first pass's first
     for repeat in range(repeats + 1):  # the first pass warms every kernel up and is not counted
         for ids in prompts:
             for dtype, pair in pairs.items():
                 result = generate(pair, ids, method=REFERENCE, max_new_tokens=max_new_tokens, temperature=0.0)
-                if repeat:  # decoding alone: the prefill is another workload
-                    seconds[dtype] += result.seconds - result.prefill_seconds
-                    tokens[dtype] += len(result.tokens)
-                if repeat == 1:
-                    outputs[dtype].append(result)
+                if repeat:
+                    timed[dtype].append(result)
     bandwidth = read_bandwidth()
     rows = []
     for dtype, pair in pairs.items():
-        reference = outputs["float32"]
+        outputs, reference = timed[dtype][:len(prompts)], timed["float32"][:len(prompts)]
         rows.append({
             "target": dtype, "library": pair.target_precision.library,
-            "ar_tokens_per_s": tokens[dtype] / seconds[dtype],
+            "ar_tokens_per_s": 1 / _seconds_per_token(timed[dtype]),
             "weight_bytes": weight_bytes(pair.target),
             "roofline_tokens_per_s": bandwidth / weight_bytes(pair.target),
-            "token_match_vs_float32": _mean(token_match(r.token_ids, f.token_ids)
-                                            for r, f in zip(outputs[dtype], reference)),
-            "perplexity_under_float32": _mean(target_perplexity(pairs["float32"], r) for r in outputs[dtype]),
+            "token_match_vs_float32": _mean(token_match(r.token_ids, f.token_ids) for r, f in zip(outputs, reference)),
+            "perplexity_under_float32": _mean(target_perplexity(pairs["float32"], r) for r in outputs),
         })
     frame = pd.DataFrame(rows)
     frame.insert(3, "vs_float32", frame.ar_tokens_per_s / frame.ar_tokens_per_s.iloc[0])
@@ -99,8 +93,7 @@ def measure_drafts(target: str, drafts: list[str], prompts_per_category: int, ca
     target; greedy acceptance, draft seconds per drafted token, and speed against AR on the same pair."""
     pairs = {spec: _draft_pair(target, spec) for spec in drafts}
     prompts = suite_prompts(next(iter(pairs.values())), prompts_per_category, categories)
-    totals = {name: dict(drafted=0, accepted=0, draft_seconds=0.0, seconds=0.0, tokens=0, ar_seconds=0.0)
-              for name in pairs}
+    runs = {name: ([], []) for name in pairs}  # the method's runs, and AR's on the same prompts
     for warm, ids in [(True, prompts[0])] + [(False, p) for p in prompts]:
         for name, pair in pairs.items():
             ar = generate(pair, ids, method=REFERENCE, max_new_tokens=max_new_tokens)
@@ -108,14 +101,17 @@ def measure_drafts(target: str, drafts: list[str], prompts_per_category: int, ca
             if ar.token_ids != sd.token_ids:
                 raise AssertionError(f"{name}: {method} left AR's tokens")
             if not warm:
-                _add(totals[name], sd, ar)
+                runs[name][0].append(sd)
+                runs[name][1].append(ar)
     rows = []
     for name, pair in pairs.items():
-        t = totals[name]
+        mine, ar = runs[name]
+        drafted = sum(r.stats["drafted"] for r in mine)
         rows.append({DRAFT_ROLE: name, "library": pair.draft_precision.library, "draft_weight_bytes": weight_bytes(pair.draft),
-                     "acceptance_rate": t["accepted"] / t["drafted"],
-                     "draft_ms_per_token": 1000 * t["draft_seconds"] / t["drafted"],
-                     f"{method}_tokens_per_s": t["tokens"] / t["seconds"], "speedup_vs_ar": t["ar_seconds"] / t["seconds"]})
+                     "acceptance_rate": sum(r.stats["accepted"] for r in mine) / drafted,
+                     "draft_ms_per_token": 1000 * sum(r.stats["draft_seconds"] for r in mine) / drafted,
+                     f"{method}_tokens_per_s": 1 / _seconds_per_token(mine),
+                     "speedup_vs_ar": _seconds_per_token(ar) / _seconds_per_token(mine)})
     return pd.DataFrame(rows)
 
 
@@ -162,7 +158,7 @@ def _sweep_row(key: tuple, runs: dict[tuple, list]) -> dict:
 
 
 def _seconds_per_token(results) -> float:
-    """Decoding seconds per new token over the runs (the prefill apart, as in `measure_targets`)."""
+    """Decoding seconds per new token over the runs (the prefill is another workload)."""
     return sum(r.seconds - r.prefill_seconds for r in results) / sum(len(r.tokens) for r in results)
 
 
@@ -172,16 +168,6 @@ def _draft_pair(target: str, spec: str):
         return load_pair(target, spec, device="cpu", runtime="torch")
     ref, _, dtype = spec.partition(":")
     return load_pair(target, ref, device="cpu", draft_dtype=dtype or None, runtime="torch")
-
-
-def _add(total: dict, result, ar) -> None:
-    stats = result.stats
-    total["drafted"] += stats["drafted"]
-    total["accepted"] += stats["accepted"]
-    total["draft_seconds"] += stats["draft_seconds"]
-    total["seconds"] += result.seconds - result.prefill_seconds
-    total["tokens"] += len(result.tokens)
-    total["ar_seconds"] += ar.seconds - ar.prefill_seconds
 
 
 def _mean(values) -> float:

@@ -43,7 +43,6 @@ SIZES = {
     "qwen2.5-tiny": ("qwen2", 64, 2, 4, 2, 256),
 }
 VOCABS = {"pythia": 50304, "qwen2": 151936}  # each family's (padded) vocabulary
-VOCAB = VOCABS["pythia"]
 EOS = 0  # Pythia's <|endoftext|> is id 0
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 

@@ -14,12 +14,10 @@ from __future__ import annotations
 from functools import partial
 
 from ...engine.methods import DEFAULT_METHODS, METHODS, REFERENCE
-from ...models.loading import load_pair
 from ..measure.batching import batch_verdict
 from ..measure.benchmark import run_benchmark
-from .forced import ForcedAcceptance
 from .measure import deadline_progress, decode_params, write_files
-from .pairs import SHAPES, TINY_SHAPES, random_weight_folders, suite_prompts, unit_tokens
+from .pairs import SHAPES, TINY_SHAPES, forced_pair, suite_prompts, unit_tokens
 from .plan import Cost, Workload, default_cost
 from .stages import MODES, Settings, StageContext, Unit
 from .summary import table_cell
@@ -49,21 +47,13 @@ def batch_units(settings: Settings) -> list[Unit]:
 
 
 def run_batch_unit(ctx: StageContext, shape: tuple[str, str, str]) -> None:
-    s = ctx.settings
-    label = shape[0]
-    target, draft = random_weight_folders(ctx, *shape)
-    pair = load_pair(str(target), str(draft), device=s.device, dtype=s.dtype, runtime="torch")
-    forced = ForcedAcceptance.on_pair(pair, s.rate, s.seed)  # acceptance set at s.rate in every row
-    stem = f"batch-{label.replace('/', '-')}"
-    try:
-        decode = decode_params(ctx, chat=False, copy_n=0, max_new_tokens=unit_tokens(s, EAGER))
+    s, stem = ctx.settings, f"batch-{shape[0].replace('/', '-')}"
+    decode = decode_params(ctx, chat=False, copy_n=0, max_new_tokens=unit_tokens(s, EAGER))
+    with forced_pair(ctx, shape) as pair:  # acceptance set at s.rate in every row
         ctx.log(f"{stem}: {', '.join(BATCH_METHODS)} at batch {', '.join(map(str, BATCH_SIZES))} × {s.repeats}")
         result = run_benchmark(pair, suite_prompts(s.prompts), BATCH_METHODS, repeats=s.repeats, decode=decode,
                                cache=EAGER.cache, compile=EAGER.compile, batch=BATCH_SIZES,
                                progress=deadline_progress(ctx, stem))
-    finally:
-        forced.remove()
-        pair.close()
     write_files(ctx, result, stem)
     path = s.out / f"{stem}.batch.csv"
     result.batches.to_csv(path, index=False)

@@ -39,19 +39,14 @@ def _python(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def _environment(ctx: StageContext) -> dict:
-    env = dict(os.environ)  # PYTHONPATH included: a target on it is found by the subprocesses as by this one
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    return env
-
-
 def _run(ctx: StageContext, commands: list[list[str]], log: Path, share: float) -> None:
     """Run commands side by side, killed if they outlast `share` of the time left."""
     timeout = max(5.0, share * ctx.seconds_left())
     ctx.log(f"{' '.join(commands[0][2:4])} ×{len(commands)} (≤ {timeout / 60:.1f} min), log {log.name}")
+    # PYTHONPATH included: a target on it is found by the subprocesses as by this one.
+    env = {"HF_HUB_OFFLINE": "1", **os.environ}
     with open(log, "a", encoding="utf-8") as handle:
-        processes = [subprocess.Popen(c, stdout=handle, stderr=subprocess.STDOUT, env=_environment(ctx))
-                     for c in commands]
+        processes = [subprocess.Popen(c, stdout=handle, stderr=subprocess.STDOUT, env=env) for c in commands]
         try:
             codes = [p.wait(timeout=timeout) for p in processes]
         except subprocess.TimeoutExpired:

@@ -15,8 +15,7 @@ import pandas as pd
 import torch
 
 from ...engine.methods import FIXED_GAMMA, METHODS, REFERENCE, TABLE_DRAFTING
-from ...engine.params import DecodeParams
-from ...engine.runtimes import drafts_a_tree, refusal
+from ...engine.runtimes import refusal
 from ...models.loading import load_pair
 from .measure import bench, decode_params, prompt_ids
 from .pairs import suite_prompts
@@ -32,7 +31,7 @@ LOSSLESS_COLUMNS = ["pair", "mode", "method", "prompt_id", "repeat", "matches_ar
 def lossless_methods(pair, pair_name: str, with_peers: bool, tiny: bool = False) -> list[str]:
     ours = [n for n, m in METHODS.items() if m.lossless and refusal(pair, n) is None]
     if tiny:  # a rehearsal checks the stage's machinery on a few: a model's chain, the table's, a tree, a peer
-        tree = next(n for n in ours if drafts_a_tree(n, DecodeParams()))
+        tree = next(n for n in ours if METHODS[n].tree)
         return [REFERENCE, FIXED_GAMMA, TABLE_DRAFTING, tree, HF_GREEDY[pair_name][0]]
     return ours + (HF_GREEDY[pair_name] if with_peers else [])
 

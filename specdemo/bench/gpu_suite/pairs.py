@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from contextlib import closing, contextmanager
 from functools import partial
 
 import torch
@@ -69,17 +70,32 @@ def synthetic_units(settings: Settings) -> list[Unit]:
 
 
 def run_synthetic_unit(ctx: StageContext, shape: tuple[str, str, str], mode: Mode) -> None:
-    s = ctx.settings
+    s, label = ctx.settings, shape[0]
     if not ctx.lines:
         ctx.note(f"Random weights with forced acceptance: both models follow one planted text, the draft at "
                  f"{s.rate:.0%} of positions (seed {s.seed}), so SD's rounds accept as a trained draft's would.")
-    label = shape[0]
+    prompts = suite_prompts(1)
+    decode = decode_params(ctx, chat=False, copy_n=0,  # copying from the context would hide the draft's rounds
+                           max_new_tokens=unit_tokens(s, mode))
+    stem = f"synthetic-{label.replace('/', '-')}-{mode.name}"
+    with forced_pair(ctx, shape) as pair:
+        result = bench(ctx, pair, prompts, unit_methods(SYNTHETIC_METHODS, mode), mode, decode, stem)
+        ratio = overhead(ctx, pair, prompt_ids(pair, prompts, chat=False), mode, stem)
+    ctx.headline.append(headline(label, mode, result, round_overhead=ratio))
+
+
+@contextmanager
+def forced_pair(ctx: StageContext, shape: tuple[str, str, str]):
+    """The shape's random-weight pair, loaded with the planted oracle (`forced`): every greedy method
+    writes the planted text, and the draft is accepted at the settings' rate."""
+    s = ctx.settings
     target, draft = random_weight_folders(ctx, *shape)
-    pair = load_pair(str(target), str(draft), device=s.device, dtype=s.dtype, runtime="torch")
-    try:
-        _synthetic_pair(ctx, pair, label, mode)
-    finally:
-        pair.close()
+    with closing(load_pair(str(target), str(draft), device=s.device, dtype=s.dtype, runtime="torch")) as pair:
+        forced = ForcedAcceptance.on_pair(pair, s.rate, s.seed)
+        try:
+            yield pair
+        finally:
+            forced.remove()
 
 
 def random_weight_folders(ctx: StageContext, label: str, target_size: str, draft_size: str):
@@ -91,22 +107,6 @@ def random_weight_folders(ctx: StageContext, label: str, target_size: str, draft
         ctx.shared[label] = synthetic.build(folder, target_size, draft_size, vocab=TINY_VOCAB if s.tiny else None,
                                             dtype=s.dtype, device=s.device)
     return ctx.shared[label]
-
-
-def _synthetic_pair(ctx: StageContext, pair, label: str, mode: Mode) -> None:
-    s = ctx.settings
-    forced = ForcedAcceptance.on_pair(pair, s.rate, s.seed)  # every greedy method writes the planted text
-    prompts = suite_prompts(1)
-    decode = decode_params(ctx, chat=False, copy_n=0,  # copying from the context would hide the draft's rounds
-                           max_new_tokens=unit_tokens(s, mode))
-    encoded = prompt_ids(pair, prompts, chat=False)
-    stem = f"synthetic-{label.replace('/', '-')}-{mode.name}"
-    try:
-        result = bench(ctx, pair, prompts, unit_methods(SYNTHETIC_METHODS, mode), mode, decode, stem)
-        ratio = overhead(ctx, pair, encoded, mode, stem)
-        ctx.headline.append(headline(label, mode, result, round_overhead=ratio))
-    finally:
-        forced.remove()
 
 
 def embedded_units(settings: Settings) -> list[Unit]:
