@@ -238,24 +238,20 @@ def run_stages(stages: list[Stage], settings: Settings, write: Callable[[list[Ou
     print_plan(plan, settings, log)
     outcomes: list[Outcome] = []
     try:
-        _run_plan(plan, outcomes, settings, run_deadline, estimator, write, after_unit, log, clock)
+        for item in plan:
+            outcome = Outcome(item.stage, "planned", 0.0, item.stage.cap(settings), units=[
+                UnitOutcome(u.name, e, item.reason or "planned") for u, e in zip(item.units, item.estimates)])
+            outcomes.append(outcome)
+            if item.reason:
+                log(f"{item.stage.name}: {item.reason}")
+                outcome.status = item.reason
+                write(outcomes)
+            else:
+                _run_stage(item, outcome, settings, run_deadline, estimator, lambda: write(outcomes), after_unit,
+                           log, clock)
     finally:
         gc.unfreeze()
     return outcomes
-
-
-def _run_plan(plan, outcomes, settings, run_deadline, estimator, write, after_unit, log, clock) -> None:
-    for item in plan:
-        reason = item.reason
-        outcome = Outcome(item.stage, "planned", 0.0, item.stage.cap(settings), units=[
-            UnitOutcome(u.name, e, reason or "planned") for u, e in zip(item.units, item.estimates)])
-        outcomes.append(outcome)
-        if reason:
-            log(f"{item.stage.name}: {reason}")
-            outcome.status = reason
-            write(outcomes)
-            continue
-        _run_stage(item, outcome, settings, run_deadline, estimator, lambda: write(outcomes), after_unit, log, clock)
 
 
 def _run_stage(item: Planned, outcome: Outcome, settings: Settings, run_deadline: float, estimator: Estimator,
