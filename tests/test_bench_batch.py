@@ -233,3 +233,10 @@ def test_bench_command_takes_batch_sizes(tiny_pair, tmp_path, capsys):
     assert bench.load_result(csv).batches.batch.tolist() == table.batch.tolist()
     assert cli.main(["bench", "--batch", "1,0", "--target", tiny_pair.target_ref, "--device", "cpu"]) == 2
     assert "batch sizes must be whole numbers ≥ 1" in capsys.readouterr().err
+
+
+def test_the_yardsticks_are_the_registry_s_methods_that_draft_nothing_and_the_peers():
+    from specdemo.bench.measure.batching import NOT_DRAFTING
+
+    assert NOT_DRAFTING == {"ar", "beam", "draft", "ar-nocache", "torch-ar", "hf-generate", "hf-generate-static",
+                            "onnx-generate"}

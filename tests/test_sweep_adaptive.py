@@ -124,3 +124,24 @@ def test_a_small_sweep_runs_the_rules_trees_and_osd_losslessly(head_pair, frozen
     assert first.loc["osd", columns].tolist() == first.loc["sd", columns].tolist()
     osd = result.rows[result.rows.method == "osd"]
     assert first.at["osd", "draft_flops_per_token"] > 0 and osd.predicted_speedup.notna().all()
+
+
+def test_the_speedup_chart_places_the_stopping_rules_and_rest_at_their_drafts_per_round():
+    """The registry says which methods the chart places at their drafts per round (`Sweep.at_drafts`), in
+    the grid's order, each labelled by its threshold axis; OSD and the rules' trees are not among them."""
+    from specdemo.bench.sweep.charts import speedup_figure
+
+    methods = ["ar", "osd", "adaedl-tree", "rest", "sd-heuristic", "sd-confidence", "specdecpp", "egag-token", "adaedl"]
+    summary = pd.DataFrame({"method": methods, "label": [f"{m} setting" for m in methods],
+                            "gamma": 3, "speedup_vs_ar": 1.5, "speedup_vs_ar_std": 0.1, "nodes_per_round": 2.0,
+                            "adaedl_lambda": 0.3, "entropy_stop": 0.4, "specdecpp_threshold": 0.5})
+    placed = [t for t in speedup_figure(summary).data if t.name.endswith("(drafts per round)")]
+    assert [t.name.split(" ")[0] for t in placed] == ["adaedl", "egag-token", "specdecpp", "sd-confidence",
+                                                       "sd-heuristic", "rest"]
+    assert [list(t.text) for t in placed] == [["0.3"], ["0.4"], ["0.5"], [""], [""], [""]]
+
+
+def test_leviathan_reads_the_drafts_of_the_methods_whose_policy_varies_them():
+    from specdemo.bench.sweep.rows import _VARYING_GAMMA
+
+    assert _VARYING_GAMMA == {"egag", "adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic"}

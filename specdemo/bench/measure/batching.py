@@ -21,7 +21,7 @@ Definitions (one row per batch size and method):
                   (a row's draft seconds are its rounds' drafting, which it waits for): per batch, its longest
                   row's draft seconds ÷ its rounds, averaged over the batches.
 
-May import numpy and pandas; never torch, plotly or gradio.
+May import numpy, pandas and the method registry (which methods draft, which is AR); never plotly or gradio.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
+
+from ...engine.methods import METHODS, REFERENCE
 
 # Each row of a benchmark or sweep names its batch: its size, which batch of that size (per repeat), the
 # row's place in it, and the batch's wall seconds (the same on every row of the batch).
@@ -44,9 +46,9 @@ CONFIDENCE = 0.95
 RESAMPLES = 2000
 # Resampling two batches only ever gives their two ratios and their pooled one: no interval below three.
 MIN_BATCHES = 3
-# Methods that draft nothing: the yardsticks, never the subject of the verdict.
-NOT_DRAFTING = frozenset({"ar", "torch-ar", "hf-generate", "hf-generate-static", "onnx-generate", "beam", "draft",
-                          "ar-nocache"})
+# Methods that draft nothing: the yardsticks, never the subject of the verdict (the registry's, and the peers').
+NOT_DRAFTING = frozenset({*(name for name, method in METHODS.items() if not method.drafts), "torch-ar", "hf-generate",
+                          "hf-generate-static", "onnx-generate"})
 
 
 def parse_batch_sizes(value: str | int | Iterable[int] | None) -> list[int]:
@@ -125,7 +127,7 @@ def _quantile(values: pd.Series, q: float) -> float:
     return float(values.quantile(q)) if len(values) else math.nan
 
 
-def summarize_batches(rows: pd.DataFrame, key: str = "method", reference: str = "ar") -> pd.DataFrame:
+def summarize_batches(rows: pd.DataFrame, key: str = "method", reference: str = REFERENCE) -> pd.DataFrame:
     """One row per (batch size, method) (BATCH_SUMMARY_COLUMNS), the methods in the rows' order; `key`
     names the column that tells the contenders apart ("setting" in a sweep) and `reference` AR's value."""
     if rows.empty or "batch" not in rows:

@@ -14,6 +14,8 @@ from typing import Any
 import pandas as pd
 
 from . import acceptance_charts, statistics
+from ...engine.methods import REFERENCE
+from ...engine.pair import DRAFT_ROLE, TARGET_ROLE
 from ...models.precision import exactness_sentence
 from .benchmark import ROUND_COLUMNS, TOKEN_COLUMNS, BenchResult, result_of
 from .quality import QUALITY_COLUMNS
@@ -31,7 +33,7 @@ def make_figures(result: BenchResult) -> dict[str, Any]:
     methods = list(dict.fromkeys(summary.method))
     figures = {
         "speedup_vs_ar": _bars(summary, "speedup_vs_ar", "speedup_vs_ar_std", "Speedup over our AR, per category",
-                               "speedup (× AR)", skip=("ar",), line=1.0),
+                               "speedup (× AR)", skip=(REFERENCE,), line=1.0),
         "speedup_vs_hf": _bars(summary, "speedup_vs_hf", "speedup_vs_hf_std", "Speedup over transformers' generate",
                                "speedup (× hf-generate)", skip=("hf-generate",), line=1.0),
         "tokens_per_s": _bars(summary, "tokens_per_s_mean", "tokens_per_s_std", "Throughput", "new tokens / s"),
@@ -220,8 +222,8 @@ def _summary_table(summary: pd.DataFrame) -> str:
 def _run_info(meta: dict[str, Any]) -> str:
     """The paragraph that says what ran where, and the roofline when one was measured."""
     params = ", ".join(f"{k}={v}" for k, v in meta.get("params", {}).items())
-    info = (f"pair <b>{html.escape(str(meta.get('pair')))}</b> (target {html.escape(str(meta.get('target')))}, "
-            f"draft {html.escape(str(meta.get('draft')))}; SD and EGAG drafted with "
+    info = (f"pair <b>{html.escape(str(meta.get('pair')))}</b> (target {html.escape(str(meta.get(TARGET_ROLE)))}, "
+            f"draft {html.escape(str(meta.get(DRAFT_ROLE)))}; SD and EGAG drafted with "
             f"{html.escape(str(meta.get('drafter')))}) on {html.escape(str(meta.get('device')))} "
             f"({html.escape(str(meta.get('device_name')))}, {html.escape(threads_text(meta.get('threads')))}), "
             f"dtype {meta.get('dtype')}{_precisions(meta)}, our cache {meta.get('cache', '–')}, compile {meta.get('compile', '–')}; "

@@ -206,7 +206,7 @@ def add_roofline(result, pair, bandwidth: float | str | None = None) -> list[str
                      f"BYTES_PER_S or a GPU name ({', '.join(BANDWIDTHS)}) for the bound")
     else:
         lines.append(f"  bandwidth {value / 1e9:,.1f} GB/s → bound {bound:,.1f} tokens/s at batch 1")
-        for method in [m for m in ("ar", "hf-generate", "hf-generate-static") if m in overall.index]:
+        for method in [m for m in (REFERENCE, "hf-generate", "hf-generate-static") if m in overall.index]:
             fraction = overall.loc[method, "roofline_fraction"]
             info[f"{method}_fraction"] = float(fraction)
             lines.append(f"  {method}: {overall.loc[method, 'tokens_per_s_mean']:,.1f} tokens/s = "

@@ -94,8 +94,8 @@ from ..suite import ALL
 from .vs_float32 import AGREEMENT_COLUMNS, VS_FLOAT32_COLUMNS
 from ...engine.methods import FIXED_GAMMA, REFERENCE, TABLE_DRAFTING
 
-# Methods whose γ is fixed, so Leviathan's formula applies to them.
-_PREDICTABLE = ("sd", "nasd", "hf-assisted")
+# The fixed-γ chains (SD and NASD, and transformers' assisted generation), to which Leviathan's formula applies.
+_PREDICTABLE = (FIXED_GAMMA, TABLE_DRAFTING, "hf-assisted")
 
 SUMMARY_COLUMNS = [
     "category", "method", "label", "prompts", "runs", "errors", "new_tokens_mean", "tokens_per_s_mean",

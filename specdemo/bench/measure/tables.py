@@ -74,7 +74,7 @@ def summary_frame(
     target_dtype, draft_dtype = (getattr(getattr(pair, side, None), "name", None)
                                  for side in ("target_precision", "draft_precision"))
     ordered = sorted(results, key=lambda r: (r.method != REFERENCE, r.method != TORCH_COPY_AR))
-    references = {name: next((r for r in ordered if r.method == name), None) for name in ("ar", TORCH_COPY_AR)}
+    references = {name: next((r for r in ordered if r.method == name), None) for name in (REFERENCE, TORCH_COPY_AR)}
     rows = []
     for result in ordered:
         stats = result.stats

@@ -8,8 +8,15 @@ from typing import Any
 
 import pandas as pd
 
-from ...engine.methods import ENTROPY_GAMMA, FIXED_GAMMA, REFERENCE, TABLE_DRAFTING
-from .grid import copy_phrase, fmt
+from ...engine.methods import ENTROPY_GAMMA, FIXED_GAMMA, METHODS, REFERENCE, TABLE_DRAFTING
+from .grid import SWEEP_METHODS, copy_phrase, fmt
+
+# The trees a sweep grids by node budget: a tree offers the target its nodes as a chain offers its γ drafts.
+_BUDGET_TREES = tuple(name for name in SWEEP_METHODS if "node_budget" in METHODS[name].sweep.axes)
+# The methods placed at the drafts per round they made, each with the axis that labels its points (None: none).
+_AT_DRAFTS = {name: next(iter(METHODS[name].sweep.axes), None) for name in SWEEP_METHODS
+              if METHODS[name].sweep.at_drafts}
+
 
 def _layout(fig, title: str, xtitle: str, ytitle: str):
     fig.update_layout(title=title, xaxis_title=xtitle, yaxis_title=ytitle, legend_title="method",
@@ -55,27 +62,30 @@ def speedup_figure(summary: pd.DataFrame):
         fig.add_scatter(name="NASD (n)", x=nasd.gamma, y=nasd.speedup_vs_ar, mode="markers+text",
                         text=[f"n={fmt(n)}" for n in nasd.ngram_n], textposition="bottom center",
                         marker=dict(size=9, symbol="square"), error_y=_errors(nasd, "speedup_vs_ar"))
-    trees = summary[summary.method == "sd-tree"]
-    if not trees.empty:
-        # A tree offers the target its nodes as a chain offers its γ drafts: placed by nodes per round.
-        fig.add_scatter(name="SD-tree (nodes per round)", x=trees.nodes_per_round, y=trees.speedup_vs_ar,
-                        mode="lines+markers+text", text=[f"{fmt(b)}" for b in trees.node_budget],
-                        textposition="bottom center", marker=dict(size=9, symbol="triangle-up"),
-                        error_y=_errors(trees, "speedup_vs_ar"),
-                        hovertemplate="budget %{text}: %{x:.2f} nodes/round, %{y:.2f}× AR<extra>SD-tree</extra>")
+    _add_budget_trees(fig, summary)
     _add_stopping_rules(fig, summary)
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey", annotation_text="AR")
     return _layout(fig, "Speedup over AR against γ (EGAG at its mean γ, trees at their nodes per round)",
                    "γ (EGAG: mean γ; SD-tree: nodes per round)", "speedup (× AR)")
 
 
-_STOPPING_RULES = {"adaedl": "adaedl_lambda", "egag-token": "entropy_stop", "specdecpp": "specdecpp_threshold",
-                   "sd-confidence": None, "sd-heuristic": None, "rest": None}
+def _add_budget_trees(fig, summary: pd.DataFrame) -> None:
+    """Trees placed by nodes per round, their points labelled by node budget."""
+    for method in _BUDGET_TREES:
+        trees = summary[summary.method == method]
+        if trees.empty:
+            continue
+        label = METHODS[method].label
+        fig.add_scatter(name=f"{label} (nodes per round)", x=trees.nodes_per_round, y=trees.speedup_vs_ar,
+                        mode="lines+markers+text", text=[f"{fmt(b)}" for b in trees.node_budget],
+                        textposition="bottom center", marker=dict(size=9, symbol="triangle-up"),
+                        error_y=_errors(trees, "speedup_vs_ar"),
+                        hovertemplate="budget %{text}: %{x:.2f} nodes/round, %{y:.2f}× AR<extra>" + label + "</extra>")
 
 
 def _add_stopping_rules(fig, summary: pd.DataFrame) -> None:
     """Rules that stop drafting as they go, and REST, placed at the drafts they made per round."""
-    for method, axis in _STOPPING_RULES.items():
+    for method, axis in _AT_DRAFTS.items():
         part = summary[summary.method == method]
         if part.empty:
             continue

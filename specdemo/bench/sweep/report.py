@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from ...engine.pair import DRAFT_ROLE, TARGET_ROLE
 from . import rows
 from .charts import FIGURES, sweep_figures
 from .summary import SweepResult
@@ -40,7 +41,8 @@ def report_html(result: SweepResult, path: str | Path | None = None, plotlyjs: s
                                     classes="summary")
     params = ", ".join(f"{k}={v}" for k, v in meta.get("params", {}).items())
     info = html.escape(
-        f"pair {meta.get('pair')} (target {meta.get('target')}, draft {meta.get('draft')}) on {meta.get('device')}, "
+        f"pair {meta.get('pair')} (target {meta.get(TARGET_ROLE)}, draft {meta.get(DRAFT_ROLE)}) "
+        f"on {meta.get('device')}, "
         f"dtype {meta.get('dtype')}, {meta.get('threads')} threads; torch {meta.get('torch')}, transformers "
         f"{meta.get('transformers')}; {meta.get('prompts')} prompts × {meta.get('repeats')} repeats; {params}; "
         f"{meta.get('time')}" + ("; STOPPED EARLY" if result.stopped else ""))

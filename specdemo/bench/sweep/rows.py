@@ -51,7 +51,7 @@ from typing import Sequence
 import pandas as pd
 
 from ...engine.divergence import divergence_where_compared
-from ...engine.methods import ENTROPY_GAMMA, REFERENCE, TABLE_DRAFTING, is_lossless, matches_reference
+from ...engine.methods import ENTROPY_GAMMA, METHODS, REFERENCE, TABLE_DRAFTING, is_lossless, matches_reference
 from ..measure.batching import BATCH_COLUMNS
 from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR
 from ..measure.statistics import leviathan_speedup
@@ -73,8 +73,9 @@ ROW_COLUMNS = [
 # Read from the trace's statistics (`engine.trace.summarize`), as every other surface reads them.
 FED_COLUMNS = ("target_forwards_per_token", "draft_forwards_per_token", "draft_flops_per_token",
                "target_flops_per_token")
-# Methods that stop drafting as they go: Leviathan's prediction reads their mean drafts per drafting round.
-_VARYING_GAMMA = ("adaedl", "egag-token", "specdecpp", "sd-confidence", "sd-heuristic")
+# Methods whose γ policy varies their drafts: Leviathan's prediction reads their mean drafts per drafting
+# round (EGAG's, the mean of the γ it chose).
+_VARYING_GAMMA = frozenset(name for name, method in METHODS.items() if method.varies_gamma)
 
 
 def _reference(group, method: str) -> tuple:

@@ -24,6 +24,7 @@ from ..measure.acceptance_charts import why_figures
 from ..measure.statistics import geomean, break_even, distinct_values
 from .charts import sweep_figures
 from ...engine.flops import matmul_parameters
+from ...engine.pair import DRAFT_ROLE, TARGET_ROLE
 from ...engine.trace import leviathan_alpha
 from .grid import AR, SETTING_COLUMNS, Setting, copy_phrase, fmt
 from .rows import ratio, rows_frame, typed_settings
@@ -101,10 +102,10 @@ def sweep_result(pair, rows: Sequence[dict], settings: Sequence[Setting], *, rep
 def sweep_meta(pair, decode: DecodeParams, runs, frame, repeats, warmup) -> dict[str, Any]:
     import transformers
 
-    models = {"target": pair.target, "draft": pair.draft}
+    models = {TARGET_ROLE: pair.target, DRAFT_ROLE: pair.draft}
     return {
-        "pair": getattr(pair, "name", ""), "target": getattr(pair, "target_ref", ""),
-        "draft": getattr(pair, "draft_ref", None), "device": str(pair.device),
+        "pair": getattr(pair, "name", ""), TARGET_ROLE: getattr(pair, "target_ref", ""),
+        DRAFT_ROLE: getattr(pair, "draft_ref", None), "device": str(pair.device),
         "dtype": str(next(pair.target.parameters()).dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "parameters": {k: sum(matmul_parameters(m)) for k, m in models.items() if m is not None},
