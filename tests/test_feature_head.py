@@ -113,3 +113,40 @@ def test_a_subset_smaller_than_the_heads_or_larger_than_the_vocabulary_is_refuse
     for size in (8, 65):
         with pytest.raises(ValueError, match="between 24 and 64"):
             head.with_subset_size(size)
+
+
+def _attended_alone(q, k, v, cache, n):
+    """One row's attention through a cache of its own, as a row decoding alone sees it."""
+    from specdemo.engine.drafters.feature_head import attend_rows
+    return attend_rows(q[:, :, :n], k[:, :, :n], v[:, :, :n], [cache])
+
+
+def test_rows_sharing_one_allocation_attend_as_each_row_would_alone():
+    """A batch's head caches in one allocation (HeadRows): a draft step and a read of rows of different
+    lengths, over caches of different lengths, a subset of the rows, and growth past the capacity give
+    each row's attention alone; padded positions are never cached."""
+    from specdemo.engine.drafters.feature_head import HeadRows, attend_rows
+    target = tiny_target()
+    head = tiny_head(target)
+    c = head.config
+    torch.manual_seed(1)
+    rows = HeadRows(c, "cpu", torch.float64, rows=3, capacity=4)
+    shared = [rows.cache(i, capacity=4) for i in range(3)]
+    alone = [HeadCache(c, "cpu", torch.float64, capacity=4) for _ in range(3)]
+
+    def step(chosen: list[int], t: int, lengths: list[int]):
+        q = torch.randn(len(chosen), c.num_heads, t, c.head_dim, dtype=torch.float64)
+        k, v = (torch.randn(len(chosen), c.num_kv_heads, t, c.head_dim, dtype=torch.float64) for _ in range(2))
+        together = attend_rows(q, k, v, [shared[i] for i in chosen], lengths)
+        for j, (i, n) in enumerate(zip(chosen, lengths)):
+            torch.testing.assert_close(together[j : j + 1, :, :n],
+                                       _attended_alone(q[j : j + 1], k[j : j + 1], v[j : j + 1], alone[i], n))
+
+    step([0, 1, 2], 5, [5, 2, 3])  # the prompts' reads, padded to the longest
+    for _ in range(3):
+        step([0, 1, 2], 1, [1, 1, 1])  # draft steps
+    shared[1].rollback(3), alone[1].rollback(3)
+    step([2, 1], 1, [1, 1])  # a subset, out of order, after a rollback
+    step([0, 1, 2], 9, [9, 4, 1])  # past the capacity: the allocation grows for every row
+    assert [cache.length for cache in shared] == [cache.length for cache in alone] == [17, 8, 8]
+    assert all(cache.k.data_ptr() == rows.k[i : i + 1].data_ptr() for i, cache in enumerate(shared))
