@@ -187,11 +187,9 @@ def _prompts(suite, categories, limit) -> list[SuitePrompt]:
 
 def _first_turn_ids(pair, item: SuitePrompt, decode: DecodeParams) -> list[int]:
     try:
-        ids = encode_prompt(pair, conversation(item, 1, []), decode.chat)
-        pair.check_fits(ids, decode.max_new_tokens)
+        return _turn_ids(pair, item, 1, [], decode)
     except ValueError as error:
         raise ValueError(f"prompt {item.id!r} ({item.category}): {error}") from None
-    return ids
 
 
 @dataclass
@@ -220,7 +218,14 @@ class _Session:
 
     def run(self, method: str, ids: list[int], seed: int, max_new_tokens: int | None = None) -> Run:
         with self.threads.applied(method) if self.threads is not None else contextlib.nullcontext():
-            return self._run(method, ids, seed, max_new_tokens)
+            if method in HF_METHODS:
+                return self.hf.run(method, ids, seed, max_new_tokens)
+            if method in RUNTIME_PEERS and method != TORCH_AR:
+                return self.runtime.run(method, ids, seed, max_new_tokens)
+            values = self.decode_values
+            if max_new_tokens is not None:
+                values["max_new_tokens"] = max_new_tokens
+            return run_ours(self.pair, method, ids, values, seed, **self.engine.as_kwargs())
 
     def threads_of(self, method: str) -> int:
         return self.threads.for_method(method) if self.threads is not None else torch.get_num_threads()
@@ -229,16 +234,6 @@ class _Session:
     def decode_values(self) -> dict[str, Any]:
         """The decode parameters every run shares; each turn brings its own seed."""
         return {k: v for k, v in self.decode.as_dict().items() if k != "seed"}
-
-    def _run(self, method: str, ids: list[int], seed: int, max_new_tokens: int | None) -> Run:
-        if method in HF_METHODS:
-            return self.hf.run(method, ids, seed, max_new_tokens)
-        if method in RUNTIME_PEERS and method != TORCH_AR:
-            return self.runtime.run(method, ids, seed, max_new_tokens)
-        values = self.decode_values
-        if max_new_tokens is not None:
-            values["max_new_tokens"] = max_new_tokens
-        return run_ours(self.pair, method, ids, values, seed, **self.engine.as_kwargs())
 
     def tick(self, message: str) -> None:
         self.done += 1
@@ -278,7 +273,8 @@ class _Session:
         if turn.part == 1:
             answers.clear()
         try:
-            ids = self.encoded[prompt] if turn.part == 1 else _turn_ids(self.pair, item, turn.part, answers, self.decode)
+            ids = (self.encoded[prompt] if turn.part == 1
+                   else _turn_ids(self.pair, item, turn.part, answers, self.decode))
             row["prompt_tokens"] = len(ids)
             result = self.run(method, ids, turn.seed)
             answers.append(_text(self.pair, result))

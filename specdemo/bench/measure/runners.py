@@ -56,12 +56,15 @@ def bench_methods() -> dict[str, str]:
             **{n: label for n, (label, _) in RUNTIME_PEERS.items()}}
 
 
+def _needs_draft(name: str) -> bool:
+    return (name in METHODS and METHODS[name].needs_draft) or name.startswith("hf-assisted")
+
+
 def unavailable_bench_methods(draft_kind: str | None) -> dict[str, str]:
     """The methods a pair cannot run, by what it drafts with ("feature-head", "model" or None),
     each with the one-line reason a page shows."""
     if draft_kind is None:
-        return {n: "needs a draft, and this pair has none" for n in bench_methods()
-                if (n in METHODS and METHODS[n].needs_draft) or n.startswith("hf-assisted")}
+        return {n: "needs a draft, and this pair has none" for n in bench_methods() if _needs_draft(n)}
     if draft_kind in HEAD_KINDS:
         # transformers' assisted generation runs a whole draft LM; a head that reads the target is not one.
         return {n: "runs a draft language model, and this pair drafts with a feature head (the embedded-lm "
@@ -82,7 +85,7 @@ def parse_bench_methods(value: str | Sequence[str] | None, pair=None) -> list[st
     if not names:
         raise ValueError(f"methods: choose at least one of {', '.join(known)}")
     if pair is not None and pair.draft is None:
-        needs = [n for n in names if (n in METHODS and METHODS[n].needs_draft) or n.startswith("hf-assisted")]
+        needs = [n for n in names if _needs_draft(n)]
         if needs:
             raise ValueError(f"method(s) {', '.join(needs)} need a draft model; load the pair with a draft "
                              "or drop them")

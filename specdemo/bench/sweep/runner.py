@@ -83,16 +83,17 @@ def iter_sweep(
     prompt_indices: each prompt's place in a larger sweep these prompts are a part of (a task of a
     cluster run), which sets its seed, its order and its rows' prompt_index.
     batch: requests decoded together; above 1 the prompts are cut into batches of that size, each run by AR
-    and every setting in turn through `generate_batch` (`batched.py`); every row says its batch.
+    and every setting in turn through `generate_batch` (`measure.runners.run_batch`); every row says its batch.
     """
     check_count("repeats", repeats)
     check_count("batch", batch)
     base = DecodeParams.from_values(**params)
     runs = sweep_runs(pair, settings, base)
-    if batch > 1:
-        for setting in runs:
-            checked = DecodeParams.from_values(**{**base.as_dict(), **setting.params()})
-            _check_batchable(pair, setting, checked, batch)
+    for setting in runs if batch > 1 else ():  # what a batch cannot run (a tree, a loop of its own) refused first
+        refused = refusal(pair, setting.method, DecodeParams.from_values(**{**base.as_dict(), **setting.params()}),
+                          batch=batch)
+        if refused:
+            raise ValueError(f"sweep: {setting.label} at a batch above 1: {refused}")
     items = _prompts(prompts, categories, limit)
     encoded = []
     for item in items:
@@ -103,13 +104,6 @@ def iter_sweep(
             raise ValueError(f"prompt {item.id!r} ({item.category}): {error}") from None
         encoded.append(ids)
     return _sweep(pair, items, encoded, runs, repeats, warmup, should_stop, base, prompt_indices, batch)
-
-
-def _check_batchable(pair, setting: Setting, params: DecodeParams, batch: int) -> None:
-    """A setting a batch cannot run (a tree, a method with its own loop) refused before any run, with the reason."""
-    refused = refusal(pair, setting.method, params, batch=batch)
-    if refused:
-        raise ValueError(f"sweep: {setting.label} at a batch above 1: {refused}")
 
 
 def sweep_runs(pair, settings: Sequence[Setting], base: DecodeParams) -> list[Setting]:
