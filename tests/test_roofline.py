@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import GPTNeoXConfig, LlamaConfig, LlamaForCausalLM
 
-from specdemo.bench.measure.roofline import BANDWIDTHS, bandwidth_for, kv_bytes_per_token, model_roofline, parameter_bytes, roofline
+from specdemo.bench.measure.roofline import BANDWIDTHS, bandwidth_for, kv_bytes_per_token, parameter_bytes, roofline
 
 
 def test_pythia_1_4b_shaped_bound_by_hand():
@@ -35,7 +35,7 @@ def test_parameter_bytes_counts_tied_weights_once():
     model = LlamaForCausalLM(config).to(torch.float16)
     untied = sum(p.numel() for p in model.parameters())  # parameters() already skips the tied copy
     assert parameter_bytes(model) == untied * 2
-    bound = model_roofline(model, 3, 1e9)
+    bound = roofline(parameter_bytes(model), kv_bytes_per_token(model.config, 2), 3, 1e9)
     # 1 layer · 2 · 1 KV head · head_dim 4 · 2 bytes = 16 bytes per position.
     assert bound.kv_bytes_per_token == 16
     assert bound.bytes_per_token == untied * 2 + 48

@@ -142,10 +142,6 @@ class BreakEven:
         return self.gamma * self.draft_cost + self.verify_cost
 
     @property
-    def beats_ar(self) -> bool:
-        return self.obtained > self.needed
-
-    @property
     def alpha_needed(self) -> float:
         """The α at which the predicted speedup reaches 1 (NaN if even α = 1 falls short)."""
         if self.needed <= 1.0:  # a round yields one token even when every draft is refused

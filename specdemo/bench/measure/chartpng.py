@@ -5,7 +5,7 @@
 The figure is written into a page with plotly.js inline, opened in headless Chromium
 through Playwright, and its chart element is screenshotted. Playwright (the Python
 package) is optional: without it, or without a Chromium it can start, `ChartPngError`
-(a ValueError) says what to install. The browser is `executable`, else $SPECDEMO_CHROMIUM,
+(a ValueError) says what to install. The browser is $SPECDEMO_CHROMIUM,
 else /usr/bin/chromium when present, else Playwright's own.
 """
 
@@ -23,16 +23,13 @@ class ChartPngError(ValueError):
     pass
 
 
-def chromium_path(executable: str | None = None) -> str | None:
-    if executable:
-        return executable
+def chromium_path() -> str | None:
     if os.environ.get("SPECDEMO_CHROMIUM"):
         return os.environ["SPECDEMO_CHROMIUM"]
     return SYSTEM_CHROMIUM if Path(SYSTEM_CHROMIUM).exists() else None
 
 
-def save_chart_png(figure: Any, path: str | Path, width: int = 960, height: int = 540, scale: float = 1.0,
-                   executable: str | None = None) -> Path:
+def save_chart_png(figure: Any, path: str | Path, width: int = 960, height: int = 540, scale: float = 1.0) -> Path:
     """Render `figure` (a plotly Figure) at width × height CSS pixels and save it as a PNG."""
     try:
         from playwright.sync_api import Error as PlaywrightError, sync_playwright
@@ -51,7 +48,7 @@ def save_chart_png(figure: Any, path: str | Path, width: int = 960, height: int 
         source.write_text(page_html, encoding="utf-8")
         try:
             with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=chromium_path(executable),
+                browser = playwright.chromium.launch(executable_path=chromium_path(),
                                                      args=["--no-sandbox"])
                 try:
                     page = browser.new_page(viewport={"width": width + 40, "height": height + 40},

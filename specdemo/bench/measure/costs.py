@@ -229,10 +229,10 @@ def _median(values: Sequence[float]) -> float:
     return max(0.0, statistics.median(values)) if values else 0.0
 
 
-def cost_table(pair, folder: Path | None = None, refresh: bool = False) -> CostTable:
+def cost_table(pair, folder: Path | None = None) -> CostTable:
     """This machine's table for the pair at torch's current threads: from disk, else calibrated and saved."""
     key = machine_key(pair)
-    costs = None if refresh else CostTable.load(key, folder)
+    costs = CostTable.load(key, folder)
     if costs is None:
         costs = calibrate(pair)
         costs.save(folder)
@@ -247,8 +247,3 @@ def prediction_errors(pairs: Iterable[tuple[str, float, float]]) -> pd.DataFrame
     rows = [{"setting": s, "predicted_tokens_per_s": p, "measured_tokens_per_s": m,
              "error_pct": 100.0 * (p - m) / m if m else math.nan} for s, p, m in pairs]
     return pd.DataFrame(rows, columns=ERROR_COLUMNS)
-
-
-def median_abs_error_pct(errors: pd.DataFrame) -> float:
-    values = errors["error_pct"].abs().dropna()
-    return float(values.median()) if len(values) else math.nan

@@ -103,12 +103,6 @@ def roofline(weight_bytes: int, kv_bytes_per_token: int, context_length: int, ba
     return Roofline(int(weight_bytes), int(kv_bytes_per_token), int(context_length), float(bandwidth))
 
 
-def model_roofline(model: torch.nn.Module, context_length: int, bandwidth: float | str) -> Roofline:
-    """The bound for one model at a context length, its KV cache in the weights' dtype."""
-    dtype_bytes = next(model.parameters()).element_size()
-    return roofline(parameter_bytes(model), kv_bytes_per_token(model.config, dtype_bytes), context_length, bandwidth)
-
-
 # ---------------------------------------------------------------------------------------
 # The bound beside a benchmark run (`python -m specdemo bench --roofline`).
 

@@ -118,6 +118,13 @@ class Run:
     rounds: list[tuple[int, int]]  # (drafted, accepted) per round
     result: GenerationResult | None = None
 
+    @classmethod
+    def of(cls, result: GenerationResult, seconds: float) -> "Run":
+        stats = dict(result.stats)
+        stats["engine_seconds"] = stats.pop("seconds")
+        stats["prefill_s"] = result.prefill_seconds
+        return cls(result.token_ids, seconds, stats, [(len(r.drafted), r.accepted) for r in result.rounds], result)
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -182,7 +189,7 @@ def run_ours(pair, method: str, prompt_ids: list[int], params: dict, seed: int, 
         result = generate(pair, prompt_ids, method, **{**params, "seed": seed}, cache=cache, compile=compile)
         _sync(device)
         seconds = time.perf_counter() - start - result.off_clock_seconds
-    return _run_of(result, seconds)
+    return Run.of(result, seconds)
 
 
 def run_torch_copy_ar(pair, prompt_ids: list[int], params: dict, seed: int, cache: str | None = None,
@@ -206,17 +213,10 @@ def run_batch(pair, method: str, ids: list[list[int]], params: dict, seed: int) 
                                  **{**params, "seed": seed})
         _sync(pair.device)
         seconds = time.perf_counter() - start
-    runs = [_run_of(result, result.seconds) for result in results]
+    runs = [Run.of(result, result.seconds) for result in results]
     for run in runs if on_copy else ():
         run.stats["runtime"] = TORCH_COPY
     return runs, seconds
-
-
-def _run_of(result: GenerationResult, seconds: float) -> Run:
-    stats = dict(result.stats)
-    stats["engine_seconds"] = stats.pop("seconds")
-    stats["prefill_s"] = result.prefill_seconds
-    return Run(result.token_ids, seconds, stats, [(len(r.drafted), r.accepted) for r in result.rounds], result)
 
 
 class _AssistRecorder:

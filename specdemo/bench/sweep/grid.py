@@ -19,9 +19,6 @@ from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR
 SWEEP_METHODS = tuple(sorted(SWEPT, key=lambda name: METHODS[name].sweep.rank))
 # The methods that set their draft length as they go, against which the best fixed γ is judged.
 ADAPTIVE_METHODS = tuple(name for name in SWEEP_METHODS if METHODS[name].adapts)
-# Each threshold rule (a method swept over one threshold that has a default) and the axis it is swept on.
-RULE_AXES = {name: METHODS[name].sweep.axes[0] for name in SWEEP_METHODS
-             if not METHODS[name].sweep.needs_values and len(METHODS[name].sweep.axes) == 1}
 DEFAULT_STOP_CAP = 8  # the per-token rules draft at most this many tokens a round
 DEFAULT_GAMMAS = (1, 2, 3, 4, 6, 8)
 DEFAULT_GAMMA_MAXES = (2, 4, 6, 8)

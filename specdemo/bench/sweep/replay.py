@@ -112,18 +112,11 @@ def _items(prompts) -> list[SuitePrompt]:
             for i, p in enumerate(prompts)]
 
 
-def _as_run(result, seconds: float) -> Run:
-    stats = dict(result.stats)
-    stats["engine_seconds"] = stats.pop("seconds")
-    stats["prefill_s"] = result.prefill_seconds
-    return Run(result.token_ids, seconds, stats, [(len(r.drafted), r.accepted) for r in result.rounds], result)
-
-
 def _prompt_rows(pair, costs, item, index, seed, ids, recording, runs, replayed) -> list[dict]:
     """One prompt's rows: AR's measured run (the recording), then each replayed setting, with predictions."""
     ar = recording.ar_result
-    group = [(runs[0], 0, _as_run(ar, ar.seconds))] + [
-        (setting, position + 1, _as_run(result, math.nan)) for position, (setting, result) in
+    group = [(runs[0], 0, Run.of(ar, ar.seconds))] + [
+        (setting, position + 1, Run.of(result, math.nan)) for position, (setting, result) in
         enumerate(zip(runs[1:], replayed))]
     rows = group_rows(item, index, 0, seed, ids, group, greedy=True)
     predicted = []
