@@ -238,6 +238,20 @@ def select_prompts(
     return chosen
 
 
+def as_prompts(prompts: Sequence[SuitePrompt] | Sequence[str] | Iterable[dict] | str | Path | None) -> list[SuitePrompt]:
+    """What a run was given as prompts, as suite prompts: the default suite for None, a suite file's
+    for a path, bare strings as prompts of category "prompt", anything else read as a suite's records."""
+    if prompts is None:
+        prompts = DEFAULT_SUITE
+    if isinstance(prompts, (str, Path)):
+        return load_suite(prompts)
+    prompts = list(prompts)
+    if not prompts or not all(isinstance(p, (str, SuitePrompt)) for p in prompts):
+        return load_suite(prompts)  # an empty list is refused as an empty suite is
+    return [p if isinstance(p, SuitePrompt) else SuitePrompt(f"prompt-{i + 1}", "prompt", p)
+            for i, p in enumerate(prompts)]
+
+
 def encode_prompt(pair, item: SuitePrompt, chat: bool) -> list[int]:
     """Token ids every method is fed: through the chat template when chat is on (never for an
     encoder-decoder pair, whose encoder reads the request, or the transcript, as text)."""

@@ -31,7 +31,7 @@ from .schedule import WARM_UP_TOKENS, Turn, base_seed, check_count, play, schedu
 from .statistics import summarize
 from .batching import BATCH_COLUMNS, BATCH_SUMMARY_COLUMNS, parse_batch_sizes, summarize_batches
 from .threads import ThreadPlan
-from ..suite import DEFAULT_SUITE, SuitePrompt, conversation, encode_prompt, load_suite, prompts_label, select_prompts
+from ..suite import SuitePrompt, as_prompts, conversation, encode_prompt, prompts_label, select_prompts
 from . import tables
 from .tables import target_perplexity
 from .vs_float32 import AGREEMENT_COLUMNS, Float32Reference, agreement, runs_below_float32, target_is_float32
@@ -114,10 +114,10 @@ def run_benchmark(
     engine = EngineOptions.from_values(cache=cache, compile=compile)
     check_count("repeats", repeats)
     if cluster is not None:
-        return _run_on_cluster(pair, _prompts(suite, categories, limit), cluster, progress, BenchPart(
+        return _run_on_cluster(pair, select_prompts(as_prompts(suite), categories, limit), cluster, progress, BenchPart(
             (), (), methods, repeats, warmup, decode, engine.cache, engine.compile, threads, vs_float32 is not None))
     names = with_torch_copy_reference(parse_bench_methods(methods, pair), pair, decode, engine.compile)
-    prompts = _prompts(suite, categories, limit)
+    prompts = select_prompts(as_prompts(suite), categories, limit)
     encoded = [_first_turn_ids(pair, item, decode) for item in prompts]
     total = sum(p.turn_count for p in prompts) * len(names) * repeats + (len(names) if warmup else 0)
     session = _Session(pair, decode, engine, names, repeats, total, progress,
@@ -176,13 +176,6 @@ def _run_meta(session: "_Session", threads: ThreadPlan | None, names: list[str])
                                   else "AR on a float32 copy of the target, timed in no row")
         meta["fp32_reference_seconds"] = session.float32.seconds
     return meta
-
-
-def _prompts(suite, categories, limit) -> list[SuitePrompt]:
-    items = suite if suite is not None else DEFAULT_SUITE
-    if not (isinstance(items, Sequence) and items and all(isinstance(p, SuitePrompt) for p in items)):
-        items = load_suite(items)
-    return select_prompts(items, categories, limit)
 
 
 def _first_turn_ids(pair, item: SuitePrompt, decode: DecodeParams) -> list[int]:

@@ -36,7 +36,7 @@ from ...engine.params import DecodeParams
 from ...engine.replay import record, replay_grid
 from ..measure.costs import cost_table, ensure_drafter, predict_seconds, prediction_errors
 from ..measure.runners import Run, measured_on
-from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite
+from ..suite import SuitePrompt, as_prompts, encode_prompt
 from .grid import Setting
 from .rows import group_rows, ratio
 from .runner import run_sweep, sweep_runs
@@ -65,7 +65,7 @@ def replay_sweep(pair, prompts: Sequence[SuitePrompt] | Sequence[str] | str | Pa
                          "greedy AR's path, where nothing was recorded; replay at temperature 0")
     runs = sweep_runs(pair, settings, base)
     costs = costs if costs is not None else cost_table(pair)
-    items = _items(prompts)
+    items = as_prompts(prompts)
     # record's own top_k is how many of the target's best ids it keeps; greedy decoding reads no sampling top-k.
     shared = {k: v for k, v in base.as_dict().items() if k not in ("seed", "top_k")}
     seed = base.seed if base.seed is not None else 1234
@@ -98,18 +98,6 @@ def replay_sweep(pair, prompts: Sequence[SuitePrompt] | Sequence[str] | str | Pa
 def _tick(progress: Progress | None, done: int, total: int, message: str) -> None:
     if progress is not None:
         progress(done, total, message)
-
-
-def _items(prompts) -> list[SuitePrompt]:
-    if prompts is None:
-        return list(DEFAULT_SUITE)
-    if isinstance(prompts, (str, Path)):
-        return list(load_suite(prompts))
-    prompts = list(prompts)
-    if not prompts:
-        raise ValueError("sweep --replay: no prompts to run")
-    return [p if isinstance(p, SuitePrompt) else SuitePrompt(f"prompt-{i + 1}", "prompt", p)
-            for i, p in enumerate(prompts)]
 
 
 def _prompt_rows(pair, costs, item, index, seed, ids, recording, runs, replayed) -> list[dict]:

@@ -21,7 +21,7 @@ from ..measure.runners import measured_on, run_batch, run_ours
 from ...engine.runtimes import refusal, runtime_reason
 from ...models.torch_copy import TORCH_COPY_AR, on_torch
 from ..measure.tables import tokens_frame
-from ..suite import DEFAULT_SUITE, SuitePrompt, encode_prompt, load_suite, prompts_label, select_prompts
+from ..suite import SuitePrompt, as_prompts, encode_prompt, prompts_label, select_prompts
 from .grid import AR, TORCH_COPY_AR_SETTING, Setting
 from .rows import group_rows, rows_frame
 from .summary import SweepResult, merged_result, sweep_meta, sweep_result
@@ -41,23 +41,6 @@ class SweepEvent:
     tokens: list[dict] = field(default_factory=list)  # one per drafted token so far, TOKEN_COLUMNS (grows in place)
     finished: bool = False
     stopped: bool = False  # should_stop() ended the sweep early
-
-
-def _prompts(prompts, categories, limit) -> list[SuitePrompt]:
-    if prompts is None:
-        prompts = DEFAULT_SUITE
-    if isinstance(prompts, (str, Path)):
-        prompts = load_suite(prompts)
-    else:
-        prompts = list(prompts)
-        if prompts and all(isinstance(p, str) for p in prompts):
-            prompts = [SuitePrompt(f"prompt-{i + 1}", "prompt", p) for i, p in enumerate(prompts)]
-        elif not all(isinstance(p, SuitePrompt) for p in prompts):
-            prompts = load_suite(prompts)
-    chosen = select_prompts(prompts, categories, limit)
-    if not chosen:
-        raise ValueError("sweep: no prompts to run")
-    return chosen
 
 
 def iter_sweep(
@@ -94,7 +77,7 @@ def iter_sweep(
                           batch=batch)
         if refused:
             raise ValueError(f"sweep: {setting.label} at a batch above 1: {refused}")
-    items = _prompts(prompts, categories, limit)
+    items = select_prompts(as_prompts(prompts), categories, limit)
     encoded = []
     for item in items:
         try:
@@ -282,7 +265,7 @@ def _run_on_cluster(pair, prompts, runs, cluster, *, repeats, categories, limit,
 
     check_count("repeats", repeats)
     DecodeParams.from_values(**params)  # bad values fail before the cluster is reached
-    spec, items = PairSpec.of(pair), _prompts(prompts, categories, limit)
+    spec, items = PairSpec.of(pair), select_prompts(as_prompts(prompts), categories, limit)
     pool = WorkerPool(spec, cluster)
     tasks = [SweepPart(tuple(items[i] for i in part), tuple(part), tuple(runs), repeats, warmup, dict(params))
              for part in parts(len(items), pool.cluster.prompts_for(len(items), pool.size))]
