@@ -178,22 +178,18 @@ def run_suite(settings: Settings, stages: list[Stage]) -> list:
     # (buckets, static caches, transformers' compiled generate) with dynamo switched off, and
     # switches it back as it was found, so a caller in the same process compiles as before.
     with torch._dynamo.config.patch(disable=True) if rehearsal else contextlib.nullcontext():
-        return _run_suite(settings, stages, rehearsal)
-
-
-def _run_suite(settings: Settings, stages: list[Stage], rehearsal: bool) -> list:
-    log = _logger(time.monotonic())
-    settings.out.mkdir(parents=True, exist_ok=True)
-    if rehearsal:
-        log("rehearsal on a CPU: torch.compile is switched off, its code paths run eagerly")
-    facts = environment(settings.device, settings.dtype)
-    if rehearsal:
-        facts.append(("compile", "off (CPU rehearsal)"))
-    facts.append(("budget", f"{settings.budget_minutes:g} min"))
-    save_cache = _compile_cache(settings, facts, log)
-    outcomes = run_stages(stages, settings, partial(_write_summary, settings, facts), log, after_unit=save_cache)
-    log(f"summary: {settings.out / 'summary.md'}")
-    return outcomes
+        log = _logger(time.monotonic())
+        settings.out.mkdir(parents=True, exist_ok=True)
+        if rehearsal:
+            log("rehearsal on a CPU: torch.compile is switched off, its code paths run eagerly")
+        facts = environment(settings.device, settings.dtype)
+        if rehearsal:
+            facts.append(("compile", "off (CPU rehearsal)"))
+        facts.append(("budget", f"{settings.budget_minutes:g} min"))
+        save_cache = _compile_cache(settings, facts, log)
+        outcomes = run_stages(stages, settings, partial(_write_summary, settings, facts), log, after_unit=save_cache)
+        log(f"summary: {settings.out / 'summary.md'}")
+        return outcomes
 
 
 def _compile_cache(settings: Settings, facts: list, log):
