@@ -14,7 +14,7 @@ import torch
 from specdemo.engine.drafters.feature_head import FeatureHead
 from specdemo.models.embedded import HEAD_DIR
 from specdemo.training.install import README, TABLE_END, TABLE_START, decide, head_table, install
-from specdemo.training.writer import write_batch
+from specdemo.training.generation import answer_batch
 from tests.tiny import VOCAB, write_tiny_head
 
 HELDOUT = [[1, 5, 9, 12], [1, 7, 8], [1, 3, 4, 5, 6], [1, 20, 21]]
@@ -44,7 +44,7 @@ def setting(tmp_path, tiny_pair):
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()  # as evaluate measures
     answer_sets = {}
     for name, prefixes in (("heldout", HELDOUT), ("suite", SUITE)):
-        answers = write_batch(target, prefixes, max_new_tokens=12, stops={2}, pad_id=2, features=False)
+        answers = answer_batch(target, prefixes, max_new_tokens=12, stops={2}, pad_id=2, features=False)
         answer_sets[name] = [(p, a.tokens) for p, a in zip(prefixes, answers)]
     used = {t for answers in answer_sets.values() for _, a in answers for t in a}
     write_tiny_head(tmp_path / "drafts", target_dir)

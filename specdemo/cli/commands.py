@@ -32,7 +32,7 @@ TOOLS = by_command(("specdemo.bench.page", "specdemo.bench.ab", "specdemo.bench.
 TRAIN = by_command(("specdemo.training.corpus", "specdemo.training.passages", "specdemo.training.layers",
                     "specdemo.training.eagle", "specdemo.training.evaluate", "specdemo.training.curve",
                     "specdemo.training.card", "specdemo.training.install", "specdemo.training.carve",
-                    "specdemo.training.writer", "specdemo.training.at_scale", "specdemo.training.train_draft",
+                    "specdemo.training.at_scale", "specdemo.training.train_draft",
                     "specdemo.training.specdecpp", "specdemo.training.osd"),
                    renamed={"specdemo.training.train_draft": "draft-lm"})
 

@@ -5,7 +5,7 @@
 
 Stages, in order, each with a share of the budget (`--plan write=0.45,train=0.3,measure=0.2`; what is left, 0.05, covers the card and the cap):
 
-1. `write`: the target answers requests with the batched writer (`writer.py`) into a corpus in
+1. `write`: the target answers requests with the generation loop (`generation.py`) into a corpus in
    `--work` (it is large: the target's states at every position);
 2. `train`: the head learns from it with the recipe that measured best (docs/draft-recipes.md:
    tokens only, the training-time test over 4 steps, rejected positions ×2 when continuing a head),

@@ -25,9 +25,8 @@ from specdemo.models.tokens import collect_eos_ids, cpu_name, encode_messages
 from . import corpus as corpus_module
 from .eagle import length_groups, read_sequences, split_by_request, train_head
 from .evaluate import heldout_acceptance, heldout_agreement, outside_subset_share, step_cost
-from .generation import padding_id
+from .generation import answer_all, padding_id
 from .prompts import heldout_prompts, written_prompts
-from .writer import write_all
 
 TINY_VOCAB = 320  # a byte-level BPE: the 256 bytes, some merges, the special tokens
 TINY_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}" \
@@ -141,11 +140,12 @@ def _minutes_left(deadline: float, reserve: float = 0.0) -> float:
 
 
 def write_stage(ctx: Context, deadline: float) -> dict:
-    """The target answers requests with the batched writer until the stage's deadline."""
+    """The target answers requests with the generation loop until the stage's deadline."""
     model, tokenizer = ctx.target()
     scale = ctx.scale
     started = time.monotonic()
-    writer = functools.partial(write_all, compile_step=ctx.compile_step)
+    # Finished rows leave sampled shards too: faster, and no other run's samples to match.
+    writer = functools.partial(answer_all, compile_step=ctx.compile_step, drop_finished=not ctx.compile_step)
     manifest = corpus_module.build(
         model, tokenizer, ctx.corpus_dir, prompts=scale.prompts, self_instruct_count=0, batch=scale.batch,
         derived_per_shard=scale.batch // 4, max_new_tokens=scale.max_new_tokens, minutes=_minutes_left(deadline),
@@ -243,11 +243,11 @@ def measured_requests(ctx: Context) -> dict[str, tuple[list[list[tuple[str, str]
 
 
 def reference_answers(ctx: Context, requests: list[list[tuple[str, str]]]) -> list[tuple[list[int], list[int]]]:
-    """The target's greedy answers, written by the batched writer on the run's device."""
+    """The target's greedy answers, written by the generation loop on the run's device."""
     model, tokenizer = ctx.target(torch.float32)
     prefixes = [encode_messages(tokenizer, messages) for messages in requests]
-    answers = write_all(model, prefixes, batch=ctx.scale.batch, max_new_tokens=ctx.scale.measure_new_tokens,
-                        stops=collect_eos_ids(model, tokenizer), pad_id=padding_id(tokenizer), features=False)
+    answers = answer_all(model, prefixes, batch=ctx.scale.batch, max_new_tokens=ctx.scale.measure_new_tokens,
+                         stops=collect_eos_ids(model, tokenizer), pad_id=padding_id(tokenizer), features=False)
     return [(prefix, answer.tokens) for prefix, answer in zip(prefixes, answers)]
 
 

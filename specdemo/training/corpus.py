@@ -35,7 +35,6 @@ import torch
 from ..models.tokens import collect_eos_ids, encode_messages
 from . import prompts as request_source
 from .generation import answer_all, answer_batch, padding_id
-from .writer import write_all
 
 SELF_INSTRUCT_KINDS = [
     "a question", "a request for advice", "a how-to question", "a request to explain something",
@@ -246,8 +245,7 @@ def build(model, tokenizer, out: Path, *, prompts: int = 6000, self_instruct_cou
           workers: int = 1, feature_layers: tuple[int, ...] = (), writer=answer_all, log=print) -> dict:
     """Grow the corpus under `out` until the requests run out, `minutes` pass or `max_shards` exist.
 
-    `writer` answers a shard's requests: `generation.answer_all`, or `writer.write_all` (the same
-    records from a preallocated cache, finished rows dropped). Either writes the same shards.
+    `writer` answers a shard's requests: `generation.answer_all`, or that loop with other options.
 
     With `workers` > 1, this process writes only the shards whose index is `worker` modulo
     `workers`, so several processes (one per core) grow one corpus without writing the same shard.
@@ -315,9 +313,6 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", type=int, default=0, help="this process's index among --workers")
     parser.add_argument("--feature-layers", type=parse_layers, default=(),
                         help="also keep these intermediate layers' states, e.g. 2,15 (for a fused-feature head)")
-    parser.add_argument("--writer", choices=["batched", "loop"], default="loop",
-                        help="batched: a preallocated cache with finished rows dropped (training/writer.py); "
-                             "loop: generation.answer_all. Both write the same shards")
     args = parser.parse_args(argv)
     if not 0 <= args.worker < args.workers:
         parser.error("--worker must be in 0 .. --workers - 1")
@@ -328,7 +323,7 @@ def main(argv=None) -> int:
                      batch=args.batch, derived_per_shard=args.derived_per_shard, max_new_tokens=args.max_new_tokens,
                      sample_every=args.sample_every, minutes=args.minutes, max_shards=args.max_shards, seed=args.seed,
                      worker=args.worker, workers=args.workers, feature_layers=args.feature_layers,
-                     writer=write_all if args.writer == "batched" else answer_all, log=lambda m: print(m, flush=True))
+                     log=lambda m: print(m, flush=True))
     print(json.dumps(manifest))
     return 0
 

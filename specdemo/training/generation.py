@@ -10,8 +10,22 @@ with `features=True`, the target's final hidden state at every position it was f
 feature-level draft reads), and with `feature_layers` the states of those intermediate layers
 too (what a fused-feature head reads). All come out of the generating forward: no second pass.
 
-The corpus (`corpus.py`) and the draft LM's trainer (`train_draft.py`) both answer through
-`answer_batch` / `answer_all`.
+How it spends as little as it can, each for a measured reason (docs/embedded-pair.md):
+
+- **One preallocated cache per batch.** Keys and values live in a slab sized for the prompt plus
+  every new token, written in place (`DynamicCache` concatenates the whole cache every step). The
+  attention mask, the states and the top-k log-probabilities go into preallocated buffers too, so a
+  step allocates nothing that grows with the answer.
+- **Finished rows leave a greedy batch.** Every few steps the rows whose answer has ended are read
+  back, their records cut, and they are dropped from the batch and its cache, so the rest stop
+  paying for them. A sampled batch keeps them: a row's draw depends on the rows drawn with it, so
+  dropping rows would change what a seed writes.
+- **One read-back every few steps** (`DONE_CHECK_EVERY`), so a GPU queues steps ahead.
+- **Optional `torch.compile`** of the decoder's one-token step (`compile_step=True`, CUDA): finished
+  rows then stay in the batch, since dropping them would change the compiled shapes.
+
+The corpus (`corpus.py`), the draft LM's trainer (`train_draft.py`) and the run at scale
+(`at_scale_stages.py`) all answer through `answer_batch` / `answer_all`.
 """
 
 from __future__ import annotations
@@ -21,6 +35,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+from transformers import DynamicCache
+
+from specdemo.engine.targets.batched import GrowingLayer
 
 TOPK = 16
 DONE_CHECK_EVERY = 8
@@ -54,80 +71,153 @@ def left_padded(prefixes: list[list[int]], pad_id: int) -> tuple[torch.Tensor, t
     return ids, mask
 
 
+class SlabLayer(GrowingLayer):
+    """A cache layer whose buffer holds `capacity` slots from the first write: no growth, no copy."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+
+    def _reserve(self, slots: int, like: torch.Tensor) -> None:
+        if self.buffers is not None and self.buffers[0].shape[2] >= slots and self.buffers[0].shape[0] == like.shape[0]:
+            return
+        shape = (like.shape[0], like.shape[1], max(self.capacity, slots), like.shape[3])
+        fresh = tuple(torch.empty(shape, dtype=like.dtype, device=like.device) for _ in range(2))
+        if self.buffers is not None and self.held:
+            for new, old in zip(fresh, self.buffers):
+                new[:, :, : self.held] = old[:, :, : self.held]
+        self.buffers = fresh
+
+
+class _Batch:
+    """The device-side state of one batch: live rows only, in buffers sized for the whole answer."""
+
+    def __init__(self, model, prefixes: list[list[int]], max_new_tokens: int, pad_id: int, topk: int,
+                 features: bool, feature_layers: tuple[int, ...]):
+        self.device = next(model.parameters()).device
+        ids, mask = (t.to(self.device) for t in left_padded(prefixes, pad_id))
+        rows, self.width = ids.shape
+        self.capacity = self.width + max_new_tokens
+        self.cache = DynamicCache(config=model.config)
+        self.cache.layers = [SlabLayer(self.capacity) for _ in self.cache.layers]
+        self.mask = torch.zeros(rows, self.capacity, dtype=torch.long, device=self.device)
+        self.mask[:, : self.width] = mask
+        self.positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        self.prompt_ids = ids
+        d = model.config.hidden_size
+        self.states = torch.empty(rows, self.capacity, d, dtype=torch.float16, device=self.device) if features else None
+        self.layer_states = (torch.empty(rows, self.capacity, len(feature_layers) * d, dtype=torch.float16,
+                                         device=self.device) if feature_layers else None)
+        self.tokens = torch.zeros(rows, max_new_tokens, dtype=torch.long, device=self.device)
+        self.top_ids = torch.zeros(rows, max_new_tokens, topk, dtype=torch.int32, device=self.device)
+        self.top_logp = torch.zeros(rows, max_new_tokens, topk, dtype=torch.float16, device=self.device)
+        self.done = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        self.members = list(range(rows))  # which prefix each row of the buffers holds
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only these rows (indices into the live rows), in every buffer and the cache."""
+        for layer in self.cache.layers:
+            layer.replace(layer.keys.index_select(0, index), layer.values.index_select(0, index))
+        for name in ("mask", "positions", "states", "layer_states", "tokens", "top_ids", "top_logp", "done"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, value.index_select(0, index))
+        kept = index.tolist()
+        self.members = [self.members[i] for i in kept]
+
+
+def _store_states(batch: _Batch, out, column: slice, feature_layers: tuple[int, ...]) -> None:
+    if batch.states is not None:
+        batch.states[:, column] = out.last_hidden_state
+    if batch.layer_states is not None:
+        batch.layer_states[:, column] = torch.cat([out.hidden_states[i] for i in feature_layers], dim=-1)
+
+
+def _finish_rows(batch: _Batch, rows: list[int], steps: int, prefixes, stops: set[int], answers: list) -> None:
+    """Cut the answers of these live rows after their first stop token and keep their records."""
+    if not rows:
+        return
+    index = torch.tensor(rows, device=batch.device)
+    tokens = batch.tokens.index_select(0, index)[:, :steps].cpu()
+    top_ids = batch.top_ids.index_select(0, index)[:, :steps].cpu()
+    top_logp = batch.top_logp.index_select(0, index)[:, :steps].cpu()
+    states = None if batch.states is None else batch.states.index_select(0, index).cpu()
+    layers = None if batch.layer_states is None else batch.layer_states.index_select(0, index).cpu()
+    for k, row in enumerate(rows):
+        prefix = prefixes[batch.members[row]]
+        answer = tokens[k].tolist()
+        for i, token in enumerate(answer):
+            if token in stops:
+                answer = answer[: i + 1]
+                break
+        # the buffers' columns [width + steps]: the prefix's and the answer's fed positions
+        fed = slice(batch.width - len(prefix), batch.width + len(answer) - 1)
+        answers[batch.members[row]] = Answer(
+            answer, None if states is None else states[k, fed].clone(), top_ids[k, : len(answer)].clone(),
+            top_logp[k, : len(answer)].clone(), None if layers is None else layers[k, fed].clone())
+
+
+def _decoder_step(body, compile_step: bool):
+    if not compile_step:
+        return body
+    return torch.compile(body, dynamic=True)
+
+
 @torch.inference_mode()
 def answer_batch(model, prefixes: list[list[int]], *, max_new_tokens: int, stops: set[int], pad_id: int,
                  temperature: float = 0.0, topk: int = TOPK, generator: torch.Generator | None = None,
-                 features: bool = True, feature_layers: tuple[int, ...] = ()) -> list[Answer]:
+                 features: bool = True, feature_layers: tuple[int, ...] = (), compile_step: bool = False,
+                 drop_finished: bool | None = None) -> list[Answer]:
     """Answer left-padded prefixes together, keeping top-k log-probs (and hidden states).
 
-    Runs the decoder body and the LM head separately so that the hidden state the head reads
-    is kept for free. generator: on the model's device (a CUDA multinomial takes only a CUDA one).
+    Runs the decoder body and the LM head separately so that the hidden state the head reads is
+    kept for free. generator: on the model's device (a CUDA multinomial takes only a CUDA one).
+    drop_finished: by default in a greedy batch that is not compiled (see the module's notes).
     """
-    device = next(model.parameters()).device
     body, head = model.get_decoder(), model.get_output_embeddings()
-    ids, mask = (t.to(device) for t in left_padded(prefixes, pad_id))
-    positions = (mask.cumsum(-1) - 1).clamp_min(0)
     layers = tuple(feature_layers) if features else ()
-    out = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-               output_hidden_states=bool(layers))
-    # Everything a step makes stays on the model's device until the batch ends, and whether every
-    # row has stopped is read back only every few steps: on a GPU a read-back per step would keep
-    # the host from queueing the next step while the device works.
-    step_features = [out.last_hidden_state.float()] if features else []
-    step_layers = [_layer_states(out, layers)] if layers else []
-    stop_tensor = torch.tensor(sorted(stops), device=device)
-    done = torch.zeros(len(prefixes), dtype=torch.bool, device=device)
-    tokens, top_i, top_v = [], [], []
+    drop_finished = (not compile_step and temperature <= 0) if drop_finished is None else drop_finished
+    batch = _Batch(model, prefixes, max_new_tokens, pad_id, topk, features, layers)
+    out = body(input_ids=batch.prompt_ids, attention_mask=batch.mask[:, : batch.width], position_ids=batch.positions,
+               cache=batch.cache, use_cache=True, output_hidden_states=bool(layers))
+    _store_states(batch, out, slice(0, batch.width), layers)
+    step_body = _decoder_step(body, compile_step)
+    stop_tensor = torch.tensor(sorted(stops), device=batch.device)
+    answers: list[Answer | None] = [None] * len(prefixes)
+    last_hidden = out.last_hidden_state[:, -1]
     for step in range(max_new_tokens):
-        logp = F.log_softmax(head(out.last_hidden_state[:, -1]).float(), dim=-1)
+        logp = F.log_softmax(head(last_hidden).float(), dim=-1)
         values, indices = logp.topk(min(max(topk, SAMPLE_CANDIDATES), logp.shape[-1]), dim=-1)
-        top_v.append(values[:, :topk].half())
-        top_i.append(indices[:, :topk].int())
+        batch.top_logp[:, step] = values[:, :topk].half()
+        batch.top_ids[:, step] = indices[:, :topk].int()
         if temperature > 0:
             pick = torch.multinomial(F.softmax(values / temperature, dim=-1), 1, generator=generator)
             nxt = indices.gather(1, pick).squeeze(1)
         else:
             nxt = indices[:, 0]
-        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-        tokens.append(nxt)
-        done |= torch.isin(nxt, stop_tensor)
-        if step + 1 == max_new_tokens or (step % DONE_CHECK_EVERY == DONE_CHECK_EVERY - 1 and bool(done.all())):
+        nxt = torch.where(batch.done, torch.full_like(nxt, pad_id), nxt)
+        batch.tokens[:, step] = nxt
+        batch.done |= torch.isin(nxt, stop_tensor)
+        if step + 1 == max_new_tokens:
             break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        positions = positions[:, -1:] + 1
-        out = body(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, cache=out.cache,
-                   use_cache=True, output_hidden_states=bool(layers))
-        if features:
-            step_features.append(out.last_hidden_state.float())
-        if layers:
-            step_layers.append(_layer_states(out, layers))
-    return _answers(prefixes, torch.stack(tokens, 1).cpu(), torch.stack(top_i, 1).cpu(), torch.stack(top_v, 1).cpu(),
-                    torch.cat(step_features, 1).cpu() if features else None, stops,
-                    torch.cat(step_layers, 1).cpu() if layers else None)
-
-
-def _layer_states(out, layers: tuple[int, ...]) -> torch.Tensor:
-    """[rows, n, len(layers) · d] float16: the chosen intermediate layers side by side."""
-    return torch.cat([out.hidden_states[i] for i in layers], dim=-1).half()
-
-
-def _answers(prefixes, generated, top_i, top_v, features, stops, layer_features=None) -> list[Answer]:
-    """Each row's answer cut after its first stop token, with what was kept for it."""
-    width = max(len(p) for p in prefixes)
-    answers = []
-    for row, prefix in enumerate(prefixes):
-        answer = generated[row].tolist()
-        for i, token in enumerate(answer):
-            if token in stops:
-                answer = answer[: i + 1]
+        if step % DONE_CHECK_EVERY == DONE_CHECK_EVERY - 1:
+            done = batch.done.tolist()
+            if all(done):
                 break
-        # [rows, width + steps - 1, ...]: the prefix's and the answer's fed positions
-        fed = slice(width - len(prefix), width + len(answer) - 1)
-        kept = None if features is None else features[row, fed].half().clone()
-        layers = None if layer_features is None else layer_features[row, fed].clone()
-        answers.append(Answer(answer, kept, top_i[row, : len(answer)].clone(), top_v[row, : len(answer)].clone(),
-                              layers))
-    return answers
+            if drop_finished and any(done):
+                _finish_rows(batch, [i for i, d in enumerate(done) if d], step + 1, prefixes, stops, answers)
+                batch.keep(torch.tensor([i for i, d in enumerate(done) if not d], device=batch.device))
+                nxt = batch.tokens[:, step]
+        column = batch.width + step
+        batch.mask[:, column] = 1
+        batch.positions = batch.positions[:, -1:] + 1
+        out = step_body(input_ids=nxt[:, None], attention_mask=batch.mask[:, : column + 1],
+                        position_ids=batch.positions, cache=batch.cache, use_cache=True,
+                        output_hidden_states=bool(layers))
+        _store_states(batch, out, slice(column, column + 1), layers)
+        last_hidden = out.last_hidden_state[:, -1]
+    _finish_rows(batch, list(range(len(batch.members))), step + 1, prefixes, stops, answers)
+    return answers  # type: ignore[return-value]
 
 
 def answer_all(model, prefixes: list[list[int]], *, batch: int, progress: str | None = None,
