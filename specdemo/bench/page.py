@@ -31,7 +31,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -192,21 +192,25 @@ def timed_run(page, server: psutil.Process, button: str, wait, csv_button: str) 
     server_cpu = spent(server_before, cpu_seconds(tree(server)))
     by_thread = sorted((seconds - threads_before.get(thread, 0.0) for thread, seconds in thread_seconds(server).items()),
                        reverse=True)
-    settle_cpu = settle(server, browser_after)
+    settle_cpu = settle(lambda: browser_processes(server), browser_after)
+    # A greedy Run goes on preparing the What-if panel on the server after "Done in" (one more AR decode
+    # and its chain book): the engine's timed pass that follows must not share the cores with it.
+    settle(lambda: tree(server), cpu_seconds(tree(server)))
     with page.expect_download() as download:
         page.locator(csv_button).click()
     return PageRun(pd.read_csv(download.value.path()), wall, browser_cpu, server_cpu, settle_cpu, by_thread)
 
 
-def settle(server: psutil.Process, since: dict[int, float], interval_s: float = 0.5, idle_cpu_s: float = 0.05,
-           timeout_s: float = 120) -> float:
-    """Wait until Chromium has drawn what the last update brought (two quiet intervals in a row, as a
-    visitor reads the charts before pressing Run again), so that this drawing overlaps neither the
-    engine's timed decodes nor the next run; returns the CPU seconds it took."""
+def settle(processes: Callable[[], Sequence[psutil.Process]], since: dict[int, float], interval_s: float = 0.5,
+           idle_cpu_s: float = 0.05, timeout_s: float = 120) -> float:
+    """Wait until `processes` (Chromium's: it has drawn what the last update brought, as a visitor reads the
+    charts before pressing Run again; the server's: it has finished a Run's after-work) are quiet for two
+    intervals in a row, so that their work overlaps neither the engine's timed decodes nor the next run;
+    returns the CPU seconds they spent."""
     deadline, quiet, last = time.perf_counter() + timeout_s, 0, since
     while quiet < 2 and time.perf_counter() < deadline:
         time.sleep(interval_s)
-        now = cpu_seconds(browser_processes(server))
+        now = cpu_seconds(processes())
         quiet = quiet + 1 if spent(last, now) < idle_cpu_s else 0
         last = now
     return spent(since, last)
