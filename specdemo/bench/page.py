@@ -506,13 +506,14 @@ def cost_table(page_runs: Sequence[PageRun], engine: EngineRuns) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def markdown(frame: pd.DataFrame, digits: int = 2) -> str:
-    """A DataFrame as a Markdown table (numbers rounded), for docs/benchmark.md."""
-    def cell(value) -> str:
+def markdown(frame: pd.DataFrame, digits: int = 2, cell: Callable[[object], str] | None = None) -> str:
+    """A DataFrame as a Markdown table (numbers rounded, or as `cell` writes them; no tabulate on a GPU image)."""
+    def rounded(value) -> str:
         if isinstance(value, float):
             return "–" if math.isnan(value) else f"{value:.{digits}f}"
         return str(value)
 
+    cell = cell or rounded
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
     return "\n".join(lines)

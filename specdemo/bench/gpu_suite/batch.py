@@ -16,6 +16,7 @@ from functools import partial
 from ...engine.methods import DEFAULT_METHODS, METHODS, REFERENCE
 from ..measure.batching import batch_verdict
 from ..measure.benchmark import run_benchmark
+from ..page import markdown
 from .measure import deadline_progress, decode_params, write_files
 from .pairs import SHAPES, TINY_SHAPES, forced_pair, suite_prompts, unit_tokens
 from .plan import Cost, Workload, default_cost
@@ -59,10 +60,4 @@ def run_batch_unit(ctx: StageContext, shape: tuple[str, str, str]) -> None:
     result.batches.to_csv(path, index=False)
     ctx.wrote(path)
     ctx.note(f"**{stem}** (eager+dynamic, forced acceptance {s.rate:.0%}): " + batch_verdict(result.batches))
-    ctx.note("\n" + "\n".join(markdown_table(result.batches[SHOWN])) + "\n")
-
-
-def markdown_table(frame) -> list[str]:
-    """A frame as markdown lines, numbers as the summary writes them (no tabulate on a GPU image)."""
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    return lines + ["| " + " | ".join(table_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    ctx.note("\n" + markdown(result.batches[SHOWN], cell=table_cell) + "\n")

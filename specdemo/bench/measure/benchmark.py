@@ -463,13 +463,10 @@ def _run_on_cluster(pair, prompts: list[SuitePrompt], cluster, progress, part: B
     """run_benchmark's prompts as tasks on a pool of Ray workers, merged into one BenchResult."""
     from dataclasses import replace
 
-    from ...models.spec import PairSpec
-    from .cluster import WorkerPool, cluster_meta, parts
+    from .cluster import run_parts
 
-    pool = WorkerPool(PairSpec.of(pair), cluster)
-    tasks = [replace(part, prompts=tuple(prompts[i] for i in chunk), indices=tuple(chunk))
-             for chunk in parts(len(prompts), pool.cluster.prompts_for(len(prompts), pool.size))]
-    outcome = pool.run(tasks, progress)
+    tasks, outcome, on_cluster = run_parts(pair, cluster, prompts, lambda chunk, indices: replace(
+        part, prompts=chunk, indices=indices), progress)
     done = [outcome.results[n] for n in sorted(outcome.results)]
     names = done[0]["meta"]["methods"] if done else parse_bench_methods(part.methods)
     records = [row for d in done for row in d["rows"].to_dict("records")]
@@ -484,7 +481,7 @@ def _run_on_cluster(pair, prompts: list[SuitePrompt], cluster, progress, part: B
               if drafted else pd.DataFrame(columns=TOKEN_COLUMNS))
     meta = dict(done[0]["meta"]) if done else {"methods": part.methods, "repeats": part.repeats}
     meta.update(prompts=len(prompts), categories=list(dict.fromkeys(p.category for p in prompts)),
-                stopped=outcome.stopped, cluster=cluster_meta(pool, outcome, len(tasks)),
+                stopped=outcome.stopped, cluster=on_cluster,
                 errors=[{"task": f.label, "attempts": f.attempts, "reason": f.reason} for f in outcome.failures])
     return result_of(rows, part.decode.gamma, rounds, meta, tokens)
 

@@ -271,13 +271,17 @@ class WorkerPool:
         return f"{where['node']}: {label}"
 
 
-def parts(count: int, per_part: int) -> list[range]:
-    """Indices 0..count-1 in consecutive parts of `per_part` (the last may be shorter)."""
-    return [range(start, min(start + per_part, count)) for start in range(0, count, per_part)]
-
-
-def cluster_meta(pool: WorkerPool, outcome: PoolOutcome, tasks: int) -> dict[str, Any]:
-    """What a result's meta says of the cluster run."""
-    return {"address": pool.cluster.address, "workers": pool.size, "worker_resources": pool.options,
-            "tasks": tasks, "finished_tasks": len(outcome.results), "failed_tasks": len(outcome.failures),
-            "replaced_workers": outcome.replaced, "measured_on": outcome.workers}
+def run_parts(pair, cluster: Cluster | str, items: Sequence, task_of: Callable[[tuple, tuple[int, ...]], Any],
+              progress: Progress | None = None, should_stop: Callable[[], bool] | None = None
+              ) -> tuple[list, PoolOutcome, dict[str, Any]]:
+    """`items` cut into consecutive parts, each a task (task_of(its items, their indices)), run on a pool of
+    workers for the pair: the tasks, what came back, and what a result's meta says of the cluster run."""
+    pool = WorkerPool(PairSpec.of(pair), cluster)
+    per_task = pool.cluster.prompts_for(len(items), pool.size)
+    chunks = [range(start, min(start + per_task, len(items))) for start in range(0, len(items), per_task)]
+    tasks = [task_of(tuple(items[i] for i in chunk), tuple(chunk)) for chunk in chunks]
+    outcome = pool.run(tasks, progress, should_stop)
+    return tasks, outcome, {
+        "address": pool.cluster.address, "workers": pool.size, "worker_resources": pool.options,
+        "tasks": len(tasks), "finished_tasks": len(outcome.results), "failed_tasks": len(outcome.failures),
+        "replaced_workers": outcome.replaced, "measured_on": outcome.workers}

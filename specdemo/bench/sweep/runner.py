@@ -260,17 +260,15 @@ class SweepPart:
 def _run_on_cluster(pair, prompts, runs, cluster, *, repeats, categories, limit, warmup, progress, should_stop,
                     params) -> SweepResult:
     """run_sweep's prompts as tasks on a pool of Ray workers, merged into one SweepResult."""
-    from ...models.spec import PairSpec
-    from ..measure.cluster import WorkerPool, cluster_meta, parts
+    from ..measure.cluster import run_parts
 
     check_count("repeats", repeats)
     DecodeParams.from_values(**params)  # bad values fail before the cluster is reached
-    spec, items = PairSpec.of(pair), select_prompts(as_prompts(prompts), categories, limit)
-    pool = WorkerPool(spec, cluster)
-    tasks = [SweepPart(tuple(items[i] for i in part), tuple(part), tuple(runs), repeats, warmup, dict(params))
-             for part in parts(len(items), pool.cluster.prompts_for(len(items), pool.size))]
-    outcome = pool.run(tasks, progress, should_stop)
+    tasks, outcome, on_cluster = run_parts(
+        pair, cluster, select_prompts(as_prompts(prompts), categories, limit),
+        lambda chunk, indices: SweepPart(chunk, indices, tuple(runs), repeats, warmup, dict(params)),
+        progress, should_stop)
     failures = [(f.index, f.label, f.attempts, f.reason) for f in outcome.failures]
     return merged_result([([item.id for item in task.prompts], outcome.results.get(n)) for n, task in enumerate(tasks)],
                          failures, runs, repeats=repeats, stopped=outcome.stopped,
-                         extra={"cluster": cluster_meta(pool, outcome, len(tasks))})
+                         extra={"cluster": on_cluster})
