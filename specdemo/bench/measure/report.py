@@ -46,7 +46,7 @@ def make_figures(result: BenchResult) -> dict[str, Any]:
     return figures
 
 
-def _layout(fig, title: str, x_title: str, y_title: str, **layout):
+def chart_layout(fig, title: str, x_title: str, y_title: str, **layout):
     fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, legend_title="method",
                       template="plotly_white", **layout)
     return fig
@@ -69,7 +69,7 @@ def _bars(summary: pd.DataFrame, column: str, std: str | None, title: str, y_tit
                     error_y=dict(type="data", array=part[std].fillna(0)) if std else None)
     if line is not None:
         fig.add_hline(y=line, line_dash="dot", line_color="grey")
-    return _layout(fig, title, "category", y_title, barmode="group")
+    return chart_layout(fig, title, "category", y_title, barmode="group")
 
 
 def _accepted_per_round(rounds: pd.DataFrame, methods: list[str]):
@@ -85,7 +85,7 @@ def _accepted_per_round(rounds: pd.DataFrame, methods: list[str]):
         counts = part.groupby("accepted")["count"].sum()
         fig.add_bar(name=bench_methods().get(method, method), x=counts.index.tolist(),
                     y=(counts / counts.sum()).tolist())
-    return _layout(fig, "Accepted drafts per round (rounds that drafted)", "drafts accepted in the round",
+    return chart_layout(fig, "Accepted drafts per round (rounds that drafted)", "drafts accepted in the round",
                    "fraction of rounds", barmode="group")
 
 
@@ -100,7 +100,7 @@ def _acceptance_by_category(rows: pd.DataFrame, methods: list[str]):
             continue
         fig.add_box(name=bench_methods().get(method, method), x=part.category, y=part.acceptance_rate,
                     boxpoints="all", jitter=0.3)
-    return _layout(fig, "Acceptance rate per run, by category", "category", "accepted / drafted", boxmode="group")
+    return chart_layout(fig, "Acceptance rate per run, by category", "category", "accepted / drafted", boxmode="group")
 
 
 def _predicted_vs_measured(summary: pd.DataFrame):
@@ -125,7 +125,7 @@ def _predicted_vs_measured(summary: pd.DataFrame):
     low, high = (min(0.5, values.min()), max(1.5, values.max())) if len(values) else (0.5, 1.5)
     fig.add_scatter(name="measured = predicted", x=[low, high], y=[low, high], mode="lines",
                     line=dict(dash="dot", color="grey"))
-    return _layout(fig, "Leviathan predicted vs measured speedup over AR", "predicted (× AR)", "measured (× AR)")
+    return chart_layout(fig, "Leviathan predicted vs measured speedup over AR", "predicted (× AR)", "measured (× AR)")
 
 
 _REPORT_SECTIONS = [

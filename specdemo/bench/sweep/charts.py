@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from ...engine.methods import ENTROPY_GAMMA, FIXED_GAMMA, METHODS, REFERENCE, TABLE_DRAFTING
+from ..measure.report import chart_layout
 from .grid import SWEEP_METHODS, copy_phrase, fmt
 
 # The trees a sweep grids by node budget: a tree offers the target its nodes as a chain offers its γ drafts.
@@ -16,12 +17,6 @@ _BUDGET_TREES = tuple(name for name in SWEEP_METHODS if "node_budget" in METHODS
 # The methods placed at the drafts per round they made, each with the axis that labels its points (None: none).
 _AT_DRAFTS = {name: next(iter(METHODS[name].sweep.axes), None) for name in SWEEP_METHODS
               if METHODS[name].sweep.at_drafts}
-
-
-def _layout(fig, title: str, xtitle: str, ytitle: str):
-    fig.update_layout(title=title, xaxis_title=xtitle, yaxis_title=ytitle, legend_title="method",
-                      template="plotly_white")
-    return fig
 
 
 def _errors(part: pd.DataFrame, column: str) -> dict:
@@ -65,7 +60,7 @@ def speedup_figure(summary: pd.DataFrame):
     _add_budget_trees(fig, summary)
     _add_stopping_rules(fig, summary)
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey", annotation_text="AR")
-    return _layout(fig, "Speedup over AR against γ (EGAG at its mean γ, trees at their nodes per round)",
+    return chart_layout(fig, "Speedup over AR against γ (EGAG at its mean γ, trees at their nodes per round)",
                    "γ (EGAG: mean γ; SD-tree: nodes per round)", "speedup (× AR)")
 
 
@@ -137,7 +132,7 @@ def predicted_figure(summary: pd.DataFrame):
     low, high = (min(0.5, values.min()), max(1.5, values.max())) if len(values) else (0.5, 1.5)
     fig.add_scatter(name="measured = predicted", x=[low, high], y=[low, high], mode="lines",
                     line=dict(dash="dot", color="grey"))
-    return _layout(fig, "Measured against predicted speedup (Leviathan, measured α per token and c)",
+    return chart_layout(fig, "Measured against predicted speedup (Leviathan, measured α per token and c)",
                    "predicted (× AR)", "measured (× AR)")
 
 
@@ -155,7 +150,7 @@ def flops_figure(summary: pd.DataFrame):
                         customdata=part[["draft_flops_per_token", "target_flops_per_token"]].to_numpy(),
                         hovertemplate="%{text}<br>%{x:.2f}× AR<br>draft %{customdata[0]:.3s}, target "
                                       "%{customdata[1]:.3s} FLOPs/token<extra></extra>")
-    return _layout(fig, "Estimated FLOPs per new token (draft + target) against speedup",
+    return chart_layout(fig, "Estimated FLOPs per new token (draft + target) against speedup",
                    "speedup (× AR)", "FLOPs per new token (estimate)")
 
 
