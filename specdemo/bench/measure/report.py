@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 
@@ -141,6 +141,16 @@ _REPORT_SECTIONS = [
 ]
 
 
+def figure_divs(figures: Sequence[tuple[str, Any, str | None]], plotlyjs: str) -> list[str]:
+    """Each (name, figure, title) as its div, under an <h2> of its title where it has one; plotly.js comes
+    with the first: "inline" embeds it (works offline, ~4 MB), "cdn" links to it."""
+    if plotlyjs not in ("inline", "cdn"):
+        raise ValueError(f"plotlyjs must be 'inline' or 'cdn', got {plotlyjs!r}")
+    return [(f"<h2>{html.escape(title)}</h2>\n" if title else "") + figure.to_html(
+        full_html=False, include_plotlyjs=(True if plotlyjs == "inline" else "cdn") if i == 0 else False,
+        div_id=f"fig-{name}") for i, (name, figure, title) in enumerate(figures)]
+
+
 def report_html(result: BenchResult, path: str | Path | None = None, plotlyjs: str = "inline",
                 figures: dict[str, Any] | None = None) -> str:
     """A single HTML page with the summary tables and the figures; written to path if given.
@@ -148,16 +158,9 @@ def report_html(result: BenchResult, path: str | Path | None = None, plotlyjs: s
     plotlyjs="inline" embeds plotly.js (works offline, ~4 MB); "cdn" links to it.
     figures: `make_figures(result)` when the caller has drawn them already.
     """
-    if plotlyjs not in ("inline", "cdn"):
-        raise ValueError(f"plotlyjs must be 'inline' or 'cdn', got {plotlyjs!r}")
     figures = figures if figures is not None else make_figures(result)
     meta, summary = result.meta, result.summary
-    parts = []
-    for i, (name, title) in enumerate(_REPORT_SECTIONS):
-        fig = figures[name]
-        include = (True if plotlyjs == "inline" else "cdn") if i == 0 else False
-        parts.append(f'<h2>{html.escape(title)}</h2>\n'
-                     + fig.to_html(full_html=False, include_plotlyjs=include, div_id=f"fig-{name}"))
+    parts = figure_divs([(name, figures[name], title) for name, title in _REPORT_SECTIONS], plotlyjs)
     pivot = summary.pivot_table(index="category", columns="method", values="speedup_vs_ar", sort=False)
     table = _summary_table(summary)
     info = _run_info(meta)

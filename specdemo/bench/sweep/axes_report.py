@@ -13,6 +13,7 @@ import pandas as pd
 
 from ..measure.batch_charts import batch_figures
 from ..measure.batching import batch_verdict, summarize_batches
+from ..measure.report import figure_divs
 from .axes import label, stacked
 from .charts import temperature_figure
 from .summary import SweepResult
@@ -52,8 +53,6 @@ def batch_verdicts(batches: pd.DataFrame, others: Sequence[str]) -> list[str]:
 
 def axes_report_html(runs: Runs, table: pd.DataFrame, path: str | Path | None = None, plotlyjs: str = "inline") -> str:
     """The page: the verdicts, the batch charts and table, the temperature chart, the combinations' table."""
-    if plotlyjs not in ("inline", "cdn"):
-        raise ValueError(f"plotlyjs must be 'inline' or 'cdn', got {plotlyjs!r}")
     figures: list[tuple[str, Any]] = []
     sections = []
     batches = axes_batches(runs)
@@ -65,9 +64,7 @@ def axes_report_html(runs: Runs, table: pd.DataFrame, path: str | Path | None = 
             figures += [(f"{name}{len(figures)}", fig) for name, fig in batch_figures(part).items()]
     if any("temperature" in combination for combination, _ in runs):
         figures.append(("temperature", temperature_figure(stacked(runs, "summary"))))
-    charts = "".join(fig.to_html(full_html=False, div_id=f"fig-{name}",
-                                 include_plotlyjs=((True if plotlyjs == "inline" else "cdn") if i == 0 else False))
-                     for i, (name, fig) in enumerate(figures))
+    charts = "".join(figure_divs([(name, fig, None) for name, fig in figures], plotlyjs))
     tables = table.to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="–", border=0)
     if batches is not None:
         tables += batches.to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="–", border=0)

@@ -8,6 +8,7 @@ import html
 from pathlib import Path
 
 from ...engine.pair import DRAFT_ROLE, TARGET_ROLE
+from ..measure.report import figure_divs
 from . import rows
 from .charts import FIGURES, sweep_figures
 from .summary import SweepResult
@@ -27,16 +28,10 @@ WHY_TITLES = {
 
 def report_html(result: SweepResult, path: str | Path | None = None, plotlyjs: str = "inline") -> str:
     """One HTML page: the verdict, the summary table, the figures and the definitions."""
-    if plotlyjs not in ("inline", "cdn"):
-        raise ValueError(f"plotlyjs must be 'inline' or 'cdn', got {plotlyjs!r}")
     summary, meta = result.summary, result.meta
     figures = {**sweep_figures(summary), **result.why_figures()}
     titles = {**{name: title for name, (title, _) in FIGURES.items()}, **WHY_TITLES}
-    parts = []
-    for i, (name, title) in enumerate(titles.items()):
-        include = (True if plotlyjs == "inline" else "cdn") if i == 0 else False
-        parts.append(f"<h2>{html.escape(title)}</h2>\n"
-                     + figures[name].to_html(full_html=False, include_plotlyjs=include, div_id=f"fig-{name}"))
+    parts = figure_divs([(name, figures[name], title) for name, title in titles.items()], plotlyjs)
     table = summary[_SHOWN].to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="", border=0,
                                     classes="summary")
     params = ", ".join(f"{k}={v}" for k, v in meta.get("params", {}).items())
