@@ -174,8 +174,11 @@ class _PerToken:
         return self.speedup(method, reference)
 
 
-def _ratio(numerator: float, denominator: float) -> float:
-    return numerator / denominator if denominator and math.isfinite(denominator) and denominator > 0 else math.nan
+def ratio(numerator: float, denominator: float) -> float:
+    try:
+        return numerator / denominator if denominator and math.isfinite(denominator) and denominator > 0 else math.nan
+    except TypeError:
+        return math.nan
 
 
 def leviathan_speedup(alpha: float, gamma: float, cost_ratio: float, verify_cost: float = 1.0) -> float:
@@ -204,7 +207,7 @@ def break_evens(rows: pd.DataFrame, summary: pd.DataFrame) -> dict[str, tuple[Br
     ar = ok[ok.method == REFERENCE]
     if ar.empty:
         return {}
-    ar_step = _ratio(ar.verify_seconds.sum(), ar.target_forwards.sum())
+    ar_step = ratio(ar.verify_seconds.sum(), ar.target_forwards.sum())
     overall = summary[summary.category == ALL].set_index("method")
     out = {}
     for method in dict.fromkeys(ok.method):
@@ -223,9 +226,9 @@ def summarize(rows: pd.DataFrame, gamma: int | None = None, tokens: pd.DataFrame
         sub = ok if category == ALL else ok[ok.category == category]
         per_token = _PerToken(sub)
         ar = sub[sub.method == REFERENCE]
-        ar_step = _ratio(ar.verify_seconds.sum(), ar.target_forwards.sum()) if not ar.empty else math.nan
+        ar_step = ratio(ar.verify_seconds.sum(), ar.target_forwards.sum()) if not ar.empty else math.nan
         sd = sub[sub.method == FIXED_GAMMA]
-        sd_cost = _ratio(sd.draft_seconds.sum(), sd.draft_forwards.sum()) if not sd.empty else math.nan
+        sd_cost = ratio(sd.draft_seconds.sum(), sd.draft_forwards.sum()) if not sd.empty else math.nan
         for method in dict.fromkeys(rows.method):
             mine = sub[sub.method == method]
             everything = rows[(rows.method == method) & ((rows.category == category) if category != ALL else True)]
@@ -279,14 +282,14 @@ def _measured(per_token: _PerToken, mine: pd.DataFrame, everything: pd.DataFrame
         "speedup_vs_ar": speed_ar, "speedup_vs_ar_std": speed_ar_std,
         "speedup_vs_hf": speed_hf, "speedup_vs_hf_std": speed_hf_std,
         "speedup_vs_hf_static": speed_hfs, "speedup_vs_hf_static_std": speed_hfs_std,
-        "acceptance_rate": _ratio(accepted, drafted) if drafted else math.nan,
+        "acceptance_rate": ratio(accepted, drafted) if drafted else math.nan,
         "alpha": leviathan_alpha(accepted, mine.rejected_rounds.sum()),
-        "mean_accepted_tokens": _ratio(mine.new_tokens.sum(), mine.rounds.sum()),
-        "target_forwards_per_token": _ratio(mine.target_forwards.sum(), mine.new_tokens.sum()),
+        "mean_accepted_tokens": ratio(mine.new_tokens.sum(), mine.rounds.sum()),
+        "target_forwards_per_token": ratio(mine.target_forwards.sum(), mine.new_tokens.sum()),
         "mean_gamma": mine.mean_gamma.mean(),
-        "mean_drafted": _ratio(drafted, mine.rounds.sum()),
+        "mean_drafted": ratio(drafted, mine.rounds.sum()),
         # Rounds copied from the context (copy_n) of all rounds; transformers' peers never copy in this sense.
-        "copied_share": (_ratio(mine.copied_rounds.sum(), mine.rounds.sum())
+        "copied_share": (ratio(mine.copied_rounds.sum(), mine.rounds.sum())
                          if mine.copied_rounds.notna().any() else math.nan),
         "exact_match_pct": 100.0 * matches.astype(bool).mean() if len(matches) else math.nan,
         **_divergences(mine),
@@ -328,14 +331,14 @@ def _predicted(method: str, mine: pd.DataFrame, sd: pd.DataFrame, ar_step: float
     """Leviathan's predicted speedup from the measured α and draft cost (and with the measured verify cost)."""
     if method == TABLE_DRAFTING:
         slots = (mine.rounds * mine.mean_gamma).sum()
-        cost = _ratio(_ratio(mine.draft_seconds.sum(), slots), ar_step)
+        cost = ratio(ratio(mine.draft_seconds.sum(), slots), ar_step)
     else:
         # transformers' assistant is our draft model: price its forward from our SD.
-        cost = _ratio(sd_cost, ar_step)
+        cost = ratio(sd_cost, ar_step)
     g = gamma if gamma is not None else row["mean_gamma"]
     # transformers' verification is not timed apart; ours verifies the same γ+1 tokens.
     timed = sd if method == "hf-assisted" else mine
-    verify = _ratio(_ratio(timed.verify_seconds.sum(), timed.target_forwards.sum()), ar_step)
+    verify = ratio(ratio(timed.verify_seconds.sum(), timed.target_forwards.sum()), ar_step)
     return {"cost_ratio": cost, "verify_cost_ratio": verify,
             "predicted_speedup": leviathan_speedup(row["alpha"], g, cost),
             "predicted_speedup_v": leviathan_speedup(row["alpha"], g, cost, verify)}

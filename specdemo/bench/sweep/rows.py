@@ -54,7 +54,7 @@ from ...engine.divergence import divergence_where_compared
 from ...engine.methods import ENTROPY_GAMMA, METHODS, REFERENCE, TABLE_DRAFTING, is_lossless, matches_reference
 from ..measure.batching import BATCH_COLUMNS
 from ...models.torch_copy import TORCH_COPY, TORCH_COPY_AR
-from ..measure.statistics import leviathan_speedup
+from ..measure.statistics import leviathan_speedup, ratio
 
 ROW_COLUMNS = [
     "method", "gamma", "gamma_max", "ema", "ngram_n", "prompt_id", "repeat", "tokens_per_s", "speedup_vs_ar",
@@ -143,13 +143,6 @@ def group_rows(item, index, repeat, seed, ids, group, greedy) -> list[dict]:
 def _mean_drafts(result) -> float:
     drafting = [len(r.drafted) for r in result.rounds if r.drafted]
     return sum(drafting) / len(drafting) if drafting else math.nan
-
-
-def ratio(numerator: float, denominator: float) -> float:
-    try:
-        return numerator / denominator if denominator and math.isfinite(denominator) and denominator > 0 else math.nan
-    except TypeError:
-        return math.nan
 
 
 def rows_frame(rows: Sequence[dict]) -> pd.DataFrame:
