@@ -141,6 +141,24 @@ _REPORT_SECTIONS = [
 ]
 
 
+# The reports' one stylesheet: tables right-aligned and ruled, definitions in a grey block.
+REPORT_STYLE = """body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+table { border-collapse: collapse; font-size: 13px; }
+td, th { padding: 3px 8px; border-bottom: 1px solid #ddd; text-align: right; }
+p.verdict { font-size: 1.2em; }
+pre { background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px; }"""
+
+
+def html_page(title: str, body: str, path: str | Path | None = None) -> str:
+    """A report's whole page around `body`, written to path (its folder made) if given."""
+    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>\n'
+            f"<style>\n{REPORT_STYLE}\n</style></head><body>\n{body}\n</body></html>\n")
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(page, encoding="utf-8")
+    return page
+
+
 def figure_divs(figures: Sequence[tuple[str, Any, str | None]], plotlyjs: str) -> list[str]:
     """Each (name, figure, title) as its div, under an <h2> of its title where it has one; plotly.js comes
     with the first: "inline" embeds it (works offline, ~4 MB), "cdn" links to it."""
@@ -165,15 +183,7 @@ def report_html(result: BenchResult, path: str | Path | None = None, plotlyjs: s
     table = _summary_table(summary)
     info = _run_info(meta)
     definitions = html.escape(statistics.__doc__.split("Definitions used in the tables (written into the report too):")[1])
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>specdemo benchmark</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }}
-table.summary, table.pivot {{ border-collapse: collapse; font-size: 13px; }}
-table.summary td, table.summary th, table.pivot td, table.pivot th {{ padding: 3px 8px; border-bottom: 1px solid #ddd; text-align: right; }}
-pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px; }}
-</style></head><body>
-<h1>Speculative decoding benchmark</h1>
+    return html_page("specdemo benchmark", f"""<h1>Speculative decoding benchmark</h1>
 <p>{info}</p>
 <h2>Speedup over our AR (geometric mean over prompts)</h2>
 {pivot.to_html(float_format=lambda v: f"{v:.2f}", na_rep="–", border=0, classes="pivot")}
@@ -182,12 +192,7 @@ pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px
 <h2>Summary</h2>
 {table}
 <h2>Definitions</h2>
-<pre>{definitions}</pre>
-</body></html>
-"""
-    if path is not None:
-        Path(path).write_text(page, encoding="utf-8")
-    return page
+<pre>{definitions}</pre>""", path)
 
 
 def batch_section(result: BenchResult) -> str:

@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..measure.batch_charts import batch_figures
 from ..measure.batching import batch_verdict, summarize_batches
-from ..measure.report import figure_divs
+from ..measure.report import figure_divs, html_page
 from .axes import label, stacked
 from .charts import temperature_figure
 from .summary import SweepResult
@@ -68,11 +68,5 @@ def axes_report_html(runs: Runs, table: pd.DataFrame, path: str | Path | None = 
     tables = table.to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="–", border=0)
     if batches is not None:
         tables += batches.to_html(index=False, float_format=lambda v: f"{v:.3f}", na_rep="–", border=0)
-    page = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>specdemo sweep axes</title>"
-            f"<style>body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; }} "
-            f"td, th {{ padding: 3px 8px; text-align: right; }}</style></head><body>"
-            f"<h1>Sweep over {html.escape(', '.join(_other_axes(runs, '')))}</h1>{''.join(sections)}{charts}"
-            f"<h2>Combinations</h2>{tables}</body></html>")
-    if path is not None:
-        Path(path).write_text(page, encoding="utf-8")
-    return page
+    return html_page("specdemo sweep axes", f"<h1>Sweep over {html.escape(', '.join(_other_axes(runs, '')))}</h1>"
+                     f"{''.join(sections)}{charts}<h2>Combinations</h2>{tables}", path)

@@ -8,7 +8,7 @@ import html
 from pathlib import Path
 
 from ...engine.pair import DRAFT_ROLE, TARGET_ROLE
-from ..measure.report import figure_divs
+from ..measure.report import figure_divs, html_page
 from . import rows
 from .charts import FIGURES, sweep_figures
 from .summary import SweepResult
@@ -50,16 +50,7 @@ def report_html(result: SweepResult, path: str | Path | None = None, plotlyjs: s
     policy_html = ("<h2>Adaptive draft length against the best fixed γ (95% bootstrap interval over prompts)</h2>\n"
                    + policies.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="", border=0,
                                       classes="summary")) if not policies.empty else ""
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>specdemo sweep</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }}
-table.summary {{ border-collapse: collapse; font-size: 13px; }}
-table.summary td, table.summary th {{ padding: 3px 8px; border-bottom: 1px solid #ddd; text-align: right; }}
-p.verdict {{ font-size: 1.2em; }}
-pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px; }}
-</style></head><body>
-<h1>Speculative decoding sweep</h1>
+    return html_page("specdemo sweep", f"""<h1>Speculative decoding sweep</h1>
 <p>{info}</p>
 <p class="verdict">{html.escape(result.verdict)}</p>
 <h2>Summary (mean over repeats; *_std: std over repeats)</h2>
@@ -68,13 +59,7 @@ pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px
 {policy_html}
 {''.join(parts)}
 <h2>Definitions</h2>
-<pre>Definitions of the row columns{definitions}</pre>
-</body></html>
-"""
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(page, encoding="utf-8")
-    return page
+<pre>Definitions of the row columns{definitions}</pre>""", path)
 
 
 def write_outputs(result: SweepResult, csv: str | Path | None = None, summary_csv: str | Path | None = None,
