@@ -18,7 +18,7 @@ import torch
 
 from .base import Drafter, Proposal, draft_round, drafting_steps
 from ..trace import FedCounts
-from .feature_head import FeatureHead, HeadCache, HeadRows
+from .feature_head import FeatureHead, HeadCache
 from ..sampling import SamplingConfig, probabilities
 from ..tokens import common_prefix_length
 from ..tree import ROOT, DraftTree
@@ -37,7 +37,6 @@ class FeatureDrafter(Drafter):
         self._forwards = 0
         self._counts = FedCounts()  # its forwards after the prompt's read: positions fed, one logit row each
         self.kv_peak_sink: tuple[dict, str] | None = None  # where the head's cache records its peak bytes
-        self.seat: tuple[HeadRows, int] | None = None  # a batch's shared head caches and this row's place in them
 
     def report_kv_peak(self, record: dict, key: str) -> None:
         self.kv_peak_sink = (record, key)
@@ -49,13 +48,6 @@ class FeatureDrafter(Drafter):
         if callable(getattr(self.head, "step_rows", None)) and type(self).head_step is FeatureDrafter.head_step:
             return self.head
         return None
-
-    @staticmethod
-    def join_batch(drafters: list["FeatureDrafter"]) -> None:
-        param = drafters[0].head.fc.weight
-        rows = HeadRows(drafters[0].head.config, param.device, param.dtype, len(drafters))
-        for row, drafter in enumerate(drafters):
-            drafter.seat = (rows, row)
 
     @staticmethod
     def propose_together(drafters, contexts, policies, limits, sampling, generators) -> list[Proposal]:
@@ -71,13 +63,9 @@ class FeatureDrafter(Drafter):
 
     def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> None:
         """features [len(prompt_ids) - 1, d]: the target's states over the prefilled prompt."""
-        param, capacity = self.head.fc.weight, len(prompt_ids) + 64
-        if self.seat is not None:
-            rows, row = self.seat
-            self.cache = rows.cache(row, capacity, peak_sink=self.kv_peak_sink)
-        else:
-            self.cache = HeadCache(self.head.config, param.device, param.dtype, capacity=capacity,
-                                   peak_sink=self.kv_peak_sink)
+        param = self.head.fc.weight
+        self.cache = HeadCache(self.head.config, param.device, param.dtype, capacity=len(prompt_ids) + 64,
+                               peak_sink=self.kv_peak_sink)
         self.committed = 0
         self.pending = [features]
 
@@ -152,15 +140,12 @@ def propose_rows(drafters: list[FeatureDrafter], contexts: list[list[int]], poli
     lengths (`read_rows`), else one forward a row."""
     proposals: list[Proposal | None] = [None] * len(drafters)
     steps, predicted, positions, tokens = {}, {}, {}, {}
-    caught = _caught_up(drafters, contexts)
-    reading = [row for row, first in enumerate(caught) if first is not None]
-    first_qs = dict(zip(reading, drafters[reading[0]].q_of(torch.stack([caught[row] for row in reading]), sampling))
-                    if reading else [])
-    for row, (drafter, context, first) in enumerate(zip(drafters, contexts, caught)):
+    for row, (drafter, context, first) in enumerate(zip(drafters, contexts, _caught_up(drafters, contexts))):
         if first is None:
             proposals[row] = Proposal.empty(0, drafter.head.fc.weight.device)
             continue
-        steps[row] = drafting_steps(first_qs[row], policies[row], limits[row], sampling, generators[row])
+        steps[row] = drafting_steps(drafter.q_of(first, sampling), policies[row], limits[row], sampling,
+                                    generators[row])
         predicted[row], positions[row] = first, len(context) - 1
         _advance(row, steps, tokens, proposals, None)
     while tokens:
@@ -173,11 +158,11 @@ def propose_rows(drafters: list[FeatureDrafter], contexts: list[list[int]], poli
         outputs = head.step_rows(torch.stack([predicted[row] for row in rows]),
                                  torch.cat([tokens[row].view(1) for row in rows]),
                                  [positions[row] + 1 for row in rows], [drafters[row].cache for row in rows])
-        qs = probabilities(head.full_logits(outputs).float(), sampling)
-        for row, output, q in zip(rows, outputs, qs):
+        logits = head.full_logits(outputs).float()
+        for row, output, row_logits in zip(rows, outputs, logits):
             predicted[row] = output
             positions[row] += 1
-            _advance(row, steps, tokens, proposals, q)
+            _advance(row, steps, tokens, proposals, probabilities(row_logits, sampling))
     return proposals
 
 

@@ -86,8 +86,7 @@ class HeadCache:
     """Keys and values by position for one sequence; `length` positions are valid.
 
     peak_sink: (a record, its key) kept at the most bytes the keys and values have held, as the cached LMs
-    keep theirs (`CachedLM.kv_peak_sink`): the whole allocation, grown rows included, since that is held.
-    A row of a batch (`HeadRows.cache`) is a view of the batch's one allocation, which grows for every row."""
+    keep theirs (`CachedLM.kv_peak_sink`): the whole allocation, grown rows included, since that is held."""
 
     def __init__(self, config: HeadConfig, device, dtype, capacity: int = 256,
                  peak_sink: tuple[dict, str] | None = None):
@@ -95,120 +94,28 @@ class HeadCache:
         self.v = torch.zeros_like(self.k)
         self.length = 0
         self.peak_sink = peak_sink
-        self.rows: HeadRows | None = None
-        self.row = 0
-        self.note_held()
+        self._note_held()
 
     @property
     def held_bytes(self) -> int:
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
-    def note_held(self) -> None:
+    def _note_held(self) -> None:
         if self.peak_sink is not None:
             record, key = self.peak_sink
             record[key] = max(record.get(key, 0), self.held_bytes)
 
     def ensure(self, needed: int) -> None:
-        if self.rows is not None:
-            self.rows.ensure(needed)
-            return
         capacity = self.k.shape[2]
         if needed <= capacity:
             return
         grown = max(needed, 2 * capacity)
         pad = (0, 0, 0, grown - capacity)
         self.k, self.v = F.pad(self.k, pad), F.pad(self.v, pad)
-        self.note_held()
+        self._note_held()
 
     def rollback(self, length: int) -> None:
         self.length = min(self.length, length)
-
-
-class HeadRows:
-    """The head caches of a batch's rows in one allocation [rows, kv heads, positions, head_dim], each
-    row's `HeadCache` a view of its own row: a draft step writes every row's new key and value in one
-    operation and attends over all rows in one call (`attend_rows`), where separate caches cost a few
-    operations a row."""
-
-    def __init__(self, config: HeadConfig, device, dtype, rows: int, capacity: int = 256):
-        self.k = torch.zeros(rows, config.num_kv_heads, capacity, config.head_dim, device=device, dtype=dtype)
-        self.v = torch.zeros_like(self.k)
-        self.caches: dict[int, HeadCache] = {}
-        self.config = config
-
-    def cache(self, row: int, capacity: int, peak_sink: tuple[dict, str] | None = None) -> HeadCache:
-        self.ensure(capacity)
-        cache = HeadCache.__new__(HeadCache)
-        cache.length, cache.peak_sink, cache.rows, cache.row = 0, peak_sink, self, row
-        self.caches[row] = cache
-        self._point(cache)
-        return cache
-
-    def ensure(self, needed: int) -> None:
-        capacity = self.k.shape[2]
-        if needed <= capacity:
-            return
-        pad = (0, 0, 0, max(needed, 2 * capacity) - capacity)
-        self.k, self.v = F.pad(self.k, pad), F.pad(self.v, pad)
-        for cache in self.caches.values():
-            self._point(cache)
-
-    def _point(self, cache: HeadCache) -> None:
-        cache.k, cache.v = self.k[cache.row : cache.row + 1], self.v[cache.row : cache.row + 1]
-        cache.note_held()
-
-
-def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caches: list[HeadCache],
-                lengths: list[int] | None = None) -> torch.Tensor:
-    """Each row's new positions appended to its own cache and attended over it, as the row would alone:
-    q [B, heads, T, head_dim], k and v [B, kv heads, T, head_dim], lengths[i] ≤ T the valid positions of
-    row i (all T by default; padding is neither cached nor attended to) -> attended [B, heads, T, head_dim]
-    (a padded position's output is meaningless). Rows of one `HeadRows` take one attention call; others
-    one a row."""
-    t = q.shape[2]
-    lengths = lengths or [t] * len(caches)
-    groups = q.shape[1] // k.shape[1]
-    rows = caches[0].rows
-    if rows is None or any(cache.rows is not rows for cache in caches):
-        attended = torch.zeros_like(q)
-        for i, (cache, n) in enumerate(zip(caches, lengths)):
-            keys, values, mask = _appended(cache, k[i : i + 1, :, :n], v[i : i + 1, :, :n])
-            if groups > 1:
-                keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
-            attended[i : i + 1, :, :n] = F.scaled_dot_product_attention(q[i : i + 1, :, :n], keys, values,
-                                                                          attn_mask=mask)
-        return attended
-    starts = [cache.length for cache in caches]
-    span = max(s + n for s, n in zip(starts, lengths))
-    rows.ensure(span)
-    device = q.device
-    index = torch.as_tensor([cache.row for cache in caches], device=device)
-    if t == 1:  # a draft step: every row's one new position in one write
-        at = torch.as_tensor(starts, device=device)
-        rows.k[index, :, at], rows.v[index, :, at] = k[:, :, 0], v[:, :, 0]
-    else:
-        for cache, start, n, i in zip(caches, starts, lengths, range(len(caches))):
-            rows.k[cache.row, :, start : start + n], rows.v[cache.row, :, start : start + n] = k[i, :, :n], v[i, :, :n]
-    for cache, n in zip(caches, lengths):
-        cache.length += n
-    whole = len(caches) == rows.k.shape[0] and all(cache.row == i for i, cache in enumerate(caches))
-    keys = rows.k[:, :, :span] if whole else rows.k[index, :, :span]
-    values = rows.v[:, :, :span] if whole else rows.v[index, :, :span]
-    # Query position p of row i sees its cache up to start_i + p: its earlier positions and its own.
-    last_seen = torch.as_tensor(starts, device=device).view(-1, 1, 1) + torch.arange(t, device=device).view(1, -1, 1)
-    mask = (torch.arange(span, device=device).view(1, 1, -1) <= last_seen).unsqueeze(1)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=groups > 1)
-
-
-def _appended(cache: HeadCache, k: torch.Tensor, v: torch.Tensor):
-    """A row's keys and values with its new positions k, v [1, kv heads, n, head_dim] appended, and the mask
-    of those n positions over them."""
-    start, n = cache.length, k.shape[2]
-    cache.ensure(start + n)
-    cache.k[:, :, start : start + n], cache.v[:, :, start : start + n] = k, v
-    cache.length = start + n
-    mask = torch.ones(n, start + n, dtype=torch.bool, device=k.device).tril(start)
-    return cache.k[:, :, : start + n], cache.v[:, :, : start + n], mask
 
 
 def filled_subset(chosen: list[int], size: int, vocab_size: int) -> torch.Tensor:
@@ -370,7 +277,20 @@ class FeatureHead(nn.Module):
         # project rotated every row at position 0 (the identity); each row turns to its own position here.
         cos, sin = self._rope(torch.as_tensor(positions, device=features.device).view(-1, 1, 1), q.dtype)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        return self.after_attention(residual, attend_rows(q, k, v, caches))[:, 0]
+        groups = self.config.num_heads // self.config.num_kv_heads
+        attended = []
+        for row, cache in enumerate(caches):
+            start = cache.length
+            cache.ensure(start + 1)
+            cache.k[:, :, start : start + 1] = k[row : row + 1]
+            cache.v[:, :, start : start + 1] = v[row : row + 1]
+            cache.length = start + 1
+            keys, values = cache.k[:, :, : start + 1], cache.v[:, :, : start + 1]
+            if groups > 1:
+                keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+            mask = torch.ones(1, start + 1, dtype=torch.bool, device=q.device)
+            attended.append(F.scaled_dot_product_attention(q[row : row + 1], keys, values, attn_mask=mask))
+        return self.after_attention(residual, torch.cat(attended))[:, 0]
 
     def read_rows(self, features: list[torch.Tensor], next_ids: list[torch.Tensor], first_positions: list[int],
                   caches: list[HeadCache]) -> torch.Tensor:
@@ -388,7 +308,21 @@ class FeatureHead(nn.Module):
         positions = torch.as_tensor(first_positions, device=device).view(-1, 1, 1) + 1 + torch.arange(width, device=device)
         cos, sin = self._rope(positions, q.dtype)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        out = self.after_attention(residual, attend_rows(q, k, v, caches, lengths))
+        groups = self.config.num_heads // self.config.num_kv_heads
+        attended = torch.zeros_like(q)
+        for row, (cache, n) in enumerate(zip(caches, lengths)):
+            start = cache.length
+            cache.ensure(start + n)
+            cache.k[:, :, start : start + n] = k[row : row + 1, :, :n]
+            cache.v[:, :, start : start + n] = v[row : row + 1, :, :n]
+            cache.length = start + n
+            keys, values = cache.k[:, :, : start + n], cache.v[:, :, : start + n]
+            if groups > 1:
+                keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=device).tril(start)
+            attended[row : row + 1, :, :n] = F.scaled_dot_product_attention(q[row : row + 1, :, :n], keys, values,
+                                                                             attn_mask=mask)
+        out = self.after_attention(residual, attended)
         return out[torch.arange(len(lengths), device=device), torch.as_tensor(lengths, device=device) - 1]
 
     def subset_logits(self, predicted: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from ..feature_head import HeadCache, RMSNorm, attend_rows, rotate_half
+from ..feature_head import HeadCache, RMSNorm, rotate_half
 
 # The kinds a published checkpoint is recognised as, and how tables and the page name them.
 PUBLISHED_KINDS = ("eagle", "eagle3", "medusa")
@@ -135,7 +135,10 @@ class DecoderLayer(nn.Module):
         residual [B, 1, d], each row at its own position over its own cache -> [B, 1, d]. The products run
         over every row at once; each row attends over its cache as it would alone."""
         q, k, v = self._projected(attention_input, torch.as_tensor(positions, device=attention_input.device).view(-1, 1, 1))
-        return self._after_attention(attend_rows(q, k, v, caches), residual)
+        attended = torch.cat([self._attend(q[row : row + 1], *_cached(k[row : row + 1], v[row : row + 1], cache, 1,
+                                                                       q.device))
+                              for row, cache in enumerate(caches)])
+        return self._after_attention(attended, residual)
 
     def _projected(self, attention_input: torch.Tensor, positions: torch.Tensor):
         """q, k, v [B, heads, T, head_dim], q and k rotated to `positions` ([T], or [B, 1, 1]: one per row)."""
