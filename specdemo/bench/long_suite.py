@@ -30,7 +30,8 @@ def long_suite(tokenizer, lengths: tuple[int, ...] = LONG_LENGTHS, per_length: i
     for length in lengths:
         for i in range(per_length):
             request = REQUESTS[i % len(REQUESTS)]
-            body = _documents(tokenizer, texts, start=i * 5 + length // 256, tokens=length - _count(tokenizer, request) - 8)
+            request_tokens = len(tokenizer(request, add_special_tokens=False)["input_ids"])
+            body = _documents(tokenizer, texts, start=i * 5 + length // 256, tokens=length - request_tokens - 8)
             prompts.append(SuitePrompt(f"long-{length}-{i}", f"long-{length}", f"{body}\n\n{request}"))
     return prompts
 
@@ -44,6 +45,3 @@ def _documents(tokenizer, texts: list[str], start: int, tokens: int) -> str:
         k += 1
     return tokenizer.decode(ids[:tokens])
 
-
-def _count(tokenizer, text: str) -> int:
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -31,7 +31,7 @@ from .schedule import WARM_UP_TOKENS, Turn, base_seed, check_count, play, schedu
 from .statistics import summarize
 from .batching import BATCH_COLUMNS, BATCH_SUMMARY_COLUMNS, parse_batch_sizes, summarize_batches
 from .threads import ThreadPlan
-from ..suite import SuitePrompt, as_prompts, conversation, encode_prompt, prompts_label, select_prompts
+from ..suite import SuitePrompt, as_prompts, conversation, encode_prompt, select_prompts
 from . import tables
 from .tables import target_perplexity
 from .vs_float32 import AGREEMENT_COLUMNS, Float32Reference, agreement, runs_below_float32, target_is_float32
@@ -442,10 +442,6 @@ class BenchPart:
     compile: bool
     threads: ThreadPlan | None
     vs_float32: bool
-
-    @property
-    def label(self) -> str:
-        return prompts_label(self.prompts)
 
     def run(self, pair, kept: dict) -> dict:
         """The part's rows, rounds and drafted tokens, and its meta; a worker warms up and loads its

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from ...models.spec import PairSpec
+from ..suite import prompts_label
 from .runners import measured_on
 
 DEFAULT_RETRIES = 2
@@ -242,7 +243,7 @@ class WorkerPool:
         import ray
         from ray.exceptions import RayError, RayTaskError
 
-        label = tasks[index].label
+        label = prompts_label(tasks[index].prompts)
         try:
             value, where = ray.get(ref)
         except RayTaskError as error:  # the task raised: the same prompts would raise again

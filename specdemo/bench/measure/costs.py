@@ -187,14 +187,10 @@ def ensure_drafter(costs: CostTable, pair, result: GenerationResult, prompt_ids:
     if costs.knows(result.drafter):
         return False
     ids = list(prompt_ids) if prompt_ids is not None else pair.encode(CALIBRATION_PROMPT, chat=True)
-    params = {k: v for k, v in result.params.items() if k in _method_params(result.method)}
+    params = {k: v for k, v in result.params.items() if k in getattr(METHODS.get(result.method), "params", ())}
     run = generate(pair, ids, result.method, **{**params, "max_new_tokens": max_new_tokens})
     _fill_drafter(costs, run, under=result.drafter)
     return True
-
-
-def _method_params(method: str) -> tuple[str, ...]:
-    return METHODS[method].params if method in METHODS else ()
 
 
 def _fill_target_rows(costs: CostTable, runs: Sequence[GenerationResult]) -> None:

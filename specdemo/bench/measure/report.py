@@ -149,6 +149,14 @@ p.verdict { font-size: 1.2em; }
 pre { background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px; }"""
 
 
+def write_frames(targets) -> list[Path]:
+    """Each (path, frame) pair with a path and a frame written as CSV; the paths written."""
+    for target, frame in (pair for pair in targets if pair[0] and pair[1] is not None):
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(target, index=False)
+    return [Path(target) for target, frame in targets if target and frame is not None]
+
+
 def html_page(title: str, body: str, path: str | Path | None = None) -> str:
     """A report's whole page around `body`, written to path (its folder made) if given."""
     page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>\n'
@@ -269,28 +277,16 @@ def write_outputs(result: BenchResult, csv: str | Path | None = None, summary_cs
     can rebuild the report), the summary CSV, the per-token CSV (at tokens_csv, else beside the
     rows) and the HTML report; each only if a path is given.
     figures: `make_figures(result)` when the caller has drawn them already."""
-    written = []
-    extras = []
-    if csv:
-        stem = str(Path(csv).with_suffix(""))
-        extras = [(stem + ".rounds.csv", result.rounds)]
-        if not tokens_csv:
-            extras.append((stem + ".tokens.csv", result.tokens))
-    if tokens_csv:
-        extras.append((tokens_csv, result.tokens))
-    if batch_csv:
-        extras.append((batch_csv, result.batches))
-    for target, frame in ((csv, result.rows), (summary_csv, result.summary), *extras):
-        if target:
-            Path(target).parent.mkdir(parents=True, exist_ok=True)
-            frame.to_csv(target, index=False)
-            written.append(Path(target))
-    if csv:
-        meta_path = Path(str(Path(csv).with_suffix("")) + ".meta.json")
+    stem = str(Path(csv).with_suffix("")) if csv else None
+    written = write_frames([(csv, result.rows), (summary_csv, result.summary),
+                            (stem and stem + ".rounds.csv", result.rounds),
+                            (tokens_csv or (stem and stem + ".tokens.csv"), result.tokens),
+                            (batch_csv, result.batches)])
+    if stem:
+        meta_path = Path(stem + ".meta.json")
         meta_path.write_text(json.dumps(result.meta, indent=1, default=str), encoding="utf-8")
         written.append(meta_path)
     if report:
-        Path(report).parent.mkdir(parents=True, exist_ok=True)
         report_html(result, report, plotlyjs, figures)
         written.append(Path(report))
     return written

@@ -8,7 +8,7 @@ import html
 from pathlib import Path
 
 from ...engine.pair import DRAFT_ROLE, TARGET_ROLE
-from ..measure.report import figure_divs, html_page
+from ..measure.report import figure_divs, html_page, write_frames
 from . import rows
 from .charts import FIGURES, sweep_figures
 from .summary import SweepResult
@@ -68,18 +68,10 @@ def write_outputs(result: SweepResult, csv: str | Path | None = None, summary_cs
     """The rows CSV, the summary CSV, the per-token CSV (one row per drafted token) and the
     HTML report, each only if its path is given; beside the rows, *.errors.csv where tasks of a
     cluster run failed. Settings that do not apply to a method are empty cells."""
-    written = []
-    tokens = result.tokens if tokens_csv and result.tokens is not None else None
     failed = result.errors if csv and result.errors is not None and not result.errors.empty else None
     errors_csv = str(Path(csv).with_suffix("")) + ".errors.csv" if failed is not None else None
-    for target, frame in ((csv, result.rows), (summary_csv, result.summary), (tokens_csv, tokens),
-                          (errors_csv, failed)):
-        if frame is None:
-            continue
-        if target:
-            Path(target).parent.mkdir(parents=True, exist_ok=True)
-            frame.to_csv(target, index=False)
-            written.append(Path(target))
+    written = write_frames([(csv, result.rows), (summary_csv, result.summary), (tokens_csv, result.tokens),
+                            (errors_csv, failed)])
     if report:
         report_html(result, report, plotlyjs)
         written.append(Path(report))

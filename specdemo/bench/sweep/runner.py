@@ -21,7 +21,7 @@ from ..measure.runners import measured_on, run_batch, run_ours
 from ...engine.runtimes import refusal, runtime_reason
 from ...models.torch_copy import TORCH_COPY_AR, on_torch
 from ..measure.tables import tokens_frame
-from ..suite import SuitePrompt, as_prompts, encode_prompt, prompts_label, select_prompts
+from ..suite import SuitePrompt, as_prompts, encode_prompt, select_prompts
 from .grid import AR, TORCH_COPY_AR_SETTING, Setting
 from .rows import group_rows, rows_frame
 from .summary import SweepResult, merged_result, sweep_meta, sweep_result
@@ -241,10 +241,6 @@ class SweepPart:
     repeats: int
     warmup: bool
     params: dict
-
-    @property
-    def label(self) -> str:
-        return prompts_label(self.prompts)
 
     def run(self, pair, kept: dict) -> dict:
         """The part's rows, drafted tokens and the meta of the worker's pair; a worker warms up once."""

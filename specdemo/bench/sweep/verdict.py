@@ -18,6 +18,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from ..measure.statistics import geomean
 from .grid import ADAPTIVE_METHODS
 from ...engine.methods import FIXED_GAMMA, REFERENCE
 
@@ -41,7 +42,7 @@ def _best(table: pd.DataFrame, settings: list[str]) -> str | None:
     present = [s for s in settings if s in table.columns and table[s].notna().all()]
     if not present:
         return None
-    return max(present, key=lambda s: float(np.exp(np.log(table[s]).mean())))
+    return max(present, key=lambda s: geomean(table[s]))
 
 
 def paired_ratio(better: pd.Series, base: pd.Series, seed: int = 0) -> tuple[float, float, float]:
@@ -65,15 +66,11 @@ def outcome(low: float, high: float) -> str:
     return "beats" if low > 1.0 else "loses" if high < 1.0 else "ties"
 
 
-def _geomean(values: pd.Series) -> float:
-    return float(np.exp(np.log(values.to_numpy(dtype=float)).mean()))
-
-
 def _compare(part: pd.DataFrame, adaptive: str | None, fixed: str) -> dict:
     if adaptive is None:
         return {"speedup": math.nan, "ratio": math.nan, "low": math.nan, "high": math.nan, "outcome": ""}
     ratio, low, high = paired_ratio(part[adaptive], part[fixed])
-    return {"speedup": _geomean(part[adaptive]), "ratio": ratio, "low": low, "high": high,
+    return {"speedup": geomean(part[adaptive]), "ratio": ratio, "low": low, "high": high,
             "outcome": outcome(low, high)}
 
 
@@ -92,7 +89,7 @@ def policy_verdict(rows: pd.DataFrame) -> pd.DataFrame:
         if fixed is None or adaptive is None:
             continue
         best, once = _compare(part, adaptive, fixed), _compare(part, tuned_once, fixed)
-        out.append({"category": category, "prompts": len(part), "fixed": fixed, "fixed_speedup": _geomean(part[fixed]),
+        out.append({"category": category, "prompts": len(part), "fixed": fixed, "fixed_speedup": geomean(part[fixed]),
                     "adaptive": adaptive, "adaptive_speedup": best["speedup"], "ratio": best["ratio"],
                     "ratio_low": best["low"], "ratio_high": best["high"], "outcome": best["outcome"],
                     "tuned_once": tuned_once, "tuned_once_speedup": once["speedup"], "tuned_once_ratio": once["ratio"],
