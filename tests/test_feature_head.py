@@ -113,3 +113,41 @@ def test_a_subset_smaller_than_the_heads_or_larger_than_the_vocabulary_is_refuse
     for size in (8, 65):
         with pytest.raises(ValueError, match="between 24 and 64"):
             head.with_subset_size(size)
+
+
+def test_a_step_over_rows_equals_each_row_alone_and_follows_a_weight_learnt_in_place():
+    """step_rows runs the layer's products from weights kept transposed; a weight the online head writes in
+    place (an optimiser's step) is read afresh on the next step, not from the kept copy."""
+    from specdemo.engine.drafters.feature_head import RowProducts
+
+    target = tiny_target()
+    head = tiny_head(target)
+    torch.manual_seed(1)
+    features, ids = torch.randn(3, 32, dtype=torch.float64), torch.tensor([5, 9, 40])
+
+    def rows_and_alone():
+        caches = [HeadCache(head.config, "cpu", torch.float64) for _ in range(3)]
+        alone = [HeadCache(head.config, "cpu", torch.float64) for _ in range(3)]
+        for cache, other, length in zip(caches, alone, (1, 3, 7)):
+            history, history_ids = torch.randn(1, length, 32, dtype=torch.float64), torch.randint(0, 64, (1, length))
+            for c in (cache, other):
+                head(history, history_ids, torch.arange(1, length + 1), cache=c)
+        rows = head.step_rows(features, ids, [c.length + 1 for c in caches], caches)
+        each = torch.cat([head(features[i].view(1, 1, -1), ids[i].view(1, 1), torch.tensor([alone[i].length + 1]),
+                               cache=alone[i])[0] for i in range(3)])
+        return rows, each
+
+    with torch.no_grad():
+        rows, each = rows_and_alone()
+        torch.testing.assert_close(rows, each, rtol=1e-12, atol=1e-12)
+        head.up_proj.weight.mul_(1.5)  # written in place, as an optimiser writes it
+        learnt_rows, learnt_each = rows_and_alone()
+    torch.testing.assert_close(learnt_rows, learnt_each, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(learnt_rows, rows)
+    products = RowProducts()
+    layer = torch.nn.Linear(4, 3, bias=True).double()
+    x = torch.randn(2, 4, dtype=torch.float64)
+    torch.testing.assert_close(products(layer, x), layer(x))
+    with torch.no_grad():
+        layer.weight.add_(1.0)
+    torch.testing.assert_close(products(layer, x), layer(x))

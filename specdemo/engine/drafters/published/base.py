@@ -11,7 +11,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from ..feature_head import HeadCache, RMSNorm, rotate_half
+from ..feature_head import HeadCache, RMSNorm, RowProducts, applied, attend, rotate_half
 
 # The kinds a published checkpoint is recognised as, and how tables and the page name them.
 PUBLISHED_KINDS = ("eagle", "eagle3", "medusa")
@@ -115,6 +115,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(d, shape.rms_norm_eps)
         inv_freq, self.rope_scaling = rope_frequencies(shape)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.row_products = RowProducts()  # the layer's products in a step over rows (`step_rows`)
 
     def _rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[..., None] * self.inv_freq.to(positions.device)
@@ -127,53 +128,42 @@ class DecoderLayer(nn.Module):
         With a cache the T positions follow what it holds; without one attention is causal over them."""
         q, k, v = self._projected(attention_input, positions)
         k, v, mask = _cached(k, v, cache, attention_input.shape[1], q.device)
-        return self._after_attention(self._attend(q, k, v, mask), residual)
+        return self._after_attention(attend(q, k, v, mask), residual)
 
     def step_rows(self, attention_input: torch.Tensor, residual: torch.Tensor, positions: list[int],
                   caches: list[HeadCache]) -> torch.Tensor:
         """One draft step of B independent rows in one forward: attention_input [B, 1, attention_width] and
         residual [B, 1, d], each row at its own position over its own cache -> [B, 1, d]. The products run
         over every row at once; each row attends over its cache as it would alone."""
-        q, k, v = self._projected(attention_input, torch.as_tensor(positions, device=attention_input.device).view(-1, 1, 1))
-        attended = torch.cat([self._attend(q[row : row + 1], *_cached(k[row : row + 1], v[row : row + 1], cache, 1,
-                                                                       q.device))
+        q, k, v = self._projected(attention_input, torch.as_tensor(positions, device=attention_input.device).view(-1, 1, 1),
+                                  self.row_products)
+        attended = torch.cat([attend(q[row : row + 1], *cache.append(k[row : row + 1], v[row : row + 1]))
                               for row, cache in enumerate(caches)])
-        return self._after_attention(attended, residual)
+        return self._after_attention(attended, residual, self.row_products)
 
-    def _projected(self, attention_input: torch.Tensor, positions: torch.Tensor):
+    def _projected(self, attention_input: torch.Tensor, positions: torch.Tensor, product=applied):
         """q, k, v [B, heads, T, head_dim], q and k rotated to `positions` ([T], or [B, 1, 1]: one per row)."""
         s, attn = self.shape, self.self_attn
         b, t, _ = attention_input.shape
-        q = attn.q_proj(attention_input).view(b, t, s.num_heads, s.head_dim).transpose(1, 2)
-        k = attn.k_proj(attention_input).view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
-        v = attn.v_proj(attention_input).view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        q = product(attn.q_proj, attention_input).view(b, t, s.num_heads, s.head_dim).transpose(1, 2)
+        k = product(attn.k_proj, attention_input).view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        v = product(attn.v_proj, attention_input).view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
         cos, sin = self._rope(positions, q.dtype)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        groups = self.shape.num_heads // self.shape.num_kv_heads
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-    def _after_attention(self, attended: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def _after_attention(self, attended: torch.Tensor, residual: torch.Tensor, product=applied) -> torch.Tensor:
         b, _, t, _ = attended.shape
-        x = residual + self.self_attn.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
+        x = residual + product(self.self_attn.o_proj, attended.transpose(1, 2).reshape(b, t, -1))
         h = self.post_attention_layernorm(x)
-        return x + self.mlp.down_proj(F.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
+        mlp = self.mlp
+        return x + product(mlp.down_proj, F.silu(product(mlp.gate_proj, h)) * product(mlp.up_proj, h))
 
 
 def _cached(k: torch.Tensor, v: torch.Tensor, cache: HeadCache | None, t: int, device):
     """Keys and values with the cache's earlier positions in front, and the boolean mask over them."""
     if cache is None:
         return k, v, torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    start = cache.length
-    cache.ensure(start + t)
-    cache.k[:, :, start : start + t] = k
-    cache.v[:, :, start : start + t] = v
-    cache.length = start + t
-    mask = torch.ones(t, start + t, dtype=torch.bool, device=device).tril(start)
-    return cache.k[:, :, : start + t], cache.v[:, :, : start + t], mask
+    return cache.append(k, v)
 
 
 def scattered(small: torch.Tensor, target_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
