@@ -73,40 +73,55 @@ def _pair_flags(checkout: Path) -> list[str]:
             "--runtime", "torch"]
 
 
+# In one process of the copy (importing torch, transformers and gradio costs seconds a process): where specdemo
+# is imported from, whether the registry and the page hold the method, then the two commands as
+# `python -m specdemo` runs them (`specdemo.cli.main`), each exiting 0.
+IN_THE_COPY = """
+import sys, specdemo, specdemo.engine.methods as methods
+from specdemo.app import handlers
+from specdemo.cli import main
+name, flags, compare_csv, sweep_csv = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4]
+print(specdemo.__file__, name in methods.METHODS, name in handlers.offered_methods(None))
+assert main(["compare", *flags, "--methods", f"ar,{name}", "--prompt", "w5 w6 w7 w8 w5 w6 w7 w8 w5 w6",
+             "--max-new-tokens", "12", "--no-vs-fp32", "--csv", compare_csv]) in (0, None)
+assert main(["sweep", *flags, "--methods", name, "--gamma", "2,3", "--limit", "1", "--categories", "code",
+             "--repeats", "1", "--no-warmup", "--max-new-tokens", "8", "--quiet", "--csv", sweep_csv]) in (0, None)
+"""
+
+
+@pytest.fixture(scope="module")
+def ran(checkout, tmp_path_factory):
+    """What the copy said and wrote: (its first line's words, compare's summary CSV, sweep's rows CSV)."""
+    out = tmp_path_factory.mktemp("ran")
+    compare_csv, sweep_csv = out / "summary.csv", out / "rows.csv"
+    done = _run(checkout, "-c", IN_THE_COPY, _name(), " ".join(_pair_flags(checkout)), str(compare_csv),
+                str(sweep_csv))
+    said = next(line for line in done.stdout.splitlines() if line.endswith(("True", "False"))).split()
+    return said, compare_csv, sweep_csv
+
+
 def test_the_section_holds_a_module_that_registers_its_method():
     files = example_files()
     assert any(MODULE_HEADER.match(f"# {path}") for path in files)
     assert "register(Method(" in "".join(files.values())
 
 
-def test_the_copy_registers_the_example_and_the_page_offers_it(checkout):
-    name = _name()
-    done = _run(checkout, "-c", "import specdemo, specdemo.engine.methods as m; from specdemo.app import handlers; "
-                f"print(specdemo.__file__); print({name!r} in m.METHODS); "
-                f"print({name!r} in handlers.offered_methods(None))")
-    where, registered, offered = done.stdout.split()[-3:]
+def test_the_copy_registers_the_example_and_the_page_offers_it(checkout, ran):
+    where, registered, offered = ran[0][-3:]
     assert Path(where).is_relative_to(checkout)  # the copy, not this checkout
     assert registered == "True" and offered == "True"
 
 
-def test_compare_runs_the_new_method_and_it_equals_ar(checkout, tmp_path):
+def test_compare_runs_the_new_method_and_it_equals_ar(ran):
     name = _name()
-    summary = tmp_path / "summary.csv"
-    _run(checkout, "-m", "specdemo", "compare", *_pair_flags(checkout), "--methods", f"ar,{name}",
-         "--prompt", "w5 w6 w7 w8 w5 w6 w7 w8 w5 w6", "--max-new-tokens", "12", "--no-vs-fp32",
-         "--csv", str(summary))
-    table = pd.read_csv(summary).set_index("method")
+    table = pd.read_csv(ran[1]).set_index("method")
     assert name in table.index
     assert bool(table.loc[name, "matches_ar"])
 
 
-def test_sweep_grids_the_new_method_on_its_axis(checkout, tmp_path):
+def test_sweep_grids_the_new_method_on_its_axis(ran):
     name = _name()
-    rows_csv = tmp_path / "rows.csv"
-    _run(checkout, "-m", "specdemo", "sweep", *_pair_flags(checkout), "--methods", name, "--gamma", "2,3",
-         "--limit", "1", "--categories", "code", "--repeats", "1", "--no-warmup", "--max-new-tokens", "8",
-         "--quiet", "--csv", str(rows_csv))
-    rows = pd.read_csv(rows_csv)
+    rows = pd.read_csv(ran[2])
     mine = rows[rows.method == name]
     assert sorted(mine.gamma.unique()) == [2, 3]
     assert mine.matches_ar.all()
