@@ -118,7 +118,7 @@ def test_a_subset_smaller_than_the_heads_or_larger_than_the_vocabulary_is_refuse
 def test_a_step_over_rows_equals_each_row_alone_and_follows_a_weight_learnt_in_place():
     """step_rows runs the layer's products from weights kept transposed; a weight the online head writes in
     place (an optimiser's step) is read afresh on the next step, not from the kept copy."""
-    from specdemo.engine.drafters.feature_head import RowProducts
+    from specdemo.engine.targets.few_rows import RowProducts
 
     target = tiny_target()
     head = tiny_head(target)

@@ -151,10 +151,11 @@ pre { background: #f6f6f6; padding: 1em; white-space: pre-wrap; font-size: 13px;
 
 def write_frames(targets) -> list[Path]:
     """Each (path, frame) pair with a path and a frame written as CSV; the paths written."""
-    for target, frame in (pair for pair in targets if pair[0] and pair[1] is not None):
-        Path(target).parent.mkdir(parents=True, exist_ok=True)
+    written = [(Path(target), frame) for target, frame in targets if target and frame is not None]
+    for target, frame in written:
+        target.parent.mkdir(parents=True, exist_ok=True)
         frame.to_csv(target, index=False)
-    return [Path(target) for target, frame in targets if target and frame is not None]
+    return [target for target, _ in written]
 
 
 def html_page(title: str, body: str, path: str | Path | None = None) -> str:

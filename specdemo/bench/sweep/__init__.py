@@ -11,7 +11,6 @@ interleaved so every speedup is a ratio to AR on the same prompt in the same rep
 
 The pieces, each importing only those before it:
   grid     `Setting`, `expand_grid`: the points a sweep runs.
-  flops    what each model is fed: forwards, tokens, estimated FLOPs.
   rows     one row per run (the column definitions are there).
   charts   the Plotly charts, pure functions of the summary.
   verdict  `policy_verdict`: adaptive rules against the best fixed γ, per category, bootstrapped over prompts.

@@ -61,6 +61,27 @@ class FewRowLinear(nn.Linear):
         return product.contiguous().view(*x.shape[:-1], self.out_features)
 
 
+class RowProducts:
+    """`layer(x)` over a few rows from the layer's weight kept transposed and contiguous ([in, out]), x·Wᵀ: for a
+    model small enough that a copy of its weights costs little (a draft head's step over a batch's rows,
+    `FeatureHead.step_rows`). Here it beats `FewRowLinear`'s (W·xᵀ)ᵀ, which keeps no copy: one step of the
+    embedded head at 1 / 2 / 4 rows, 2 threads, took 1.21 / 1.41 / 1.71 ms against 1.31 / 2.23 / 2.55.
+    A weight written in place (an online head learns) or replaced is transposed again on its next use.
+    For inference only: the kept copy carries no gradient."""
+
+    def __init__(self):
+        self._kept: dict[int, tuple[tuple[int, int], torch.Tensor]] = {}
+
+    def __call__(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        weight = layer.weight
+        written = (weight.data_ptr(), weight._version)
+        kept = self._kept.get(id(layer))
+        if kept is None or kept[0] != written:
+            kept = self._kept[id(layer)] = (written, weight.detach().t().contiguous())
+        product = x @ kept[1]
+        return product if layer.bias is None else product + layer.bias
+
+
 def enabled() -> bool:
     return os.environ.get(SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
 

@@ -11,7 +11,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from ..feature_head import HeadCache, RMSNorm, RowProducts, applied, attend, rotate_half
+from ..feature_head import HeadCache, RMSNorm, applied, attend, rotate_half
+from ...targets.few_rows import RowProducts
 
 # The kinds a published checkpoint is recognised as, and how tables and the page name them.
 PUBLISHED_KINDS = ("eagle", "eagle3", "medusa")
