@@ -113,3 +113,25 @@ def test_the_default_draft_lengths_verify_on_the_few_row_products():
 
     for name in ("gamma", "gamma_max"):
         assert 2 <= PARAMS[name].default + 1 <= FEW_ROWS
+
+
+def test_row_products_equal_the_layer_and_follow_a_weight_written_in_place_but_not_into_a_copy():
+    """RowProducts multiplies from a kept transposed copy of the weight: equal to the layer's own product, made
+    again after an in-place write (an optimiser's step), and not carried into a deep copy of its owner."""
+    import copy
+
+    from specdemo.engine.targets.few_rows import RowProducts
+
+    products = RowProducts()
+    layer = nn.Linear(4, 3, bias=True).double()
+    x = torch.randn(2, 4, dtype=torch.float64)
+    torch.testing.assert_close(products(layer, x), layer(x))
+    with torch.no_grad():
+        layer.weight.add_(1.0)
+    torch.testing.assert_close(products(layer, x), layer(x))
+    owner = nn.Module()
+    owner.layer, owner.products = layer, products
+    copied = copy.deepcopy(owner)
+    assert copied.products is not products and copied.products(copied.layer, x).shape == (2, 3)
+    torch.testing.assert_close(copied.products(copied.layer, x), layer(x))
+    assert len(copied.products._kept) == 1  # its own layer only

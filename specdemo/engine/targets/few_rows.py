@@ -72,6 +72,11 @@ class RowProducts:
     def __init__(self):
         self._kept: dict[int, tuple[tuple[int, int], torch.Tensor]] = {}
 
+    def __deepcopy__(self, memo) -> "RowProducts":
+        # A copied model (the online head is a deep copy) has layers of its own: what was kept for these serves
+        # none of them, and would only hold their memory.
+        return RowProducts()
+
     def __call__(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         weight = layer.weight
         written = (weight.data_ptr(), weight._version)
