@@ -78,7 +78,7 @@ class FeatureDrafter(Drafter):
         return self.head(features.to(self.head.fc.weight.dtype).unsqueeze(0), ids, positions, cache=self.cache)[0]
 
     def q_of(self, predicted: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-        return probabilities(self.head.full_logits(predicted).float(), sampling)
+        return draft_q(self.head, self.head.draft_logits(predicted), sampling)
 
     def catch_up(self, context: list[int]) -> torch.Tensor | None:
         """Read the pending true features; the predicted feature at the context's last position
@@ -158,12 +158,23 @@ def propose_rows(drafters: list[FeatureDrafter], contexts: list[list[int]], poli
         outputs = head.step_rows(torch.stack([predicted[row] for row in rows]),
                                  torch.cat([tokens[row].view(1) for row in rows]),
                                  [positions[row] + 1 for row in rows], [drafters[row].cache for row in rows])
-        logits = head.full_logits(outputs).float()
-        for row, output, row_logits in zip(rows, outputs, logits):
+        for row, output, q in zip(rows, outputs, draft_q(head, head.draft_logits(outputs), sampling)):
             predicted[row] = output
             positions[row] += 1
-            _advance(row, steps, tokens, proposals, probabilities(row_logits, sampling))
+            _advance(row, steps, tokens, proposals, q)
     return proposals
+
+
+def draft_q(head, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """q over the whole vocabulary [..., V] from a head's logits over its draft vocabulary [..., S] (its
+    `draft_ids`; None: the whole vocabulary), exactly zero outside it. The softmax runs over the S columns
+    alone: a filter or softmax over V where V − S logits are −inf gives the same q at V ÷ S times the cost."""
+    probs = probabilities(logits, sampling)
+    ids = head.draft_ids
+    if ids is None:
+        return probs
+    full = probs.new_zeros((*probs.shape[:-1], head.vocab_size))
+    return full.index_copy_(-1, ids, probs)
 
 
 def _caught_up(drafters: list[FeatureDrafter], contexts: list[list[int]]) -> list[torch.Tensor | None]:

@@ -119,20 +119,22 @@ class HeadCache:
     def rollback(self, length: int) -> None:
         self.length = min(self.length, length)
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Keep k, v [1, kv_heads, T, head_dim] after the positions held: (the keys and values of every position
-        now held, the mask [T, held] by which each new position sees those before it and itself)."""
+        now held, the mask [T, held] by which each new position sees those before it and itself; None for one
+        new position, which sees them all)."""
         t, start = k.shape[2], self.length
         self.ensure(start + t)
         self.k[:, :, start : start + t] = k
         self.v[:, :, start : start + t] = v
         self.length = start + t
-        mask = torch.ones(t, start + t, dtype=torch.bool, device=k.device).tril(start)
+        mask = None if t == 1 else torch.ones(t, start + t, dtype=torch.bool, device=k.device).tril(start)
         return self.k[:, :, : start + t], self.v[:, :, : start + t], mask
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Attention of q [B, heads, T, head_dim] over k, v [B, kv_heads, S, head_dim] under mask; each key and value
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Attention of q [B, heads, T, head_dim] over k, v [B, kv_heads, S, head_dim] under mask (None: every key);
+    each key and value
     head serves heads ÷ kv_heads query heads (grouped-query attention)."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
@@ -303,28 +305,37 @@ class FeatureHead(nn.Module):
                   caches: list[HeadCache]) -> torch.Tensor:
         """B rows' true features read in one forward: features[i] [n_i, d or (k + 1) · d] (f_j of row i from
         j = first_positions[i]), next_ids[i] [n_i], each row appended to its own cache -> f̂ at each row's
-        last position [B, d]. Rows are padded to the longest; padding is never cached nor attended to."""
+        last position [B, d]. The products run over the rows' positions packed one after another (no padding);
+        each row's positions attend over its own cache."""
         lengths = [f.shape[0] for f in features]
-        width, device, dtype = max(lengths), features[0].device, self.fc.weight.dtype
-        padded = features[0].new_zeros(len(features), width, features[0].shape[-1], dtype=dtype)
-        ids = torch.zeros(len(features), width, dtype=torch.long, device=device)
-        for row, (f, x) in enumerate(zip(features, next_ids)):
-            padded[row, : f.shape[0]], ids[row, : f.shape[0]] = f.to(dtype), x
-        residual, q, k, v = self.project(padded, ids, torch.zeros(1, device=device), product=self.row_products)
-        # project rotated every position at 0 (the identity); each row turns to its own positions here.
-        positions = torch.as_tensor(first_positions, device=device).view(-1, 1, 1) + 1 + torch.arange(width, device=device)
+        device, dtype = features[0].device, self.fc.weight.dtype
+        packed = torch.cat([f.to(dtype) for f in features]).unsqueeze(0)
+        residual, q, k, v = self.project(packed, torch.cat(next_ids).view(1, -1), torch.zeros(1, device=device),
+                                         product=self.row_products)
+        # project rotated every position at 0 (the identity); each turns to its own row's position here.
+        positions = torch.cat([torch.arange(first + 1, first + 1 + n, device=device)
+                               for first, n in zip(first_positions, lengths)])
         cos, sin = self._rope(positions, q.dtype)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        attended = torch.zeros_like(q)
-        for row, (cache, n) in enumerate(zip(caches, lengths)):
-            attended[row : row + 1, :, :n] = attend(q[row : row + 1, :, :n],
-                                                    *cache.append(k[row : row + 1, :, :n], v[row : row + 1, :, :n]))
-        out = self.after_attention(residual, attended, self.row_products)
-        return out[torch.arange(len(lengths), device=device), torch.as_tensor(lengths, device=device) - 1]
+        ends = torch.tensor(lengths, device=device).cumsum(0)
+        attended = [attend(q[:, :, end - n : end], *cache.append(k[:, :, end - n : end], v[:, :, end - n : end]))
+                    for cache, n, end in zip(caches, lengths, ends.tolist())]
+        return self.after_attention(residual, torch.cat(attended, dim=2), self.row_products)[0, ends - 1]
 
     def subset_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., S]: logits over the subset, through the target's LM head."""
         return predicted @ self.head_columns
+
+    draft_logits = subset_logits  # what the drafter's q is a softmax of (`feature_drafter.draft_q`)
+
+    @property
+    def draft_ids(self) -> torch.Tensor:
+        """[S]: the vocabulary ids of draft_logits' columns."""
+        return self.subset
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
 
     def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., V]: the subset's logits scattered into the vocabulary, -inf elsewhere,

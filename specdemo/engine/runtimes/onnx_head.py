@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..drafters.feature_drafter import FeatureDrafter
+from ..drafters.feature_drafter import FeatureDrafter, draft_q
 from ..drafters.feature_head import FeatureHead
 
 HEAD_STEP_FILE = "head_step.onnx"
@@ -170,11 +170,9 @@ class OnnxFeatureDrafter(FeatureDrafter):
         return rows
 
     def q_of(self, predicted: torch.Tensor, sampling):
-        from ..sampling import probabilities
-
         last = self._last
         if last is not None and predicted.shape == last[0].shape and predicted.data_ptr() == last[0].data_ptr():
-            return probabilities(self.head.scattered(self._last[1]).float(), sampling)
+            return draft_q(self.head, last[1], sampling)
         return super().q_of(predicted, sampling)
 
 

@@ -103,9 +103,13 @@ class EagleHead(PublishedHead):
         x = self.fc(torch.cat((self.embed[next_ids].to(features.dtype), features), dim=-1))
         return (layer.input_layernorm(x) if hasattr(layer, "input_layernorm") else x), x
 
+    def draft_logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """[..., d] -> [..., V or S] through the target's LM head rows (a draft vocabulary's, where it has one)."""
+        return predicted @ self.head_rows.t()
+
     def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., V] through the target's LM head (-inf outside a draft vocabulary)."""
-        logits = predicted @ self.head_rows.t()
+        logits = self.draft_logits(predicted)
         ids = self.draft_ids
         return logits if ids is None else scattered(logits, ids, self.vocab_size)
 

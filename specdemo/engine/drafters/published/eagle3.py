@@ -119,9 +119,13 @@ class Eagle3Head(PublishedHead):
         embedded = layer.input_layernorm(self.embed[next_ids].to(features.dtype))
         return torch.cat((embedded, normed), dim=-1), residual
 
+    def draft_logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """[..., d] -> [..., S]: the draft vocabulary's logits (their target ids: draft_ids)."""
+        return self.lm_head(self.norm(predicted))
+
     def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., V]: the draft vocabulary's logits at their target ids, -inf elsewhere."""
-        return scattered(self.lm_head(self.norm(predicted)), self.draft_ids, self.vocab_size)
+        return scattered(self.draft_logits(predicted), self.draft_ids, self.vocab_size)
 
     def drafter(self):
         from ..feature_drafter import FeatureDrafter
