@@ -142,3 +142,21 @@ def test_a_step_over_rows_equals_each_row_alone_and_follows_a_weight_learnt_in_p
         learnt_rows, learnt_each = rows_and_alone()
     torch.testing.assert_close(learnt_rows, learnt_each, rtol=1e-12, atol=1e-12)
     assert not torch.allclose(learnt_rows, rows)
+
+
+def test_q_from_the_subset_alone_equals_the_filters_over_the_whole_vocabulary():
+    """draft_q's softmax runs over the subset's columns only; it is the q the sampling filters give over the full
+    vocabulary's logits, −inf outside the subset, greedy or sampled, for one row or a batch of rows."""
+    from specdemo.engine.drafters.feature_drafter import draft_q
+    from specdemo.engine.sampling import SamplingConfig, probabilities
+
+    head = tiny_head(tiny_target(), subset_size=24)
+    predicted = torch.randn(3, 32, dtype=torch.float64)
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=0.7, top_k=10, top_p=0.8)):
+        q = draft_q(head, head.draft_logits(predicted), sampling)
+        # probabilities works in float32: the two sums over different columns agree to its rounding.
+        torch.testing.assert_close(q, probabilities(head.full_logits(predicted), sampling), rtol=1e-6, atol=1e-8)
+        torch.testing.assert_close(q[1], draft_q(head, head.draft_logits(predicted[1]), sampling))
+        outside = torch.ones(64, dtype=torch.bool)
+        outside[head.subset] = False
+        assert q.shape == (3, 64) and torch.all(q[:, outside] == 0)
