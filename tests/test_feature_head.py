@@ -6,6 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdemo.engine.drafters.feature_head import FeatureHead, HeadCache, HeadConfig
+from tests.head_logits import full_logits
 
 
 def tiny_target(vocab: int = 64, hidden: int = 32) -> LlamaForCausalLM:
@@ -55,7 +56,7 @@ def test_rollback_forgets_drafted_positions():
 def test_distribution_is_zero_outside_the_subset():
     target = tiny_target()
     head = tiny_head(target, subset_size=24)
-    logits = head.full_logits(torch.randn(3, 32, dtype=torch.float64))
+    logits = full_logits(head, torch.randn(3, 32, dtype=torch.float64))
     probs = torch.softmax(logits, dim=-1)
     outside = torch.ones(64, dtype=torch.bool)
     outside[head.subset] = False
@@ -64,7 +65,7 @@ def test_distribution_is_zero_outside_the_subset():
     # Inside the subset the logits are the target's LM head applied to the prediction.
     predicted = torch.randn(32, dtype=torch.float64)
     expected = target.lm_head.weight[head.subset] @ predicted
-    torch.testing.assert_close(head.full_logits(predicted)[head.subset], expected)
+    torch.testing.assert_close(full_logits(head, predicted)[head.subset], expected)
 
 
 def test_save_and_load_keep_weights_and_subset_but_not_the_targets_rows(tmp_path):
@@ -98,7 +99,7 @@ def test_a_head_widened_to_more_tokens_keeps_its_weights_and_its_logits_on_the_o
     features, ids, positions = torch.randn(1, 5, 32, dtype=torch.float64), torch.randint(0, 64, (1, 5)), torch.arange(1, 6)
     predicted = head(features, ids, positions)[0, -1]
     torch.testing.assert_close(wider(features, ids, positions)[0, -1], predicted)
-    old, new = head.full_logits(predicted), wider.full_logits(predicted)
+    old, new = full_logits(head, predicted), full_logits(wider, predicted)
     torch.testing.assert_close(new[head.subset], old[head.subset])
     added = sorted(set(wider.subset.tolist()) - set(head.subset.tolist()))
     assert added == [t for t in range(64) if t not in set(head.subset.tolist())][:16]  # the lowest ids it lacked
@@ -155,7 +156,7 @@ def test_q_from_the_subset_alone_equals_the_filters_over_the_whole_vocabulary():
     for sampling in (SamplingConfig(), SamplingConfig(temperature=0.7, top_k=10, top_p=0.8)):
         q = draft_q(head, head.draft_logits(predicted), sampling)
         # probabilities works in float32: the two sums over different columns agree to its rounding.
-        torch.testing.assert_close(q, probabilities(head.full_logits(predicted), sampling), rtol=1e-6, atol=1e-8)
+        torch.testing.assert_close(q, probabilities(full_logits(head, predicted), sampling), rtol=1e-6, atol=1e-8)
         torch.testing.assert_close(q[1], draft_q(head, head.draft_logits(predicted[1]), sampling))
         outside = torch.ones(64, dtype=torch.bool)
         outside[head.subset] = False

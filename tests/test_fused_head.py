@@ -20,6 +20,7 @@ from specdemo.engine.drafters.feature_head import FeatureHead, HeadConfig
 from specdemo.engine.drafters.policies import FixedGamma
 from specdemo.engine.sampling import SamplingConfig, probabilities
 from specdemo.models.errors import ModelLoadError
+from tests.head_logits import full_logits
 from tests.test_lossless_sampling import joint_p_value
 from tests.tiny import ARRuns, build_tiny_pair
 
@@ -149,7 +150,7 @@ def test_a_fused_heads_q_is_a_full_vocabulary_distribution_zero_outside_its_subs
     # Each row is the sampling filters applied to the head's logits, the fused states read first.
     predicted = head(teacher_forced_states(target, ids, LAYERS)[None, :-1].to(head.fc.weight.dtype),
                      torch.tensor([ids[1:]]), torch.arange(1, len(ids)))[0, -1]
-    torch.testing.assert_close(q[0], probabilities(head.full_logits(predicted).float(), sampling))
+    torch.testing.assert_close(q[0], probabilities(full_logits(head, predicted).float(), sampling))
     assert all(float(q[i, t]) > 0 for i, t in enumerate(proposal.tokens.tolist()))
 
 

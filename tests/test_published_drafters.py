@@ -21,6 +21,7 @@ from specdemo.engine.runtimes import available_methods
 from specdemo.engine.drafters.published.eagle import eagle_layout
 from specdemo.models.loading import draft_kind_of, load_pair
 from specdemo.models.published import save_eagle
+from tests.head_logits import full_logits
 from tests.published_heads import (draft_vocabulary, write_eagle, write_eagle3, write_medusa,
                                    write_speculators_eagle3)
 from tests.test_lossless_sampling import joint_p_value
@@ -216,8 +217,8 @@ def test_a_feature_head_trained_here_loads_back_from_the_eagle_layout_with_the_s
     features = torch.randn(1, 7, 64, dtype=torch.float64)
     ids, positions = torch.randint(0, 64, (1, 7)), torch.arange(1, 8)
     with torch.no_grad():
-        q_ours = torch.softmax(ours.full_logits(ours(features, ids, positions)), -1)
-        q_loaded = torch.softmax(loaded.draft.full_logits(loaded.draft(features, ids, positions)), -1)
+        q_ours = torch.softmax(full_logits(ours, ours(features, ids, positions)), -1)
+        q_loaded = torch.softmax(full_logits(loaded.draft, loaded.draft(features, ids, positions)), -1)
     torch.testing.assert_close(q_loaded, q_ours)
     # The same head drafts the same tokens with the same q, round after round, under sampling.
     original = dataclasses.replace(target_pair, draft=ours, draft_ref="ours")

@@ -134,8 +134,7 @@ class HeadCache:
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Attention of q [B, heads, T, head_dim] over k, v [B, kv_heads, S, head_dim] under mask (None: every key);
-    each key and value
-    head serves heads ÷ kv_heads query heads (grouped-query attention)."""
+    each key and value head serves heads ÷ kv_heads query heads (grouped-query attention)."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -336,17 +335,6 @@ class FeatureHead(nn.Module):
     @property
     def vocab_size(self) -> int:
         return self.config.vocab_size
-
-    def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
-        """[..., d] -> [..., V]: the subset's logits scattered into the vocabulary, -inf elsewhere,
-        so that q is an exact full-vocabulary distribution with zeros outside the subset."""
-        return self.scattered(self.subset_logits(predicted))
-
-    def scattered(self, small: torch.Tensor) -> torch.Tensor:
-        """[..., S] subset logits -> [..., V], -inf outside the subset."""
-        full = small.new_full((*small.shape[:-1], self.config.vocab_size), float("-inf"))
-        full[..., self.subset] = small
-        return full
 
     @classmethod
     def widened(cls, head: "FeatureHead", feature_layers: tuple[int, ...]) -> "FeatureHead":

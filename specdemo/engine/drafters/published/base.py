@@ -165,10 +165,3 @@ def _cached(k: torch.Tensor, v: torch.Tensor, cache: HeadCache | None, t: int, d
     if cache is None:
         return k, v, torch.ones(t, t, dtype=torch.bool, device=device).tril()
     return cache.append(k, v)
-
-
-def scattered(small: torch.Tensor, target_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[..., S] logits over a draft vocabulary -> [..., V], -inf outside it (q is exactly zero there)."""
-    full = small.new_full((*small.shape[:-1], vocab_size), float("-inf"))
-    full[..., target_ids] = small
-    return full

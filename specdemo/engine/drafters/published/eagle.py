@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..feature_head import FeatureHead, HeadCache, RMSNorm
-from .base import DecoderLayer, LayerShape, PublishedHead, scattered
+from .base import DecoderLayer, LayerShape, PublishedHead
 
 LAYER = "layers.0."
 
@@ -106,12 +106,6 @@ class EagleHead(PublishedHead):
     def draft_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., V or S] through the target's LM head rows (a draft vocabulary's, where it has one)."""
         return predicted @ self.head_rows.t()
-
-    def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
-        """[..., d] -> [..., V] through the target's LM head (-inf outside a draft vocabulary)."""
-        logits = self.draft_logits(predicted)
-        ids = self.draft_ids
-        return logits if ids is None else scattered(logits, ids, self.vocab_size)
 
     def drafter(self):
         from ..feature_drafter import FeatureDrafter

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..feature_head import HeadCache, RMSNorm
-from .base import DecoderLayer, LayerShape, PublishedHead, scattered
+from .base import DecoderLayer, LayerShape, PublishedHead
 
 
 def default_layers(target_layers: int) -> tuple[int, ...]:
@@ -122,10 +122,6 @@ class Eagle3Head(PublishedHead):
     def draft_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., S]: the draft vocabulary's logits (their target ids: draft_ids)."""
         return self.lm_head(self.norm(predicted))
-
-    def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
-        """[..., d] -> [..., V]: the draft vocabulary's logits at their target ids, -inf elsewhere."""
-        return scattered(self.draft_logits(predicted), self.draft_ids, self.vocab_size)
 
     def drafter(self):
         from ..feature_drafter import FeatureDrafter
