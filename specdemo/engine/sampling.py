@@ -54,10 +54,16 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
-def normalized_entropy(probs: torch.Tensor) -> torch.Tensor:
-    """H(probs) / log V over the last dimension, in [0, 1]."""
+def normalized_entropy(probs: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
+    """H(probs) / log V over the last dimension, in [0, 1]; vocab_size: V when probs holds only the
+    ids of a vocabulary where q is nonzero (zeros add nothing to H)."""
     # entr(0) = 0 without taking log(0): a q that is zero outside a subset made `log` ten times slower.
-    return torch.special.entr(probs).sum(-1) / math.log(probs.shape[-1])
+    return torch.special.entr(probs).sum(-1) / math.log(vocab_size or probs.shape[-1])
+
+
+def spread(probs: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """q [..., S] over the ids of a draft vocabulary -> q [..., V], exactly zero outside it."""
+    return probs.new_zeros((*probs.shape[:-1], vocab_size)).index_copy_(-1, ids, probs)
 
 
 def pick(probs: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:

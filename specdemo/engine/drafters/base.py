@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import SamplingConfig, normalized_entropy, pick
+from ..sampling import SamplingConfig, normalized_entropy, pick, spread
 from ..trace import DRAFTED, FedCounts
 
 
@@ -208,17 +208,45 @@ class WrappedDrafter(Drafter):
         self.inner.close()
 
 
-def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfig,
+@dataclass(frozen=True)
+class DraftPosition:
+    """q at one drafting position with what the γ policy and a greedy pick read from it, reduced once
+    over a batch's rows (`draft_positions`); every value stays on the device."""
+    probs: torch.Tensor  # [V]
+    entropy: torch.Tensor  # normalised, 0-d
+    top: torch.Tensor  # its largest probability, 0-d
+    best: torch.Tensor  # that probability's id (the greedy pick), 0-d
+
+    def pick(self, sampling: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+        # Sampling draws here, only when the policy drafts, so a row's random stream is its own.
+        return self.best if sampling.greedy else pick(self.probs, sampling, generator)
+
+
+def draft_positions(probs: torch.Tensor, ids: torch.Tensor | None = None,
+                    vocab_size: int | None = None) -> list[DraftPosition]:
+    """One DraftPosition per row of q [B, V] (a q [V]: one), each reduction run once over all rows. With
+    `ids` [S], probs [B, S] is q over a draft vocabulary (zero at every other of vocab_size ids): the
+    reductions read its S columns alone and each position's probs is spread over the whole vocabulary.
+    A row's entropy equals the one it has alone up to float32 rounding (the sum may split differently)."""
+    rows = probs if probs.dim() > 1 else probs.unsqueeze(0)
+    top, best = rows.max(-1)
+    entropy = normalized_entropy(rows, vocab_size)
+    if ids is not None:
+        best, rows = ids[best], spread(rows, ids, vocab_size)
+    return [DraftPosition(*row) for row in zip(rows.unbind(), entropy.unbind(), top.unbind(), best.unbind())]
+
+
+def draft_round(first: DraftPosition, policy, limit: int, sampling: SamplingConfig,
                 generator: torch.Generator | None, advance) -> tuple[Proposal, int]:
-    """One round of drafting from q at the first position (`probs`): γ from the policy, then up
-    to min(γ, limit) picks, each fed back with `advance(token) -> q at the next position`
+    """One round of drafting from the first position (`draft_positions`): γ from the policy, then up
+    to min(γ, limit) picks, each fed back with `advance(token) -> the next DraftPosition`
     (all but the last, unless the policy stops early). Returns the proposal and how many drafts
     were fed back.
 
     Nothing is read back to the host but what the policy must see while drafting: the first
     position's entropy when γ depends on it (EGAG), and the entropy and top probability at
     each later position when the policy may stop early (one read per position)."""
-    steps = drafting_steps(probs, policy, limit, sampling, generator)
+    steps = drafting_steps(first, policy, limit, sampling, generator)
     try:
         token = next(steps)
         while True:
@@ -227,12 +255,12 @@ def draft_round(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfi
         return done.value
 
 
-def drafting_steps(probs: torch.Tensor, policy, limit: int, sampling: SamplingConfig,
+def drafting_steps(position: DraftPosition, policy, limit: int, sampling: SamplingConfig,
                    generator: torch.Generator | None):
-    """`draft_round` as steps: yields each draft to feed back and is sent q at the next position; its
-    return value is draft_round's. A batch drives one of these per row and feeds every row's draft
-    to the model in one forward."""
-    round_entropy = float(normalized_entropy(probs)) if policy.needs_first_entropy else None
+    """`draft_round` as steps from the first position: yields each draft to feed back and is sent the
+    next `DraftPosition`; its return value is draft_round's. A batch drives one of these per row, feeds
+    every row's draft to the model in one forward and reduces the rows' q in one `draft_positions`."""
+    round_entropy = float(position.entropy) if policy.needs_first_entropy else None
     gamma = policy.round_gamma(round_entropy)
     budget = min(gamma, limit)
     tokens: list[torch.Tensor] = []
@@ -241,22 +269,23 @@ def drafting_steps(probs: torch.Tensor, policy, limit: int, sampling: SamplingCo
     chosen_q: list[torch.Tensor] = []
     fed = 0
     for i in range(budget):
-        entropy = normalized_entropy(probs)
+        probs = position.probs
         if policy.needs_token_stats and (i > 0 or policy.reads_first_token):
-            entropy_now, top_prob, *last_q = torch.cat([torch.stack([entropy, probs.max()]), *chosen_q[-1:]]).tolist()
+            entropy_now, top_prob, *last_q = torch.cat([torch.stack([position.entropy, position.top]),
+                                                        *chosen_q[-1:]]).tolist()
             if not policy.keep_drafting(entropy_now, top_prob, position=i, vocab=probs.shape[-1],
                                         last_q=last_q[0] if last_q else None):
                 break
-        token = pick(probs, sampling, generator)
+        token = position.pick(sampling, generator)
         tokens.append(token)
         dists.append(probs)
-        entropies.append(entropy)
+        entropies.append(position.entropy)
         chosen_q.append(probs.gather(-1, token.view(1)))  # q(x) stays on the device
         if i + 1 < budget:
-            probs = yield token
+            position = yield token
             fed += 1
     if not tokens:
-        return Proposal.empty(gamma, probs.device, round_entropy), 0
+        return Proposal.empty(gamma, position.probs.device, round_entropy), 0
     draft_probs = None if sampling.greedy else torch.stack(dists)
     proposal = Proposal(gamma, torch.stack(tokens), draft_probs, torch.stack(entropies), round_entropy,
                         q_of_drafts=torch.cat(chosen_q))

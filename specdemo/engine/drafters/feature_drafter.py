@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from .base import Drafter, Proposal, draft_round, drafting_steps
+from .base import Drafter, DraftPosition, Proposal, draft_positions, draft_round, drafting_steps
 from ..trace import FedCounts
 from .feature_head import FeatureHead, HeadCache
-from ..sampling import SamplingConfig, probabilities
+from ..sampling import SamplingConfig, probabilities, spread
 from ..tokens import common_prefix_length
 from ..tree import ROOT, DraftTree
 
@@ -77,8 +77,16 @@ class FeatureDrafter(Drafter):
             self._counts.add(ids.shape[1], 1)
         return self.head(features.to(self.head.fc.weight.dtype).unsqueeze(0), ids, positions, cache=self.cache)[0]
 
+    def logits_of(self, predicted: torch.Tensor) -> torch.Tensor:
+        """The head's logits over its draft vocabulary for predicted features [..., d]."""
+        return self.head.draft_logits(predicted)
+
     def q_of(self, predicted: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-        return draft_q(self.head, self.head.draft_logits(predicted), sampling)
+        return draft_q(self.head, self.logits_of(predicted), sampling)
+
+    def positions_of(self, predicted: torch.Tensor, sampling: SamplingConfig) -> list:
+        """The DraftPositions of predicted features [B, d] (or [d]: one), reduced over the draft vocabulary."""
+        return head_positions(self.head, self.logits_of(predicted), sampling)
 
     def catch_up(self, context: list[int]) -> torch.Tensor | None:
         """Read the pending true features; the predicted feature at the context's last position
@@ -113,13 +121,14 @@ class FeatureDrafter(Drafter):
         n = len(context)
         state = {"predicted": predicted, "position": n - 1}
 
-        def advance(token: torch.Tensor) -> torch.Tensor:
+        def advance(token: torch.Tensor) -> DraftPosition:
             # The head's own prediction stands in for the target's feature at the drafted position.
             state["predicted"] = self.head_step(state["predicted"].view(1, -1), token.view(1), state["position"])[-1]
             state["position"] += 1
-            return self.q_of(state["predicted"], sampling)
+            return self.positions_of(state["predicted"], sampling)[0]
 
-        proposal, _ = draft_round(self.q_of(predicted, sampling), policy, limit, sampling, generator, advance)
+        proposal, _ = draft_round(self.positions_of(predicted, sampling)[0], policy, limit, sampling, generator,
+                                  advance)
         return proposal
 
     def observe(self, sequence, verified_from, target_logits, target_features=None, target_top=None) -> None:
@@ -137,20 +146,26 @@ def propose_rows(drafters: list[FeatureDrafter], contexts: list[list[int]], poli
     """Every row's proposal of a batch, as each drafter would propose alone, with one head forward per
     draft step over the rows still drafting: a row whose γ policy stopped leaves the step's rows.
     The rows' pending true features are read first, in one forward where the head reads rows of different
-    lengths (`read_rows`), else one forward a row."""
+    lengths (`read_rows`), else one forward a row; each step's q and what the policies read of it are
+    computed once over the step's rows."""
     proposals: list[Proposal | None] = [None] * len(drafters)
     steps, predicted, positions, tokens = {}, {}, {}, {}
-    for row, (drafter, context, first) in enumerate(zip(drafters, contexts, _caught_up(drafters, contexts))):
+    caught = _caught_up(drafters, contexts)
+    for row, first in enumerate(caught):
         if first is None:
-            proposals[row] = Proposal.empty(0, drafter.head.fc.weight.device)
-            continue
-        steps[row] = drafting_steps(drafter.q_of(first, sampling), policies[row], limits[row], sampling,
-                                    generators[row])
-        predicted[row], positions[row] = first, len(context) - 1
+            proposals[row] = Proposal.empty(0, drafters[row].head.fc.weight.device)
+        else:
+            predicted[row], positions[row] = first, len(contexts[row]) - 1
+    rows = list(predicted)
+    if not rows:
+        return proposals
+    head = drafters[rows[0]].head
+    for row, first in zip(rows, head_positions(head, head.draft_logits(torch.stack([predicted[row] for row in rows])),
+                                               sampling)):
+        steps[row] = drafting_steps(first, policies[row], limits[row], sampling, generators[row])
         _advance(row, steps, tokens, proposals, None)
     while tokens:
         rows = list(tokens)
-        head = drafters[rows[0]].head
         for row in rows:
             drafter = drafters[row]
             drafter._forwards += 1
@@ -158,10 +173,10 @@ def propose_rows(drafters: list[FeatureDrafter], contexts: list[list[int]], poli
         outputs = head.step_rows(torch.stack([predicted[row] for row in rows]),
                                  torch.cat([tokens[row].view(1) for row in rows]),
                                  [positions[row] + 1 for row in rows], [drafters[row].cache for row in rows])
-        for row, output, q in zip(rows, outputs, draft_q(head, head.draft_logits(outputs), sampling)):
+        for row, output, position in zip(rows, outputs, head_positions(head, head.draft_logits(outputs), sampling)):
             predicted[row] = output
             positions[row] += 1
-            _advance(row, steps, tokens, proposals, q)
+            _advance(row, steps, tokens, proposals, position)
     return proposals
 
 
@@ -171,10 +186,13 @@ def draft_q(head, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tenso
     alone: a filter or softmax over V where V − S logits are −inf gives the same q at V ÷ S times the cost."""
     probs = probabilities(logits, sampling)
     ids = head.draft_ids
-    if ids is None:
-        return probs
-    full = probs.new_zeros((*probs.shape[:-1], head.vocab_size))
-    return full.index_copy_(-1, ids, probs)
+    return probs if ids is None else spread(probs, ids, head.vocab_size)
+
+
+def head_positions(head, logits: torch.Tensor, sampling: SamplingConfig) -> list[DraftPosition]:
+    """`draft_positions` of a head's logits [B, S] (or [S]) over its draft vocabulary: each row's q is
+    draft_q's, and what the policy reads of it comes from the S columns alone."""
+    return draft_positions(probabilities(logits, sampling), head.draft_ids, head.vocab_size)
 
 
 def _caught_up(drafters: list[FeatureDrafter], contexts: list[list[int]]) -> list[torch.Tensor | None]:
@@ -201,11 +219,11 @@ def _caught_up(drafters: list[FeatureDrafter], contexts: list[list[int]]) -> lis
     return caught
 
 
-def _advance(row: int, steps: dict, tokens: dict, proposals: list, probs: torch.Tensor | None) -> None:
-    """Hand a row's drafting q at its next position (None: its first step); keep the draft it wants fed
-    back, or its finished proposal."""
+def _advance(row: int, steps: dict, tokens: dict, proposals: list, position: DraftPosition | None) -> None:
+    """Hand a row its next drafting position (None: its first step); keep the draft it wants fed back,
+    or its finished proposal."""
     try:
-        tokens[row] = next(steps[row]) if probs is None else steps[row].send(probs)
+        tokens[row] = next(steps[row]) if position is None else steps[row].send(position)
     except StopIteration as done:
         tokens.pop(row, None)
         proposals[row] = done.value[0]

@@ -16,7 +16,7 @@ from ..tree import DraftTree
 from ..targets.batched import BatchedLM
 from ..targets.seq2seq import cached_lm, is_encoder_decoder
 from ..trace import FedCounts
-from .base import Drafter, Proposal, draft_round, drafting_steps
+from .base import Drafter, DraftPosition, Proposal, draft_positions, draft_round, drafting_steps
 
 
 class ModelDrafter(Drafter):
@@ -94,10 +94,10 @@ class ModelDrafter(Drafter):
     def propose(self, context, policy, limit, sampling, generator) -> Proposal:
         if self.seat is not None:
             return propose_rows([self], [context], [policy], [limit], sampling, [generator])[0]
-        probs = probabilities(self.lm.logits(context, 1)[0], sampling)
+        first = draft_positions(probabilities(self.lm.logits(context, 1)[0], sampling))[0]
         proposal, self._fed = draft_round(
-            probs, policy, limit, sampling, generator,
-            advance=lambda token: probabilities(self.lm.feed(token.view(1), 1)[0], sampling),
+            first, policy, limit, sampling, generator,
+            advance=lambda token: draft_positions(probabilities(self.lm.feed(token.view(1), 1)[0], sampling))[0],
         )
         return proposal
 
@@ -136,25 +136,29 @@ def propose_rows(drafters: list[ModelDrafter], contexts: list[list[int]], polici
                            {row: 1 for row in by_row})[0]
     done: list[tuple[Proposal, int] | None] = [None] * len(drafters)
     steps, tokens = {}, {}
-    for row, i in by_row.items():
-        steps[row] = drafting_steps(probabilities(first[row][0], sampling), policies[i], limits[i], sampling,
-                                    generators[i])
+    rows = list(by_row)
+    for row, position in zip(rows, draft_positions(probabilities(torch.stack([first[row][0] for row in rows]),
+                                                                 sampling))):
+        i = by_row[row]
+        steps[row] = drafting_steps(position, policies[i], limits[i], sampling, generators[i])
         _advance(row, i, steps, tokens, done, None)
     while tokens:
         logits = shared.feed({row: token.view(1) for row, token in tokens.items()})
-        for row, row_logits in logits.items():
+        rows = list(logits)
+        q = probabilities(torch.stack([logits[row][0] for row in rows]), sampling)
+        for row, position in zip(rows, draft_positions(q)):
             drafters[by_row[row]].seat.counts.add(1, 1)
-            _advance(row, by_row[row], steps, tokens, done, probabilities(row_logits[0], sampling))
+            _advance(row, by_row[row], steps, tokens, done, position)
     for d, (_, fed) in zip(drafters, done):
         d._fed = fed
     return [proposal for proposal, _ in done]
 
 
-def _advance(row: int, i: int, steps: dict, tokens: dict, done: list, probs: torch.Tensor | None) -> None:
-    """Hand a row's drafting q at its next position (None: its first); keep the draft it wants fed back,
-    or its finished proposal and how many drafts it fed."""
+def _advance(row: int, i: int, steps: dict, tokens: dict, done: list, position: DraftPosition | None) -> None:
+    """Hand a row its next drafting position (None: its first); keep the draft it wants fed back, or its
+    finished proposal and how many drafts it fed."""
     try:
-        tokens[row] = next(steps[row]) if probs is None else steps[row].send(probs)
+        tokens[row] = next(steps[row]) if position is None else steps[row].send(position)
     except StopIteration as finished:
         tokens.pop(row, None)
         done[i] = finished.value

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..drafters.feature_drafter import FeatureDrafter, draft_q
+from ..drafters.feature_drafter import FeatureDrafter
 from ..drafters.feature_head import FeatureHead
 
 HEAD_STEP_FILE = "head_step.onnx"
@@ -169,11 +169,11 @@ class OnnxFeatureDrafter(FeatureDrafter):
         self._last = (rows[-1], torch.from_numpy(logits)[0, -1])
         return rows
 
-    def q_of(self, predicted: torch.Tensor, sampling):
+    def logits_of(self, predicted: torch.Tensor) -> torch.Tensor:
         last = self._last
         if last is not None and predicted.shape == last[0].shape and predicted.data_ptr() == last[0].data_ptr():
-            return draft_q(self.head, last[1], sampling)
-        return super().q_of(predicted, sampling)
+            return last[1]
+        return super().logits_of(predicted)
 
 
 def runs_on_the_runtime(head: FeatureHead) -> bool:

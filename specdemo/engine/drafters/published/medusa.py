@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import Drafter, Proposal, draft_round
+from ..base import Drafter, Proposal, draft_positions, draft_round
 from ...trace import FedCounts
 from ...sampling import SamplingConfig, probabilities
 from ...tree import DraftTree
@@ -133,9 +133,9 @@ class MedusaDrafter(Drafter):
     def drafted(self, probs: torch.Tensor, policy, limit: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         """The round's drafts from q at each depth after the context, probs [K, V]."""
-        depth = iter(range(1, probs.shape[0]))
-        proposal, _ = draft_round(probs[0], policy, min(limit, probs.shape[0]), sampling, generator,
-                                  advance=lambda token: probs[next(depth)])
+        positions = iter(draft_positions(probs))
+        proposal, _ = draft_round(next(positions), policy, min(limit, probs.shape[0]), sampling, generator,
+                                  advance=lambda token: next(positions))
         return proposal
 
     def observe(self, sequence, verified_from, target_logits, target_features=None, target_top=None) -> None:
