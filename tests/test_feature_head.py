@@ -145,6 +145,34 @@ def test_a_step_over_rows_equals_each_row_alone_and_follows_a_weight_learnt_in_p
     assert not torch.allclose(learnt_rows, rows)
 
 
+def test_reading_rows_gives_each_rows_last_prediction_and_keeps_every_position_in_its_cache():
+    """read_rows runs the layer past attention for each row's last position only; what it returns, and the cache
+    it leaves (read by the next step), equal the row's own cached forward over all its positions."""
+    target = tiny_target()
+    head = tiny_head(target)
+    torch.manual_seed(2)
+    earlier, read = (2, 5, 1), (4, 1, 6)
+    caches = [HeadCache(head.config, "cpu", torch.float64) for _ in earlier]
+    alone = [HeadCache(head.config, "cpu", torch.float64) for _ in earlier]
+    features, ids, expected = [], [], []
+    with torch.no_grad():
+        for cache, other, before, n in zip(caches, alone, earlier, read):
+            history, history_ids = torch.randn(1, before, 32, dtype=torch.float64), torch.randint(0, 64, (1, before))
+            for c in (cache, other):
+                head(history, history_ids, torch.arange(1, before + 1), cache=c)
+            features.append(torch.randn(n, 32, dtype=torch.float64))
+            ids.append(torch.randint(0, 64, (n,)))
+            expected.append(head(features[-1][None], ids[-1][None], torch.arange(before + 1, before + n + 1),
+                                 cache=other)[0, -1])
+        rows = head.read_rows(features, ids, [before for before in earlier], caches)
+        torch.testing.assert_close(rows, torch.stack(expected), rtol=1e-12, atol=1e-12)
+        assert [c.length for c in caches] == [c.length for c in alone]
+        step = head.step_rows(rows, torch.tensor([3, 7, 11]), [c.length + 1 for c in caches], caches)
+        each = torch.cat([head(rows[i].view(1, 1, -1), torch.tensor([[t]]), torch.tensor([alone[i].length + 1]),
+                               cache=alone[i])[0] for i, t in enumerate((3, 7, 11))])
+    torch.testing.assert_close(step, each, rtol=1e-12, atol=1e-12)
+
+
 def test_q_from_the_subset_alone_equals_the_filters_over_the_whole_vocabulary():
     """draft_q's softmax runs over the subset's columns only; it is the q the sampling filters give over the full
     vocabulary's logits, −inf outside the subset, greedy or sampled, for one row or a batch of rows."""

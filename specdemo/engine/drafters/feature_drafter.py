@@ -91,6 +91,10 @@ class FeatureDrafter(Drafter):
     def catch_up(self, context: list[int]) -> torch.Tensor | None:
         """Read the pending true features; the predicted feature at the context's last position
         (from which the first draft comes), or None before the target has run at all."""
+        return _caught_up([self], [context])[0]
+
+    def _read_alone(self, context: list[int]) -> torch.Tensor | None:
+        """catch_up through head_step, for a head that reads no rows (`read_rows`) or a step run elsewhere."""
         read = self.to_read(context)
         if read is None:
             return None
@@ -198,8 +202,8 @@ def head_positions(head, logits: torch.Tensor, sampling: SamplingConfig) -> list
 def _caught_up(drafters: list[FeatureDrafter], contexts: list[list[int]]) -> list[torch.Tensor | None]:
     """Each row's predicted feature at its context's last position, its pending features read."""
     head = drafters[0].head
-    if not callable(getattr(head, "read_rows", None)):
-        return [drafter.catch_up(context) for drafter, context in zip(drafters, contexts)]
+    if drafters[0].batch_group is None or not callable(getattr(head, "read_rows", None)):
+        return [drafter._read_alone(context) for drafter, context in zip(drafters, contexts)]
     reads = [drafter.to_read(context) for drafter, context in zip(drafters, contexts)]
     reading = [i for i, read in enumerate(reads) if read is not None]
     caught: list[torch.Tensor | None] = [None] * len(drafters)

@@ -141,6 +141,24 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+def attend_rows(q: torch.Tensor, caches: list[HeadCache]) -> torch.Tensor:
+    """Attention of B rows' one query each, q [B, heads, 1, head_dim], over each row's own cache (its new key
+    appended already), in one call: the rows' keys and values side by side, padded to the longest and masked."""
+    if len(caches) == 1:
+        cache = caches[0]
+        return attend(q, cache.k[:, :, : cache.length], cache.v[:, :, : cache.length], None)
+    lengths = [cache.length for cache in caches]
+    longest = max(lengths)
+    first = caches[0].k
+    k = first.new_zeros(len(caches), first.shape[1], longest, first.shape[3])
+    v = torch.zeros_like(k)
+    for row, (cache, length) in enumerate(zip(caches, lengths)):
+        k[row, :, :length] = cache.k[0, :, :length]
+        v[row, :, :length] = cache.v[0, :, :length]
+    held = torch.arange(longest, device=q.device) < torch.tensor(lengths, device=q.device)[:, None]
+    return attend(q, k, v, held[:, None, None, :])
+
+
 def applied(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return layer(x)
 
@@ -296,16 +314,17 @@ class FeatureHead(nn.Module):
         # project rotated every row at position 0 (the identity); each row turns to its own position here.
         cos, sin = self._rope(torch.as_tensor(positions, device=features.device).view(-1, 1, 1), q.dtype)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        attended = [attend(q[row : row + 1], *cache.append(k[row : row + 1], v[row : row + 1]))
-                    for row, cache in enumerate(caches)]
-        return self.after_attention(residual, torch.cat(attended), self.row_products)[:, 0]
+        for row, cache in enumerate(caches):
+            cache.append(k[row : row + 1], v[row : row + 1])
+        return self.after_attention(residual, attend_rows(q, caches), self.row_products)[:, 0]
 
     def read_rows(self, features: list[torch.Tensor], next_ids: list[torch.Tensor], first_positions: list[int],
                   caches: list[HeadCache]) -> torch.Tensor:
         """B rows' true features read in one forward: features[i] [n_i, d or (k + 1) · d] (f_j of row i from
         j = first_positions[i]), next_ids[i] [n_i], each row appended to its own cache -> f̂ at each row's
-        last position [B, d]. The products run over the rows' positions packed one after another (no padding);
-        each row's positions attend over its own cache."""
+        last position [B, d]. Every position's key and value are computed, over the rows' positions packed one
+        after another (no padding), and kept in its row's cache; only the last position of each row, whose
+        prediction is the one drafting reads, attends and runs the rest of the layer."""
         lengths = [f.shape[0] for f in features]
         device, dtype = features[0].device, self.fc.weight.dtype
         packed = torch.cat([f.to(dtype) for f in features]).unsqueeze(0)
@@ -317,9 +336,11 @@ class FeatureHead(nn.Module):
         cos, sin = self._rope(positions, q.dtype)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         ends = torch.tensor(lengths, device=device).cumsum(0)
-        attended = [attend(q[:, :, end - n : end], *cache.append(k[:, :, end - n : end], v[:, :, end - n : end]))
-                    for cache, n, end in zip(caches, lengths, ends.tolist())]
-        return self.after_attention(residual, torch.cat(attended, dim=2), self.row_products)[0, ends - 1]
+        for cache, n, end in zip(caches, lengths, ends.tolist()):
+            cache.append(k[:, :, end - n : end], v[:, :, end - n : end])
+        last = ends - 1
+        attended = attend_rows(q[0, :, last].transpose(0, 1).unsqueeze(2), caches)
+        return self.after_attention(residual[0, last].unsqueeze(1), attended, self.row_products)[:, 0]
 
     def subset_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., d] -> [..., S]: logits over the subset, through the target's LM head."""

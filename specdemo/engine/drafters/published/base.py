@@ -11,7 +11,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from ..feature_head import HeadCache, RMSNorm, applied, attend, rotate_half
+from ..feature_head import HeadCache, RMSNorm, applied, attend, attend_rows, rotate_half
 from ...targets.few_rows import RowProducts
 
 # The kinds a published checkpoint is recognised as, and how tables and the page name them.
@@ -138,9 +138,9 @@ class DecoderLayer(nn.Module):
         over every row at once; each row attends over its cache as it would alone."""
         q, k, v = self._projected(attention_input, torch.as_tensor(positions, device=attention_input.device).view(-1, 1, 1),
                                   self.row_products)
-        attended = torch.cat([attend(q[row : row + 1], *cache.append(k[row : row + 1], v[row : row + 1]))
-                              for row, cache in enumerate(caches)])
-        return self._after_attention(attended, residual, self.row_products)
+        for row, cache in enumerate(caches):
+            cache.append(k[row : row + 1], v[row : row + 1])
+        return self._after_attention(attend_rows(q, caches), residual, self.row_products)
 
     def _projected(self, attention_input: torch.Tensor, positions: torch.Tensor, product=applied):
         """q, k, v [B, heads, T, head_dim], q and k rotated to `positions` ([T], or [B, 1, 1]: one per row)."""
