@@ -143,20 +143,27 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 def attend_rows(q: torch.Tensor, caches: list[HeadCache]) -> torch.Tensor:
     """Attention of B rows' one query each, q [B, heads, 1, head_dim], over each row's own cache (its new key
-    appended already), in one call: the rows' keys and values side by side, padded to the longest and masked."""
+    appended already), in one call: the rows' keys and values side by side, padded to the longest and masked.
+    The query heads that share a key head ride as that head's positions, so no key or value is repeated."""
+    b, heads, _, head_dim = q.shape
+    kv_heads = caches[0].k.shape[1]
+    grouped = q.view(b, kv_heads, heads // kv_heads, head_dim)
     if len(caches) == 1:
         cache = caches[0]
-        return attend(q, cache.k[:, :, : cache.length], cache.v[:, :, : cache.length], None)
-    lengths = [cache.length for cache in caches]
-    longest = max(lengths)
-    first = caches[0].k
-    k = first.new_zeros(len(caches), first.shape[1], longest, first.shape[3])
-    v = torch.zeros_like(k)
-    for row, (cache, length) in enumerate(zip(caches, lengths)):
-        k[row, :, :length] = cache.k[0, :, :length]
-        v[row, :, :length] = cache.v[0, :, :length]
-    held = torch.arange(longest, device=q.device) < torch.tensor(lengths, device=q.device)[:, None]
-    return attend(q, k, v, held[:, None, None, :])
+        keys, values, held = cache.k[:, :, : cache.length], cache.v[:, :, : cache.length], None
+    else:
+        lengths = [cache.length for cache in caches]
+        longest = max(lengths)
+        keys = caches[0].k.new_empty(b, kv_heads, longest, head_dim)
+        values = torch.empty_like(keys)
+        for row, (cache, length) in enumerate(zip(caches, lengths)):
+            keys[row, :, :length] = cache.k[0, :, :length]
+            values[row, :, :length] = cache.v[0, :, :length]
+            if length < longest:  # masked, but kept finite: a masked key times zero must stay zero
+                keys[row, :, length:] = 0
+                values[row, :, length:] = 0
+        held = (torch.arange(longest, device=q.device) < torch.tensor(lengths, device=q.device)[:, None])[:, None, None]
+    return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=held).view(b, heads, 1, head_dim)
 
 
 def applied(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
