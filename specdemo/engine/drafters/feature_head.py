@@ -20,6 +20,7 @@ Imports torch only.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -342,10 +343,10 @@ class FeatureHead(nn.Module):
                                for first, n in zip(first_positions, lengths)])
         cos, sin = self._rope(positions, q.dtype)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        ends = torch.tensor(lengths, device=device).cumsum(0)
-        for cache, n, end in zip(caches, lengths, ends.tolist()):
+        ends = list(itertools.accumulate(lengths))  # on the host: reading them back would cost a device sync
+        for cache, n, end in zip(caches, lengths, ends):
             cache.append(k[:, :, end - n : end], v[:, :, end - n : end])
-        last = ends - 1
+        last = torch.tensor(ends, device=device) - 1
         attended = attend_rows(q[0, :, last].transpose(0, 1).unsqueeze(2), caches)
         return self.after_attention(residual[0, last].unsqueeze(1), attended, self.row_products)[:, 0]
 
