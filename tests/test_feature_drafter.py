@@ -14,6 +14,7 @@ import torch
 import specdemo
 from specdemo.engine.drafters import feature_drafter
 from specdemo.engine.drafters.feature_head import FeatureHead, HeadConfig
+from specdemo.engine.sampling import SamplingConfig, spread
 from tests.test_lossless_sampling import joint_p_value
 from tests.tiny import ARRuns, build_tiny_pair
 
@@ -77,6 +78,30 @@ def test_a_head_draft_only_tokens_of_its_subset(head_pair):
     result = specdemo.generate(head_pair, PROMPTS[2], method="sd", max_new_tokens=30, gamma=4, temperature=1.0,
                                seed=3, copy_n=0)
     assert all(t in subset for r in result.rounds for t in r.drafted)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_only_a_sampled_draft_spreads_the_heads_q_over_the_whole_vocabulary(head_pair, monkeypatch, temperature):
+    """A greedy pick is the subset's argmax and its q the top probability, so greedy rounds never build q
+    over the whole vocabulary; a sampled draft needs it (it is verified against p there)."""
+    from specdemo.engine.drafters import base
+
+    spread_rows = []
+    monkeypatch.setattr(base, "spread", lambda probs, *rest: spread_rows.append(probs) or spread(probs, *rest))
+    result = specdemo.generate(head_pair, PROMPTS[2], "sd", max_new_tokens=16, copy_n=0, temperature=temperature,
+                               seed=3)
+    drafted = sum(len(r.drafted) for r in result.rounds)
+    assert drafted > 0
+    assert len(spread_rows) == (0 if temperature == 0.0 else drafted)
+
+
+def test_a_greedy_positions_top_probability_is_its_picks_q(head_pair):
+    head = head_pair.draft
+    positions = feature_drafter.head_positions(head, torch.randn(3, len(head.draft_ids), dtype=torch.float64),
+                                               SamplingConfig())
+    for position in positions:
+        assert position.probs[position.best] == position.top
+        assert position.probs.shape[-1] == position.vocab == head.vocab_size
 
 
 @pytest.fixture(scope="module")

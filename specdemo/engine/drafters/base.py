@@ -15,6 +15,7 @@ target's verified outputs; it has no q, so verification treats it as a point mas
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -212,10 +213,22 @@ class WrappedDrafter(Drafter):
 class DraftPosition:
     """q at one drafting position with what the γ policy and a greedy pick read from it, reduced once
     over a batch's rows (`draft_positions`); every value stays on the device."""
-    probs: torch.Tensor  # [V]
+    q: torch.Tensor  # [V], or [S] over the draft vocabulary `ids`
     entropy: torch.Tensor  # normalised, 0-d
     top: torch.Tensor  # its largest probability, 0-d
     best: torch.Tensor  # that probability's id (the greedy pick), 0-d
+    ids: torch.Tensor | None = None  # [S]: the vocabulary ids of q's entries; None: q is over every id
+    vocab_size: int | None = None  # V where q holds only the draft vocabulary's entries
+
+    @cached_property
+    def probs(self) -> torch.Tensor:
+        """q [V] over the whole vocabulary. Spread out of a draft vocabulary only when read: a greedy round
+        reads none of it (its pick is `best`, whose q is `top`)."""
+        return self.q if self.ids is None else spread(self.q, self.ids, self.vocab_size)
+
+    @property
+    def vocab(self) -> int:
+        return self.vocab_size or self.q.shape[-1]
 
     def pick(self, sampling: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
         # Sampling draws here, only when the policy drafts, so a row's random stream is its own.
@@ -226,14 +239,15 @@ def draft_positions(probs: torch.Tensor, ids: torch.Tensor | None = None,
                     vocab_size: int | None = None) -> list[DraftPosition]:
     """One DraftPosition per row of q [B, V] (a q [V]: one), each reduction run once over all rows. With
     `ids` [S], probs [B, S] is q over a draft vocabulary (zero at every other of vocab_size ids): the
-    reductions read its S columns alone and each position's probs is spread over the whole vocabulary.
+    reductions read its S columns alone, and a position spreads its q over the whole vocabulary when read.
     A row's entropy equals the one it has alone up to float32 rounding (the sum may split differently)."""
     rows = probs if probs.dim() > 1 else probs.unsqueeze(0)
     top, best = rows.max(-1)
     entropy = normalized_entropy(rows, vocab_size)
     if ids is not None:
-        best, rows = ids[best], spread(rows, ids, vocab_size)
-    return [DraftPosition(*row) for row in zip(rows.unbind(), entropy.unbind(), top.unbind(), best.unbind())]
+        best = ids[best]
+    return [DraftPosition(*row, ids=ids, vocab_size=vocab_size)
+            for row in zip(rows.unbind(), entropy.unbind(), top.unbind(), best.unbind())]
 
 
 def draft_round(first: DraftPosition, policy, limit: int, sampling: SamplingConfig,
@@ -269,23 +283,25 @@ def drafting_steps(position: DraftPosition, policy, limit: int, sampling: Sampli
     chosen_q: list[torch.Tensor] = []
     fed = 0
     for i in range(budget):
-        probs = position.probs
         if policy.needs_token_stats and (i > 0 or policy.reads_first_token):
             entropy_now, top_prob, *last_q = torch.cat([torch.stack([position.entropy, position.top]),
                                                         *chosen_q[-1:]]).tolist()
-            if not policy.keep_drafting(entropy_now, top_prob, position=i, vocab=probs.shape[-1],
+            if not policy.keep_drafting(entropy_now, top_prob, position=i, vocab=position.vocab,
                                         last_q=last_q[0] if last_q else None):
                 break
         token = position.pick(sampling, generator)
         tokens.append(token)
-        dists.append(probs)
         entropies.append(position.entropy)
-        chosen_q.append(probs.gather(-1, token.view(1)))  # q(x) stays on the device
+        if sampling.greedy:  # the pick is the argmax, so its q is the top probability
+            chosen_q.append(position.top.view(1))
+        else:
+            dists.append(position.probs)
+            chosen_q.append(position.probs.gather(-1, token.view(1)))  # q(x) stays on the device
         if i + 1 < budget:
             position = yield token
             fed += 1
     if not tokens:
-        return Proposal.empty(gamma, position.probs.device, round_entropy), 0
+        return Proposal.empty(gamma, position.q.device, round_entropy), 0
     draft_probs = None if sampling.greedy else torch.stack(dists)
     proposal = Proposal(gamma, torch.stack(tokens), draft_probs, torch.stack(entropies), round_entropy,
                         q_of_drafts=torch.cat(chosen_q))
