@@ -295,8 +295,9 @@ def drafting_steps(position: DraftPosition, policy, limit: int, sampling: Sampli
         if sampling.greedy:  # the pick is the argmax, so its q is the top probability
             chosen_q.append(position.top.view(1))
         else:
-            dists.append(position.probs)
-            chosen_q.append(position.probs.gather(-1, token.view(1)))  # q(x) stays on the device
+            probs = position.probs
+            dists.append(probs)
+            chosen_q.append(probs.gather(-1, token.view(1)))  # q(x) stays on the device
         if i + 1 < budget:
             position = yield token
             fed += 1
