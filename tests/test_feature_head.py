@@ -145,6 +145,33 @@ def test_a_step_over_rows_equals_each_row_alone_and_follows_a_weight_learnt_in_p
     assert not torch.allclose(learnt_rows, rows)
 
 
+def test_a_step_over_rows_ignores_what_a_rollback_left_past_a_rows_length_and_pads_a_short_cache():
+    """The rows attend side by side over the longest row's positions: past its length a row's cache holds the
+    keys its rolled-back drafts left (here made huge, so any weight on them would show), and a cache shorter
+    than the longest row is padded rather than grown."""
+    target = tiny_target()
+    head = tiny_head(target)
+    torch.manual_seed(3)
+    caches = [HeadCache(head.config, "cpu", torch.float64, capacity=capacity) for capacity in (16, 2, 16)]
+    alone = [HeadCache(head.config, "cpu", torch.float64) for _ in caches]
+    with torch.no_grad():
+        for cache, other, length in zip(caches, alone, (4, 1, 9)):
+            history, history_ids = torch.randn(1, length, 32, dtype=torch.float64), torch.randint(0, 64, (1, length))
+            for c in (cache, other):
+                head(history, history_ids, torch.arange(1, length + 1), cache=c)
+        head(torch.randn(1, 3, 32, dtype=torch.float64), torch.randint(0, 64, (1, 3)), torch.arange(5, 8),
+             cache=caches[0])  # three drafts, refused
+        caches[0].rollback(4)
+        caches[0].k[:, :, 5:8] *= 1e6
+        caches[0].v[:, :, 5:8] *= 1e6
+        features, ids = torch.randn(3, 32, dtype=torch.float64), torch.tensor([2, 30, 61])
+        rows = head.step_rows(features, ids, [c.length + 1 for c in caches], caches)
+        each = torch.cat([head(features[i].view(1, 1, -1), ids[i].view(1, 1), torch.tensor([alone[i].length + 1]),
+                               cache=alone[i])[0] for i in range(3)])
+    torch.testing.assert_close(rows, each, rtol=1e-12, atol=1e-12)
+    assert caches[1].k.shape[2] == 2, "the short cache keeps its size"
+
+
 def test_reading_rows_gives_each_rows_last_prediction_and_keeps_every_position_in_its_cache():
     """read_rows runs the layer past attention for each row's last position only; what it returns, and the cache
     it leaves (read by the next step), equal the row's own cached forward over all its positions."""

@@ -155,16 +155,20 @@ def attend_rows(q: torch.Tensor, caches: list[HeadCache]) -> torch.Tensor:
     else:
         lengths = [cache.length for cache in caches]
         longest = max(lengths)
-        keys = caches[0].k.new_empty(b, kv_heads, longest, head_dim)
-        values = torch.empty_like(keys)
-        for row, (cache, length) in enumerate(zip(caches, lengths)):
-            keys[row, :, :length] = cache.k[0, :, :length]
-            values[row, :, :length] = cache.v[0, :, :length]
-            if length < longest:  # masked, but kept finite: a masked key times zero must stay zero
-                keys[row, :, length:] = 0
-                values[row, :, length:] = 0
+        # Past its length a row's cache holds zeros or the keys a rollback left: finite either way, so the mask
+        # alone keeps them out (a masked key's weight is zero, and zero times a finite value stays zero). A row
+        # whose cache is shorter than the longest row is padded with zeros instead of grown.
+        keys = torch.cat([held_keys(cache.k, length, longest) for cache, length in zip(caches, lengths)])
+        values = torch.cat([held_keys(cache.v, length, longest) for cache, length in zip(caches, lengths)])
         held = (torch.arange(longest, device=q.device) < torch.tensor(lengths, device=q.device)[:, None])[:, None, None]
     return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=held).view(b, heads, 1, head_dim)
+
+
+def held_keys(stored: torch.Tensor, length: int, longest: int) -> torch.Tensor:
+    """A cache's keys or values [1, kv_heads, capacity, head_dim] as `longest` positions, of which `length` are valid."""
+    if stored.shape[2] >= longest:
+        return stored[:, :, :longest]
+    return F.pad(stored[:, :, :length], (0, 0, 0, longest - length))
 
 
 def applied(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
