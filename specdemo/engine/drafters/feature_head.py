@@ -158,14 +158,14 @@ def attend_rows(q: torch.Tensor, caches: list[HeadCache]) -> torch.Tensor:
         # Past its length a row's cache holds zeros or the keys a rollback left: finite either way, so the mask
         # alone keeps them out (a masked key's weight is zero, and zero times a finite value stays zero). A row
         # whose cache is shorter than the longest row is padded with zeros instead of grown.
-        keys = torch.cat([held_keys(cache.k, length, longest) for cache, length in zip(caches, lengths)])
-        values = torch.cat([held_keys(cache.v, length, longest) for cache, length in zip(caches, lengths)])
+        keys = torch.cat([leading_positions(cache.k, length, longest) for cache, length in zip(caches, lengths)])
+        values = torch.cat([leading_positions(cache.v, length, longest) for cache, length in zip(caches, lengths)])
         held = (torch.arange(longest, device=q.device) < torch.tensor(lengths, device=q.device)[:, None])[:, None, None]
     return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=held).view(b, heads, 1, head_dim)
 
 
-def held_keys(stored: torch.Tensor, length: int, longest: int) -> torch.Tensor:
-    """A cache's keys or values [1, kv_heads, capacity, head_dim] as `longest` positions, of which `length` are valid."""
+def leading_positions(stored: torch.Tensor, length: int, longest: int) -> torch.Tensor:
+    """A cache's keys or values [1, kv_heads, capacity, head_dim], its first `longest` positions (`length` valid)."""
     if stored.shape[2] >= longest:
         return stored[:, :, :longest]
     return F.pad(stored[:, :, :length], (0, 0, 0, longest - length))
